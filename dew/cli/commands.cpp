@@ -1,0 +1,48 @@
+#include "dew/cli/commands.h"
+
+#include <iostream>
+
+#include "dew/core/registry.h"
+
+namespace dew::cli {
+
+namespace {
+
+const char* kUsage =
+    "usage: dew COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  list [KIND]   registered schedules, transforms, weightings, presets, solvers with fields and defaults\n"
+    "  version       print the version\n";
+
+}  // namespace
+
+int cmd_list(const std::vector<std::string>& args) {
+  DEW_CHECK(args.size() <= 1, "list: expected at most one KIND, got ", args.size(), " arguments");
+  std::string kinds;
+  for (const auto* r : all_registries()) {
+    kinds += (kinds.empty() ? "" : ", ") + r->kind();
+    if (!args.empty() && args[0] != r->kind() && args[0] != r->kind() + "s") continue;
+    std::cout << "== " << r->kind() << "s ==\n" << format_registry(*r) << "\n";
+    if (!args.empty()) return 0;
+  }
+  DEW_CHECK(args.empty(), "list: unknown kind \"", args[0], "\"; accepted: ", kinds);
+  return 0;
+}
+
+int run(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kUsage;
+    return args.empty() ? 2 : 0;
+  }
+  const std::string& cmd = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (cmd == "list") return cmd_list(rest);
+  if (cmd == "version" || cmd == "--version") {
+    std::cout << "dew " << DEW_VERSION << "\n";
+    return 0;
+  }
+  fail("unknown command \"", cmd, "\"; accepted: list, version (dew --help)");
+}
+
+}  // namespace dew::cli

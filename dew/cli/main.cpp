@@ -1,0 +1,21 @@
+// The dew program. Errors from the library (dew::Error) print as one line and exit 2.
+#include <iostream>
+
+#include "dew/cli/commands.h"
+#include "dew/core/error.h"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return dew::cli::run(args);
+  } catch (const dew::Error& e) {
+    std::cerr << "dew: error: " << e.what() << "\n";
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "dew: error: " << e.what_without_backtrace() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "dew: error: " << e.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,22 @@
+// The index of every registry, for `dew list` (kept here, above all layers, so core depends on none).
+#include "dew/core/registry.h"
+#include "dew/diffusion/presets.h"
+#include "dew/sampling/solvers.h"
+
+namespace dew {
+
+std::vector<const RegistryBase*> all_registries() {
+  return {&diffusion::presets(), &diffusion::schedules(), &diffusion::transforms(), &diffusion::weightings(),
+          &sampling::solvers()};
+}
+
+std::string format_registry(const RegistryBase& r) {
+  std::string out;
+  for (const auto& e : r.entries()) {
+    out += e.name + " — " + e.doc + "\n";
+    out += format_fields(e.fields, "    ");
+  }
+  return out;
+}
+
+}  // namespace dew

@@ -1,0 +1,48 @@
+#include "dew/core/options.h"
+
+#include <algorithm>
+
+namespace dew {
+namespace options_detail {
+
+std::string describe(const json& j) {
+  std::string kind = j.is_null() ? "null"
+                     : j.is_boolean() ? "bool"
+                     : j.is_number_integer() ? "int"
+                     : j.is_number() ? "float"
+                     : j.is_string() ? "string"
+                     : j.is_array() ? "list"
+                                    : "object";
+  std::string text = j.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return kind + " " + text;
+}
+
+}  // namespace options_detail
+
+std::string format_fields(const std::vector<FieldInfo>& fields, const std::string& indent) {
+  size_t wn = 0, wt = 0, wd = 0;
+  std::vector<std::string> defaults;
+  for (const auto& f : fields) {
+    defaults.push_back(f.default_value.dump());
+    wn = std::max(wn, f.name.size());
+    wt = std::max(wt, f.type.size());
+    wd = std::max(wd, defaults.back().size());
+  }
+  std::string out;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const auto& f = fields[i];
+    std::string line = indent + f.name + std::string(wn - f.name.size() + 2, ' ') + f.type +
+                       std::string(wt - f.type.size() + 2, ' ') + "= " + defaults[i] +
+                       std::string(wd - defaults[i].size() + 2, ' ') + f.doc;
+    if (!f.choices.empty()) {
+      line += " (";
+      for (size_t c = 0; c < f.choices.size(); ++c) line += (c ? " | " : "") + f.choices[c];
+      line += ")";
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace dew
