@@ -62,12 +62,14 @@ class FlowTransform : public Transform {
  public:
   std::string name() const override { return "flow"; }
   Tensor target(const Tensor& x0, const Tensor& eps, const BRates&) const override { return eps - x0; }
+  // With alpha + sigma = 1 (the flow schedule) these are x0 = x_t - sigma F and eps = x_t + alpha F;
+  // dividing by alpha + sigma keeps them exact on any schedule.
   Prediction to_x0_eps(const Tensor& F, const Tensor& x, const BRates& r) const override {
-    return {x - r.sigma * F, x + r.alpha * F};
+    auto n = r.alpha + r.sigma;
+    return {(x - r.sigma * F) / n, (x + r.alpha * F) / n};
   }
   Tensor raw_output(const Tensor& x0, const Tensor& x, const BRates& r) const override {
-    // x0 = x - sigma F  =>  F = (x - x0) / sigma
-    return safe_div(x - x0, r.sigma);
+    return safe_div(x - r.alpha * x0, r.sigma) - x0;
   }
   Tensor target_error_scale(const Tensor& snr) const override { return (1 + snr.sqrt()).square(); }
 };
