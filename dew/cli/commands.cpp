@@ -12,7 +12,10 @@ const char* kUsage =
     "usage: dew COMMAND [ARGS]\n"
     "\n"
     "commands:\n"
-    "  list [KIND]   registered schedules, transforms, weightings, presets, solvers with fields and defaults\n"
+    "  train diffusion [--config F] [--a.b v]   train (dew train diffusion --help lists every field)\n"
+    "  sample RUN [flags]   sample a trained run to a PNG grid\n"
+    "  models        registered models with fields and defaults\n"
+    "  list [KIND]   every registry (models, datasets, presets, schedules, solvers, ...) with fields\n"
     "  version       print the version\n";
 
 }  // namespace
@@ -38,11 +41,14 @@ int run(const std::vector<std::string>& args) {
   const std::string& cmd = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (cmd == "list") return cmd_list(rest);
+  if (cmd == "train") return cmd_train(rest);
+  if (cmd == "sample") return cmd_sample(rest);
+  if (cmd == "models") return cmd_models(rest);
   if (cmd == "version" || cmd == "--version") {
     std::cout << "dew " << DEW_VERSION << "\n";
     return 0;
   }
-  fail("unknown command \"", cmd, "\"; accepted: list, version (dew --help)");
+  fail("unknown command \"", cmd, "\"; accepted: train, sample, models, list, version (dew --help)");
 }
 
 }  // namespace dew::cli

@@ -11,5 +11,11 @@ int run(const std::vector<std::string>& args);
 
 /// `dew list [KIND]`: every registry (or one) with entries, fields and defaults.
 int cmd_list(const std::vector<std::string>& args);
+/// `dew train diffusion [--config FILE] [--a.b value ...]`.
+int cmd_train(const std::vector<std::string>& args);
+/// `dew sample RUN [--solver S --steps N --guidance G --labels all|0,3 --count N --seed S --weights ema|live --out F]`.
+int cmd_sample(const std::vector<std::string>& args);
+/// `dew models`: every registered model with its fields and defaults.
+int cmd_models(const std::vector<std::string>& args);
 
 }  // namespace dew::cli

@@ -1,12 +1,14 @@
 // The index of every registry, for `dew list` (kept here, above all layers, so core depends on none).
 #include "dew/core/registry.h"
 #include "dew/diffusion/presets.h"
+#include "dew/data/dataset.h"
+#include "dew/nn/backbones/backbone.h"
 #include "dew/sampling/solvers.h"
 
 namespace dew {
 
 std::vector<const RegistryBase*> all_registries() {
-  return {&diffusion::presets(), &diffusion::schedules(), &diffusion::transforms(), &diffusion::weightings(),
+  return {&models::registry(), &data::datasets(), &diffusion::presets(), &diffusion::schedules(), &diffusion::transforms(), &diffusion::weightings(),
           &sampling::solvers()};
 }
 

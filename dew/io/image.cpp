@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -144,7 +146,9 @@ at::Tensor load_image(const std::string& path, int64_t channels) {
       stbi_load_from_memory(bytes.data(), int(bytes.size()), &w, &h, &file_channels, int(channels)));
   if (!pixels) fail("cannot decode image \"", path, "\": ", stbi_failure_reason());
   auto hwc = at::from_blob(pixels.get(), {h, w, channels}, at::TensorOptions().dtype(at::kByte));
-  return hwc.permute({2, 0, 1}).contiguous();  // copies out of stb's buffer before it is freed
+  // clone, not contiguous(): for one channel the permuted view is already contiguous and would keep
+  // pointing into stb's buffer, which is freed on return.
+  return hwc.permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
 }
 
 at::Tensor resize(const at::Tensor& image, int64_t height, int64_t width) {

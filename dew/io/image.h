@@ -35,7 +35,7 @@ at::Tensor make_grid(const at::Tensor& images, int64_t nrow = 8, int64_t padding
 at::Tensor load_image(const std::string& path, int64_t channels = 3);
 
 /// Resamples a uint8 image [C, H, W] to [C, height, width] with stb_image_resize's default filters
-/// (Catmull-Rom up, Mitchell down).
+/// (Catmull-Rom up, Mitchell down); an image already of that size is returned as is.
 at::Tensor resize(const at::Tensor& image, int64_t height, int64_t width);
 
 }  // namespace io

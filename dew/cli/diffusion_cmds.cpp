@@ -1,0 +1,271 @@
+// `dew train diffusion`, `dew sample RUN`, `dew models`.
+#include <ATen/Parallel.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "dew/cli/commands.h"
+#include "dew/cli/recipe.h"
+#include "dew/core/log.h"
+#include "dew/io/image.h"
+#include "dew/objectives/diffusion.h"
+#include "dew/training/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace dew::cli {
+
+namespace {
+
+// The default recipe: class-conditional diffusion on Fashion-MNIST, sized for a 2-core CPU.
+json diffusion_recipe() {
+  data::LoaderOptions lo;
+  lo.batch_size = 64;
+  lo.num_workers = 1;
+  training::OptimOptions oo;
+  oo.lr = 1e-3;
+  oo.warmup_steps = 200;
+  oo.weight_decay = 0.0;
+  training::TrainerOptions to;
+  to.steps = 4000;
+  to.log_every = 100;
+  to.checkpoint_every = 500;
+  to.time_limit_minutes = 0;
+  DiffusionObjectiveOptions obj;
+  obj.ema_decay = 0.999;
+  obj.sampler = "euler";
+  obj.steps = 30;
+  obj.guidance.scale = 3.0;
+  return json{
+      {"run", "runs/fashion_mnist"},
+      {"seed", 0},
+      {"threads", 0},
+      {"model",
+       {{"architecture", "unet"},
+        {"fields",
+         {{"emb_features", 128},
+          {"feature_depths", {32, 64, 128}},
+          {"attention_configs", {nullptr, nullptr, 4}},
+          {"num_res_blocks", 1},
+          {"num_middle_res_blocks", 1},
+          {"norm_groups", 8}}}}},
+      {"preset", {{"name", "edm"}, {"regime", "pixel"}}},
+      {"data", {{"name", "fashion_mnist"}, {"split", "train"}}},
+      {"loader", to_json(lo)},
+      {"optim", to_json(oo)},
+      {"trainer", to_json(to)},
+      {"objective", to_json(obj)},
+  };
+}
+
+const std::vector<std::string> kOpen = {"model.fields", "preset", "data"};
+
+void set_threads(int64_t threads) {
+  DEW_CHECK(threads >= 0, "threads: must be >= 0 (0 = the measured default), got ", threads);
+  if (threads == 0) {
+    if (const char* env = std::getenv("OMP_NUM_THREADS")) threads = std::atoll(env);
+  }
+  if (threads == 0) threads = 1;  // measured fastest for these small models on 2 vCPUs (docs/benchmarks.md)
+  at::set_num_threads(int(threads));
+}
+
+// Fills the data-dependent model fields the architecture has: in/output channels and class count.
+json complete_model_fields(const std::string& arch, json fields, int64_t channels, int64_t num_classes) {
+  for (const auto& f : models::registry().info(arch).fields) {
+    if ((f.name == "in_channels" || f.name == "output_channels") && !fields.contains(f.name)) fields[f.name] = channels;
+    if (f.name == "num_classes" && !fields.contains(f.name)) fields[f.name] = num_classes;
+  }
+  return fields;
+}
+
+std::vector<int64_t> sample_shape_of(const data::TensorDataset& ds, const std::string& field) {
+  auto sizes = ds.field(field).sizes();
+  return std::vector<int64_t>(sizes.begin() + 1, sizes.end());
+}
+
+int cmd_train_diffusion(const std::vector<std::string>& args) {
+  auto defaults = diffusion_recipe();
+  auto parsed = parse_recipe_args(defaults, args, kOpen);
+  if (parsed.help) {
+    std::cout << "usage: dew train diffusion [--config run.json] [--a.b value ...]\n\nfields and defaults:\n"
+              << format_tree(defaults) << "\nmodel fields (" << defaults["model"]["architecture"].get<std::string>()
+              << "):\n" << format_fields(models::registry().info(defaults["model"]["architecture"]).fields, "  ")
+              << "\n(dew models lists every architecture; dew list presets/solvers the rest.)\n";
+    return 0;
+  }
+  DEW_CHECK(parsed.positional.empty(), "train diffusion: unexpected argument \"", parsed.positional[0], "\"");
+  json r = parsed.recipe;
+  DEW_CHECK(r["run"].is_string() && !r["run"].get<std::string>().empty(), "run: expected a directory name");
+  const std::string run_dir = r["run"];
+  DEW_CHECK(r["seed"].is_number_integer(), "seed: expected an integer, got ", r["seed"].dump());
+  DEW_CHECK(r["threads"].is_number_integer(), "threads: expected an integer, got ", r["threads"].dump());
+  set_threads(r["threads"].get<int64_t>());
+  const uint64_t seed = r["seed"].get<uint64_t>();
+
+  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
+  auto oo = from_json<training::OptimOptions>(r["optim"], "optim");
+  auto to = from_json<training::TrainerOptions>(r["trainer"], "trainer");
+  auto obj_opts = from_json<DiffusionObjectiveOptions>(r["objective"], "objective");
+  training::validate(oo);
+  training::validate(to);
+  auto preset = diffusion::presets().build(r["preset"]);
+  auto dataset = data::datasets().build(r["data"]);
+  const int64_t num_classes = dataset->contains(obj_opts.label_field) ? int64_t(dataset->class_names().size()) : 0;
+  auto shape = sample_shape_of(*dataset, obj_opts.image_field);
+  const std::string arch = r["model"]["architecture"];
+  r["model"]["fields"] = complete_model_fields(arch, r["model"].value("fields", json::object()), shape[0], num_classes);
+
+  // Resume: the run directory's run.json must describe the same model.
+  fs::create_directories(run_dir);
+  const fs::path run_json = fs::path(run_dir) / "run.json";
+  json record = {{"kind", "diffusion"}, {"dew_version", DEW_VERSION}, {"sample_shape", shape}, {"recipe", r}};
+  if (fs::exists(run_json)) {
+    json old = training::read_run_json(run_dir);
+    DEW_CHECK(old.value("recipe", json::object()).value("model", json()) == r["model"], "run ", run_dir,
+              " was trained with model ", old["recipe"]["model"].dump(), "; this command asks for ", r["model"].dump(),
+              " (use another --run, or delete the directory)");
+  }
+  training::write_file_atomic(run_json.string(), record.dump(2));
+
+  auto model = models::build(arch, r["model"]["fields"]);
+  lo.seed = int64_t(seed);
+  auto loader = std::make_shared<data::DataLoader>(dataset, lo);
+  auto objective = std::make_shared<DiffusionObjective>(model, *preset, obj_opts, num_classes, shape);
+  int64_t nparams = 0;
+  for (const auto& p : model->parameters()) nparams += p.numel();
+  log::info("training ", arch, " (", nparams, " parameters) on ", dataset->name(), " (", dataset->size(),
+            " items), preset ", preset->name, ", ", to.steps, " steps, batch ", lo.batch_size, ", run ", run_dir);
+  training::Trainer trainer(objective, loader, oo, to, run_dir, seed);
+  auto res = trainer.fit();
+  std::cout << "run:        " << run_dir << "\n"
+            << "checkpoint: " << res.last_checkpoint << "\n"
+            << "metrics:    " << (fs::path(run_dir) / "metrics.jsonl").string() << "\n"
+            << "preview:    " << (fs::path(run_dir) / "samples" / ("step_" + std::to_string(res.step) + ".png")).string()
+            << "\n"
+            << "steps:      " << res.step << (res.interrupted ? " (stopped early)" : "") << "\n";
+  return 0;
+}
+
+}  // namespace
+
+/// Rebuilds a trained diffusion run's model (with checkpoint weights) and process.
+struct LoadedDiffusionRun {
+  BackbonePtr model;
+  std::shared_ptr<diffusion::DiffusionProcess> process;
+  std::vector<int64_t> shape;
+  int64_t num_classes = 0;
+  int64_t step = 0;
+};
+
+LoadedDiffusionRun load_diffusion_run(const std::string& run_dir, bool ema) {
+  json record = training::read_run_json(run_dir);
+  DEW_CHECK(record.value("kind", "") == "diffusion", run_dir, "/run.json: not a diffusion run (kind ",
+            record.value("kind", json("missing")).dump(), ")");
+  const json& r = record["recipe"];
+  LoadedDiffusionRun out;
+  out.step = training::latest_checkpoint(run_dir);
+  out.model = models::build(r["model"]["architecture"], r["model"]["fields"]);
+  auto ck = training::load_checkpoint(run_dir, out.step, /*load_optimizer=*/false);
+  training::load_module_state(*out.model, ck.model, run_dir + " step_" + std::to_string(out.step) + "/model.safetensors");
+  if (ema) {
+    at::NoGradGuard ng;
+    for (auto& kv : out.model->named_parameters()) {
+      auto it = ck.ema.find(kv.key());
+      DEW_CHECK(it != ck.ema.end(), "ema.safetensors: missing \"", kv.key(), "\"");
+      kv.value().copy_(it->second);
+    }
+  }
+  out.process = std::make_shared<diffusion::DiffusionProcess>(*diffusion::presets().build(r["preset"]));
+  const json& f = r["model"]["fields"];
+  out.num_classes = f.value("num_classes", int64_t(0));
+  DEW_CHECK(record.contains("sample_shape") && record["sample_shape"].is_array(), run_dir,
+            "/run.json: missing sample_shape");
+  out.shape = record["sample_shape"].get<std::vector<int64_t>>();
+  return out;
+}
+
+int cmd_sample(const std::vector<std::string>& args) {
+  auto f = parse_flags(args,
+                       {"solver", "steps", "guidance", "interval", "rescale", "labels", "count", "seed", "weights", "out",
+                        "nrow", "threads", "eta", "churn"});
+  DEW_CHECK(f.positional.size() == 1, "sample: expected one RUN directory, got ", f.positional.size(), " arguments");
+  set_threads(f.get_int("threads", 0));
+  const std::string weights = f.get("weights", "ema");
+  DEW_CHECK(weights == "ema" || weights == "live", "--weights: got \"", weights, "\", accepted: ema, live");
+  auto run = load_diffusion_run(f.positional[0], weights == "ema");
+  GenerateOptions g;
+  g.shape = run.shape;
+  g.solver = f.get("solver", "euler");
+  g.steps = f.get_int("steps", 30);
+  g.seed = uint64_t(f.get_int("seed", 0));
+  g.guidance.scale = f.get_double("guidance", run.num_classes > 0 ? 3.0 : 1.0);
+  g.guidance.rescale = f.get_double("rescale", 0.0);
+  if (f.has("eta")) g.solver_fields["eta"] = f.get_double("eta", 0);
+  if (f.has("churn")) g.solver_fields["s_churn"] = f.get_double("churn", 0);
+  if (f.has("interval")) {
+    auto s = f.get("interval", "");
+    auto comma = s.find(',');
+    DEW_CHECK(comma != std::string::npos, "--interval: expected START,STOP, got \"", s, "\"");
+    try {
+      g.guidance.start = std::stod(s.substr(0, comma));
+      g.guidance.stop = std::stod(s.substr(comma + 1));
+    } catch (const std::exception&) {
+      fail("--interval: expected two numbers START,STOP, got \"", s, "\"");
+    }
+  }
+  int64_t nrow = 8;
+  if (run.num_classes > 0) {
+    const int64_t per_class = f.get_int("count", run.num_classes * 4) / run.num_classes;
+    DEW_CHECK(per_class >= 1, "--count: must be at least the number of classes ", run.num_classes);
+    std::vector<int64_t> labels;
+    const std::string spec = f.get("labels", "all");
+    if (spec == "all") {
+      for (int64_t i = 0; i < per_class; ++i)
+        for (int64_t c = 0; c < run.num_classes; ++c) labels.push_back(c);
+      nrow = run.num_classes;
+    } else {
+      std::stringstream ss(spec);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        int64_t c = -1;
+        try {
+          c = std::stoll(item);
+        } catch (const std::exception&) {
+        }
+        DEW_CHECK(c >= 0 && c < run.num_classes, "--labels: \"", item, "\" is not a class id in [0, ", run.num_classes, ")");
+        labels.push_back(c);
+      }
+      nrow = int64_t(labels.size());
+      std::vector<int64_t> rep;
+      for (int64_t i = 0; i < per_class; ++i) rep.insert(rep.end(), labels.begin(), labels.end());
+      labels = rep;
+    }
+    g.labels = at::tensor(labels, at::TensorOptions().dtype(at::kLong));
+    g.count = int64_t(labels.size());
+  } else {
+    g.count = f.get_int("count", 64);
+  }
+  nrow = f.get_int("nrow", nrow);
+  auto images = generate(*run.model, *run.process, g);
+  const std::string out = f.get("out", (fs::path(f.positional[0]) / "samples" / ("sample_step_" + std::to_string(run.step) + ".png")).string());
+  if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
+  io::save_png(out, io::make_grid(images, nrow, 2));
+  std::cout << "wrote " << g.count << " samples (" << g.solver << ", " << g.steps << " steps, guidance "
+            << g.guidance.scale << ", " << weights << " weights of step " << run.step << ") to " << out << "\n";
+  return 0;
+}
+
+int cmd_models(const std::vector<std::string>& args) {
+  DEW_CHECK(args.empty(), "models: takes no arguments");
+  std::cout << format_registry(models::registry());
+  return 0;
+}
+
+int cmd_train(const std::vector<std::string>& args) {
+  DEW_CHECK(!args.empty(), "train: expected a kind: diffusion");
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (args[0] == "diffusion") return cmd_train_diffusion(rest);
+  fail("train: unknown kind \"", args[0], "\"; accepted: diffusion");
+}
+
+}  // namespace dew::cli

@@ -1,0 +1,180 @@
+#include "dew/cli/recipe.h"
+
+#include <fstream>
+
+namespace dew::cli {
+
+namespace {
+
+bool is_open(const std::string& path, const std::vector<std::string>& open_objects) {
+  for (const auto& o : open_objects)
+    if (path == o || path.rfind(o + ".", 0) == 0) return true;
+  return false;
+}
+
+std::string keys_of(const json& obj) {
+  std::string out;
+  for (auto it = obj.begin(); it != obj.end(); ++it) out += (out.empty() ? "" : ", ") + it.key();
+  return out;
+}
+
+void merge(json& into, const json& from, const std::string& path, const std::vector<std::string>& open_objects) {
+  for (auto it = from.begin(); it != from.end(); ++it) {
+    const std::string key = path.empty() ? it.key() : path + "." + it.key();
+    DEW_CHECK(into.contains(it.key()) || is_open(path, open_objects), "config: unknown key \"", key, "\"; valid: ",
+              keys_of(into));
+    if (it->is_object() && into.contains(it.key()) && into[it.key()].is_object() && !is_open(key, open_objects))
+      merge(into[it.key()], *it, key, open_objects);
+    else
+      into[it.key()] = *it;
+  }
+}
+
+}  // namespace
+
+void set_dotted(json& tree, const std::string& key, const std::string& value, const std::vector<std::string>& open_objects) {
+  json* node = &tree;
+  std::string path;
+  size_t start = 0;
+  while (true) {
+    size_t dot = key.find('.', start);
+    std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    DEW_CHECK(!part.empty(), "--", key, ": empty key component");
+    DEW_CHECK(node->is_object(), "--", key, ": ", path, " is not an object");
+    if (!node->contains(part)) {
+      DEW_CHECK(is_open(path, open_objects), "unknown option --", key, "; valid keys", path.empty() ? "" : " under ",
+                path, ": ", keys_of(*node));
+      (*node)[part] = dot == std::string::npos ? json(nullptr) : json::object();
+    }
+    path = path.empty() ? part : path + "." + part;
+    node = &(*node)[part];
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  json parsed;
+  try {
+    parsed = json::parse(value);
+  } catch (const std::exception&) {
+    parsed = value;  // a bare word is a string
+  }
+  if (node->is_string() && !parsed.is_string()) parsed = value;  // "--run 2024" stays a string
+  *node = parsed;
+}
+
+RecipeArgs parse_recipe_args(const json& defaults, const std::vector<std::string>& args,
+                             const std::vector<std::string>& open_objects) {
+  RecipeArgs out;
+  out.recipe = defaults;
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      out.help = true;
+    } else if (a == "--config") {
+      DEW_CHECK(i + 1 < args.size(), "--config: expected a file name");
+      std::ifstream f(args[++i]);
+      DEW_CHECK(f.good(), "--config: cannot read ", args[i]);
+      json cfg;
+      try {
+        cfg = json::parse(f);
+      } catch (const std::exception& e) {
+        fail("--config ", args[i], ": invalid JSON: ", e.what());
+      }
+      DEW_CHECK(cfg.is_object(), "--config ", args[i], ": expected a JSON object");
+      merge(out.recipe, cfg, "", open_objects);
+    } else if (a.rfind("--", 0) == 0) {
+      std::string key = a.substr(2), value;
+      auto eq = key.find('=');
+      if (eq != std::string::npos) {
+        value = key.substr(eq + 1);
+        key = key.substr(0, eq);
+      } else {
+        DEW_CHECK(i + 1 < args.size(), a, ": expected a value");
+        value = args[++i];
+      }
+      overrides.emplace_back(key, value);
+    } else {
+      out.positional.push_back(a);
+    }
+  }
+  for (const auto& [k, v] : overrides) set_dotted(out.recipe, k, v, open_objects);
+  return out;
+}
+
+std::string format_tree(const json& tree, const std::string& prefix) {
+  std::string out;
+  for (auto it = tree.begin(); it != tree.end(); ++it) {
+    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it->is_object() && !it->empty()) out += format_tree(*it, key);
+    else out += "  --" + key + " " + it->dump() + "\n";
+  }
+  return out;
+}
+
+std::string Flags::get(const std::string& k, const std::string& def) const {
+  auto it = values.find(k);
+  return it == values.end() ? def : it->second;
+}
+
+int64_t Flags::get_int(const std::string& k, int64_t def) const {
+  auto it = values.find(k);
+  if (it == values.end()) return def;
+  try {
+    size_t used = 0;
+    int64_t v = std::stoll(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (const std::exception&) {
+  }
+  fail("--", k, ": expected an integer, got \"", it->second, "\"");
+}
+
+double Flags::get_double(const std::string& k, double def) const {
+  auto it = values.find(k);
+  if (it == values.end()) return def;
+  try {
+    size_t used = 0;
+    double v = std::stod(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (const std::exception&) {
+  }
+  fail("--", k, ": expected a number, got \"", it->second, "\"");
+}
+
+Flags parse_flags(const std::vector<std::string>& args, const std::vector<std::string>& known,
+                  const std::vector<std::string>& switches) {
+  Flags f;
+  auto listed = [](const std::vector<std::string>& v, const std::string& k) {
+    return std::find(v.begin(), v.end(), k) != v.end();
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) {
+      f.positional.push_back(a);
+      continue;
+    }
+    std::string key = a.substr(2), value;
+    auto eq = key.find('=');
+    if (eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    }
+    if (!listed(known, key) && !listed(switches, key)) {
+      std::string valid;
+      for (const auto& k : known) valid += (valid.empty() ? "--" : ", --") + k;
+      for (const auto& k : switches) valid += ", --" + k;
+      fail("unknown flag --", key, "; accepted: ", valid);
+    }
+    if (listed(switches, key)) {
+      f.values[key] = "1";
+      continue;
+    }
+    if (eq == std::string::npos) {
+      DEW_CHECK(i + 1 < args.size(), "--", key, ": expected a value");
+      value = args[++i];
+    }
+    f.values[key] = value;
+  }
+  return f;
+}
+
+}  // namespace dew::cli

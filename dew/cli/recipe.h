@@ -1,0 +1,44 @@
+// Recipes (SPEC section 13): a JSON tree of defaults per `dew train` kind; `--config FILE` merges a file
+// over it and `--a.b value` overrides any leaf (unknown keys list the valid ones; values are typed
+// when the tree is parsed into options structs).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "dew/core/options.h"
+
+namespace dew::cli {
+
+/// Parsed command line of a recipe command: the recipe after --config and overrides, and whether
+/// --help was asked for.
+struct RecipeArgs {
+  json recipe;
+  bool help = false;
+  std::vector<std::string> positional;
+};
+
+/// Applies `--config FILE` and `--a.b value` flags to `defaults`. Keys under an object listed in
+/// `open_objects` (e.g. "model.fields") may be new; elsewhere an unknown key is a dew::Error.
+RecipeArgs parse_recipe_args(const json& defaults, const std::vector<std::string>& args,
+                             const std::vector<std::string>& open_objects = {});
+
+/// Sets the value at a dotted key; `value` is parsed as JSON, falling back to a plain string.
+void set_dotted(json& tree, const std::string& key, const std::string& value, const std::vector<std::string>& open_objects);
+
+/// Every leaf of a tree as "a.b = value" lines (for --help).
+std::string format_tree(const json& tree, const std::string& prefix = "");
+
+/// Simple flag parsing for non-recipe commands: --name value pairs and positionals; `known` lists the
+/// accepted flags (dew::Error names the valid ones), `switches` those that take no value.
+struct Flags {
+  std::map<std::string, std::string> values;
+  std::vector<std::string> positional;
+  bool has(const std::string& k) const { return values.count(k) > 0; }
+  std::string get(const std::string& k, const std::string& def) const;
+  int64_t get_int(const std::string& k, int64_t def) const;
+  double get_double(const std::string& k, double def) const;
+};
+Flags parse_flags(const std::vector<std::string>& args, const std::vector<std::string>& known,
+                  const std::vector<std::string>& switches = {});
+
+}  // namespace dew::cli

@@ -1,0 +1,44 @@
+// The interface every diffusion backbone implements, and the `models` registry.
+//
+//   auto model = dew::models::build("simple_dit", {{"patch_size", 2}, {"num_layers", 4}});
+//   Tensor F = model->forward(x_in, model_time, cond);   // x_in: [B, C, H, W], model_time: [B]
+#pragma once
+#include <torch/nn/module.h>
+
+#include "dew/core/registry.h"
+
+namespace dew {
+
+/// Conditioning inputs of a diffusion backbone. Undefined tensors mean "absent".
+struct Conditioning {
+  at::Tensor labels;        // [B] int64 class ids; the value num_classes is the null (unconditional) class
+  at::Tensor context;       // [B, L, D_text] text features
+  at::Tensor context_mask;  // [B, L] bool, true = real token
+};
+
+/// Base of diffusion backbones: F = forward(x_t * c_in, model_time, conditioning).
+class BackboneImpl : public torch::nn::Module {
+ public:
+  /// x: [B, C, H, W] (or [B, C, T, H, W] for video); time: [B] float32; returns x's shape with
+  /// output_channels channels.
+  virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& time, const Conditioning& cond) = 0;
+  /// The {architecture, fields} record the model was built from.
+  const json& config() const { return config_; }
+  void set_config(json c) { config_ = std::move(c); }
+
+ private:
+  json config_;
+};
+using BackbonePtr = std::shared_ptr<BackboneImpl>;
+
+namespace models {
+
+/// Every registered model architecture.
+Registry<BackboneImpl>& registry();
+/// Builds architecture `name` from its fields and records {architecture, fields} as its config.
+BackbonePtr build(const std::string& name, const json& fields);
+/// Builds from a {"architecture": NAME, "fields": {...}} record (as stored in run.json).
+BackbonePtr build(const json& record);
+
+}  // namespace models
+}  // namespace dew

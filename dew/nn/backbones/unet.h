@@ -1,0 +1,150 @@
+// Unet (SPEC section 5, `unet`): a convolutional U-Net with time injection and attention stages.
+//
+//   auto model = dew::nn::Unet(dew::nn::UnetOptions().feature_depths({32, 64}).attention_configs({{}, 4}));
+//   at::Tensor F = model->forward(x, t, {});   // x: [B, 3, H, W], H and W multiples of 2^(levels - 1)
+//
+// Layout (ADM-style): conv_in; per level num_res_blocks residual blocks to feature_depths[i] (attention
+// after the last one where the level has heads), then a stride-2 conv (except at the last level); every
+// block output and downsample output is kept as a skip. Middle: (res, [attention on the last], res) x
+// num_middle_res_blocks at the deepest width. Up, deepest first: num_res_blocks + 1 residual blocks per
+// level, each consuming one skip (in reverse), attention after the last, nearest 2x + conv upsampling.
+// Out: GroupNorm, activation, zero-initialised 3x3 conv, so the prediction is 0 at initialisation.
+#pragma once
+#include <torch/arg.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <optional>
+
+#include "dew/nn/backbones/backbone.h"
+#include "dew/nn/blocks.h"
+
+namespace dew::nn {
+
+/// Fields of `unet`. Example: UnetOptions().feature_depths({64, 128}).attention_configs({{}, 4})
+struct UnetOptions {
+  /// channels of the prediction
+  TORCH_ARG(int64_t, output_channels) = 3;
+  /// width of the time embedding, e.g. 256
+  TORCH_ARG(int64_t, emb_features) = 256;
+  /// channels per level, e.g. (64, 128, 256, 512); each a multiple of norm_groups
+  TORCH_ARG(std::vector<int64_t>, feature_depths) = std::vector<int64_t>{64, 128, 256, 512};
+  /// attention heads per level, or null for none; one entry per level
+  TORCH_ARG(std::vector<std::optional<int64_t>>, attention_configs) =
+      std::vector<std::optional<int64_t>>{8, 8, 8, 8};
+  /// residual blocks per level on the way down (one more on the way up)
+  TORCH_ARG(int64_t, num_res_blocks) = 2;
+  /// (res, attention, res) groups in the middle
+  TORCH_ARG(int64_t, num_middle_res_blocks) = 1;
+  /// activation of the residual blocks: swish, silu, gelu, gelu_tanh, relu, mish
+  TORCH_ARG(std::string, activation) = "swish";
+  /// GroupNorm groups
+  TORCH_ARG(int64_t, norm_groups) = 8;
+  /// channels of the input
+  TORCH_ARG(int64_t, in_channels) = 3;
+  /// label classes (0 = unconditional); the table has num_classes + 1 rows, the last the null class
+  TORCH_ARG(int64_t, num_classes) = 0;
+  /// width of text context features for cross-attention; 0 = no text
+  TORCH_ARG(int64_t, context_features) = 0;
+  /// dropout inside residual blocks
+  TORCH_ARG(double, dropout_rate) = 0.0;
+  /// softmax in fp32 under bf16/fp16 compute
+  TORCH_ARG(bool, force_fp32_for_softmax) = true;
+  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32)
+  TORCH_ARG(std::string, dtype) = "float32";
+  /// auto, reference, chunked or sdpa
+  TORCH_ARG(std::string, attention_impl) = "auto";
+  /// recompute each block's activations in backward
+  TORCH_ARG(bool, remat) = false;
+
+ public:
+  template <class V>
+  void visit(V& v) {
+    v("output_channels", output_channels_, "channels of the prediction");
+    v("emb_features", emb_features_, "width of the time embedding");
+    v("feature_depths", feature_depths_, "channels per level (multiples of norm_groups)");
+    v("attention_configs", attention_configs_, "attention heads per level, null for none");
+    v("num_res_blocks", num_res_blocks_, "residual blocks per level (one more on the way up)");
+    v("num_middle_res_blocks", num_middle_res_blocks_, "(res, attention, res) groups in the middle");
+    v.choice("activation", activation_, {"swish", "silu", "gelu", "gelu_tanh", "relu", "mish"},
+             "activation of the residual blocks");
+    v("norm_groups", norm_groups_, "GroupNorm groups");
+    v("in_channels", in_channels_, "channels of the input");
+    v("num_classes", num_classes_, "label classes (0 = unconditional); label num_classes is the null class");
+    v("context_features", context_features_, "width of text context features (0 = no text)");
+    v("dropout_rate", dropout_rate_, "dropout inside residual blocks");
+    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
+    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
+    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
+    v("remat", remat_, "recompute block activations in backward (gradient checkpointing)");
+  }
+};
+
+/// Options of UnetAttention. Example: UnetAttentionOptions(256, 8).context_dim(768)
+struct UnetAttentionOptions {
+  UnetAttentionOptions(int64_t channels, int64_t num_heads) : channels_(channels), num_heads_(num_heads) {}
+  TORCH_ARG(int64_t, channels);
+  TORCH_ARG(int64_t, num_heads);
+  /// width of the text context; 0 = self-attention only
+  TORCH_ARG(int64_t, context_dim) = 0;
+  TORCH_ARG(std::string, impl) = "auto";
+  TORCH_ARG(bool, force_fp32_softmax) = true;
+};
+
+/// Attention stage over the H x W positions: x + attn1(norm1(x)), then x + attn2(norm2(x), context)
+/// when a context is configured and given. Parameters: norm1.*, attn1.{qkv,proj}.*, and with a context
+/// norm2.*, attn2.{q,kv,proj}.*.
+class UnetAttentionImpl : public torch::nn::Module {
+ public:
+  explicit UnetAttentionImpl(UnetAttentionOptions options);
+  void reset();
+  /// x: [B, C, H, W]; context: [B, L, context_dim] or undefined; mask: [B, L] bool or undefined.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& context = {}, const at::Tensor& context_mask = {});
+
+  UnetAttentionOptions options;
+  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  SelfAttention attn1{nullptr};
+  CrossAttention attn2{nullptr};
+};
+TORCH_MODULE(UnetAttention);
+
+/// The Unet backbone. Parameters (names stable across dtype, attention_impl and remat):
+///   t_embedder.*, y_embedder.weight (num_classes > 0), conv_in.*,
+///   down_blocks.I.resnets.J.*, down_blocks.I.attention.*, down_blocks.I.downsample.*,
+///   mid_block.resnets.K.*, mid_block.attention.*,
+///   up_blocks.I.resnets.J.*, up_blocks.I.attention.*, up_blocks.I.upsample.*  (I = 0 is the deepest level),
+///   norm_out.*, conv_out.*
+class UnetImpl : public BackboneImpl {
+ public:
+  explicit UnetImpl(UnetOptions options = {});
+  void reset();
+  /// x: [B, in_channels, H, W] with H, W multiples of 2^(levels - 1); time: [B] (or a scalar);
+  /// cond: optional labels [B], context [B, L, context_features] + context_mask [B, L].
+  /// Returns [B, output_channels, H, W] float32.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& time, const Conditioning& cond) override;
+
+  UnetOptions options;
+  TimeEmbedding t_embedder{nullptr};
+  torch::nn::Embedding y_embedder{nullptr};
+  torch::nn::Conv2d conv_in{nullptr}, conv_out{nullptr};
+  torch::nn::GroupNorm norm_out{nullptr};
+
+  // Typed views of the registered blocks, in execution order.
+  struct Level {
+    std::vector<ResBlock> resnets;
+    UnetAttention attention{nullptr};     // after the last resnet; empty when the level has no heads
+    torch::nn::Conv2d resample{nullptr};  // downsample (stride 2) or upsample conv; empty at the ends
+  };
+  std::vector<Level> down, up;
+  Level mid;  // resnets in pairs (before, after) around the attention of the last pair
+
+ private:
+  at::Tensor run_res(ResBlock block, const at::Tensor& h, const at::Tensor& temb);
+  at::Tensor run_attention(UnetAttention block, const at::Tensor& h, const Conditioning& cond);
+  at::ScalarType dtype_ = at::kFloat;
+};
+TORCH_MODULE(Unet);
+
+}  // namespace dew::nn

@@ -1,0 +1,70 @@
+// DiffusionObjective (SPEC section 6): trains a backbone with a preset's process (class labels with a
+// null class dropped with probability unconditional_prob), keeps an EMA, and validates by sampling a
+// preview grid. `generate` is the one sampling path, shared by validation and `dew sample`.
+#pragma once
+#include "dew/diffusion/process.h"
+#include "dew/nn/backbones/backbone.h"
+#include "dew/objectives/objective.h"
+#include "dew/sampling/guidance.h"
+
+namespace dew {
+
+struct DiffusionObjectiveOptions {
+  double unconditional_prob = 0.12;  // probability of replacing the label with the null class
+  double ema_decay = 0.999;
+  std::string sampler = "ddim";      // solver of the validation preview
+  sampling::CFG guidance{3.0};       // guidance of the validation preview
+  int64_t steps = 200;               // sampling steps of the preview
+  int64_t preview_per_class = 2;     // preview grid: this many samples of each class (or 16 unconditional)
+  std::string image_field = "image";
+  std::string label_field = "label";
+  template <class V> void visit(V& v) {
+    v("unconditional_prob", unconditional_prob, "probability of training a row without its label");
+    v("ema_decay", ema_decay, "EMA decay of the parameters");
+    v("sampler", sampler, "solver of the validation preview");
+    v("guidance", guidance, "classifier-free guidance of the preview");
+    v("steps", steps, "sampling steps of the preview");
+    v("preview_per_class", preview_per_class, "preview samples per class");
+    v("image_field", image_field, "batch field holding uint8 images");
+    v("label_field", label_field, "batch field holding int64 labels (if the model is class-conditional)");
+  }
+};
+
+/// What to sample: one row per label (labels undefined = unconditional rows).
+struct GenerateOptions {
+  int64_t count = 16;
+  at::Tensor labels;                  // [count] int64, or undefined
+  std::vector<int64_t> shape;         // [C, H, W] of one sample
+  std::string solver = "ddim";
+  json solver_fields = json::object();
+  int64_t steps = 50;
+  sampling::CFG guidance;             // scale 1 = unguided (no doubled batch)
+  uint64_t seed = 0;
+  int64_t batch_size = 64;
+};
+
+/// Samples images in [-1, 1] (float32 [count, C, H, W]) from a backbone with a process's sampling schedule.
+at::Tensor generate(BackboneImpl& model, const diffusion::DiffusionProcess& process, const GenerateOptions& o);
+
+class DiffusionObjective : public Objective {
+ public:
+  DiffusionObjective(BackbonePtr model, diffusion::Preset preset, DiffusionObjectiveOptions options, int64_t num_classes,
+                     std::vector<int64_t> sample_shape);
+  std::string name() const override { return "diffusion"; }
+  torch::nn::Module& module() override { return *model_; }
+  LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
+  std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
+  double ema_decay() const override { return o_.ema_decay; }
+  std::vector<std::string> batch_fields() const override;
+  const diffusion::DiffusionProcess& process() const { return process_; }
+  BackbonePtr model() const { return model_; }
+
+ private:
+  BackbonePtr model_;
+  diffusion::DiffusionProcess process_;
+  DiffusionObjectiveOptions o_;
+  int64_t num_classes_;
+  std::vector<int64_t> sample_shape_;
+};
+
+}  // namespace dew

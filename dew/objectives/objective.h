@@ -1,0 +1,33 @@
+// The Objective interface (SPEC section 6): what a training run optimises. The trainer owns the
+// optimizer, EMA, checkpoints and logging; the objective owns its modules, the loss and validation.
+#pragma once
+#include <torch/nn/module.h>
+
+#include "dew/data/dataset.h"
+
+namespace dew {
+
+/// A scalar loss to minimise and metrics to log (already reduced to numbers).
+struct LossOutput {
+  at::Tensor loss;
+  std::map<std::string, double> metrics;
+};
+
+class Objective {
+ public:
+  virtual ~Objective() = default;
+  virtual std::string name() const = 0;
+  /// The root module holding every trainable parameter; its parameter names are the checkpoint's.
+  virtual torch::nn::Module& module() = 0;
+  /// The loss of one (micro-)batch. `gen` is derived by the trainer from (seed, step, micro-batch).
+  virtual LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) = 0;
+  /// Validation (run with the EMA weights swapped in): metrics to log; may write files under run_dir.
+  virtual std::map<std::string, double> validate(int64_t step, const std::string& run_dir) { return {}; }
+  /// EMA decay of all parameters (1.0 = frozen copy).
+  virtual double ema_decay() const = 0;
+  /// The batch fields the loss reads.
+  virtual std::vector<std::string> batch_fields() const = 0;
+};
+using ObjectivePtr = std::shared_ptr<Objective>;
+
+}  // namespace dew

@@ -1,0 +1,87 @@
+// Optimizers and learning-rate schedules (SPEC section 6). Written here rather than taken from
+// torch::optim so the per-parameter state is keyed by parameter name: checkpoints save and restore it
+// exactly, and a run resumed from a checkpoint continues bit for bit.
+#pragma once
+#include <ATen/ATen.h>
+
+#include "dew/core/options.h"
+
+namespace dew::training {
+
+using at::Tensor;
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+struct OptimOptions {
+  std::string name = "adamw";        // adamw | adam | sgd
+  double lr = 2.7e-4;                // peak learning rate
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;        // decoupled (adamw) or L2 (adam, sgd); matrices only
+  double momentum = 0.9;             // sgd
+  std::string schedule = "cosine";   // cosine | linear | constant, after warm-up
+  int64_t warmup_steps = 100;        // linear warm-up from 0
+  double min_lr_ratio = 0.1;         // cosine/linear end at lr * min_lr_ratio
+  double grad_clip = 1.0;            // global-norm clip (0 = off)
+  template <class V> void visit(V& v) {
+    v.choice("name", name, {"adamw", "adam", "sgd"}, "optimizer");
+    v("lr", lr, "peak learning rate");
+    v("beta1", beta1, "Adam beta1");
+    v("beta2", beta2, "Adam beta2");
+    v("eps", eps, "Adam epsilon");
+    v("weight_decay", weight_decay, "weight decay on matrices (decoupled for adamw)");
+    v("momentum", momentum, "SGD momentum");
+    v.choice("schedule", schedule, {"cosine", "linear", "constant"}, "learning-rate decay after warm-up");
+    v("warmup_steps", warmup_steps, "linear warm-up steps");
+    v("min_lr_ratio", min_lr_ratio, "final lr as a fraction of lr (cosine, linear)");
+    v("grad_clip", grad_clip, "clip the global gradient norm to this (0 = off)");
+  }
+};
+
+/// Checks ranges; throws dew::Error naming the field.
+void validate(const OptimOptions& o);
+
+/// Learning rate at `step` (0-based) of `total` steps: linear warm-up, then the decay schedule.
+double learning_rate(const OptimOptions& o, int64_t step, int64_t total);
+
+/// Scales gradients so their global L2 norm is at most max_norm; returns the norm before clipping.
+double clip_grad_norm(const NamedTensors& params, double max_norm);
+
+class Optimizer {
+ public:
+  Optimizer(NamedTensors params, OptimOptions options);
+  /// One update with learning rate lr from the parameters' .grad(); parameters without grad are skipped.
+  void step(double lr);
+  void zero_grad();
+  /// Per-parameter state ("exp_avg/NAME", "exp_avg_sq/NAME", "momentum/NAME") and "step".
+  std::map<std::string, Tensor> state_dict() const;
+  /// Restores state_dict(); missing or mis-shaped entries are a dew::Error.
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+  const NamedTensors& params() const { return params_; }
+  int64_t steps_taken() const { return t_; }
+
+ private:
+  NamedTensors params_;
+  OptimOptions o_;
+  int64_t t_ = 0;
+  std::map<std::string, Tensor> m_, v_;
+};
+
+/// Exponential moving average of parameters, kept in fp32. decay(step) = min(decay, (1 + step)/(10 + step))
+/// so early averages are not dominated by the random initialisation; decay 1.0 keeps a frozen copy.
+class EMA {
+ public:
+  EMA(const NamedTensors& params, double decay);
+  void update(const NamedTensors& params, int64_t step);
+  const std::map<std::string, Tensor>& averages() const { return avg_; }
+  std::map<std::string, Tensor>& averages() { return avg_; }
+  /// Copies the averages into the parameters (saving the live values) and back.
+  void swap_into(const NamedTensors& params);
+  double decay() const { return decay_; }
+
+ private:
+  double decay_;
+  std::map<std::string, Tensor> avg_;
+};
+
+}  // namespace dew::training

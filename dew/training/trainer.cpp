@@ -1,0 +1,237 @@
+#include "dew/training/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "dew/core/log.h"
+#include "dew/core/rng.h"
+
+namespace dew::training {
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop.store(true); }
+
+// Installs the handlers for the lifetime of fit() and restores the previous ones after.
+struct SignalScope {
+  void (*old_int)(int);
+  void (*old_term)(int);
+  SignalScope() {
+    g_stop.store(false);
+    old_int = std::signal(SIGINT, on_signal);
+    old_term = std::signal(SIGTERM, on_signal);
+  }
+  ~SignalScope() {
+    std::signal(SIGINT, old_int);
+    std::signal(SIGTERM, old_term);
+  }
+};
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
+  else std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
+  return buf;
+}
+
+}  // namespace
+
+bool stop_requested() { return g_stop.load(); }
+
+void validate(const TrainerOptions& o) {
+  DEW_CHECK(o.steps >= 1, "trainer.steps: must be >= 1, got ", o.steps);
+  DEW_CHECK(o.accumulation >= 1, "trainer.accumulation: must be >= 1, got ", o.accumulation);
+  DEW_CHECK(o.log_every >= 1, "trainer.log_every: must be >= 1, got ", o.log_every);
+  DEW_CHECK(o.val_every >= 0, "trainer.val_every: must be >= 0, got ", o.val_every);
+  DEW_CHECK(o.checkpoint_every >= 1, "trainer.checkpoint_every: must be >= 1, got ", o.checkpoint_every);
+  DEW_CHECK(o.keep_checkpoints >= 1, "trainer.keep_checkpoints: must be >= 1, got ", o.keep_checkpoints);
+  DEW_CHECK(o.max_bad_loss_steps >= 1, "trainer.max_bad_loss_steps: must be >= 1, got ", o.max_bad_loss_steps);
+  DEW_CHECK(o.time_limit_minutes >= 0, "trainer.time_limit_minutes: must be >= 0, got ", o.time_limit_minutes);
+}
+
+TensorMap module_state(torch::nn::Module& m) {
+  TensorMap out;
+  for (const auto& kv : m.named_parameters()) out[kv.key()] = kv.value().detach();
+  for (const auto& kv : m.named_buffers()) out[kv.key()] = kv.value().detach();
+  return out;
+}
+
+void load_module_state(torch::nn::Module& m, const TensorMap& state, const std::string& source) {
+  at::NoGradGuard ng;
+  auto load = [&](const std::string& name, at::Tensor t) {
+    auto it = state.find(name);
+    DEW_CHECK(it != state.end(), source, ": missing tensor \"", name, "\" (was it written by another model?)");
+    DEW_CHECK(it->second.sizes() == t.sizes(), source, ": tensor \"", name, "\" has shape ", it->second.sizes(),
+              ", the model expects ", t.sizes());
+    t.copy_(it->second);
+  };
+  for (const auto& kv : m.named_parameters()) load(kv.key(), kv.value());
+  for (const auto& kv : m.named_buffers()) load(kv.key(), kv.value());
+}
+
+Trainer::Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loader, OptimOptions optim,
+                 TrainerOptions options, std::string run_dir, uint64_t seed)
+    : obj_(std::move(objective)), loader_(std::move(loader)), oo_(std::move(optim)), to_(std::move(options)),
+      run_dir_(std::move(run_dir)), seed_(seed) {
+  validate(to_);
+  for (const auto& kv : obj_->module().named_parameters())
+    if (kv.value().requires_grad()) params_.emplace_back(kv.key(), kv.value());
+  DEW_CHECK(!params_.empty(), "objective ", obj_->name(), " has no trainable parameters");
+  opt_ = std::make_unique<Optimizer>(params_, oo_);
+  ema_ = std::make_unique<EMA>(params_, obj_->ema_decay());
+}
+
+void Trainer::restore(const Checkpoint& c) {
+  load_module_state(obj_->module(), c.model, "checkpoint step_" + std::to_string(c.step) + "/model.safetensors");
+  at::NoGradGuard ng;
+  for (auto& [name, avg] : ema_->averages()) {
+    auto it = c.ema.find(name);
+    DEW_CHECK(it != c.ema.end(), "checkpoint step_", c.step, "/ema.safetensors: missing \"", name, "\"");
+    avg.copy_(it->second);
+  }
+  opt_->load_state_dict(c.optimizer);
+  step_ = c.step;
+  bad_total_ = c.state.value("bad_loss_steps_total", int64_t(0));
+  bad_consecutive_ = c.state.value("bad_loss_steps_consecutive", int64_t(0));
+  best_ = c.state.contains("best") ? c.state["best"] : json(nullptr);
+  if (c.state.contains("data")) loader_->load_state(c.state["data"]);
+}
+
+std::string Trainer::save() {
+  Checkpoint c;
+  c.step = step_;
+  c.model = module_state(obj_->module());
+  c.ema = ema_->averages();
+  c.optimizer = opt_->state_dict();
+  c.state = {{"data", loader_->state()},
+             {"seed", seed_},
+             {"bad_loss_steps_total", bad_total_},
+             {"bad_loss_steps_consecutive", bad_consecutive_},
+             {"best", best_}};
+  return save_checkpoint(run_dir_, c, to_.keep_checkpoints);
+}
+
+TrainResult Trainer::fit() {
+  namespace fs = std::filesystem;
+  fs::create_directories(run_dir_);
+  auto existing = list_checkpoints(run_dir_);
+  if (!existing.empty()) {
+    restore(load_checkpoint(run_dir_, existing.back()));
+    log::info("resuming ", run_dir_, " from step ", step_);
+  }
+  TrainResult res;
+  SignalScope signals;
+  std::ofstream metrics(fs::path(run_dir_) / "metrics.jsonl", std::ios::app);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const int64_t start = step_;
+  int64_t window_samples = 0;
+  double window_loss = 0, window_start = 0;
+  int64_t window_steps = 0;
+  std::map<std::string, double> window_metrics;
+
+  auto run_validation = [&] {
+    ema_->swap_into(params_);
+    std::map<std::string, double> v;
+    try {
+      torch::NoGradGuard ng;
+      v = obj_->validate(step_, run_dir_);
+    } catch (...) {
+      ema_->swap_into(params_);
+      throw;
+    }
+    ema_->swap_into(params_);
+    json line = {{"step", step_}, {"time", elapsed()}};
+    for (auto& [k, x] : v) line[k] = x;
+    metrics << line.dump() << "\n" << std::flush;
+    if (!to_.best_metric.empty() && v.count(to_.best_metric)) {
+      double x = v[to_.best_metric];
+      bool better = best_.is_null() || (to_.best_mode_max ? x > best_["value"].get<double>() : x < best_["value"].get<double>());
+      if (better) best_ = {{"metric", to_.best_metric}, {"value", x}, {"step", step_}};
+    }
+    for (auto& [k, x] : v) res.last_metrics[k] = x;
+  };
+
+  while (step_ < to_.steps) {
+    const double lr = learning_rate(oo_, step_, to_.steps);
+    opt_->zero_grad();
+    double loss_sum = 0;
+    bool finite = true;
+    std::map<std::string, double> step_metrics;
+    for (int64_t k = 0; k < to_.accumulation; ++k) {
+      auto batch = loader_->next();
+      auto gen = rng::generator(seed_, uint64_t(step_) * uint64_t(to_.accumulation) + uint64_t(k), "objective");
+      auto out = obj_->loss(batch, step_, gen);
+      const double l = out.loss.item<double>();
+      if (!std::isfinite(l)) {
+        finite = false;
+        break;
+      }
+      (out.loss / double(to_.accumulation)).backward();
+      loss_sum += l / double(to_.accumulation);
+      for (auto& [name, x] : out.metrics) step_metrics[name] += x / double(to_.accumulation);
+      window_samples += batch.begin()->second.size(0);
+    }
+    if (!finite) {
+      // Skip the update entirely: no optimizer or EMA change, the step's data is consumed.
+      opt_->zero_grad();
+      ++bad_total_;
+      ++bad_consecutive_;
+      log::warn("step ", step_, ": non-finite loss, update skipped (", bad_consecutive_, " in a row, ", bad_total_, " total)");
+      if (bad_consecutive_ >= to_.max_bad_loss_steps) {
+        res.last_checkpoint = save();
+        fail("training stopped: ", bad_consecutive_, " consecutive non-finite losses at step ", step_,
+             " (trainer.max_bad_loss_steps = ", to_.max_bad_loss_steps, "); last checkpoint ", res.last_checkpoint);
+      }
+      ++step_;
+      continue;
+    }
+    bad_consecutive_ = 0;
+    const double gnorm = clip_grad_norm(params_, oo_.grad_clip);
+    opt_->step(lr);
+    ema_->update(params_, step_);
+    ++step_;
+    window_loss += loss_sum;
+    ++window_steps;
+    for (auto& [name, x] : step_metrics) window_metrics[name] += x;
+
+    if (step_ % to_.log_every == 0 || step_ == to_.steps) {
+      const double now = elapsed();
+      const double rate = window_samples / std::max(1e-9, now - window_start);
+      const double per_step = now / double(step_ - start);
+      json line = {{"step", step_}, {"time", now}, {"train/loss", window_loss / window_steps}, {"train/lr", lr},
+                   {"train/grad_norm", gnorm}, {"samples_per_s", rate}, {"train/bad_loss_steps", bad_total_}};
+      for (auto& [name, x] : window_metrics) line["train/" + name] = x / window_steps;
+      metrics << line.dump() << "\n" << std::flush;
+      std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  %.1f samples/s  ETA %s\n", (long long)step_,
+                   (long long)to_.steps, window_loss / window_steps, lr, rate,
+                   format_duration(per_step * double(to_.steps - step_)).c_str());
+      res.last_metrics["train/loss"] = window_loss / window_steps;
+      window_loss = 0;
+      window_steps = 0;
+      window_samples = 0;
+      window_start = now;
+      window_metrics.clear();
+    }
+    const bool out_of_time = to_.time_limit_minutes > 0 && elapsed() > to_.time_limit_minutes * 60;
+    if (to_.val_every > 0 && step_ % to_.val_every == 0 && step_ < to_.steps && !out_of_time) run_validation();
+    if (stop_requested() || out_of_time) {
+      log::info(stop_requested() ? "signal received" : "time limit reached", ": checkpointing at step ", step_);
+      res.interrupted = true;
+      break;
+    }
+    if (step_ % to_.checkpoint_every == 0 && step_ < to_.steps) res.last_checkpoint = save();
+  }
+  if (!stop_requested()) run_validation();  // also after the time limit: the run ends with its preview
+  res.last_checkpoint = save();
+  res.step = step_;
+  res.bad_loss_steps = bad_total_;
+  return res;
+}
+
+}  // namespace dew::training

@@ -1,0 +1,89 @@
+// The trainer (SPEC section 6): one loop for every objective. It owns the optimizer (with warm-up and
+// decay), gradient accumulation, gradient clipping, the fp32 EMA, the non-finite loss guard, validation
+// and checkpoint cadence, metrics.jsonl, the progress line and SIGINT/SIGTERM handling. Rerunning the
+// same command on a run directory resumes from its latest checkpoint and continues bit for bit.
+#pragma once
+#include "dew/objectives/objective.h"
+#include "dew/training/checkpoint.h"
+#include "dew/training/optim.h"
+
+namespace dew::training {
+
+struct TrainerOptions {
+  int64_t steps = 1000;               // optimizer steps in the whole run
+  int64_t accumulation = 1;           // micro-batches per optimizer step
+  int64_t log_every = 50;             // metrics.jsonl and progress line cadence
+  int64_t val_every = 0;              // validation cadence (0 = only at the end)
+  int64_t checkpoint_every = 500;     // checkpoint cadence (and always at the end)
+  int64_t keep_checkpoints = 2;       // latest N kept, plus the best
+  int64_t max_bad_loss_steps = 20;    // consecutive non-finite losses before the run stops
+  double time_limit_minutes = 0;      // stop (with a checkpoint) after this wall time; 0 = none
+  std::string best_metric;            // validation metric that selects the best checkpoint, e.g. "val/loss"
+  bool best_mode_max = false;         // the best is the largest value instead of the smallest
+  template <class V> void visit(V& v) {
+    v("steps", steps, "optimizer steps in the run");
+    v("accumulation", accumulation, "micro-batches per optimizer step");
+    v("log_every", log_every, "log cadence in steps");
+    v("val_every", val_every, "validation cadence in steps (0 = only at the end)");
+    v("checkpoint_every", checkpoint_every, "checkpoint cadence in steps (and at the end)");
+    v("keep_checkpoints", keep_checkpoints, "number of latest checkpoints kept (plus the best)");
+    v("max_bad_loss_steps", max_bad_loss_steps, "stop after this many consecutive non-finite losses");
+    v("time_limit_minutes", time_limit_minutes, "stop with a checkpoint after this wall time (0 = none)");
+    v("best_metric", best_metric, "validation metric that selects the best checkpoint (empty = none)");
+    v("best_mode_max", best_mode_max, "larger best_metric is better");
+  }
+};
+
+void validate(const TrainerOptions& o);
+
+/// How a run ended.
+struct TrainResult {
+  int64_t step = 0;            // steps completed
+  int64_t bad_loss_steps = 0;  // non-finite losses skipped in total
+  bool interrupted = false;    // by SIGINT/SIGTERM or the time limit
+  std::string last_checkpoint;
+  std::map<std::string, double> last_metrics;
+};
+
+class Trainer {
+ public:
+  /// run_dir must exist (the caller writes run.json); seed drives every random draw of the run.
+  Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loader, OptimOptions optim, TrainerOptions options,
+          std::string run_dir, uint64_t seed);
+  /// Resumes from the latest checkpoint if there is one, then trains to options.steps.
+  TrainResult fit();
+  /// Restores the state of a checkpoint (parameters, EMA, optimizer, data position, counters).
+  void restore(const Checkpoint& c);
+  /// Writes a checkpoint of the current state.
+  std::string save();
+  Optimizer& optimizer() { return *opt_; }
+  EMA& ema() { return *ema_; }
+  int64_t step() const { return step_; }
+  /// Named parameters of the objective's module, in a stable order.
+  const NamedTensors& parameters() const { return params_; }
+
+ private:
+  ObjectivePtr obj_;
+  std::shared_ptr<data::DataLoader> loader_;
+  OptimOptions oo_;
+  TrainerOptions to_;
+  std::string run_dir_;
+  uint64_t seed_;
+  NamedTensors params_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<EMA> ema_;
+  int64_t step_ = 0;
+  int64_t bad_consecutive_ = 0;
+  int64_t bad_total_ = 0;
+  json best_ = nullptr;
+};
+
+/// Model state of a module: parameters and buffers by path (what model.safetensors holds).
+TensorMap module_state(torch::nn::Module& m);
+/// Loads module_state() values into a module; missing or mis-shaped entries are a dew::Error.
+void load_module_state(torch::nn::Module& m, const TensorMap& state, const std::string& source);
+
+/// True once SIGINT or SIGTERM arrived while a Trainer was running.
+bool stop_requested();
+
+}  // namespace dew::training

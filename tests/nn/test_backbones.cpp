@@ -1,0 +1,332 @@
+// The registered backbones: zero output at initialisation, overfitting one batch, remat equivalence,
+// conditioning, field validation and the {architecture, fields} config round trip.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <set>
+
+#include "dew/core/error.h"
+#include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/simple_dit.h"
+#include "dew/nn/backbones/unet.h"
+
+namespace {
+
+using at::Tensor;
+using dew::json;
+
+double max_diff(const Tensor& a, const Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
+
+// Tiny configurations: a few thousand parameters, milliseconds per step on one CPU core.
+json tiny_dit(json extra = json::object()) {
+  json f = {{"patch_size", 2}, {"emb_features", 64}, {"num_layers", 2}, {"num_heads", 4}, {"mlp_ratio", 2}};
+  f.update(extra);
+  return f;
+}
+json tiny_unet(json extra = json::object()) {
+  json f = {{"emb_features", 32},   {"feature_depths", {16, 32}}, {"attention_configs", {nullptr, 4}},
+            {"num_res_blocks", 1}, {"norm_groups", 8}};
+  f.update(extra);
+  return f;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> param_shapes(const dew::BackboneImpl& m) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& kv : m.named_parameters()) out.push_back({kv.key(), kv.value().sizes().vec()});
+  return out;
+}
+
+void copy_parameters(dew::BackboneImpl& from, dew::BackboneImpl& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from.named_parameters();
+  for (auto& kv : to.named_parameters()) kv.value().copy_(src[kv.key()]);
+}
+
+void randomize(dew::BackboneImpl& m, double std) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) p.add_(torch::randn_like(p) * std);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const dew::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A flow-matching style problem on one fixed batch: x_t = (1 - t) x0 + t eps, target eps - x0.
+struct Batch {
+  Tensor x_t, t, target;
+  dew::Conditioning cond;
+};
+Batch fixed_batch(int64_t B, int64_t C, int64_t H, uint64_t seed) {
+  torch::manual_seed(seed);
+  Tensor x0 = torch::rand({B, C, H, H}) * 2 - 1, eps = torch::randn({B, C, H, H}), t = torch::rand({B});
+  Tensor tt = t.view({B, 1, 1, 1});
+  return {(1 - tt) * x0 + tt * eps, t, eps - x0, {}};
+}
+
+// Adam on the fixed batch; returns (first loss, last loss).
+std::pair<double, double> overfit(dew::BackboneImpl& model, const Batch& b, int steps, double lr) {
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(lr));
+  double first = 0, last = 0;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    Tensor loss = torch::mse_loss(model.forward(b.x_t, b.t, b.cond), b.target);
+    loss.backward();
+    opt.step();
+    (s == 0 ? first : last) = loss.item<double>();
+  }
+  return {first, last};
+}
+
+// ---- zero output at initialisation ----
+
+TEST(Backbones, SimpleDiTOutputIsExactlyZeroAtInitForEveryScanOrder) {
+  for (const char* order : {"raster", "hilbert", "zigzag"}) {
+    auto m = dew::models::build("simple_dit", tiny_dit({{"scan_order", order}, {"num_classes", 3}}));
+    Tensor x = torch::randn({2, 3, 8, 12});
+    dew::Conditioning cond;
+    cond.labels = torch::tensor({0, 3}, at::kLong);
+    Tensor y = m->forward(x, torch::rand({2}), cond);
+    ASSERT_EQ(y.sizes(), x.sizes());
+    EXPECT_EQ(y.scalar_type(), at::kFloat);
+    EXPECT_EQ(y.abs().max().item<double>(), 0.0) << order;
+  }
+}
+
+TEST(Backbones, UnetOutputIsExactlyZeroAtInit) {
+  auto m = dew::models::build("unet", tiny_unet({{"output_channels", 2}}));
+  Tensor x = torch::randn({2, 3, 8, 8});
+  Tensor y = m->forward(x, torch::rand({2}), {});
+  ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 2, 8, 8}));
+  EXPECT_EQ(y.abs().max().item<double>(), 0.0);
+}
+
+// ---- overfitting one batch ----
+
+TEST(Backbones, SimpleDiTOverfitsOneBatch) {
+  auto start = std::chrono::steady_clock::now();
+  torch::manual_seed(0);
+  auto m = dew::models::build("simple_dit", tiny_dit());
+  Batch b = fixed_batch(4, 3, 8, 1);
+  auto [first, last] = overfit(*m, b, 300, 3e-3);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "[ simple_dit ] loss " << first << " -> " << last << " in 300 steps, " << secs << " s\n";
+  EXPECT_LT(last, first / 10);
+}
+
+TEST(Backbones, ConditionalHilbertSimpleDiTOverfitsOneBatch) {
+  torch::manual_seed(0);
+  auto m = dew::models::build("simple_dit", tiny_dit({{"scan_order", "hilbert"}, {"num_classes", 4},
+                                                       {"context_features", 8}, {"qk_norm", true}}));
+  Batch b = fixed_batch(4, 3, 8, 2);
+  b.cond.labels = torch::tensor({0, 1, 2, 4}, at::kLong);
+  b.cond.context = torch::randn({4, 5, 8});
+  b.cond.context_mask = torch::rand({4, 5}) > 0.3;
+  auto [first, last] = overfit(*m, b, 300, 3e-3);
+  std::cout << "[ simple_dit hilbert + labels + text ] loss " << first << " -> " << last << "\n";
+  EXPECT_LT(last, first / 10);
+}
+
+TEST(Backbones, UnetOverfitsOneBatch) {
+  auto start = std::chrono::steady_clock::now();
+  torch::manual_seed(0);
+  auto m = dew::models::build("unet", tiny_unet({{"num_classes", 2}, {"context_features", 8}}));
+  Batch b = fixed_batch(4, 3, 8, 3);
+  b.cond.labels = torch::tensor({0, 1, 2, 1}, at::kLong);
+  b.cond.context = torch::randn({4, 3, 8});
+  auto [first, last] = overfit(*m, b, 300, 3e-3);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "[ unet ] loss " << first << " -> " << last << " in 300 steps, " << secs << " s\n";
+  EXPECT_LT(last, first / 10);
+}
+
+// ---- remat ----
+
+void expect_remat_matches(const std::string& arch, const json& fields, const dew::Conditioning& cond, int64_t H) {
+  auto plain = dew::models::build(arch, fields);
+  json rf = fields;
+  rf["remat"] = true;
+  auto re = dew::models::build(arch, rf);
+  randomize(*plain, 0.05);  // away from the zero-initialised layers, so every parameter has a gradient
+  copy_parameters(*plain, *re);
+  EXPECT_EQ(param_shapes(*plain), param_shapes(*re));
+  torch::manual_seed(5);
+  Tensor x = torch::randn({2, 3, H, H}), t = torch::rand({2}), w = torch::randn({2, 3, H, H});
+  std::vector<std::vector<Tensor>> grads;
+  std::vector<Tensor> outs;
+  for (auto* m : {plain.get(), re.get()}) {
+    m->zero_grad();
+    Tensor xi = x.clone().requires_grad_();
+    Tensor y = m->forward(xi, t, cond);
+    (y * w).sum().backward();
+    std::vector<Tensor> g{xi.grad()};
+    for (const auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
+    grads.push_back(g);
+    outs.push_back(y.detach());
+  }
+  EXPECT_LT(max_diff(outs[0], outs[1]), 1e-6);
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LT(max_diff(grads[0][i], grads[1][i]), 1e-5) << arch << " grad " << i;
+}
+
+TEST(Backbones, RematGivesTheSameGradients) {
+  torch::manual_seed(3);
+  dew::Conditioning text;
+  text.context = torch::randn({2, 4, 8});
+  text.context_mask = torch::tensor({1, 1, 0, 1, 1, 0, 0, 0}, at::kLong).view({2, 4}).to(at::kBool);
+  expect_remat_matches("simple_dit", tiny_dit({{"context_features", 8}}), text, 8);
+  expect_remat_matches("unet", tiny_unet({{"context_features", 8}}), text, 8);
+}
+
+// ---- conditioning ----
+
+TEST(Backbones, MaskedContextTokensAndAbsentLabelsBehave) {
+  auto m = dew::models::build("simple_dit", tiny_dit({{"context_features", 6}, {"num_classes", 3}}));
+  auto* dit = dynamic_cast<dew::nn::SimpleDiTImpl*>(m.get());
+  ASSERT_NE(dit, nullptr);
+  randomize(*m, 0.1);
+  dew::Conditioning a;
+  a.labels = torch::tensor({3, 3}, at::kLong);  // the null class
+  a.context = torch::randn({2, 4, 6});
+  a.context_mask = torch::tensor({1, 0, 1, 0, 1, 1, 0, 0}, at::kLong).view({2, 4}).to(at::kBool);
+  dew::Conditioning b = a;
+  b.context = a.context.masked_fill(a.context_mask.logical_not().unsqueeze(-1), 50.0);
+  b.labels = Tensor();  // absent labels = the null class
+  Tensor t = torch::rand({2});
+  EXPECT_LT(max_diff(dit->condition(t, a, 2), dit->condition(t, b, 2)), 1e-5);
+  a.labels = torch::tensor({0, 4}, at::kLong);
+  EXPECT_NE(error_of([&] { m->forward(torch::randn({2, 3, 4, 4}), t, a); }).find("labels must lie in"), std::string::npos);
+  auto plain = dew::models::build("simple_dit", tiny_dit());
+  dew::Conditioning text;
+  text.context = torch::randn({2, 4, 6});
+  EXPECT_NE(error_of([&] { plain->forward(torch::randn({2, 3, 4, 4}), t, text); }).find("context_features is 0"),
+            std::string::npos);
+}
+
+TEST(Backbones, Bfloat16ComputeRunsAndStaysClose) {
+  for (const std::string arch : {"simple_dit", "unet"}) {
+    json f = arch == "simple_dit" ? tiny_dit() : tiny_unet();
+    auto ref = dew::models::build(arch, f);
+    f["dtype"] = "bfloat16";
+    auto lo = dew::models::build(arch, f);
+    randomize(*ref, 0.05);
+    copy_parameters(*ref, *lo);
+    Tensor x = torch::randn({2, 3, 8, 8}), t = torch::rand({2});
+    Tensor a = ref->forward(x, t, {}), b = lo->forward(x, t, {});
+    EXPECT_EQ(b.scalar_type(), at::kFloat);
+    EXPECT_LT(max_diff(a, b), 0.05 * (1 + a.abs().max().item<double>())) << arch;
+    for (const auto& p : lo->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
+  }
+}
+
+// ---- fields, names and the config round trip ----
+
+TEST(Backbones, UnknownFieldsAndBadValuesAreErrors) {
+  auto msg = error_of([] { dew::models::build("simple_dit", {{"num_layerz", 2}}); });
+  EXPECT_NE(msg.find("unknown field \"num_layerz\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("num_layers"), std::string::npos) << msg;
+  msg = error_of([] { dew::models::build("unet", {{"feature_depth", {16}}}); });
+  EXPECT_NE(msg.find("feature_depths"), std::string::npos) << msg;
+  msg = error_of([] { dew::models::build("transformer_xl", json::object()); });
+  EXPECT_NE(msg.find("simple_dit"), std::string::npos) << msg;
+  msg = error_of([] { dew::models::build("simple_dit", tiny_dit({{"scan_order", "spiral"}})); });
+  EXPECT_NE(msg.find("hilbert"), std::string::npos) << msg;
+  msg = error_of([] { dew::models::build("simple_dit", tiny_dit({{"num_heads", 3}})); });
+  EXPECT_NE(msg.find("num_heads"), std::string::npos) << msg;
+  msg = error_of([] { dew::models::build("unet", tiny_unet({{"attention_configs", {nullptr}}})); });
+  EXPECT_NE(msg.find("attention_configs"), std::string::npos) << msg;
+  msg = error_of([] { dew::models::build("unet", tiny_unet({{"norm_groups", 5}})); });
+  EXPECT_NE(msg.find("norm_groups"), std::string::npos) << msg;
+  msg = error_of([] { dew::models::build(json{{"architecture", "unet"}, {"feilds", json::object()}}); });
+  EXPECT_NE(msg.find("feilds"), std::string::npos) << msg;
+  auto m = dew::models::build("simple_dit", tiny_dit());
+  msg = error_of([&] { m->forward(torch::randn({1, 3, 7, 8}), torch::rand({1}), {}); });
+  EXPECT_NE(msg.find("patch_size"), std::string::npos) << msg;
+}
+
+TEST(Backbones, ConfigRoundTripRebuildsTheSameParameterTree) {
+  for (const std::string arch : {"simple_dit", "unet"}) {
+    json fields = arch == "simple_dit" ? tiny_dit({{"num_classes", 10}, {"context_features", 16}, {"qk_norm", true}})
+                                       : tiny_unet({{"num_classes", 10}, {"context_features", 16}});
+    auto m = dew::models::build(arch, fields);
+    const json& rec = m->config();
+    EXPECT_EQ(rec["architecture"], arch);
+    EXPECT_TRUE(rec["fields"].contains("dtype"));  // defaults are recorded too
+    auto again = dew::models::build(json::parse(rec.dump()));
+    EXPECT_EQ(param_shapes(*m), param_shapes(*again)) << arch;
+    EXPECT_EQ(again->config(), rec);
+    // The tree does not depend on dtype, attention_impl or remat.
+    json other = fields;
+    other["dtype"] = "bfloat16";
+    other["attention_impl"] = "chunked";
+    other["remat"] = true;
+    EXPECT_EQ(param_shapes(*m), param_shapes(*dew::models::build(arch, other))) << arch;
+  }
+}
+
+TEST(Backbones, ParameterNamesAreStable) {
+  auto names = [](const dew::BackbonePtr& m) {
+    std::set<std::string> s;
+    for (const auto& kv : m->named_parameters()) s.insert(kv.key());
+    for (const auto& kv : m->named_buffers()) s.insert(kv.key());
+    return s;
+  };
+  auto dit = names(dew::models::build("simple_dit", tiny_dit({{"num_classes", 2}, {"context_features", 4}, {"qk_norm", true}})));
+  for (const char* n : {"x_embedder.weight", "t_embedder.fourier.freqs", "t_embedder.linear_1.weight",
+                        "t_embedder.linear_2.bias", "y_embedder.weight", "context_embedder.weight",
+                        "blocks.0.adaLN_modulation.weight", "blocks.1.attn.qkv.weight", "blocks.1.attn.proj.bias",
+                        "blocks.1.attn.q_norm.weight", "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight",
+                        "final_layer.adaLN_modulation.weight", "final_layer.linear.weight"})
+    EXPECT_TRUE(dit.count(n)) << n;
+  auto unet = names(dew::models::build("unet", tiny_unet({{"context_features", 4}})));
+  for (const char* n : {"conv_in.weight", "t_embedder.linear_1.weight", "down_blocks.0.resnets.0.conv1.weight",
+                        "down_blocks.0.resnets.0.time_emb_proj.weight", "down_blocks.0.downsample.weight",
+                        "down_blocks.1.resnets.0.conv_shortcut.weight", "down_blocks.1.attention.attn1.qkv.weight",
+                        "down_blocks.1.attention.attn2.kv.weight", "mid_block.resnets.1.norm2.weight",
+                        "mid_block.attention.norm1.weight", "up_blocks.0.resnets.1.conv_shortcut.weight",
+                        "up_blocks.0.attention.attn2.q.weight", "up_blocks.0.upsample.weight",
+                        "up_blocks.1.resnets.1.conv2.weight", "norm_out.weight", "conv_out.weight"})
+    EXPECT_TRUE(unet.count(n)) << n;
+}
+
+TEST(Backbones, DefaultsMatchTheSpec) {
+  auto d = dew::to_json(dew::nn::SimpleDiTOptions());
+  EXPECT_EQ(d["output_channels"], 3);
+  EXPECT_EQ(d["patch_size"], 16);
+  EXPECT_EQ(d["emb_features"], 768);
+  EXPECT_EQ(d["num_layers"], 12);
+  EXPECT_EQ(d["num_heads"], 12);
+  EXPECT_EQ(d["mlp_ratio"], 4.0);
+  EXPECT_EQ(d["norm_epsilon"], 1e-5);
+  EXPECT_EQ(d["force_fp32_for_softmax"], true);
+  EXPECT_EQ(d["qk_norm"], false);
+  EXPECT_EQ(d["scan_order"], "raster");
+  auto u = dew::to_json(dew::nn::UnetOptions());
+  EXPECT_EQ(u["emb_features"], 256);
+  EXPECT_EQ(u["feature_depths"], json({64, 128, 256, 512}));
+  EXPECT_EQ(u["num_res_blocks"], 2);
+  EXPECT_EQ(u["num_middle_res_blocks"], 1);
+  EXPECT_EQ(u["activation"], "swish");
+  EXPECT_EQ(u["norm_groups"], 8);
+  EXPECT_EQ(dew::models::registry().kind(), "model");
+  EXPECT_TRUE(dew::models::registry().contains("simple_dit"));
+  EXPECT_TRUE(dew::models::registry().contains("unet"));
+}
+
+TEST(Backbones, OptionsBuilderBuildsTheSameModelAsJson) {
+  dew::nn::Unet u(dew::nn::UnetOptions().emb_features(32).feature_depths({16, 32}).attention_configs({{}, 4}).num_res_blocks(1));
+  EXPECT_EQ(param_shapes(*u), param_shapes(*dew::models::build("unet", tiny_unet())));
+  dew::nn::SimpleDiT d(dew::nn::SimpleDiTOptions().patch_size(2).emb_features(64).num_layers(2).num_heads(4).mlp_ratio(2));
+  EXPECT_EQ(param_shapes(*d), param_shapes(*dew::models::build("simple_dit", tiny_dit())));
+  dew::nn::Unet full;  // the default configuration is valid
+  int64_t n = 0;
+  for (const auto& p : full->parameters()) n += p.numel();
+  std::cout << "[ unet defaults ] " << n << " parameters\n";
+  EXPECT_GT(n, 0);
+}
+
+}  // namespace
