@@ -20,19 +20,19 @@ namespace {
 // The default recipe: class-conditional diffusion on Fashion-MNIST, sized for a 2-core CPU.
 json diffusion_recipe() {
   data::LoaderOptions lo;
-  lo.batch_size = 64;
+  lo.batch_size = 32;
   lo.num_workers = 1;
   training::OptimOptions oo;
   oo.lr = 1e-3;
-  oo.warmup_steps = 200;
+  oo.warmup_steps = 100;
   oo.weight_decay = 0.0;
   training::TrainerOptions to;
-  to.steps = 4000;
+  to.steps = 3000;
   to.log_every = 100;
   to.checkpoint_every = 500;
   to.time_limit_minutes = 0;
   DiffusionObjectiveOptions obj;
-  obj.ema_decay = 0.999;
+  obj.ema_decay = 0.995;
   obj.sampler = "euler";
   obj.steps = 30;
   obj.guidance.scale = 3.0;
@@ -43,9 +43,9 @@ json diffusion_recipe() {
       {"model",
        {{"architecture", "unet"},
         {"fields",
-         {{"emb_features", 128},
-          {"feature_depths", {32, 64, 128}},
-          {"attention_configs", {nullptr, nullptr, 4}},
+         {{"emb_features", 64},
+          {"feature_depths", {32, 64}},
+          {"attention_configs", {nullptr, nullptr}},
           {"num_res_blocks", 1},
           {"num_middle_res_blocks", 1},
           {"norm_groups", 8}}}}},
