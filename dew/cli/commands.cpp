@@ -14,6 +14,8 @@ const char* kUsage =
     "commands:\n"
     "  train diffusion [--config F] [--a.b v]   train (dew train diffusion --help lists every field)\n"
     "  sample RUN [flags]   sample a trained run to a PNG grid\n"
+    "  eval RUN [flags]     classifier accuracy and Frechet distance of a Fashion-MNIST run's samples\n"
+    "  bench [flags]        time a training step of the small CPU models, C++ vs Python eager\n"
     "  models        registered models with fields and defaults\n"
     "  list [KIND]   every registry (models, datasets, presets, schedules, solvers, ...) with fields\n"
     "  version       print the version\n";
@@ -44,11 +46,13 @@ int run(const std::vector<std::string>& args) {
   if (cmd == "train") return cmd_train(rest);
   if (cmd == "sample") return cmd_sample(rest);
   if (cmd == "models") return cmd_models(rest);
+  if (cmd == "bench") return cmd_bench(rest);
+  if (cmd == "eval") return cmd_eval(rest);
   if (cmd == "version" || cmd == "--version") {
     std::cout << "dew " << DEW_VERSION << "\n";
     return 0;
   }
-  fail("unknown command \"", cmd, "\"; accepted: train, sample, models, list, version (dew --help)");
+  fail("unknown command \"", cmd, "\"; accepted: train, sample, eval, bench, models, list, version (dew --help)");
 }
 
 }  // namespace dew::cli

@@ -15,6 +15,12 @@ int cmd_list(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 /// `dew sample RUN [--solver S --steps N --guidance G --labels all|0,3 --count N --seed S --weights ema|live --out F]`.
 int cmd_sample(const std::vector<std::string>& args);
+/// `dew eval RUN [--solvers a,b --steps N --guidance G --count N]`: classifier accuracy of conditional
+/// samples and the Frechet distance of classifier features to the test set; `dew eval --classifier`.
+int cmd_eval(const std::vector<std::string>& args);
+/// `dew bench [--models a,b --steps N --warmup W --batch B --threads 1,2 --blas-threads 1,2 --no-peer --out F]`:
+/// a full training step of the small CPU models timed in C++ and in Python eager, with the speed-up.
+int cmd_bench(const std::vector<std::string>& args);
 /// `dew models`: every registered model with its fields and defaults.
 int cmd_models(const std::vector<std::string>& args);
 

@@ -1,14 +1,19 @@
 // `dew train diffusion`, `dew sample RUN`, `dew models`.
 #include <ATen/Parallel.h>
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "dew/cli/commands.h"
 #include "dew/cli/recipe.h"
 #include "dew/core/log.h"
 #include "dew/io/image.h"
+#include "dew/metrics/fashion_classifier.h"
+#include "dew/metrics/metrics.h"
 #include "dew/objectives/diffusion.h"
+#include "dew/objectives/registry.h"
 #include "dew/training/trainer.h"
 
 namespace fs = std::filesystem;
@@ -130,7 +135,7 @@ int cmd_train_diffusion(const std::vector<std::string>& args) {
   auto model = models::build(arch, r["model"]["fields"]);
   lo.seed = int64_t(seed);
   auto loader = std::make_shared<data::DataLoader>(dataset, lo);
-  auto objective = std::make_shared<DiffusionObjective>(model, *preset, obj_opts, num_classes, shape);
+  auto objective = objectives().build("diffusion", r["objective"], ObjectiveContext{model, preset, num_classes, shape});
   int64_t nparams = 0;
   for (const auto& p : model->parameters()) nparams += p.numel();
   log::info("training ", arch, " (", nparams, " parameters) on ", dataset->name(), " (", dataset->size(),
@@ -252,6 +257,60 @@ int cmd_sample(const std::vector<std::string>& args) {
   io::save_png(out, io::make_grid(images, nrow, 2));
   std::cout << "wrote " << g.count << " samples (" << g.solver << ", " << g.steps << " steps, guidance "
             << g.guidance.scale << ", " << weights << " weights of step " << run.step << ") to " << out << "\n";
+  return 0;
+}
+
+int cmd_eval(const std::vector<std::string>& args) {
+  auto f = parse_flags(args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch"},
+                       {"classifier"});
+  set_threads(f.get_int("threads", 0));
+  auto clf = metrics::fashion_classifier();
+  std::cout << "classifier test accuracy " << clf.test_accuracy << (clf.trained_now ? " (trained now)" : " (cached)")
+            << "\n";
+  if (f.has("classifier")) return 0;
+  DEW_CHECK(f.positional.size() == 1, "eval: expected one RUN directory (or --classifier), got ", f.positional.size(),
+            " arguments");
+  const std::string weights = f.get("weights", "ema");
+  DEW_CHECK(weights == "ema" || weights == "live", "--weights: got \"", weights, "\", accepted: ema, live");
+  const std::string dir = f.positional[0];
+  auto run = load_diffusion_run(dir, weights == "ema");
+  DEW_CHECK(run.num_classes == 10 && run.shape == std::vector<int64_t>({1, 28, 28}), "eval: ", dir,
+            " is not a class-conditional 1x28x28 Fashion-MNIST run (classes ", run.num_classes, ")");
+  const int64_t count = f.get_int("count", 1000);
+  DEW_CHECK(count >= 10 && count % 10 == 0, "--count: must be a positive multiple of 10, got ", count);
+  auto test = data::load_fashion_mnist("test");
+  auto [test_feats, test_pred] = metrics::classify(clf.model, data::to_model_range(test.field("image")));
+  std::vector<std::string> solvers;
+  {
+    std::stringstream ss(f.get("solvers", "euler"));
+    std::string s;
+    while (std::getline(ss, s, ',')) solvers.push_back(s);
+  }
+  std::cout << "| solver | steps | guidance | samples | accuracy | frechet distance | seconds |\n|---|---|---|---|---|---|---|\n";
+  std::ofstream log(fs::path(dir) / "eval.jsonl", std::ios::app);
+  for (const auto& solver : solvers) {
+    GenerateOptions g;
+    g.shape = run.shape;
+    g.solver = solver;
+    g.steps = f.get_int("steps", 30);
+    g.seed = uint64_t(f.get_int("seed", 0));
+    g.guidance.scale = f.get_double("guidance", 3.0);
+    g.batch_size = f.get_int("batch", 100);
+    g.count = count;
+    g.labels = at::arange(10).repeat({count / 10});
+    const auto t0 = std::chrono::steady_clock::now();
+    auto images = generate(*run.model, *run.process, g);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto [feats, pred] = metrics::classify(clf.model, images);
+    const double acc = (pred == g.labels).to(at::kDouble).mean().item<double>();
+    const double fd = metrics::frechet_distance(feats, test_feats);
+    std::cout << "| " << solver << " | " << g.steps << " | " << g.guidance.scale << " | " << count << " | " << acc
+              << " | " << fd << " | " << secs << " |\n";
+    json line = {{"step", run.step}, {"weights", weights}, {"solver", solver}, {"steps", g.steps},
+                 {"guidance", g.guidance.scale}, {"samples", count}, {"accuracy", acc}, {"frechet_distance", fd},
+                 {"classifier_test_accuracy", clf.test_accuracy}, {"seconds", secs}};
+    log << line.dump() << "\n";
+  }
   return 0;
 }
 

@@ -1,0 +1,449 @@
+#!/usr/bin/python3
+"""Python eager peer of `dew bench`: the same models and the same training step, in plain PyTorch.
+
+SimpleDiT and Unet are re-implemented layer for layer from dew/nn (same layers, same parameter shapes,
+same initialisation scheme); the step is the one `dew bench` times in C++: EDM training inputs
+(sigma = exp(P_mean + P_std n), c_in / c_skip / c_out preconditioning, loss 0.5 lambda (D - x0)^2),
+forward, backward, torch.optim.AdamW, then an fp32 EMA of every parameter. The code is written the way a
+PyTorch user would write it (nn modules, F.linear through nn.Linear, the optimizer's defaults), because
+that is the baseline the C++ numbers are compared with.
+
+    /usr/bin/python3 bench/peer.py --model unet --config '{"feature_depths": [32, 64], ...}' \
+        --batch 32 --steps 20 --warmup 5 --threads 1 --params 1234567
+
+prints one JSON line: {"ms_per_step", "samples_per_s", "peak_rss_mb", "params", "threads", ...}.
+Run one configuration per process: peak RSS (ru_maxrss) is a high-water mark of the whole process.
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# EDM "pixel" regime and data standard deviation, as dew's `edm` preset.
+P_MEAN, P_STD, SIGMA_DATA = -1.2, 1.2, 0.5
+# The step's hyper-parameters, as dew bench's C++ side (dew::training::OptimOptions, EMA).
+LR, BETAS, EPS, WEIGHT_DECAY, EMA_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01, 0.995
+
+
+def fail(msg):
+    print(f"peer.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def act_fn(name):
+    table = {"swish": F.silu, "silu": F.silu, "gelu": F.gelu, "relu": F.relu, "mish": F.mish,
+             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+    if name not in table:
+        fail(f"activation {name!r} is not implemented here; accepted: {', '.join(table)}")
+    return table[name]
+
+
+# ---- embeddings (dew/nn/embeddings.cpp) ----
+
+class TimeEmbedding(nn.Module):
+    """Fixed random Fourier features of t, then Linear-SiLU-Linear."""
+
+    def __init__(self, features, scale=16.0, seed=42):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("freqs", torch.randn(features // 2, generator=g) * scale)
+        self.linear_1 = nn.Linear(features, features)
+        self.linear_2 = nn.Linear(features, features)
+        for lin in (self.linear_1, self.linear_2):
+            nn.init.normal_(lin.weight, std=0.02)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, t):
+        arg = t.float()[:, None] * (2 * math.pi) * self.freqs[None]
+        return self.linear_2(F.silu(self.linear_1(torch.cat([arg.sin(), arg.cos()], 1))))
+
+
+def sincos_1d(dim, pos):
+    omega = 1.0 / 10000.0 ** (torch.arange(dim // 2, dtype=torch.float64) / (dim / 2.0))
+    arg = pos.double()[:, None] * omega[None]
+    return torch.cat([arg.sin(), arg.cos()], 1).float()
+
+
+def sincos_2d(dim, h, w):
+    """MAE's 2D table in raster order: first half encodes the column, second half the row."""
+    rows = torch.arange(h).repeat_interleave(w)
+    cols = torch.arange(w).repeat(h)
+    return torch.cat([sincos_1d(dim // 2, cols), sincos_1d(dim // 2, rows)], 1)
+
+
+def rope_tables(n, head_dim, theta=10000.0):
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    freqs = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq
+    emb = torch.cat([freqs, freqs], -1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+# ---- attention and blocks (dew/nn/attention.cpp, dew/nn/blocks.cpp) ----
+
+class Attention(nn.Module):
+    """timm-style self-attention: fused qkv, optional RoPE on q and k, softmax(q k^T / sqrt(d)) v."""
+
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        for lin in (self.qkv, self.proj):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x, rope=None):
+        B, S, D = x.shape
+        q, k, v = self.qkv(x).reshape(B, S, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(B, S, D))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, dim)
+        for lin in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def modulate(x, shift, scale):
+    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+class DiTBlock(nn.Module):
+    """adaLN-Zero block: the modulation Linear starts at zero, so the block starts as the identity."""
+
+    def __init__(self, dim, heads, mlp_ratio, eps):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=eps)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=eps)
+        self.mlp = Mlp(dim, int(mlp_ratio * dim))
+        self.adaLN_modulation = nn.Linear(dim, 6 * dim)
+        nn.init.zeros_(self.adaLN_modulation.weight)
+        nn.init.zeros_(self.adaLN_modulation.bias)
+
+    def forward(self, x, c, rope):
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(F.silu(c)).chunk(6, 1)
+        x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
+        return x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, dim, out_features, eps):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=eps)
+        self.adaLN_modulation = nn.Linear(dim, 2 * dim)
+        self.linear = nn.Linear(dim, out_features)
+        for lin in (self.adaLN_modulation, self.linear):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x, c):
+        shift, scale = self.adaLN_modulation(F.silu(c)).chunk(2, 1)
+        return self.linear(modulate(self.norm(x), shift, scale))
+
+
+class SimpleDiT(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        d, p = f["emb_features"], f["patch_size"]
+        self.p, self.heads, self.out = p, f["num_heads"], f["output_channels"]
+        self.x_embedder = nn.Conv2d(f["in_channels"], d, p, stride=p)
+        nn.init.xavier_uniform_(self.x_embedder.weight.view(d, -1))
+        nn.init.zeros_(self.x_embedder.bias)
+        self.t_embedder = TimeEmbedding(d)
+        self.y_embedder = nn.Embedding(f["num_classes"] + 1, d) if f["num_classes"] > 0 else None
+        if self.y_embedder is not None:
+            nn.init.normal_(self.y_embedder.weight, std=0.02)
+        self.blocks = nn.ModuleList(DiTBlock(d, f["num_heads"], f["mlp_ratio"], f["norm_epsilon"])
+                                    for _ in range(f["num_layers"]))
+        self.final_layer = FinalLayer(d, p * p * f["output_channels"], f["norm_epsilon"])
+        self._grid = None  # (h, w, pos, rope): built once per grid size, as the C++ model caches it
+
+    def forward(self, x, t, y):
+        B, _, H, W = x.shape
+        gh, gw = H // self.p, W // self.p
+        if self._grid is None or self._grid[:2] != (gh, gw):
+            d = self.x_embedder.out_channels
+            self._grid = (gh, gw, sincos_2d(d, gh, gw), rope_tables(gh * gw, d // self.heads))
+        _, _, pos, rope = self._grid
+        h = self.x_embedder(x).flatten(2).transpose(1, 2) + pos
+        c = self.t_embedder(t)
+        if self.y_embedder is not None:
+            c = c + self.y_embedder(y)
+        for block in self.blocks:
+            h = block(h, c, rope)
+        out = self.final_layer(h, c)  # [B, N, p p C]
+        p = self.p
+        return out.reshape(B, gh, gw, p, p, self.out).permute(0, 5, 1, 3, 2, 4).reshape(B, self.out, H, W)
+
+
+# ---- Unet (dew/nn/backbones/unet.cpp) ----
+
+class ResBlock(nn.Module):
+    def __init__(self, cin, cout, emb, groups, act):
+        super().__init__()
+        self.act = act
+        self.norm1 = nn.GroupNorm(groups, cin)
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.time_emb_proj = nn.Linear(emb, cout)
+        self.norm2 = nn.GroupNorm(groups, cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        nn.init.zeros_(self.conv2.weight)  # ADM's zero_module: the block starts as its skip path
+        nn.init.zeros_(self.conv2.bias)
+        self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
+
+    def forward(self, x, temb):
+        h = self.conv1(self.act(self.norm1(x)))
+        h = h + self.time_emb_proj(self.act(temb))[:, :, None, None]
+        h = self.conv2(self.act(self.norm2(h)))
+        return (x if self.conv_shortcut is None else self.conv_shortcut(x)) + h
+
+
+class UnetAttention(nn.Module):
+    def __init__(self, ch, heads):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(ch)
+        self.attn1 = Attention(ch, heads)
+
+    def forward(self, x):
+        B, C, H, W = x.shape
+        t = x.flatten(2).transpose(1, 2)
+        t = t + self.attn1(self.norm1(t))
+        return t.transpose(1, 2).reshape(B, C, H, W)
+
+
+class Level(nn.Module):
+    def __init__(self, resnets, attention, resample):
+        super().__init__()
+        self.resnets = nn.ModuleList(resnets)
+        self.attention = attention
+        self.resample = resample
+
+
+class Unet(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        depths, heads, E, G = f["feature_depths"], f["attention_configs"], f["emb_features"], f["norm_groups"]
+        self.act = act_fn(f["activation"])
+        res = lambda cin, cout: ResBlock(cin, cout, E, G, self.act)
+        attn = lambda ch, h: UnetAttention(ch, h) if h else None
+        self.t_embedder = TimeEmbedding(E)
+        self.y_embedder = nn.Embedding(f["num_classes"] + 1, E) if f["num_classes"] > 0 else None
+        if self.y_embedder is not None:
+            nn.init.normal_(self.y_embedder.weight, std=0.02)
+        self.conv_in = nn.Conv2d(f["in_channels"], depths[0], 3, padding=1)
+        ch, skips, levels = depths[0], [depths[0]], len(depths)
+        down = []
+        for i in range(levels):
+            resnets = []
+            for _ in range(f["num_res_blocks"]):
+                resnets.append(res(ch, depths[i]))
+                ch = depths[i]
+                skips.append(ch)
+            resample = None
+            if i != levels - 1:
+                resample = nn.Conv2d(ch, ch, 3, stride=2, padding=1)
+                skips.append(ch)
+            down.append(Level(resnets, attn(ch, heads[i]), resample))
+        self.down_blocks = nn.ModuleList(down)
+        mid = [res(ch, ch) for _ in range(2 * f["num_middle_res_blocks"])]
+        self.mid_block = Level(mid, attn(ch, heads[-1]) if mid else None, None)
+        up = []
+        for i in reversed(range(levels)):
+            resnets = []
+            for _ in range(f["num_res_blocks"] + 1):
+                resnets.append(res(ch + skips.pop(), depths[i]))
+                ch = depths[i]
+            up.append(Level(resnets, attn(ch, heads[i]), nn.Conv2d(ch, ch, 3, padding=1) if i != 0 else None))
+        self.up_blocks = nn.ModuleList(up)
+        self.norm_out = nn.GroupNorm(G, ch)
+        self.conv_out = nn.Conv2d(ch, f["output_channels"], 3, padding=1)
+        nn.init.zeros_(self.conv_out.weight)
+        nn.init.zeros_(self.conv_out.bias)
+
+    def forward(self, x, t, y):
+        temb = self.t_embedder(t)
+        if self.y_embedder is not None:
+            temb = temb + self.y_embedder(y)
+        h = self.conv_in(x)
+        skips = [h]
+        for lv in self.down_blocks:
+            for j, block in enumerate(lv.resnets):
+                h = block(h, temb)
+                if j == len(lv.resnets) - 1 and lv.attention is not None:
+                    h = lv.attention(h)
+                skips.append(h)
+            if lv.resample is not None:
+                h = lv.resample(h)
+                skips.append(h)
+        mid = self.mid_block
+        for k in range(0, len(mid.resnets), 2):
+            h = mid.resnets[k](h, temb)
+            if k + 2 == len(mid.resnets) and mid.attention is not None:
+                h = mid.attention(h)
+            h = mid.resnets[k + 1](h, temb)
+        for lv in self.up_blocks:
+            for j, block in enumerate(lv.resnets):
+                h = block(torch.cat([h, skips.pop()], 1), temb)
+                if j == len(lv.resnets) - 1 and lv.attention is not None:
+                    h = lv.attention(h)
+            if lv.resample is not None:
+                h = lv.resample(F.interpolate(h, scale_factor=2, mode="nearest"))
+        return self.conv_out(self.act(self.norm_out(h)))
+
+
+# ---- building from dew's field set ----
+
+# Fields whose non-default values this peer does not implement (the C++ side supports them; the bench
+# does not use them).
+UNSUPPORTED = {
+    "simple_dit": {"dtype": "float32", "remat": False, "qk_norm": False, "scan_order": "raster",
+                   "context_features": 0, "dropout_rate": 0.0},
+    "unet": {"dtype": "float32", "remat": False, "context_features": 0, "dropout_rate": 0.0},
+}
+DEFAULTS = {
+    "simple_dit": {"mlp_ratio": 4.0, "norm_epsilon": 1e-5, "in_channels": 3, "output_channels": 3,
+                   "num_classes": 0},
+    "unet": {"num_middle_res_blocks": 1, "norm_groups": 8, "activation": "swish", "in_channels": 3,
+             "output_channels": 3, "num_classes": 0},
+}
+
+
+def build(model, fields):
+    f = dict(DEFAULTS[model], **fields)
+    for key, only in UNSUPPORTED[model].items():
+        if key in f and f[key] != only:
+            fail(f"{model}.{key} = {f[key]!r} is not implemented by the peer (only {only!r})")
+    if model == "simple_dit" and f.get("attention_impl", "auto") not in ("auto", "reference"):
+        fail(f"simple_dit.attention_impl = {f['attention_impl']!r}: the peer runs the reference attention")
+    return SimpleDiT(f) if model == "simple_dit" else Unet(f)
+
+
+# ---- the training step ----
+
+class Step:
+    """One diffusion training step: EDM inputs, forward, loss, backward, AdamW, EMA."""
+
+    def __init__(self, model, x0, labels, seed):
+        self.model, self.x0, self.labels = model, x0, labels
+        self.gen = torch.Generator().manual_seed(seed)
+        self.params = [p for p in model.parameters()]
+        # Decay on matrices only, as dew's optimizer (biases and norm scales are not decayed).
+        groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
+                  {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
+        self.ema = [p.detach().clone().float() for p in self.params]
+        self.step = 0
+
+    def loss(self):
+        x0, B = self.x0, self.x0.shape[0]
+        sigma64 = (P_MEAN + P_STD * torch.randn(B, dtype=torch.float64, generator=self.gen)).exp()
+        eps = torch.randn(x0.shape, generator=self.gen)
+        sigma = sigma64.float().view(B, 1, 1, 1)
+        x_t = x0 + sigma * eps
+        c_in = 1 / (sigma ** 2 + SIGMA_DATA ** 2).sqrt()
+        c_skip = SIGMA_DATA ** 2 / (sigma ** 2 + SIGMA_DATA ** 2)
+        c_out = sigma * SIGMA_DATA / (sigma ** 2 + SIGMA_DATA ** 2).sqrt()
+        weight = ((sigma64 ** 2 + SIGMA_DATA ** 2) / (sigma64 * SIGMA_DATA) ** 2).float()
+        F_x = self.model(x_t * c_in, (sigma64.log() / 4).float(), self.labels)
+        D = c_skip * x_t + c_out * F_x
+        return (0.5 * ((D - x0) ** 2).flatten(1).mean(1) * weight).mean()
+
+    def run(self):
+        """Returns (forward, backward, optimizer) seconds and the loss."""
+        t0 = time.perf_counter()
+        loss = self.loss()
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.opt.step()
+        with torch.no_grad():
+            d = min(EMA_DECAY, (1 + self.step) / (10 + self.step))
+            for e, p in zip(self.ema, self.params):
+                e.mul_(d).add_(p, alpha=1 - d)
+        self.opt.zero_grad()
+        t3 = time.perf_counter()
+        self.step += 1
+        return t1 - t0, t2 - t1, t3 - t2, loss.item()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, choices=["simple_dit", "unet"])
+    ap.add_argument("--config", required=True, help="the model's fields as JSON (dew's field names)")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--image", default="28x28", help="H x W of the input")
+    ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
+    a = ap.parse_args()
+    if a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
+        fail("--batch, --steps and --threads must be >= 1, --warmup >= 0")
+    try:
+        fields = json.loads(a.config)
+        H, W = (int(v) for v in a.image.lower().split("x"))
+    except ValueError as e:
+        fail(f"bad --config or --image: {e}")
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = build(a.model, fields)
+    model.train()
+    n = sum(p.numel() for p in model.parameters())
+    if a.params >= 0 and n != a.params:
+        fail(f"{a.model} has {n} parameters here and {a.params} in C++: the two models differ")
+
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.rand(a.batch, fields.get("in_channels", 3), H, W, generator=g) * 2 - 1
+    labels = torch.randint(0, max(1, fields.get("num_classes", 0)), (a.batch,), generator=g)
+    step = Step(model, x0, labels, seed=2)
+    times, loss = [], 0.0
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        fwd, bwd, opt, loss = step.run()
+        if i >= a.warmup:
+            times.append((time.perf_counter() - t0, fwd, bwd, opt))
+    if not math.isfinite(loss):
+        fail(f"non-finite loss {loss}")
+    med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
+    print(json.dumps({
+        "ms_per_step": med[0],
+        "samples_per_s": a.batch / (med[0] / 1e3),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "params": n,
+        "threads": torch.get_num_threads(),
+        "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
+        "phases_ms": {"forward": med[1], "backward": med[2], "optimizer": med[3]},
+        "loss": loss,
+        "torch": torch.__version__,
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+// Evaluation metrics (SPEC section 12) as pure functions, and the `metrics` registry of pairwise metrics.
+#pragma once
+#include <ATen/ATen.h>
+
+#include "dew/core/registry.h"
+
+namespace dew::metrics {
+
+using at::Tensor;
+
+/// Frechet distance between Gaussians (mu1, cov1) and (mu2, cov2), in float64:
+/// |mu1 - mu2|^2 + tr(cov1 + cov2 - 2 (cov1^1/2 cov2 cov1^1/2)^1/2), with both square roots taken by
+/// symmetric eigendecomposition (eigenvalues clipped at 0), so no complex parts arise.
+double frechet_distance(const Tensor& mu1, const Tensor& cov1, const Tensor& mu2, const Tensor& cov2);
+/// Frechet distance between the Gaussians fitted to two feature sets [N, D] (unbiased covariances).
+double frechet_distance(const Tensor& features_a, const Tensor& features_b);
+/// Mean and unbiased covariance of features [N, D], float64.
+std::pair<Tensor, Tensor> gaussian_fit(const Tensor& features);
+
+/// PSNR in dB of images in a range of width `range` (2 for [-1, 1]): 10 log10(range^2 / MSE), MSE over all.
+double psnr(const Tensor& a, const Tensor& b, double range = 2.0);
+/// SSIM (Wang et al. 2004): 11x11 Gaussian window, sigma 1.5, K1 0.01, K2 0.03, valid windows, mean over
+/// pixels, channels and batch. a, b: [B, C, H, W] with H, W >= 11.
+double ssim(const Tensor& a, const Tensor& b, double range = 2.0);
+
+/// A metric of two tensors (images or features).
+class Metric {
+ public:
+  virtual ~Metric() = default;
+  virtual std::string name() const = 0;
+  virtual double operator()(const Tensor& a, const Tensor& b) const = 0;
+};
+
+struct RangeOptions {
+  double range = 2.0;
+  template <class V> void visit(V& v) { v("range", range, "width of the value range (2 for [-1, 1])"); }
+};
+
+/// psnr | ssim | frechet_distance.
+Registry<Metric>& registry();
+
+}  // namespace dew::metrics

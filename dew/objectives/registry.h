@@ -1,0 +1,21 @@
+// The `objectives` registry: builds an objective by name from its JSON options and what the run
+// already has (model, preset, data facts).
+#pragma once
+#include "dew/diffusion/presets.h"
+#include "dew/nn/backbones/backbone.h"
+#include "dew/objectives/objective.h"
+
+namespace dew {
+
+/// What an objective is built around, besides its own options.
+struct ObjectiveContext {
+  BackbonePtr model;
+  diffusion::PresetPtr preset;        // diffusion objectives
+  int64_t num_classes = 0;            // 0 = unconditional
+  std::vector<int64_t> sample_shape;  // one item, e.g. [1, 28, 28]
+};
+
+/// diffusion (more with later objectives).
+Registry<Objective, const ObjectiveContext&>& objectives();
+
+}  // namespace dew
