@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "dew/cli/commands.h"
 #include "dew/cli/recipe.h"
@@ -32,7 +33,7 @@ json diffusion_recipe() {
   oo.warmup_steps = 100;
   oo.weight_decay = 0.0;
   training::TrainerOptions to;
-  to.steps = 3000;
+  to.steps = 1400;  // what 12 minutes fit on a 2-core CPU, so the cosine decay completes
   to.log_every = 100;
   to.checkpoint_every = 500;
   to.time_limit_minutes = 0;
@@ -65,12 +66,18 @@ json diffusion_recipe() {
 
 const std::vector<std::string> kOpen = {"model.fields", "preset", "data"};
 
-void set_threads(int64_t threads) {
+// LibTorch intra-op threads. 0 = OMP_NUM_THREADS, else the fastest measured for the architecture on
+// these 2-vCPU machines (docs/benchmarks.md): the conv-heavy unet gains from 2 threads (285 vs 430 ms a
+// step), the transformer loses badly (5.0 s vs 0.5 s: small matmuls fight over the cores), so 1.
+void set_threads(int64_t threads, const std::string& architecture = "") {
   DEW_CHECK(threads >= 0, "threads: must be >= 0 (0 = the measured default), got ", threads);
   if (threads == 0) {
     if (const char* env = std::getenv("OMP_NUM_THREADS")) threads = std::atoll(env);
   }
-  if (threads == 0) threads = 1;  // measured fastest for these small models on 2 vCPUs (docs/benchmarks.md)
+  if (threads == 0) {
+    const bool conv = architecture == "unet" || architecture == "unet_3d";
+    threads = conv ? std::min<int64_t>(2, std::max(1u, std::thread::hardware_concurrency())) : 1;
+  }
   at::set_num_threads(int(threads));
 }
 
@@ -104,7 +111,7 @@ int cmd_train_diffusion(const std::vector<std::string>& args) {
   const std::string run_dir = r["run"];
   DEW_CHECK(r["seed"].is_number_integer(), "seed: expected an integer, got ", r["seed"].dump());
   DEW_CHECK(r["threads"].is_number_integer(), "threads: expected an integer, got ", r["threads"].dump());
-  set_threads(r["threads"].get<int64_t>());
+  set_threads(r["threads"].get<int64_t>(), r["model"]["architecture"].get<std::string>());
   const uint64_t seed = r["seed"].get<uint64_t>();
 
   auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
@@ -194,10 +201,10 @@ int cmd_sample(const std::vector<std::string>& args) {
                        {"solver", "steps", "guidance", "interval", "rescale", "labels", "count", "seed", "weights", "out",
                         "nrow", "threads", "eta", "churn"});
   DEW_CHECK(f.positional.size() == 1, "sample: expected one RUN directory, got ", f.positional.size(), " arguments");
-  set_threads(f.get_int("threads", 0));
   const std::string weights = f.get("weights", "ema");
   DEW_CHECK(weights == "ema" || weights == "live", "--weights: got \"", weights, "\", accepted: ema, live");
   auto run = load_diffusion_run(f.positional[0], weights == "ema");
+  set_threads(f.get_int("threads", 0), run.model->config().value("architecture", ""));
   GenerateOptions g;
   g.shape = run.shape;
   g.solver = f.get("solver", "euler");
@@ -263,7 +270,7 @@ int cmd_sample(const std::vector<std::string>& args) {
 int cmd_eval(const std::vector<std::string>& args) {
   auto f = parse_flags(args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch"},
                        {"classifier"});
-  set_threads(f.get_int("threads", 0));
+  set_threads(f.get_int("threads", 0), "unet");  // the classifier is a small CNN, like the unet
   auto clf = metrics::fashion_classifier();
   std::cout << "classifier test accuracy " << clf.test_accuracy << (clf.trained_now ? " (trained now)" : " (cached)")
             << "\n";
@@ -274,6 +281,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   DEW_CHECK(weights == "ema" || weights == "live", "--weights: got \"", weights, "\", accepted: ema, live");
   const std::string dir = f.positional[0];
   auto run = load_diffusion_run(dir, weights == "ema");
+  set_threads(f.get_int("threads", 0), run.model->config().value("architecture", ""));
   DEW_CHECK(run.num_classes == 10 && run.shape == std::vector<int64_t>({1, 28, 28}), "eval: ", dir,
             " is not a class-conditional 1x28x28 Fashion-MNIST run (classes ", run.num_classes, ")");
   const int64_t count = f.get_int("count", 1000);

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include "dew/core/registry.h"
 #include "dew/core/rng.h"
 
@@ -31,14 +33,7 @@ struct Opts {
   }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dew::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dew::test::error_of;
 
 }  // namespace
 

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <ATen/ATen.h>
 #include <zlib.h>
 
@@ -37,14 +39,7 @@ struct TempDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dew::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dew::test::error_of;
 
 void put_be32(std::string& s, uint32_t v) {
   for (int shift : {24, 16, 8, 0}) s.push_back(char((v >> shift) & 0xff));

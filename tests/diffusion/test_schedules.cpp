@@ -1,6 +1,8 @@
 // Schedules, transforms, weightings and presets against closed forms computed here by hand.
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <cmath>
 
 #include "dew/core/rng.h"
@@ -25,14 +27,7 @@ Tensor interior_times(const Schedule& s, int64_t n = 200) {
   return at::linspace(lo + (hi - lo) * 1e-3, hi - (hi - lo) * 1e-3, n, kF64);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dew::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dew::test::error_of;
 
 }  // namespace
 

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -30,14 +32,7 @@ struct TempDir {
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dew::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dew::test::error_of;
 
 at::Tensor random_u8(std::vector<int64_t> shape, uint64_t seed) {
   auto g = at::make_generator<at::CPUGeneratorImpl>(seed);

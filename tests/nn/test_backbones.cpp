@@ -1,6 +1,8 @@
 // The registered backbones: zero output at initialisation, overfitting one batch, remat equivalence,
 // conditioning, field validation and the {architecture, fields} config round trip.
 #include <gtest/gtest.h>
+
+#include "tests/test_util.h"
 #include <torch/torch.h>
 
 #include <chrono>
@@ -48,14 +50,7 @@ void randomize(dew::BackboneImpl& m, double std) {
   for (auto& p : m.parameters()) p.add_(torch::randn_like(p) * std);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dew::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dew::test::error_of;
 
 // A flow-matching style problem on one fixed batch: x_t = (1 - t) x0 + t eps, target eps - x0.
 struct Batch {

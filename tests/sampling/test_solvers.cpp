@@ -3,6 +3,8 @@
 // probability-flow ODE has the solution x(s) = x_T sqrt(0.09 + s^2)/sqrt(0.09 + sigma_T^2).
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <cmath>
 
 #include "dew/core/rng.h"
@@ -39,14 +41,7 @@ Setup setup(SchedulePtr s, const std::string& transform) {
 SchedulePtr vp_cosine() { return make_cosine(); }  // beta_end 0.999: alpha_T small but non-zero
 SchedulePtr karras() { return make_karras_ve(); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const dew::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using dew::test::error_of;
 
 void expect_converges(SchedulePtr s, const std::string& transform, const std::string& solver, const json& fields) {
   auto st = setup(s, transform);
