@@ -15,6 +15,7 @@ prints one JSON line: {"ms_per_step", "samples_per_s", "peak_rss_mb", "params", 
 Run one configuration per process: peak RSS (ru_maxrss) is a high-water mark of the whole process.
 """
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -392,6 +393,16 @@ class Step:
         return t1 - t0, t2 - t1, t3 - t2, loss.item()
 
 
+def blas_core():
+    """The kernel set OpenBLAS chose (settled at its first call), or "" when torch uses another BLAS."""
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")  # the copy torch already loaded
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return ""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, choices=["simple_dit", "unet"])
@@ -439,6 +450,7 @@ def main():
         "params": n,
         "threads": torch.get_num_threads(),
         "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
+        "blas_core": blas_core(),
         "phases_ms": {"forward": med[1], "backward": med[2], "optimizer": med[3]},
         "loss": loss,
         "torch": torch.__version__,

@@ -10,6 +10,7 @@
 // OPENBLAS_NUM_THREADS, read by OpenBLAS when it loads, can be set per child.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <spawn.h>
@@ -50,7 +51,8 @@ constexpr int64_t kImage = 28;  // input side in pixels (Fashion-MNIST)
 
 const char* kBenchUsage =
     "usage: dew bench [--models simple_dit,unet,unet_attn] [--steps N] [--warmup W] [--batch B]\n"
-    "                 [--threads 1,2] [--blas-threads 1,2] [--no-peer] [--peer FILE] [--out FILE.md]\n"
+    "                 [--threads 1,2] [--blas-threads 1,2] [--rounds R] [--no-peer] [--peer FILE]\n"
+    "                 [--out FILE.md]\n"
     "\n"
     "Times one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) per model,\n"
     "in C++ and in Python PyTorch eager (bench/peer.py run by /usr/bin/python3), for every combination of\n"
@@ -61,6 +63,10 @@ const char* kBenchUsage =
     "  --steps N       timed steps per configuration, median reported (default 20)\n"
     "  --warmup W      untimed steps first (default 5)\n"
     "  --batch B       batch size (default 32)\n"
+    "  --threads L     LibTorch intra-op thread counts to try (default 1,2)\n"
+    "  --blas-threads L  OPENBLAS_NUM_THREADS values to try (default 1,2)\n"
+    "  --rounds R      measure every configuration R times per side, alternating, keep the fastest\n"
+    "                  (default 2: process-to-process spread on a shared machine is 10-30%)\n"
     "  --no-peer       C++ only\n"
     "  --peer FILE     the Python peer (default: bench/peer.py next to the build directory)\n"
     "  --out FILE.md   also write the report to FILE.md\n";
@@ -153,6 +159,16 @@ double peak_rss_mb() {
   return 0.0;
 }
 
+// The kernel set OpenBLAS chose (e.g. "SkylakeX", or "Prescott" when it does not recognise the CPU and
+// falls back to SSE3); empty when the loaded BLAS is not OpenBLAS. Looked up at run time because dew
+// links the generic libblas interface, not OpenBLAS by name. OpenBLAS settles its choice at the first
+// call, so ask after the run.
+std::string blas_core() {
+  using Fn = char* (*)();
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  return fn ? std::string(fn()) : std::string();
+}
+
 // ---- the measured child: `dew bench --one MODEL --threads T ...` ----
 
 // Runs warmup + steps training steps of one case and prints one JSON line (same keys as bench/peer.py).
@@ -215,6 +231,7 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
               {"params", nparams},
               {"threads", at::get_num_threads()},
               {"blas_threads", blas ? blas : ""},
+              {"blas_core", blas_core()},
               {"phases_ms", {{"forward", median(fwd) * 1e3}, {"backward", median(bwd) * 1e3},
                              {"optimizer", median(upd) * 1e3}}},
               {"loss", loss_value},
@@ -289,7 +306,7 @@ struct Measurement {
   double ms = 0, samples_per_s = 0, peak_mb = 0;
   double fwd = 0, bwd = 0, opt = 0;
   int64_t params = 0;
-  std::string torch;
+  std::string torch, blas_core;
 };
 
 Measurement measure(const std::vector<std::string>& argv, int64_t intra, int64_t blas, const std::string& what) {
@@ -313,6 +330,7 @@ Measurement measure(const std::vector<std::string>& argv, int64_t intra, int64_t
   m.bwd = j["phases_ms"]["backward"];
   m.opt = j["phases_ms"]["optimizer"];
   m.torch = j.value("torch", "");
+  m.blas_core = j.value("blas_core", "");
   return m;
 }
 
@@ -335,8 +353,31 @@ std::string config_name(const Measurement& m) {
   return "intra " + std::to_string(m.intra) + ", blas " + std::to_string(m.blas);
 }
 
-const Measurement& fastest(const std::vector<Measurement>& ms) {
+// One thread configuration of one model: a measurement per round and side.
+struct Config {
+  int64_t intra = 1, blas = 1;
+  std::vector<Measurement> cpp, py;
+};
+
+// One model: its complete fields (JSON, for the peer), parameter count and configurations.
+struct Row {
+  const BenchCase* c;
+  std::string fields;
+  int64_t params = 0;
+  std::vector<Config> configs;
+};
+
+// The fastest of a configuration's rounds: the least disturbed by other work on the machine.
+const Measurement& best(const std::vector<Measurement>& ms) {
   return *std::min_element(ms.begin(), ms.end(), [](const auto& a, const auto& b) { return a.ms < b.ms; });
+}
+
+// The fastest run of one side over all configurations.
+const Measurement& fastest(const std::vector<Config>& configs, std::vector<Measurement> Config::*side) {
+  const Measurement* out = &best(configs.front().*side);
+  for (const auto& c : configs)
+    if (best(c.*side).ms < out->ms) out = &best(c.*side);
+  return *out;
 }
 
 std::string cpu_model() {
@@ -356,6 +397,13 @@ int usable_cpus() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
   return int(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// The 1-minute load average: on a shared machine, other work during the run shows up here.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  return in >> one ? one : std::string("n/a");
 }
 
 std::string utc_now() {
@@ -382,7 +430,8 @@ std::string find_peer(const Flags& f, const fs::path& exe) {
 
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
-                              {"models", "steps", "warmup", "batch", "threads", "blas-threads", "peer", "out", "one"},
+                              {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
+                               "one"},
                               {"no-peer", "help"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -396,6 +445,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   DEW_CHECK(batch >= 1, "--batch: must be >= 1, got ", batch);
   const auto threads = int_list(f, "threads", "1,2");
   const auto blas_threads = int_list(f, "blas-threads", "1,2");
+  const int64_t rounds = f.get_int("rounds", 2);
+  DEW_CHECK(rounds >= 1, "--rounds: must be >= 1, got ", rounds);
 
   if (f.has("one")) {
     DEW_CHECK(threads.size() == 1, "--one: needs exactly one --threads value, got \"", f.get("threads", ""), "\"");
@@ -427,52 +478,69 @@ int cmd_bench(const std::vector<std::string>& args) {
     return std::vector<std::string>{"--batch", std::to_string(batch), "--steps", std::to_string(steps),
                                     "--warmup", std::to_string(warmup), "--threads", std::to_string(t)};
   };
-  struct Row {
-    const BenchCase* c;
-    std::vector<Measurement> cpp, py;
-  };
   std::vector<Row> rows;
   for (const auto* c : cases) {
-    Row row{c, {}, {}};
     // The parent builds the model once for its complete field set (defaults included) and parameter
     // count, which the peer receives so it builds, and checks, the same model.
     auto model = models::build(c->arch, c->fields);
-    const json full_fields = model->config().at("fields");
-    int64_t nparams = 0;
-    for (const auto& p : model->parameters()) nparams += p.numel();
-    model.reset();
-    for (int64_t intra : threads) {
-      for (int64_t blas : blas_threads) {
-        // C++ and Python alternate per configuration, so a slow phase of a shared machine hits both.
-        auto cpp_argv = std::vector<std::string>{exe.string(), "bench", "--one", c->name};
-        for (auto& a : common(intra)) cpp_argv.push_back(a);
-        row.cpp.push_back(measure(cpp_argv, intra, blas, c->name + " C++"));
-        std::cerr << "bench: " << c->name << "  C++    " << config_name(row.cpp.back()) << ": "
-                  << fixed(row.cpp.back().ms, 1) << " ms/step\n";
+    Row row{c, model->config().at("fields").dump(), 0, {}};
+    for (const auto& p : model->parameters()) row.params += p.numel();
+    for (int64_t intra : threads)
+      for (int64_t blas : blas_threads) row.configs.push_back({intra, blas, {}, {}});
+    rows.push_back(std::move(row));
+  }
+  const auto progress = [&](int64_t round, const std::string& what, const Measurement& m) {
+    std::cerr << "bench: round " << round << "/" << rounds << "  " << what << "  " << config_name(m) << ": "
+              << fixed(m.ms, 1) << " ms/step\n";
+  };
+  const std::string load_before = load_average();
+  // Rounds sweep every configuration in turn, and C++ and Python alternate within each, so slow spells of
+  // a shared machine spread over both sides and over all configurations.
+  for (int64_t round = 1; round <= rounds; ++round) {
+    for (auto& row : rows) {
+      const std::string& name = row.c->name;
+      for (auto& cfg : row.configs) {
+        auto cpp_argv = std::vector<std::string>{exe.string(), "bench", "--one", name};
+        for (auto& a : common(cfg.intra)) cpp_argv.push_back(a);
+        cfg.cpp.push_back(measure(cpp_argv, cfg.intra, cfg.blas, name + " C++"));
+        progress(round, name + "  C++   ", cfg.cpp.back());
         if (peer.empty()) continue;
-        auto py_argv = std::vector<std::string>{kPython, peer, "--model", c->arch, "--config", full_fields.dump(),
-                                                "--params", std::to_string(nparams), "--image",
+        auto py_argv = std::vector<std::string>{kPython, peer, "--model", row.c->arch, "--config", row.fields,
+                                                "--params", std::to_string(row.params), "--image",
                                                 std::to_string(kImage) + "x" + std::to_string(kImage)};
-        for (auto& a : common(intra)) py_argv.push_back(a);
-        row.py.push_back(measure(py_argv, intra, blas, c->name + " Python"));
-        std::cerr << "bench: " << c->name << "  Python " << config_name(row.py.back()) << ": "
-                  << fixed(row.py.back().ms, 1) << " ms/step\n";
+        for (auto& a : common(cfg.intra)) py_argv.push_back(a);
+        cfg.py.push_back(measure(py_argv, cfg.intra, cfg.blas, name + " Python"));
+        progress(round, name + "  Python", cfg.py.back());
       }
     }
-    rows.push_back(std::move(row));
   }
 
   const bool with_peer = !peer.empty();
   std::ostringstream md;
   md << "## dew bench: one diffusion training step on the CPU\n\n"
      << "Step: EDM pixel-regime inputs, forward, loss, backward, AdamW (lr " << kLr
-     << ", weight decay 0.01 on matrices), fp32 EMA (decay " << kEmaDecay << "); batch " << batch << ", "
-     << warmup << " warm-up + " << steps << " timed steps, median. Thread configurations: LibTorch intra-op "
-     << "threads (intra) x OPENBLAS_NUM_THREADS (blas), each in a fresh process.\n\n"
+     << ", weight decay 0.01 on matrices), fp32 EMA (decay " << kEmaDecay << "); batch " << batch << ". Each "
+     << "configuration runs in a fresh process: " << warmup << " warm-up + " << steps << " timed steps, median; "
+     << rounds << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
+     << ", the fastest round reported. Thread "
+     << "configurations: LibTorch intra-op threads (intra) x OPENBLAS_NUM_THREADS (blas).\n\n"
      << "Machine: " << usable_cpus() << " CPUs (nproc), " << cpu_model() << "; LibTorch " << TORCH_VERSION
      << " (C++)";
   if (with_peer) md << ", PyTorch " << python_torch << " (" << kPython << ")";
-  md << "; " << utc_now() << ".\n\nCommand: `dew bench";
+  // OpenBLAS picks its kernels from the CPU model unless OPENBLAS_CORETYPE forces them (children inherit
+  // it); on a CPU it does not recognise it falls back to SSE3 kernels, which shapes every number below.
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  const auto& probe_cfg = rows.front().configs.front();
+  auto core_of = [](const std::vector<Measurement>& ms) {
+    return ms.empty() || ms.front().blas_core.empty() ? std::string("n/a") : ms.front().blas_core;
+  };
+  md << "; OpenBLAS kernels " << core_of(probe_cfg.cpp) << " (C++)";
+  if (with_peer) md << ", " << core_of(probe_cfg.py) << " (Python)";
+  md << ", OPENBLAS_CORETYPE " << (coretype ? coretype : "unset") << "; " << utc_now()
+     << "; 1-minute load average " << load_before << " before the runs, " << load_average()
+     << " after (the runs themselves add 1-2).\n\nCommand: `";
+  if (coretype) md << "OPENBLAS_CORETYPE=" << coretype << " ";
+  md << "dew bench";
   for (const auto& a : args) md << " " << a;
   md << "`\n\n";
   if (!peer_note.empty()) md << peer_note << "\n\n";
@@ -481,38 +549,47 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (with_peer) md << " Python best config | Python ms/step | peak MB | speed-up |";
   md << "\n|---|---|---:|---|---:|---:|---:|" << (with_peer ? "---|---:|---:|---:|" : "") << "\n";
   for (const auto& r : rows) {
-    const auto& c = fastest(r.cpp);
-    md << "| " << r.c->name << " | " << r.c->size << " | " << grouped(c.params) << " | " << config_name(c) << " | "
+    const auto& c = fastest(r.configs, &Config::cpp);
+    md << "| " << r.c->name << " | " << r.c->size << " | " << grouped(r.params) << " | " << config_name(c) << " | "
        << fixed(c.ms, 1) << " | " << fixed(c.samples_per_s, 1) << " | " << fixed(c.peak_mb, 0) << " |";
     if (with_peer) {
-      const auto& p = fastest(r.py);
+      const auto& p = fastest(r.configs, &Config::py);
       md << " " << config_name(p) << " | " << fixed(p.ms, 1) << " | " << fixed(p.peak_mb, 0) << " | "
          << fixed(p.ms / c.ms, 2) << "x |";
     }
     md << "\n";
   }
 
-  md << "\nEvery configuration (ms/step, median):\n\n| model | intra | blas | C++ ms/step | C++ peak MB |"
+  // Every round's median, fastest first, so the spread between processes is visible.
+  auto rounds_cell = [](const std::vector<Measurement>& ms) {
+    std::vector<double> v;
+    for (const auto& m : ms) v.push_back(m.ms);
+    std::sort(v.begin(), v.end());
+    std::string s;
+    for (double x : v) s += (s.empty() ? "" : " / ") + fixed(x, 1);
+    return s;
+  };
+  md << "\nEvery configuration (ms/step: each round's median, fastest first; peak MB of the fastest round):\n\n"
+     << "| model | intra | blas | C++ ms/step | C++ peak MB |"
      << (with_peer ? " Python ms/step | Python peak MB |" : "") << "\n|---|---:|---:|---:|---:|"
      << (with_peer ? "---:|---:|" : "") << "\n";
   for (const auto& r : rows) {
-    for (size_t i = 0; i < r.cpp.size(); ++i) {
-      const auto& c = r.cpp[i];
-      md << "| " << r.c->name << " | " << c.intra << " | " << c.blas << " | " << fixed(c.ms, 1) << " | "
-         << fixed(c.peak_mb, 0) << " |";
-      if (with_peer) md << " " << fixed(r.py[i].ms, 1) << " | " << fixed(r.py[i].peak_mb, 0) << " |";
+    for (const auto& cfg : r.configs) {
+      md << "| " << r.c->name << " | " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " | "
+         << fixed(best(cfg.cpp).peak_mb, 0) << " |";
+      if (with_peer) md << " " << rounds_cell(cfg.py) << " | " << fixed(best(cfg.py).peak_mb, 0) << " |";
       md << "\n";
     }
   }
 
-  md << "\nWhere the time goes in each side's fastest configuration (ms, medians of the timed steps; "
-     << "forward includes the EDM inputs and the loss, optimizer the AdamW step, the EMA update and "
-     << "zero_grad):\n\n| model | side | forward | backward | optimizer |\n|---|---|---:|---:|---:|\n";
+  md << "\nWhere the time goes in each side's fastest run (ms, medians of the timed steps; forward includes "
+     << "the EDM inputs and the loss, optimizer the AdamW step, the EMA update and zero_grad):\n\n"
+     << "| model | side | forward | backward | optimizer |\n|---|---|---:|---:|---:|\n";
   for (const auto& r : rows) {
-    std::vector<std::pair<std::string, const std::vector<Measurement>*>> sides{{"C++", &r.cpp}};
-    if (with_peer) sides.push_back({"Python", &r.py});
-    for (const auto& [side, ms] : sides) {
-      const auto& m = fastest(*ms);
+    std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
+    if (with_peer) sides.push_back({"Python", &Config::py});
+    for (const auto& [side, member] : sides) {
+      const auto& m = fastest(r.configs, member);
       md << "| " << r.c->name << " | " << side << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | "
          << fixed(m.opt, 1) << " |\n";
     }
