@@ -66,9 +66,10 @@ json diffusion_recipe() {
 
 const std::vector<std::string> kOpen = {"model.fields", "preset", "data"};
 
-// LibTorch intra-op threads. 0 = OMP_NUM_THREADS, else the fastest measured for the architecture on
-// these 2-vCPU machines (docs/benchmarks.md): the conv-heavy unet gains from 2 threads (285 vs 430 ms a
-// step), the transformer loses badly (5.0 s vs 0.5 s: small matmuls fight over the cores), so 1.
+// LibTorch intra-op threads. 0 = OMP_NUM_THREADS, else a default from docs/benchmarks.md: the
+// conv-heavy unet is 1.55-1.6x faster with 2 threads; the transformer is about even (its best is 1 intra-op
+// thread with OpenBLAS's own 2, and 2 + 2 oversubscribes the two cores: 816 vs 334 ms a step), and any
+// 2-thread setting collapses (~10x) when another process shares the cores, so it stays at 1.
 void set_threads(int64_t threads, const std::string& architecture = "") {
   DEW_CHECK(threads >= 0, "threads: must be >= 0 (0 = the measured default), got ", threads);
   if (threads == 0) {
