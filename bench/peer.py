@@ -255,8 +255,6 @@ class Unet(nn.Module):
         attn = lambda ch, h: UnetAttention(ch, h) if h else None
         self.t_embedder = TimeEmbedding(E)
         self.y_embedder = nn.Embedding(f["num_classes"] + 1, E) if f["num_classes"] > 0 else None
-        if self.y_embedder is not None:
-            nn.init.normal_(self.y_embedder.weight, std=0.02)
         self.conv_in = nn.Conv2d(f["in_channels"], depths[0], 3, padding=1)
         ch, skips, levels = depths[0], [depths[0]], len(depths)
         down = []
