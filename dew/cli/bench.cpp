@@ -30,6 +30,7 @@
 
 #include "dew/cli/commands.h"
 #include "dew/cli/recipe.h"
+#include "dew/core/threads.h"
 #include "dew/diffusion/process.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/training/optim.h"
@@ -52,7 +53,7 @@ constexpr int64_t kImage = 28;  // input side in pixels (Fashion-MNIST)
 const char* kBenchUsage =
     "usage: dew bench [--models simple_dit,unet,unet_attn] [--steps N] [--warmup W] [--batch B]\n"
     "                 [--threads 1,2] [--blas-threads 1,2] [--rounds R] [--no-peer] [--peer FILE]\n"
-    "                 [--out FILE.md]\n"
+    "                 [--peer-coretype CORE] [--out FILE.md]\n"
     "\n"
     "Times one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) per model,\n"
     "in C++ and in Python PyTorch eager (bench/peer.py run by /usr/bin/python3), for every combination of\n"
@@ -69,6 +70,9 @@ const char* kBenchUsage =
     "                  (default 2: process-to-process spread on a shared machine is 10-30%)\n"
     "  --no-peer       C++ only\n"
     "  --peer FILE     the Python peer (default: bench/peer.py next to the build directory)\n"
+    "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
+    "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"
+    "                  kernels, Python does not, so --peer-coretype SkylakeX compares like with like)\n"
     "  --out FILE.md   also write the report to FILE.md\n";
 
 // One benchmarked model: a registry architecture at a fixed small CPU size.
@@ -159,15 +163,6 @@ double peak_rss_mb() {
   return 0.0;
 }
 
-// The kernel set OpenBLAS chose (e.g. "SkylakeX", or "Prescott" when it does not recognise the CPU and
-// falls back to SSE3); empty when the loaded BLAS is not OpenBLAS. Looked up at run time because dew
-// links the generic libblas interface, not OpenBLAS by name. OpenBLAS settles its choice at the first
-// call, so ask after the run.
-std::string blas_core() {
-  using Fn = char* (*)();
-  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  return fn ? std::string(fn()) : std::string();
-}
 
 // ---- the measured child: `dew bench --one MODEL --threads T ...` ----
 
@@ -247,14 +242,14 @@ struct ChildResult {
   std::string out;     // its stdout
 };
 
-// Runs argv[0] (a path) with `env` added to this environment, capturing stdout; stderr passes through
-// unless `quiet`.
+// Runs argv[0] (a path) with `env` added to this environment and the variables in `unset` removed,
+// capturing stdout; stderr passes through unless `quiet`.
 ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-                      bool quiet = false) {
+                      bool quiet = false, const std::vector<std::string>& unset = {}) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) {
-    const std::string s(*e);
-    if (!env.count(s.substr(0, s.find('=')))) env_strings.push_back(s);
+    const std::string s(*e), name = s.substr(0, s.find('='));
+    if (!env.count(name) && std::find(unset.begin(), unset.end(), name) == unset.end()) env_strings.push_back(s);
   }
   for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
   std::vector<char*> cargv, cenv;
@@ -309,8 +304,10 @@ struct Measurement {
   std::string torch, blas_core;
 };
 
-Measurement measure(const std::vector<std::string>& argv, int64_t intra, int64_t blas, const std::string& what) {
-  auto r = run_child(argv, {{"OPENBLAS_NUM_THREADS", std::to_string(blas)}});
+Measurement measure(const std::vector<std::string>& argv, int64_t intra, int64_t blas, const std::string& what,
+                    std::map<std::string, std::string> env = {}, const std::vector<std::string>& unset = {}) {
+  env["OPENBLAS_NUM_THREADS"] = std::to_string(blas);
+  auto r = run_child(argv, env, /*quiet=*/false, unset);
   DEW_CHECK(r.exit_code == 0, "bench: the ", what, " run failed (exit ", r.exit_code, "): ", quoted(argv));
   // The JSON line is the last line of stdout; anything before it is the child's own chatter.
   std::string line = r.out;
@@ -431,7 +428,7 @@ std::string find_peer(const Flags& f, const fs::path& exe) {
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
-                               "one"},
+                               "one", "peer-coretype"},
                               {"no-peer", "help"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -474,6 +471,16 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (!peer_note.empty()) std::cerr << peer_note << "\n";
   }
 
+  // The peer runs in the environment the user gave: when OPENBLAS_CORETYPE was set by dew's own re-exec
+  // (dew::reexec_with_blas_kernels), Python gets OpenBLAS's default choice, unless --peer-coretype says.
+  std::map<std::string, std::string> peer_env;
+  std::vector<std::string> peer_unset;
+  if (f.has("peer-coretype")) {
+    peer_env["OPENBLAS_CORETYPE"] = f.get("peer-coretype", "");
+  } else if (std::getenv(kCoretypeMarker)) {
+    peer_unset = {"OPENBLAS_CORETYPE", kCoretypeMarker};
+  }
+
   const auto common = [&](int64_t t) {
     return std::vector<std::string>{"--batch", std::to_string(batch), "--steps", std::to_string(steps),
                                     "--warmup", std::to_string(warmup), "--threads", std::to_string(t)};
@@ -509,7 +516,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                                                 "--params", std::to_string(row.params), "--image",
                                                 std::to_string(kImage) + "x" + std::to_string(kImage)};
         for (auto& a : common(cfg.intra)) py_argv.push_back(a);
-        cfg.py.push_back(measure(py_argv, cfg.intra, cfg.blas, name + " Python"));
+        cfg.py.push_back(measure(py_argv, cfg.intra, cfg.blas, name + " Python", peer_env, peer_unset));
         progress(round, name + "  Python", cfg.py.back());
       }
     }
@@ -527,20 +534,24 @@ int cmd_bench(const std::vector<std::string>& args) {
      << "Machine: " << usable_cpus() << " CPUs (nproc), " << cpu_model() << "; LibTorch " << TORCH_VERSION
      << " (C++)";
   if (with_peer) md << ", PyTorch " << python_torch << " (" << kPython << ")";
-  // OpenBLAS picks its kernels from the CPU model unless OPENBLAS_CORETYPE forces them (children inherit
-  // it); on a CPU it does not recognise it falls back to SSE3 kernels, which shapes every number below.
-  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  // OpenBLAS picks its kernels from the CPU model unless OPENBLAS_CORETYPE forces them; on a CPU it does
+  // not recognise it falls back to SSE3 kernels, which shapes every number below. dew sets it for itself.
+  const char* by_dew = std::getenv(kCoretypeMarker);
+  const char* coretype = by_dew ? nullptr : std::getenv("OPENBLAS_CORETYPE");
   const auto& probe_cfg = rows.front().configs.front();
   auto core_of = [](const std::vector<Measurement>& ms) {
     return ms.empty() || ms.front().blas_core.empty() ? std::string("n/a") : ms.front().blas_core;
   };
   md << "; OpenBLAS kernels " << core_of(probe_cfg.cpp) << " (C++)";
   if (with_peer) md << ", " << core_of(probe_cfg.py) << " (Python)";
-  md << ", OPENBLAS_CORETYPE " << (coretype ? coretype : "unset") << "; " << utc_now()
+  md << "; OPENBLAS_CORETYPE " << (by_dew ? std::string("set by dew for itself (") + by_dew + ")"
+                                          : coretype ? std::string("set by the user (") + coretype + ")" : "unset");
+  if (with_peer && f.has("peer-coretype")) md << ", " << f.get("peer-coretype", "") << " for Python (--peer-coretype)";
+  md << "; " << utc_now()
      << "; 1-minute load average " << load_before << " before the runs, " << load_average()
      << " after (the runs themselves add 1-2).\n\nCommand: `";
   if (coretype) md << "OPENBLAS_CORETYPE=" << coretype << " ";
-  md << "dew bench";
+  md << "dew bench";  // (the re-exec's own setting is not part of the user's command)
   for (const auto& a : args) md << " " << a;
   md << "`\n\n";
   if (!peer_note.empty()) md << peer_note << "\n\n";

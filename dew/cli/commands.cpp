@@ -2,6 +2,7 @@
 
 #include <iostream>
 
+#include "dew/cli/lm_cmds.h"
 #include "dew/core/registry.h"
 
 namespace dew::cli {
@@ -13,9 +14,13 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train diffusion [--config F] [--a.b v]   train (dew train diffusion --help lists every field)\n"
+    "  train lm [--config F] [--a.b v]          train a language model (default: bytes of the fortunes corpus)\n"
     "  sample RUN [flags]   sample a trained run to a PNG grid\n"
+    "  generate RUN --prompt TEXT [flags]   continue prompts with a trained language model (dew generate --help)\n"
     "  eval RUN [flags]     classifier accuracy and Frechet distance of a Fashion-MNIST run's samples\n"
     "  bench [flags]        time a training step of the small CPU models, C++ vs Python eager\n"
+    "  tokenize --input F|DIR --out DIR [flags]   text -> token files (dew tokenize --help)\n"
+    "  export RUN DEST [flags]   a language-model run as a Hugging Face folder (dew export --help)\n"
     "  models        registered models with fields and defaults\n"
     "  list [KIND]   every registry (models, datasets, presets, schedules, solvers, ...) with fields\n"
     "  version       print the version\n";
@@ -48,11 +53,14 @@ int run(const std::vector<std::string>& args) {
   if (cmd == "models") return cmd_models(rest);
   if (cmd == "bench") return cmd_bench(rest);
   if (cmd == "eval") return cmd_eval(rest);
+  if (cmd == "generate") return cmd_generate(rest);
+  if (cmd == "tokenize") return cmd_tokenize(rest);
+  if (cmd == "export") return cmd_export(rest);
   if (cmd == "version" || cmd == "--version") {
     std::cout << "dew " << DEW_VERSION << "\n";
     return 0;
   }
-  fail("unknown command \"", cmd, "\"; accepted: train, sample, eval, bench, models, list, version (dew --help)");
+  fail("unknown command \"", cmd, "\"; accepted: train, sample, generate, eval, bench, tokenize, export, models, list, version (dew --help)");
 }
 
 }  // namespace dew::cli

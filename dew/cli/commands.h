@@ -23,5 +23,11 @@ int cmd_eval(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 /// `dew models`: every registered model with its fields and defaults.
 int cmd_models(const std::vector<std::string>& args);
+/// `dew tokenize --input FILE|DIR --out DIR [--tokenizer byte|PATH] [--val-fraction F] [--pack]
+/// [--split auto|fortune|file]`: documents -> train.bin, val.bin, meta.json.
+int cmd_tokenize(const std::vector<std::string>& args);
+/// `dew export RUN DEST [--ema] [--family auto|llama|qwen3|gemma3_text] [--tokenizer SPEC]`: a
+/// causal_transformer run as a Hugging Face checkpoint folder.
+int cmd_export(const std::vector<std::string>& args);
 
 }  // namespace dew::cli

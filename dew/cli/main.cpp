@@ -3,8 +3,10 @@
 
 #include "dew/cli/commands.h"
 #include "dew/core/error.h"
+#include "dew/core/threads.h"
 
 int main(int argc, char** argv) {
+  dew::reexec_with_blas_kernels(argv);  // before any work: OpenBLAS fixes its kernels at load time
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return dew::cli::run(args);

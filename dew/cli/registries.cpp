@@ -2,6 +2,8 @@
 #include "dew/core/registry.h"
 #include "dew/diffusion/presets.h"
 #include "dew/data/dataset.h"
+#include "dew/data/lm_data.h"
+#include "dew/data/tokenizer.h"
 #include "dew/metrics/metrics.h"
 #include "dew/objectives/registry.h"
 #include "dew/nn/backbones/backbone.h"
@@ -11,7 +13,7 @@ namespace dew {
 
 std::vector<const RegistryBase*> all_registries() {
   return {&models::registry(), &data::datasets(), &diffusion::presets(), &diffusion::schedules(), &diffusion::transforms(), &diffusion::weightings(),
-          &sampling::solvers(), &objectives(), &metrics::registry()};
+          &sampling::solvers(), &objectives(), &metrics::registry(), &data::tokenizers(), &data::lm_datasets()};
 }
 
 std::string format_registry(const RegistryBase& r) {

@@ -1,6 +1,7 @@
 #include "dew/objectives/registry.h"
 
 #include "dew/objectives/diffusion.h"
+#include "dew/objectives/lm.h"
 
 namespace dew {
 
@@ -12,6 +13,14 @@ Registry<Objective, const ObjectiveContext&>& objectives() {
         [](const DiffusionObjectiveOptions& o, const ObjectiveContext& c) {
           DEW_CHECK(c.model && c.preset, "objective diffusion: needs a model and a preset");
           return std::make_shared<DiffusionObjective>(c.model, *c.preset, o, c.num_classes, c.sample_shape);
+        });
+    r->add<LMObjectiveOptions>(
+        "lm", "next-token cross entropy of a causal_transformer; validation perplexity and a sampled text",
+        [](const LMObjectiveOptions& o, const ObjectiveContext& c) -> std::shared_ptr<Objective> {
+          auto lm = std::dynamic_pointer_cast<nn::CausalTransformerImpl>(c.model);
+          DEW_CHECK(lm, "objective lm: needs a causal_transformer model, got ",
+                    c.model ? c.model->config().value("architecture", std::string("?")) : std::string("none"));
+          return std::make_shared<LMObjective>(nn::CausalTransformer(lm), c.lm_data, o);
         });
     return r;
   }();

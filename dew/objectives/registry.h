@@ -6,6 +6,9 @@
 #include "dew/objectives/objective.h"
 
 namespace dew {
+namespace data {
+struct LMData;
+}
 
 /// What an objective is built around, besides its own options.
 struct ObjectiveContext {
@@ -13,9 +16,10 @@ struct ObjectiveContext {
   diffusion::PresetPtr preset;        // diffusion objectives
   int64_t num_classes = 0;            // 0 = unconditional
   std::vector<int64_t> sample_shape;  // one item, e.g. [1, 28, 28]
+  std::shared_ptr<data::LMData> lm_data;  // language-model objectives: validation stream, EOS, tokenizer
 };
 
-/// diffusion (more with later objectives).
+/// diffusion, lm (more with later objectives).
 Registry<Objective, const ObjectiveContext&>& objectives();
 
 }  // namespace dew

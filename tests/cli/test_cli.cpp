@@ -57,7 +57,7 @@ TEST(Cli, TrainsSamplesAndResumes) {
   EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_6"));
   // sampling writes a grid
   auto out = (fs::path(dir) / "grid.png").string();
-  r = run("sample " + dir + " --steps 3 --solver heun --count 6 --out " + out);
+  r = run("sample " + dir + " --steps 3 --solver dpmsolver++ --count 6 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(out));
   // a different model on the same run directory is refused

@@ -1,5 +1,6 @@
 #include "dew/nn/backbones/backbone.h"
 
+#include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/backbones/simple_dit.h"
 #include "dew/nn/backbones/unet.h"
 
@@ -22,6 +23,14 @@ Registry<BackboneImpl>& registry() {
         [](const nn::UnetOptions& o) -> BackbonePtr {
           auto m = nn::Unet(o).ptr();
           m->set_config({{"architecture", "unet"}, {"fields", to_json(o)}});
+          return m;
+        });
+    r->add<nn::CausalTransformerOptions>(
+        "causal_transformer",
+        "decoder-only language model (Llama/Qwen3/Gemma3 features, HF parameter names); forward_tokens(ids)",
+        [](const nn::CausalTransformerOptions& o) -> BackbonePtr {
+          auto m = nn::CausalTransformer(o).ptr();
+          m->set_config({{"architecture", "causal_transformer"}, {"fields", to_json(o)}});
           return m;
         });
     return r;

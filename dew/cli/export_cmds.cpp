@@ -1,0 +1,50 @@
+// `dew export RUN DEST`: a trained causal_transformer run -> a Hugging Face checkpoint folder.
+#include <iostream>
+
+#include "dew/cli/commands.h"
+#include "dew/cli/lm_cmds.h"
+#include "dew/cli/recipe.h"
+#include "dew/data/tokenizer.h"
+#include "dew/interop/hf_decoder.h"
+
+namespace dew::cli {
+
+namespace {
+
+const char* kExportUsage =
+    "usage: dew export RUN DEST [--ema] [--family auto|llama|qwen3|gemma3_text] [--tokenizer SPEC]\n"
+    "\n"
+    "Writes RUN's latest checkpoint as a transformers folder: config.json, generation_config.json,\n"
+    "model.safetensors and the tokenizer's files. --ema exports the EMA weights; --family picks the\n"
+    "target (auto: from the model's features); --tokenizer overrides the run's tokenizer record.\n";
+
+}  // namespace
+
+int cmd_export(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") {
+      std::cout << kExportUsage;
+      return 0;
+    }
+  auto f = parse_flags(args, {"family", "tokenizer"}, {"ema"});
+  DEW_CHECK(f.positional.size() == 2, "export: expected RUN and DEST, got ", f.positional.size(),
+            " arguments (dew export --help)");
+  const std::string run_dir = f.positional[0], dest = f.positional[1];
+  std::string family = f.get("family", "auto");
+  DEW_CHECK(family == "auto" || family == "llama" || family == "qwen3" || family == "gemma3_text", "--family: got \"",
+            family, "\", accepted: auto, llama, qwen3, gemma3_text");
+  bool ema = f.has("ema");
+  auto run = load_lm_run(run_dir, ema ? "ema" : "live");
+  json tok_spec = f.has("tokenizer") ? json(f.get("tokenizer", "")) : run.tokenizer;
+  DEW_CHECK(!tok_spec.is_null(), run_dir, "/run.json records no tokenizer; pass --tokenizer byte|PATH");
+  auto tok = data::load_tokenizer(tok_spec);
+  auto& model = run.model;
+  const auto& options = run.options;
+  const int64_t step = run.step;
+  interop::save_pretrained_decoder(model, dest, tok.get(), family);
+  std::cout << "exported " << run_dir << " step " << step << (ema ? " (ema)" : "") << " as "
+            << (family == "auto" ? interop::infer_family(options) : family) << " to " << dest << "\n";
+  return 0;
+}
+
+}  // namespace dew::cli

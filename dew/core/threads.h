@@ -1,0 +1,38 @@
+// CPU thread and BLAS-kernel settings of a run (SPEC section 1: threads are a setting, else
+// OMP_NUM_THREADS, else the measured best for the machine). See docs/benchmarks.md for the measurements.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace dew {
+
+/// What a run mostly computes; the best thread split differs (docs/benchmarks.md).
+enum class Workload {
+  kConv,         // conv nets (unet, unet_3d, the classifier): oneDNN convolutions scale with intra-op threads
+  kTransformer,  // matmul-bound models: one intra-op thread, OpenBLAS threads inside each GEMM
+};
+
+/// Workload of a registered architecture name ("unet" -> kConv, anything else -> kTransformer).
+Workload workload_of(const std::string& architecture);
+
+/// Sets LibTorch's intra-op threads and OpenBLAS's threads. threads > 0: that many intra-op threads.
+/// threads == 0: OMP_NUM_THREADS when set, else the measured default for the workload on this machine
+/// (kConv: min(2, cores) intra-op threads and 1 OpenBLAS thread; kTransformer: 1 intra-op thread and
+/// OpenBLAS on min(2, cores) threads). OPENBLAS_NUM_THREADS, when set, is left to OpenBLAS.
+/// Returns the intra-op thread count.
+int64_t set_threads(int64_t threads, Workload workload);
+
+/// The kernel set OpenBLAS runs ("SkylakeX", "Haswell", or "Prescott" when it does not recognise the
+/// CPU); empty when the loaded BLAS is not OpenBLAS.
+std::string blas_core();
+
+/// OpenBLAS picks its kernels once, when it is loaded, from the CPU model; on virtual CPUs it does not
+/// know (this project's CI machine) it falls back to SSE3 "Prescott" kernels, 2x slower than the AVX-512
+/// ones the CPU supports. When OPENBLAS_CORETYPE is unset, OpenBLAS chose Prescott and the CPU (and OS)
+/// support AVX-512 or AVX2, this re-executes the program with OPENBLAS_CORETYPE set to SkylakeX or
+/// Haswell, and kCoretypeMarker to the same value (so child processes can tell the setting was dew's, not
+/// the user's). Returns only when nothing is to be done (or exec failed); DEW_BLAS_REEXEC=0 disables it.
+void reexec_with_blas_kernels(char** argv);
+inline constexpr const char* kCoretypeMarker = "DEW_OPENBLAS_CORETYPE_SET_BY_DEW";
+
+}  // namespace dew

@@ -1,0 +1,319 @@
+#include "dew/interop/hf_decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "dew/data/tokenizer.h"
+#include "dew/io/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace dew {
+namespace interop {
+namespace {
+
+bool has_sliding_layers(const nn::CausalTransformerOptions& o) {
+  for (const auto& t : o.layer_types())
+    if (t == "sliding_attention") return true;
+  return false;
+}
+
+std::vector<std::string> layer_types_of(const nn::CausalTransformerOptions& o) {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < o.num_layers(); ++i) out.push_back(o.layer_type(i));
+  return out;
+}
+
+json id_or_null(int64_t id) { return id >= 0 ? json(id) : json(nullptr); }
+
+void write_json(const fs::path& path, const json& j) {
+  std::ofstream f(path, std::ios::trunc);
+  DEW_CHECK(f.good(), "cannot write \"", path.string(), "\"");
+  f << j.dump(2) << "\n";
+  DEW_CHECK(f.good(), "writing \"", path.string(), "\" failed");
+}
+
+json read_json(const fs::path& path, const std::string& what) {
+  std::ifstream f(path);
+  DEW_CHECK(f.good(), what, ": cannot read \"", path.string(), "\"");
+  json j = json::parse(f, nullptr, false);
+  DEW_CHECK(!j.is_discarded() && j.is_object(), what, ": \"", path.string(), "\" is not a JSON object");
+  return j;
+}
+
+/// Reads config[key] as T, or `fallback` when absent or null; a value of the wrong type names the field.
+template <class T>
+T field(const json& config, const char* key, T fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  T out{};
+  options_detail::from_value(*it, out, std::string("config.json ") + key);
+  return out;
+}
+
+}  // namespace
+
+std::string infer_family(const nn::CausalTransformerOptions& o) {
+  if (o.scale_offset() == 1.0 || o.sandwich_norms()) return "gemma3_text";
+  return o.qk_norm() ? "qwen3" : "llama";
+}
+
+void check_family(const nn::CausalTransformerOptions& o, const std::string& family) {
+  const auto& fams = decoder_families();
+  DEW_CHECK(std::find(fams.begin(), fams.end(), family) != fams.end(), "export: unknown family \"", family,
+            "\"; accepted: llama, qwen3, gemma3_text");
+  auto refuse = [&](const std::string& feature) { fail("export: ", family, " cannot express ", feature); };
+  if (o.partial_rotary_factor() != 1.0)
+    refuse(str("partial_rotary_factor ", o.partial_rotary_factor(), " (its RoPE rotates whole heads)"));
+  if (family == "gemma3_text") {
+    if (!o.qk_norm()) refuse("qk_norm = false (Gemma 3 always normalises queries and keys)");
+    if (!o.sandwich_norms()) refuse("sandwich_norms = false (Gemma 3 always normalises branch outputs)");
+    if (o.scale_offset() != 1.0) refuse(str("scale_offset ", o.scale_offset(), " (Gemma norms scale by 1 + weight)"));
+    double want = std::sqrt(static_cast<double>(o.emb_features()));
+    if (std::abs(o.embedding_scale() - want) > 1e-6 * want)
+      refuse(str("embedding_scale ", o.embedding_scale(), " (Gemma 3 scales embeddings by sqrt(hidden_size) = ", want, ")"));
+    return;
+  }
+  if (o.mlp() != "swiglu") refuse(str("mlp \"", o.mlp(), "\" (the family's runtimes implement silu gates only)"));
+  if (o.sandwich_norms()) refuse("sandwich_norms (norms on branch outputs)");
+  if (o.scale_offset() != 0.0) refuse(str("scale_offset ", o.scale_offset(), " (its norms scale by weight)"));
+  if (o.embedding_scale() != 1.0) refuse(str("embedding_scale ", o.embedding_scale()));
+  if (o.final_logit_softcap() != 0.0) refuse(str("final_logit_softcap ", o.final_logit_softcap()));
+  if (has_sliding_layers(o)) refuse("sliding_attention layers");
+  if (family == "llama" && o.qk_norm()) refuse("qk_norm (Llama has no query/key norms)");
+  if (family == "qwen3" && !o.qk_norm()) refuse("qk_norm = false (Qwen3 always normalises queries and keys)");
+}
+
+json hf_config(const nn::CausalTransformerOptions& o, const std::string& family, int64_t bos_id, int64_t eos_id,
+               int64_t pad_id) {
+  check_family(o, family);
+  json c = {{"model_type", family},
+            {"vocab_size", o.vocab_size()},
+            {"hidden_size", o.emb_features()},
+            {"intermediate_size", o.mlp_hidden()},
+            {"num_hidden_layers", o.num_layers()},
+            {"num_attention_heads", o.num_heads()},
+            {"num_key_value_heads", o.kv_heads()},
+            {"head_dim", o.head_size()},
+            {"max_position_embeddings", o.max_seq_len()},
+            {"rms_norm_eps", o.norm_eps()},
+            {"rope_theta", o.rope_theta()},
+            {"rope_scaling", nullptr},
+            {"attention_bias", o.attention_bias()},
+            {"attention_dropout", 0.0},
+            {"tie_word_embeddings", o.tie_embeddings()},
+            {"initializer_range", o.init_std()},
+            {"use_cache", true},
+            {"torch_dtype", "float32"},
+            {"bos_token_id", id_or_null(bos_id)},
+            {"eos_token_id", id_or_null(eos_id)},
+            {"pad_token_id", id_or_null(pad_id)}};
+  if (family == "llama") {
+    c["architectures"] = {"LlamaForCausalLM"};
+    c["hidden_act"] = "silu";
+    c["mlp_bias"] = false;
+    c["pretraining_tp"] = 1;
+  } else if (family == "qwen3") {
+    c["architectures"] = {"Qwen3ForCausalLM"};
+    c["hidden_act"] = "silu";
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+    c["max_window_layers"] = o.num_layers();
+  } else {
+    c["architectures"] = {"Gemma3ForCausalLM"};
+    c["hidden_activation"] = o.mlp() == "swiglu" ? "silu" : "gelu_pytorch_tanh";
+    c["query_pre_attn_scalar"] = o.head_size();  // our attention scale is head_dim^-0.5
+    c["sliding_window"] = o.sliding_window();
+    auto types = layer_types_of(o);
+    c["layer_types"] = types;
+    // Older transformers derive the layer kinds from a period instead: write it when one fits.
+    for (int64_t p = 1; p <= o.num_layers(); ++p) {
+      bool fits = true;
+      for (int64_t i = 0; i < o.num_layers(); ++i)
+        fits &= (types[i] == "full_attention") == ((i + 1) % p == 0);
+      if (fits) {
+        c["sliding_window_pattern"] = p;
+        break;
+      }
+    }
+    c["rope_local_base_freq"] = o.sliding_rope_theta().value_or(o.rope_theta());
+    c["final_logit_softcapping"] = o.final_logit_softcap() > 0 ? json(o.final_logit_softcap()) : json(nullptr);
+    c["attn_logit_softcapping"] = nullptr;
+  }
+  return c;
+}
+
+nn::CausalTransformerOptions options_from_hf_config(const json& c) {
+  std::string type = field<std::string>(c, "model_type", "");
+  DEW_CHECK(type == "llama" || type == "qwen3" || type == "gemma3_text", "import: config.json model_type \"", type,
+            "\" is not supported; accepted: llama, qwen3, gemma3_text");
+  auto refuse = [&](const std::string& what) { fail("import: ", type, " config.json: ", what, " is not supported"); };
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) refuse("rope_scaling " + c["rope_scaling"].dump());
+  if (field<double>(c, "partial_rotary_factor", 1.0) != 1.0) refuse("partial_rotary_factor != 1");
+  if (field<bool>(c, "mlp_bias", false)) refuse("mlp_bias = true");
+  bool gemma = type == "gemma3_text";
+  nn::CausalTransformerOptions o;
+  o.vocab_size(field<int64_t>(c, "vocab_size", 0));
+  o.emb_features(field<int64_t>(c, "hidden_size", 0));
+  o.num_layers(field<int64_t>(c, "num_hidden_layers", 0));
+  o.num_heads(field<int64_t>(c, "num_attention_heads", 0));
+  DEW_CHECK(o.vocab_size() > 0 && o.emb_features() > 0 && o.num_layers() > 0 && o.num_heads() > 0,
+            "import: config.json needs positive vocab_size, hidden_size, num_hidden_layers and num_attention_heads");
+  o.num_kv_heads(field<int64_t>(c, "num_key_value_heads", o.num_heads()));
+  int64_t default_head = type == "qwen3" ? 128 : gemma ? 256 : o.emb_features() / o.num_heads();
+  o.head_dim(field<int64_t>(c, "head_dim", default_head));
+  o.mlp_features(field<int64_t>(c, "intermediate_size", 0));
+  o.max_seq_len(field<int64_t>(c, "max_position_embeddings", gemma ? 131072 : type == "qwen3" ? 32768 : 2048));
+  o.rope_theta(field<double>(c, "rope_theta", gemma ? 1e6 : 1e4));
+  o.norm_eps(field<double>(c, "rms_norm_eps", 1e-6));
+  o.attention_bias(field<bool>(c, "attention_bias", false));
+  o.tie_embeddings(field<bool>(c, "tie_word_embeddings", gemma));
+  o.init_std(field<double>(c, "initializer_range", 0.02));
+  std::string act = field<std::string>(c, gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
+  if (act == "silu") o.mlp("swiglu");
+  else if (act == "gelu_pytorch_tanh" || act == "gelu_new") o.mlp("geglu");
+  else refuse(str(gemma ? "hidden_activation" : "hidden_act", " \"", act, "\" (accepted: silu, gelu_pytorch_tanh)"));
+  if (!gemma) {
+    o.qk_norm(type == "qwen3");
+    if (field<bool>(c, "use_sliding_window", false)) refuse("use_sliding_window = true");
+    return o;
+  }
+  o.qk_norm(true).sandwich_norms(true).scale_offset(1.0);
+  o.embedding_scale(std::sqrt(static_cast<double>(o.emb_features())));
+  int64_t scalar = field<int64_t>(c, "query_pre_attn_scalar", 256);
+  if (scalar != o.head_size()) refuse(str("query_pre_attn_scalar ", scalar, " != head_dim ", o.head_size()));
+  if (c.contains("attn_logit_softcapping") && !c["attn_logit_softcapping"].is_null()) refuse("attn_logit_softcapping");
+  o.final_logit_softcap(field<double>(c, "final_logit_softcapping", 0.0));
+  o.sliding_window(field<int64_t>(c, "sliding_window", 4096));
+  o.sliding_rope_theta(field<double>(c, "rope_local_base_freq", 1e4));
+  auto types = field<std::vector<std::string>>(c, "layer_types", {});
+  if (types.empty()) {
+    int64_t period = field<int64_t>(c, "sliding_window_pattern", 6);
+    DEW_CHECK(period > 0, "import: config.json sliding_window_pattern must be > 0, got ", period);
+    for (int64_t i = 0; i < o.num_layers(); ++i)
+      types.push_back((i + 1) % period == 0 ? "full_attention" : "sliding_attention");
+  }
+  DEW_CHECK(static_cast<int64_t>(types.size()) == o.num_layers(), "import: config.json layer_types has ", types.size(),
+            " entries for ", o.num_layers(), " layers");
+  o.layer_types(types);
+  return o;
+}
+
+void save_hf_layout(const std::map<std::string, at::Tensor>& params, const json& config, const std::string& dir) {
+  fs::create_directories(dir);
+  io::save_safetensors((fs::path(dir) / "model.safetensors").string(), params, {{"format", "pt"}});
+  write_json(fs::path(dir) / "config.json", config);
+}
+
+void save_pretrained_decoder(nn::CausalTransformer& model, const std::string& dir, const data::Tokenizer* tokenizer,
+                             const std::string& family) {
+  const auto& o = model->options;
+  std::string fam = family == "auto" ? infer_family(o) : family;
+  check_family(o, fam);
+  int64_t bos = -1, eos = -1, pad = -1;
+  if (tokenizer) {
+    DEW_CHECK(tokenizer->vocab_size() <= o.vocab_size(), "export: the tokenizer has ", tokenizer->vocab_size(),
+              " ids but the model's vocab_size is ", o.vocab_size());
+    bos = tokenizer->bos_id();
+    eos = tokenizer->eos_id();
+    pad = tokenizer->pad_id();
+  }
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : model->named_parameters(/*recurse=*/true)) {
+    std::string name = p.key().rfind("lm_head.", 0) == 0 ? p.key() : "model." + p.key();
+    params[name] = p.value().detach().to(at::kCPU, at::kFloat).contiguous();
+  }
+  save_hf_layout(params, hf_config(o, fam, bos, eos, pad), dir);
+  json gen = {{"_from_model_config", true}};
+  if (bos >= 0) gen["bos_token_id"] = bos;
+  if (eos >= 0) gen["eos_token_id"] = eos;
+  if (pad >= 0) gen["pad_token_id"] = pad;
+  write_json(fs::path(dir) / "generation_config.json", gen);
+  if (tokenizer) tokenizer->save(dir);
+}
+
+nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
+  fs::path root(dir);
+  json config = read_json(root / "config.json", "import");
+  bool dew_layout = config.value("architecture", "") == "causal_transformer";
+  nn::CausalTransformerOptions options =
+      dew_layout ? from_json<nn::CausalTransformerOptions>(config.value("fields", json::object()), "config.json fields")
+                 : options_from_hf_config(config);
+  nn::CausalTransformer model(options);
+
+  // Which file holds each tensor: the shard index when present, else the one model.safetensors.
+  std::map<std::string, std::string> where;  // tensor -> file name
+  std::map<std::string, io::SafetensorsFile> files;
+  fs::path index = root / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    json idx = read_json(index, "import");
+    DEW_CHECK(idx.contains("weight_map") && idx["weight_map"].is_object(), "import: \"", index.string(),
+              "\" has no weight_map object");
+    for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
+      DEW_CHECK(it.value().is_string(), "import: weight_map entry \"", it.key(), "\" must name a file");
+      std::string file = it.value().get<std::string>();
+      DEW_CHECK(file.find('/') == std::string::npos && file != "..", "import: weight_map entry \"", it.key(),
+                "\" names \"", file, "\", which is not a file in the folder");
+      where[it.key()] = file;
+      if (!files.count(file)) files.emplace(file, io::SafetensorsFile::open((root / file).string()));
+    }
+  } else {
+    DEW_CHECK(fs::exists(root / "model.safetensors"), "import: \"", dir,
+              "\" holds neither model.safetensors nor model.safetensors.index.json");
+    files.emplace("model.safetensors", io::SafetensorsFile::open((root / "model.safetensors").string()));
+    for (const auto& n : files.at("model.safetensors").names()) where[n] = "model.safetensors";
+  }
+
+  std::set<std::string> used;
+  std::vector<std::string> missing;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters(/*recurse=*/true)) {
+      std::string key = dew_layout || p.key().rfind("lm_head.", 0) == 0 ? p.key() : "model." + p.key();
+      auto w = where.find(key);
+      if (w == where.end()) {
+        missing.push_back(key);
+        continue;
+      }
+      const auto& file = files.at(w->second);
+      DEW_CHECK(file.contains(key), "import: the index puts \"", key, "\" in \"", w->second, "\", which does not hold it");
+      at::Tensor t = file.tensor(key);
+      auto st = t.scalar_type();
+      DEW_CHECK(st == at::kFloat || st == at::kBFloat16 || st == at::kHalf, "import: tensor \"", key, "\" has dtype ",
+                st, "; accepted: F32, BF16, F16");
+      DEW_CHECK(t.sizes() == p.value().sizes(), "import: tensor \"", key, "\" has shape ", t.sizes(),
+                " but the config gives ", p.value().sizes());
+      p.value().copy_(t.to(at::kFloat));  // bf16 / fp16 widen exactly
+      used.insert(key);
+    }
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
+    fail("import: \"", dir, "\" lacks ", missing.size(), " tensor(s) the config needs: ", list,
+         missing.size() > 5 ? ", ..." : "");
+  }
+  std::vector<std::string> extra;
+  for (const auto& kv : where) {
+    const std::string& k = kv.first;
+    if (used.count(k)) continue;
+    if (k == "lm_head.weight" && options.tie_embeddings()) continue;  // saved by some tied checkpoints
+    const std::string buffer = "rotary_emb.inv_freq";  // a buffer older checkpoints carry
+    if (k.size() >= buffer.size() && k.compare(k.size() - buffer.size(), buffer.size(), buffer) == 0) continue;
+    extra.push_back(k);
+  }
+  if (!extra.empty()) {
+    std::string list;
+    for (size_t i = 0; i < extra.size() && i < 5; ++i) list += (i ? ", " : "") + extra[i];
+    fail("import: \"", dir, "\" has ", extra.size(), " tensor(s) the ", dew_layout ? "causal_transformer" : "model",
+         " config does not use: ", list, extra.size() > 5 ? ", ..." : "");
+  }
+  model->eval();
+  return model;
+}
+
+}  // namespace interop
+}  // namespace dew

@@ -1,0 +1,106 @@
+// `dew train lm` and `dew generate` end to end on a tiny token directory, and their one-line errors.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "dew/data/token_files.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string output;
+};
+
+Result run(const std::string& args) {
+  std::string cmd = std::string(DEW_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), p)) out += buf.data();
+  int status = pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+std::string tmp(const std::string& name) {
+  auto d = fs::path(::testing::TempDir()) / ("dew_lm_cli_" + name);
+  fs::remove_all(d);
+  return d.string();
+}
+
+int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+// A token directory of a repeated text, byte ids, packed with EOS.
+std::string tiny_tokens() {
+  const std::string dir = tmp("tokens");
+  std::vector<int64_t> train, val;
+  const std::string doc = "the cat sat on the mat.";
+  for (int i = 0; i < 40; ++i) {
+    for (unsigned char c : doc) train.push_back(c);
+    train.push_back(256);
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (unsigned char c : doc) val.push_back(c);
+    val.push_back(256);
+  }
+  dew::data::TokenMeta meta;
+  meta.tokenizer = {{"name", "byte"}, {"eos", true}};
+  meta.vocab_size = 257;
+  meta.eos_id = 256;
+  meta.packed = true;
+  dew::data::write_token_files(dir, train, val, meta);
+  return dir;
+}
+
+}  // namespace
+
+TEST(LmCli, TrainsAndGenerates) {
+  const std::string data = tiny_tokens(), dir = tmp("run");
+  const std::string tiny = " --data.name tokens --data.dir " + data +
+                           " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64}'"
+                           " --objective.seq_len 16 --objective.sample_tokens 8 --loader.batch_size 4"
+                           " --trainer.log_every 2 --trainer.val_every 0 --trainer.time_limit_minutes 0";
+  auto r = run("train lm --run " + dir + " --trainer.steps 4" + tiny);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_4" / "model.safetensors")) << r.output;
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "samples" / "step_4.txt"));
+  EXPECT_NE(r.output.find("val/perplexity"), std::string::npos) << r.output;
+  auto record = dew::json::parse(std::ifstream(fs::path(dir) / "run.json"));
+  EXPECT_EQ(record["kind"], "lm");
+  EXPECT_EQ(record["model"]["architecture"], "causal_transformer");
+  EXPECT_EQ(record["model"]["fields"]["vocab_size"], 257);  // filled in from the data
+  EXPECT_EQ(record["tokenizer"]["name"], "byte");
+  // greedy generation is deterministic; --json reports tokens and both log-probs
+  r = run("generate " + dir + " --prompt 'the ' --prompt 'a' --max-new-tokens 5 --temperature 0 --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_EQ(lines(r.output), 2) << r.output;
+  auto first = dew::json::parse(r.output.substr(0, r.output.find('\n')));
+  EXPECT_EQ(first["prompt"], "the ");
+  EXPECT_EQ(first["tokens"].size(), first["logprobs"].size());
+  EXPECT_EQ(first["raw_logprobs"].size(), first["tokens"].size());
+  auto again = run("generate " + dir + " --prompt 'the ' --prompt 'a' --max-new-tokens 5 --temperature 0 --json");
+  EXPECT_EQ(again.output, r.output);
+}
+
+TEST(LmCli, BadInputIsOneLineAndExitTwo) {
+  const std::string data = tiny_tokens(), dir = tmp("bad");
+  for (std::string args :
+       {std::string("train lm --model.fields.num_heads 3 --data.name tokens --data.dir ") + data,
+        std::string("train lm --objective.loss_role everything --data.name tokens --data.dir ") + data,
+        std::string("train lm --data.name tokens --data.dir /nonexistent/tokens"),
+        std::string("train lm --model.architecture unet"), std::string("generate /nonexistent/run --prompt hi"),
+        std::string("generate /nonexistent/run --temperature -1"),
+        std::string("generate /nonexistent/run --bogus 1")}) {
+    if (args.rfind("train", 0) == 0) args += " --run " + dir;
+    auto r = run(args);
+    EXPECT_FALSE(fs::exists(dir)) << args;  // nothing is written before the input is valid
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_EQ(lines(r.output), 1) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.rfind("dew: error: ", 0), 0u) << r.output;
+  }
+}

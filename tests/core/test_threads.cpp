@@ -1,0 +1,72 @@
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <optional>
+#include <thread>
+
+#include "dew/core/threads.h"
+#include "tests/test_util.h"
+
+namespace {
+
+// Saves an environment variable, removes it, and puts it back at scope exit.
+struct EnvUnset {
+  std::string name;
+  std::optional<std::string> saved;
+  explicit EnvUnset(std::string n) : name(std::move(n)) {
+    if (const char* v = std::getenv(name.c_str())) saved = v;
+    unsetenv(name.c_str());
+  }
+  ~EnvUnset() {
+    if (saved) setenv(name.c_str(), saved->c_str(), 1);
+  }
+};
+
+int openblas_threads() {
+  auto fn = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return fn ? fn() : -1;
+}
+
+TEST(Threads, WorkloadOfArchitecture) {
+  EXPECT_EQ(dew::workload_of("unet"), dew::Workload::kConv);
+  EXPECT_EQ(dew::workload_of("unet_3d"), dew::Workload::kConv);
+  EXPECT_EQ(dew::workload_of("simple_dit"), dew::Workload::kTransformer);
+  EXPECT_EQ(dew::workload_of("causal_transformer"), dew::Workload::kTransformer);
+}
+
+TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndOpenBLAS) {
+  const int before = at::get_num_threads();
+  EnvUnset omp("OMP_NUM_THREADS"), blas("OPENBLAS_NUM_THREADS");
+  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t two = std::min<int64_t>(2, cores);
+
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kConv), two);
+  EXPECT_EQ(at::get_num_threads(), two);
+  if (openblas_threads() > 0) EXPECT_EQ(openblas_threads(), std::max<int64_t>(1, cores / two));
+
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kTransformer), 1);
+  EXPECT_EQ(at::get_num_threads(), 1);
+  if (openblas_threads() > 0) EXPECT_EQ(openblas_threads(), two);
+
+  setenv("OMP_NUM_THREADS", "1", 1);
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kConv), 1);  // the environment wins over the default
+  EXPECT_EQ(dew::set_threads(2, dew::Workload::kTransformer), 2);  // an explicit count wins over both
+  EXPECT_EQ(at::get_num_threads(), 2);
+  unsetenv("OMP_NUM_THREADS");
+  at::set_num_threads(before);
+}
+
+TEST(Threads, NegativeCountIsAnError) {
+  const auto msg = dew::test::error_of([] { dew::set_threads(-3, dew::Workload::kConv); });
+  EXPECT_NE(msg.find("threads"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("-3"), std::string::npos) << msg;
+}
+
+TEST(Threads, OpenBLASReportsItsKernels) {
+  // dew links OpenBLAS through libblas (scripts/setup installs libopenblas0-pthread); its kernel set is known.
+  EXPECT_FALSE(dew::blas_core().empty());
+}
+
+}  // namespace
