@@ -1,7 +1,10 @@
 // Helpers shared by the test files.
 #pragma once
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -34,5 +37,25 @@ struct TempDir {
   }
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
+
+/// Exit status and combined stdout + stderr of one run of the dew program.
+struct CliResult {
+  int code;
+  std::string output;
+};
+
+#ifdef DEW_BINARY
+/// Runs `dew ARGS` (ARGS as a shell would split them) and collects what it prints.
+inline CliResult run_dew(const std::string& args) {
+  const std::string cmd = std::string(DEW_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed: " + cmd};
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), p)) out += buf.data();
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+#endif
 
 }  // namespace dew::test

@@ -1,9 +1,11 @@
 // `dew bench`: one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) of the
 // small CPU models, timed in C++ and, in the same invocation, in Python PyTorch eager (bench/peer.py),
-// with the speed-up of the C++ side.
+// with the speed-up of the C++ side. `--models lm` times the causal_transformer language model instead
+// (a training step with cross entropy, and greedy KV-cache generation) against bench/lm_peer.py.
 //
-//   dew bench                                   # every model, intra-op {1,2} x OpenBLAS {1,2} threads
+//   dew bench                                   # every diffusion model, intra-op {1,2} x OpenBLAS {1,2} threads
 //   dew bench --models unet --steps 10 --threads 1 --blas-threads 1 --out bench.md
+//   dew bench --models lm --rounds 1            # the language model
 //
 // Every (model, side, thread configuration) runs in a fresh child process (the dew binary re-executed
 // with the hidden `--one MODEL`, or the Python peer), so each peak RSS belongs to one configuration and
@@ -33,6 +35,9 @@
 #include "dew/core/threads.h"
 #include "dew/diffusion/process.h"
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/causal_transformer.h"
+#include "dew/objectives/lm.h"
+#include "dew/sampling/generate.h"
 #include "dew/training/optim.h"
 
 extern char** environ;
@@ -49,27 +54,38 @@ const char* kPython = "/usr/bin/python3";  // Debian's python3-torch; a pyenv py
 constexpr double kLr = 1e-3;
 constexpr double kEmaDecay = 0.995;
 constexpr int64_t kImage = 28;  // input side in pixels (Fashion-MNIST)
+// The language model's generation: batch 1, a prompt of kLmPrompt random ids, kLmNewTokens greedy tokens,
+// one untimed then kLmGenReps timed generations (median); bench/lm_peer.py gets the same values.
+constexpr int64_t kLmPrompt = 32;
+constexpr int64_t kLmNewTokens = 64;
+constexpr int64_t kLmGenReps = 5;
 
 const char* kBenchUsage =
-    "usage: dew bench [--models simple_dit,unet,unet_attn] [--steps N] [--warmup W] [--batch B]\n"
-    "                 [--threads 1,2] [--blas-threads 1,2] [--rounds R] [--no-peer] [--peer FILE]\n"
-    "                 [--peer-coretype CORE] [--out FILE.md]\n"
+    "usage: dew bench [--models simple_dit,unet,unet_attn,lm] [--steps N] [--warmup W] [--batch B]\n"
+    "                 [--seq-len S] [--threads 1,2] [--blas-threads 1,2] [--rounds R] [--no-peer]\n"
+    "                 [--peer FILE] [--lm-peer FILE] [--peer-coretype CORE] [--out FILE.md]\n"
     "\n"
     "Times one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) per model,\n"
     "in C++ and in Python PyTorch eager (bench/peer.py run by /usr/bin/python3), for every combination of\n"
     "LibTorch intra-op threads (--threads) and OpenBLAS threads (--blas-threads), each in a fresh process.\n"
     "Prints a markdown table with each side's fastest configuration and the speed-up (Python / C++).\n"
     "\n"
-    "  --models        simple_dit, unet (the demo model), unet_attn (attention at 14x14); default all\n"
+    "  --models        simple_dit, unet (the demo model), unet_attn (attention at 14x14); default these\n"
+    "                  three. lm: the causal_transformer language model (byte vocab 257, width 256, 4\n"
+    "                  layers, 4 heads): a training step (forward, cross entropy, backward, AdamW, EMA)\n"
+    "                  in tokens/s, and greedy KV-cache generation in ms/token (batch 1, prompt 32\n"
+    "                  tokens, 64 new tokens), against bench/lm_peer.py\n"
     "  --steps N       timed steps per configuration, median reported (default 20)\n"
     "  --warmup W      untimed steps first (default 5)\n"
-    "  --batch B       batch size (default 32)\n"
+    "  --batch B       batch size (default 32; lm: 4)\n"
+    "  --seq-len S     lm: training tokens per row (default 256)\n"
     "  --threads L     LibTorch intra-op thread counts to try (default 1,2)\n"
     "  --blas-threads L  OPENBLAS_NUM_THREADS values to try (default 1,2)\n"
     "  --rounds R      measure every configuration R times per side, alternating, keep the fastest\n"
     "                  (default 2: process-to-process spread on a shared machine is 10-30%)\n"
     "  --no-peer       C++ only\n"
     "  --peer FILE     the Python peer (default: bench/peer.py next to the build directory)\n"
+    "  --lm-peer FILE  the language model's Python peer (default: bench/lm_peer.py, found the same way)\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
     "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"
     "                  kernels, Python does not, so --peer-coretype SkylakeX compares like with like)\n"
@@ -108,13 +124,30 @@ const std::vector<BenchCase>& bench_cases() {
   return cases;
 }
 
+// The language model: a byte-level causal_transformer (256 bytes + EOS) at a small CPU size; the other
+// fields keep their defaults (SwiGLU MLP of width 704, qk-norm, RoPE on the whole head, tied head).
+const BenchCase& lm_case() {
+  static const BenchCase c{"lm", "causal_transformer",
+                           "byte vocab 257, width 256, 4 layers, 4 heads of 64, SwiGLU 704, qk-norm, tied head",
+                           {{"vocab_size", 257}, {"emb_features", 256}, {"num_layers", 4}, {"num_heads", 4}}};
+  return c;
+}
+
+// The lm fields for a training length: max_seq_len must cover it and the generation.
+json lm_fields(int64_t seq_len) {
+  json f = lm_case().fields;
+  f["max_seq_len"] = std::max<int64_t>({2048, seq_len, kLmPrompt + kLmNewTokens});
+  return f;
+}
+
 const BenchCase& find_case(const std::string& name) {
   std::string names;
   for (const auto& c : bench_cases()) {
     if (c.name == name) return c;
     names += (names.empty() ? "" : ", ") + c.name;
   }
-  fail("bench: unknown model \"", name, "\"; accepted: ", names);
+  if (name == lm_case().name) return lm_case();
+  fail("bench: unknown model \"", name, "\"; accepted: ", names, ", ", lm_case().name);
 }
 
 std::vector<std::string> split_list(const std::string& s, const std::string& flag) {
@@ -235,6 +268,106 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
   return 0;
 }
 
+// Runs warmup + steps language-model training steps, then 1 + kLmGenReps greedy generations, and prints
+// one JSON line (the keys of run_one plus tokens_per_s, gen_ms_per_token and prefill_ms; as bench/lm_peer.py).
+int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, int64_t threads) {
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  at::set_num_threads(int(threads));
+  at::manual_seed(0);
+  auto base = models::build(lm_case().arch, lm_fields(seq_len));
+  auto impl = std::dynamic_pointer_cast<nn::CausalTransformerImpl>(base);
+  DEW_CHECK(impl, "bench lm: the registry did not build a causal_transformer");
+  nn::CausalTransformer model(impl);
+  model->train();
+  training::NamedTensors params;
+  int64_t nparams = 0;
+  for (const auto& kv : model->named_parameters()) {
+    params.emplace_back(kv.key(), kv.value());
+    nparams += kv.value().numel();
+  }
+  training::OptimOptions oo;
+  oo.lr = kLr;
+  training::Optimizer opt(params, oo);
+  training::EMA ema(params, kEmaDecay);
+  // The objective of `dew train lm`: chunked fp32 cross entropy (one chunk at this vocabulary), no data
+  // (no validation), no samples.
+  LMObjectiveOptions lo;
+  lo.seq_len = seq_len;
+  lo.sample_tokens = 0;
+  LMObjective objective(model, nullptr, lo);
+
+  // Fixed random ids stand in for the data loader, as in the diffusion bench.
+  auto data_gen = at::detail::createCPUGenerator(1);
+  const int64_t vocab = model->options.vocab_size();
+  data::Batch batch_data{{"tokens", at::randint(0, vocab, {batch, seq_len + 1}, data_gen)}};
+  const at::Tensor prompt_ids = at::randint(0, vocab, {kLmPrompt}, data_gen);
+  auto step_gen = at::detail::createCPUGenerator(2);
+
+  std::vector<double> total, fwd, bwd, upd;
+  double loss_value = 0;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    const auto t0 = clock::now();
+    auto out = objective.loss(batch_data, i, step_gen);
+    const auto t1 = clock::now();
+    out.loss.backward();
+    const auto t2 = clock::now();
+    opt.step(kLr);
+    ema.update(params, i);
+    opt.zero_grad();
+    const auto t3 = clock::now();
+    loss_value = out.loss.item<double>();
+    if (i < warmup) continue;
+    total.push_back(secs(t3 - t0));
+    fwd.push_back(secs(t1 - t0));
+    bwd.push_back(secs(t2 - t1));
+    upd.push_back(secs(t3 - t2));
+  }
+  DEW_CHECK(std::isfinite(loss_value), "bench lm: non-finite loss ", loss_value);
+
+  // Generation as `dew generate` runs it: prefill, then one token per forward with the KV cache.
+  const std::vector<int64_t> prompt(prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + kLmPrompt);
+  sampling::GenerationOptions go;
+  go.max_new_tokens = kLmNewTokens;
+  go.temperature = 0;
+  std::vector<double> gen, prefill;
+  for (int64_t r = 0; r <= kLmGenReps; ++r) {
+    const auto t0 = clock::now();
+    auto res = sampling::generate_tokens(*model, {prompt}, go);
+    const auto t1 = clock::now();
+    DEW_CHECK(res.lengths.at(0) == kLmNewTokens, "bench lm: generated ", res.lengths.at(0), " tokens, expected ",
+              kLmNewTokens);
+    // The prefill alone, as the first forward of generate_tokens does it.
+    model->eval();
+    at::NoGradGuard ng;
+    nn::KVCache cache;
+    const auto t2 = clock::now();
+    model->forward_tokens(prompt_ids.view({1, kLmPrompt}), {}, {}, {}, &cache);
+    const auto t3 = clock::now();
+    if (r == 0) continue;
+    gen.push_back(secs(t1 - t0));
+    prefill.push_back(secs(t3 - t2));
+  }
+  const double ms = median(total) * 1e3;
+  const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
+  json out = {{"ms_per_step", ms},
+              {"samples_per_s", double(batch) / (ms / 1e3)},
+              {"tokens_per_s", double(batch * seq_len) / (ms / 1e3)},
+              {"gen_ms_per_token", median(gen) * 1e3 / double(kLmNewTokens)},
+              {"prefill_ms", median(prefill) * 1e3},
+              {"peak_rss_mb", peak_rss_mb()},
+              {"params", nparams},
+              {"threads", at::get_num_threads()},
+              {"blas_threads", blas ? blas : ""},
+              {"blas_core", blas_core()},
+              {"phases_ms", {{"forward", median(fwd) * 1e3}, {"backward", median(bwd) * 1e3},
+                             {"optimizer", median(upd) * 1e3}}},
+              {"loss", loss_value},
+              {"torch", TORCH_VERSION}};
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
 // ---- the parent: child processes and the report ----
 
 struct ChildResult {
@@ -300,6 +433,7 @@ struct Measurement {
   int64_t intra = 0, blas = 0;
   double ms = 0, samples_per_s = 0, peak_mb = 0;
   double fwd = 0, bwd = 0, opt = 0;
+  double tokens_per_s = 0, gen_ms_per_token = 0, prefill_ms = 0;  // lm only
   int64_t params = 0;
   std::string torch, blas_core;
 };
@@ -326,6 +460,9 @@ Measurement measure(const std::vector<std::string>& argv, int64_t intra, int64_t
   m.fwd = j["phases_ms"]["forward"];
   m.bwd = j["phases_ms"]["backward"];
   m.opt = j["phases_ms"]["optimizer"];
+  m.tokens_per_s = j.value("tokens_per_s", 0.0);
+  m.gen_ms_per_token = j.value("gen_ms_per_token", 0.0);
+  m.prefill_ms = j.value("prefill_ms", 0.0);
   m.torch = j.value("torch", "");
   m.blas_core = j.value("blas_core", "");
   return m;
@@ -364,16 +501,18 @@ struct Row {
   std::vector<Config> configs;
 };
 
-// The fastest of a configuration's rounds: the least disturbed by other work on the machine.
-const Measurement& best(const std::vector<Measurement>& ms) {
-  return *std::min_element(ms.begin(), ms.end(), [](const auto& a, const auto& b) { return a.ms < b.ms; });
+// The fastest of a configuration's rounds by `key` (a time: ms/step, or the lm's generation ms/token):
+// the least disturbed by other work on the machine.
+const Measurement& best(const std::vector<Measurement>& ms, double Measurement::*key = &Measurement::ms) {
+  return *std::min_element(ms.begin(), ms.end(), [key](const auto& a, const auto& b) { return a.*key < b.*key; });
 }
 
 // The fastest run of one side over all configurations.
-const Measurement& fastest(const std::vector<Config>& configs, std::vector<Measurement> Config::*side) {
-  const Measurement* out = &best(configs.front().*side);
+const Measurement& fastest(const std::vector<Config>& configs, std::vector<Measurement> Config::*side,
+                           double Measurement::*key = &Measurement::ms) {
+  const Measurement* out = &best(configs.front().*side, key);
   for (const auto& c : configs)
-    if (best(c.*side).ms < out->ms) out = &best(c.*side);
+    if (best(c.*side, key).*key < out->*key) out = &best(c.*side, key);
   return *out;
 }
 
@@ -412,13 +551,14 @@ std::string utc_now() {
 
 // The peer script: --peer, else bench/peer.py beside the build directory holding this binary, else in
 // the working directory. Empty when none is found.
-std::string find_peer(const Flags& f, const fs::path& exe) {
-  if (f.has("peer")) {
-    DEW_CHECK(fs::is_regular_file(f.get("peer", "")), "--peer: no such file \"", f.get("peer", ""), "\"");
-    return f.get("peer", "");
+// `flag` and `file` name the peer: "peer", "peer.py" or "lm-peer", "lm_peer.py".
+std::string find_peer(const Flags& f, const fs::path& exe, const std::string& flag, const std::string& file) {
+  if (f.has(flag)) {
+    DEW_CHECK(fs::is_regular_file(f.get(flag, "")), "--", flag, ": no such file \"", f.get(flag, ""), "\"");
+    return f.get(flag, "");
   }
-  for (const fs::path& p : {exe.parent_path().parent_path() / "bench" / "peer.py",
-                            exe.parent_path() / "bench" / "peer.py", fs::current_path() / "bench" / "peer.py"})
+  for (const fs::path& p : {exe.parent_path().parent_path() / "bench" / file, exe.parent_path() / "bench" / file,
+                            fs::current_path() / "bench" / file})
     if (fs::is_regular_file(p)) return p.lexically_normal().string();
   return "";
 }
@@ -428,7 +568,7 @@ std::string find_peer(const Flags& f, const fs::path& exe) {
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
-                               "one", "peer-coretype"},
+                               "one", "peer-coretype", "seq-len", "lm-peer"},
                               {"no-peer", "help"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -440,6 +580,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   DEW_CHECK(steps >= 1, "--steps: must be >= 1, got ", steps);
   DEW_CHECK(warmup >= 0, "--warmup: must be >= 0, got ", warmup);
   DEW_CHECK(batch >= 1, "--batch: must be >= 1, got ", batch);
+  const int64_t lm_batch = f.get_int("batch", 4), seq_len = f.get_int("seq-len", 256);
+  DEW_CHECK(seq_len >= 1, "--seq-len: must be >= 1, got ", seq_len);
   const auto threads = int_list(f, "threads", "1,2");
   const auto blas_threads = int_list(f, "blas-threads", "1,2");
   const int64_t rounds = f.get_int("rounds", 2);
@@ -447,28 +589,43 @@ int cmd_bench(const std::vector<std::string>& args) {
 
   if (f.has("one")) {
     DEW_CHECK(threads.size() == 1, "--one: needs exactly one --threads value, got \"", f.get("threads", ""), "\"");
-    return run_one(find_case(f.get("one", "")), batch, warmup, steps, threads[0]);
+    const BenchCase& c = find_case(f.get("one", ""));
+    if (&c == &lm_case()) return run_one_lm(lm_batch, seq_len, warmup, steps, threads[0]);
+    return run_one(c, batch, warmup, steps, threads[0]);
   }
 
   std::vector<const BenchCase*> cases;
   std::string all_names;
   for (const auto& c : bench_cases()) all_names += (all_names.empty() ? "" : ",") + c.name;
-  for (const auto& name : split_list(f.get("models", all_names), "models")) cases.push_back(&find_case(name));
+  bool any_diffusion = false, any_lm = false;
+  for (const auto& name : split_list(f.get("models", all_names), "models")) {
+    const BenchCase* c = &find_case(name);
+    DEW_CHECK(std::find(cases.begin(), cases.end(), c) == cases.end(), "--models: \"", name, "\" is listed twice");
+    cases.push_back(c);
+    (c == &lm_case() ? any_lm : any_diffusion) = true;
+  }
+  DEW_CHECK(any_lm || !f.has("seq-len"), "--seq-len: only the language model uses it; add lm to --models");
 
   const fs::path exe = fs::read_symlink("/proc/self/exe");
-  std::string peer, python_torch, peer_note;
+  std::string peer, lm_peer, python_torch, peer_note, lm_peer_note;
   if (!f.has("no-peer")) {
-    peer = find_peer(f, exe);
+    if (any_diffusion) peer = find_peer(f, exe, "peer", "peer.py");
+    if (any_lm) lm_peer = find_peer(f, exe, "lm-peer", "lm_peer.py");
     auto probe = run_child({kPython, "-c", "import torch; print(torch.__version__)"}, {}, /*quiet=*/true);
     if (probe.exit_code != 0) {
       peer_note = std::string("Python peer skipped: ") + kPython + " with torch is not available; C++ side only.";
+      lm_peer_note = peer_note;
       peer.clear();
-    } else if (peer.empty()) {
-      peer_note = "Python peer skipped: bench/peer.py not found (pass --peer FILE); C++ side only.";
+      lm_peer.clear();
     } else {
+      if (any_diffusion && peer.empty())
+        peer_note = "Python peer skipped: bench/peer.py not found (pass --peer FILE); C++ side only.";
+      if (any_lm && lm_peer.empty())
+        lm_peer_note = "Python peer skipped: bench/lm_peer.py not found (pass --lm-peer FILE); C++ side only.";
       python_torch = probe.out.substr(0, probe.out.find('\n'));
     }
-    if (!peer_note.empty()) std::cerr << peer_note << "\n";
+    for (const auto* note : {&peer_note, &lm_peer_note})
+      if (!note->empty() && (note == &peer_note || *note != peer_note)) std::cerr << *note << "\n";
   }
 
   // The peer runs in the environment the user gave: when OPENBLAS_CORETYPE was set by dew's own re-exec
@@ -481,15 +638,17 @@ int cmd_bench(const std::vector<std::string>& args) {
     peer_unset = {"OPENBLAS_CORETYPE", kCoretypeMarker};
   }
 
-  const auto common = [&](int64_t t) {
-    return std::vector<std::string>{"--batch", std::to_string(batch), "--steps", std::to_string(steps),
-                                    "--warmup", std::to_string(warmup), "--threads", std::to_string(t)};
+  const auto common = [&](int64_t t, bool lm) {
+    std::vector<std::string> a{"--batch", std::to_string(lm ? lm_batch : batch), "--steps", std::to_string(steps),
+                               "--warmup", std::to_string(warmup), "--threads", std::to_string(t)};
+    if (lm) a.insert(a.end(), {"--seq-len", std::to_string(seq_len)});
+    return a;
   };
   std::vector<Row> rows;
   for (const auto* c : cases) {
     // The parent builds the model once for its complete field set (defaults included) and parameter
     // count, which the peer receives so it builds, and checks, the same model.
-    auto model = models::build(c->arch, c->fields);
+    auto model = models::build(c->arch, c == &lm_case() ? lm_fields(seq_len) : c->fields);
     Row row{c, model->config().at("fields").dump(), 0, {}};
     for (const auto& p : model->parameters()) row.params += p.numel();
     for (int64_t intra : threads)
@@ -498,7 +657,9 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   const auto progress = [&](int64_t round, const std::string& what, const Measurement& m) {
     std::cerr << "bench: round " << round << "/" << rounds << "  " << what << "  " << config_name(m) << ": "
-              << fixed(m.ms, 1) << " ms/step\n";
+              << fixed(m.ms, 1) << " ms/step";
+    if (m.gen_ms_per_token > 0) std::cerr << ", generation " << fixed(m.gen_ms_per_token, 2) << " ms/token";
+    std::cerr << "\n";
   };
   const std::string load_before = load_average();
   // Rounds sweep every configuration in turn, and C++ and Python alternate within each, so slow spells of
@@ -506,103 +667,190 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (int64_t round = 1; round <= rounds; ++round) {
     for (auto& row : rows) {
       const std::string& name = row.c->name;
+      const bool lm = row.c == &lm_case();
       for (auto& cfg : row.configs) {
         auto cpp_argv = std::vector<std::string>{exe.string(), "bench", "--one", name};
-        for (auto& a : common(cfg.intra)) cpp_argv.push_back(a);
+        for (auto& a : common(cfg.intra, lm)) cpp_argv.push_back(a);
         cfg.cpp.push_back(measure(cpp_argv, cfg.intra, cfg.blas, name + " C++"));
         progress(round, name + "  C++   ", cfg.cpp.back());
-        if (peer.empty()) continue;
-        auto py_argv = std::vector<std::string>{kPython, peer, "--model", row.c->arch, "--config", row.fields,
-                                                "--params", std::to_string(row.params), "--image",
-                                                std::to_string(kImage) + "x" + std::to_string(kImage)};
-        for (auto& a : common(cfg.intra)) py_argv.push_back(a);
+        if ((lm ? lm_peer : peer).empty()) continue;
+        auto py_argv =
+            lm ? std::vector<std::string>{kPython, lm_peer, "--config", row.fields, "--params",
+                                          std::to_string(row.params), "--prompt-len", std::to_string(kLmPrompt),
+                                          "--new-tokens", std::to_string(kLmNewTokens), "--gen-reps",
+                                          std::to_string(kLmGenReps)}
+               : std::vector<std::string>{kPython, peer, "--model", row.c->arch, "--config", row.fields,
+                                          "--params", std::to_string(row.params), "--image",
+                                          std::to_string(kImage) + "x" + std::to_string(kImage)};
+        for (auto& a : common(cfg.intra, lm)) py_argv.push_back(a);
         cfg.py.push_back(measure(py_argv, cfg.intra, cfg.blas, name + " Python", peer_env, peer_unset));
         progress(round, name + "  Python", cfg.py.back());
       }
     }
   }
 
-  const bool with_peer = !peer.empty();
-  std::ostringstream md;
-  md << "## dew bench: one diffusion training step on the CPU\n\n"
-     << "Step: EDM pixel-regime inputs, forward, loss, backward, AdamW (lr " << kLr
-     << ", weight decay 0.01 on matrices), fp32 EMA (decay " << kEmaDecay << "); batch " << batch << ". Each "
-     << "configuration runs in a fresh process: " << warmup << " warm-up + " << steps << " timed steps, median; "
-     << rounds << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
-     << ", the fastest round reported. Thread "
-     << "configurations: LibTorch intra-op threads (intra) x OPENBLAS_NUM_THREADS (blas).\n\n"
-     << "Machine: " << usable_cpus() << " CPUs (nproc), " << cpu_model() << "; LibTorch " << TORCH_VERSION
-     << " (C++)";
-  if (with_peer) md << ", PyTorch " << python_torch << " (" << kPython << ")";
+  std::vector<const Row*> drows;  // the diffusion models
+  const Row* lrow = nullptr;      // the language model
+  for (const auto& r : rows) {
+    if (r.c == &lm_case())
+      lrow = &r;
+    else
+      drows.push_back(&r);
+  }
+  const std::string load_after = load_average();
   // OpenBLAS picks its kernels from the CPU model unless OPENBLAS_CORETYPE forces them; on a CPU it does
   // not recognise it falls back to SSE3 kernels, which shapes every number below. dew sets it for itself.
   const char* by_dew = std::getenv(kCoretypeMarker);
   const char* coretype = by_dew ? nullptr : std::getenv("OPENBLAS_CORETYPE");
-  const auto& probe_cfg = rows.front().configs.front();
   auto core_of = [](const std::vector<Measurement>& ms) {
     return ms.empty() || ms.front().blas_core.empty() ? std::string("n/a") : ms.front().blas_core;
   };
-  md << "; OpenBLAS kernels " << core_of(probe_cfg.cpp) << " (C++)";
-  if (with_peer) md << ", " << core_of(probe_cfg.py) << " (Python)";
-  md << "; OPENBLAS_CORETYPE " << (by_dew ? std::string("set by dew for itself (") + by_dew + ")"
-                                          : coretype ? std::string("set by the user (") + coretype + ")" : "unset");
-  if (with_peer && f.has("peer-coretype")) md << ", " << f.get("peer-coretype", "") << " for Python (--peer-coretype)";
-  md << "; " << utc_now()
-     << "; 1-minute load average " << load_before << " before the runs, " << load_average()
-     << " after (the runs themselves add 1-2).\n\nCommand: `";
-  if (coretype) md << "OPENBLAS_CORETYPE=" << coretype << " ";
-  md << "dew bench";  // (the re-exec's own setting is not part of the user's command)
-  for (const auto& a : args) md << " " << a;
-  md << "`\n\n";
-  if (!peer_note.empty()) md << peer_note << "\n\n";
-
-  md << "| model | size | params | C++ best config | C++ ms/step | samples/s | peak MB |";
-  if (with_peer) md << " Python best config | Python ms/step | peak MB | speed-up |";
-  md << "\n|---|---|---:|---|---:|---:|---:|" << (with_peer ? "---|---:|---:|---:|" : "") << "\n";
-  for (const auto& r : rows) {
-    const auto& c = fastest(r.configs, &Config::cpp);
-    md << "| " << r.c->name << " | " << r.c->size << " | " << grouped(r.params) << " | " << config_name(c) << " | "
-       << fixed(c.ms, 1) << " | " << fixed(c.samples_per_s, 1) << " | " << fixed(c.peak_mb, 0) << " |";
-    if (with_peer) {
-      const auto& p = fastest(r.configs, &Config::py);
-      md << " " << config_name(p) << " | " << fixed(p.ms, 1) << " | " << fixed(p.peak_mb, 0) << " | "
-         << fixed(p.ms / c.ms, 2) << "x |";
-    }
-    md << "\n";
-  }
-
-  // Every round's median, fastest first, so the spread between processes is visible.
-  auto rounds_cell = [](const std::vector<Measurement>& ms) {
+  // The machine line and the command; `probe` supplies the kernel sets each side's OpenBLAS chose.
+  auto machine = [&](const Row& probe, bool with_peer) {
+    std::ostringstream m;
+    m << "Machine: " << usable_cpus() << " CPUs (nproc), " << cpu_model() << "; LibTorch " << TORCH_VERSION
+      << " (C++)";
+    if (with_peer) m << ", PyTorch " << python_torch << " (" << kPython << ")";
+    const auto& probe_cfg = probe.configs.front();
+    m << "; OpenBLAS kernels " << core_of(probe_cfg.cpp) << " (C++)";
+    if (with_peer) m << ", " << core_of(probe_cfg.py) << " (Python)";
+    m << "; OPENBLAS_CORETYPE " << (by_dew ? std::string("set by dew for itself (") + by_dew + ")"
+                                           : coretype ? std::string("set by the user (") + coretype + ")" : "unset");
+    if (with_peer && f.has("peer-coretype")) m << ", " << f.get("peer-coretype", "") << " for Python (--peer-coretype)";
+    m << "; " << utc_now() << "; 1-minute load average " << load_before << " before the runs, " << load_after
+      << " after (the runs themselves add 1-2).\n\nCommand: `";
+    if (coretype) m << "OPENBLAS_CORETYPE=" << coretype << " ";
+    m << "dew bench";  // (the re-exec's own setting is not part of the user's command)
+    for (const auto& a : args) m << " " << a;
+    m << "`\n\n";
+    return m.str();
+  };
+  // Every round's value of `key`, fastest first, so the spread between processes is visible.
+  auto rounds_cell = [](const std::vector<Measurement>& ms, double Measurement::*key = &Measurement::ms,
+                        int digits = 1) {
     std::vector<double> v;
-    for (const auto& m : ms) v.push_back(m.ms);
+    for (const auto& m : ms) v.push_back(m.*key);
     std::sort(v.begin(), v.end());
     std::string s;
-    for (double x : v) s += (s.empty() ? "" : " / ") + fixed(x, 1);
+    for (double x : v) s += (s.empty() ? "" : " / ") + fixed(x, digits);
     return s;
   };
-  md << "\nEvery configuration (ms/step: each round's median, fastest first; peak MB of the fastest round):\n\n"
-     << "| model | intra | blas | C++ ms/step | C++ peak MB |"
-     << (with_peer ? " Python ms/step | Python peak MB |" : "") << "\n|---|---:|---:|---:|---:|"
-     << (with_peer ? "---:|---:|" : "") << "\n";
-  for (const auto& r : rows) {
-    for (const auto& cfg : r.configs) {
-      md << "| " << r.c->name << " | " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " | "
-         << fixed(best(cfg.cpp).peak_mb, 0) << " |";
-      if (with_peer) md << " " << rounds_cell(cfg.py) << " | " << fixed(best(cfg.py).peak_mb, 0) << " |";
+  std::ostringstream md;
+
+  if (!drows.empty()) {
+    const bool with_peer = !peer.empty();
+    md << "## dew bench: one diffusion training step on the CPU\n\n"
+       << "Step: EDM pixel-regime inputs, forward, loss, backward, AdamW (lr " << kLr
+       << ", weight decay 0.01 on matrices), fp32 EMA (decay " << kEmaDecay << "); batch " << batch << ". Each "
+       << "configuration runs in a fresh process: " << warmup << " warm-up + " << steps << " timed steps, median; "
+       << rounds << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
+       << ", the fastest round reported. Thread "
+       << "configurations: LibTorch intra-op threads (intra) x OPENBLAS_NUM_THREADS (blas).\n\n"
+       << machine(*drows.front(), with_peer);
+    if (!peer_note.empty()) md << peer_note << "\n\n";
+
+    md << "| model | size | params | C++ best config | C++ ms/step | samples/s | peak MB |";
+    if (with_peer) md << " Python best config | Python ms/step | peak MB | speed-up |";
+    md << "\n|---|---|---:|---|---:|---:|---:|" << (with_peer ? "---|---:|---:|---:|" : "") << "\n";
+    for (const Row* r : drows) {
+      const auto& c = fastest(r->configs, &Config::cpp);
+      md << "| " << r->c->name << " | " << r->c->size << " | " << grouped(r->params) << " | " << config_name(c)
+         << " | " << fixed(c.ms, 1) << " | " << fixed(c.samples_per_s, 1) << " | " << fixed(c.peak_mb, 0) << " |";
+      if (with_peer) {
+        const auto& p = fastest(r->configs, &Config::py);
+        md << " " << config_name(p) << " | " << fixed(p.ms, 1) << " | " << fixed(p.peak_mb, 0) << " | "
+           << fixed(p.ms / c.ms, 2) << "x |";
+      }
       md << "\n";
+    }
+
+    md << "\nEvery configuration (ms/step: each round's median, fastest first; peak MB of the fastest round):\n\n"
+       << "| model | intra | blas | C++ ms/step | C++ peak MB |"
+       << (with_peer ? " Python ms/step | Python peak MB |" : "") << "\n|---|---:|---:|---:|---:|"
+       << (with_peer ? "---:|---:|" : "") << "\n";
+    for (const Row* r : drows) {
+      for (const auto& cfg : r->configs) {
+        md << "| " << r->c->name << " | " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " | "
+           << fixed(best(cfg.cpp).peak_mb, 0) << " |";
+        if (with_peer) md << " " << rounds_cell(cfg.py) << " | " << fixed(best(cfg.py).peak_mb, 0) << " |";
+        md << "\n";
+      }
+    }
+
+    md << "\nWhere the time goes in each side's fastest run (ms, medians of the timed steps; forward includes "
+       << "the EDM inputs and the loss, optimizer the AdamW step, the EMA update and zero_grad):\n\n"
+       << "| model | side | forward | backward | optimizer |\n|---|---|---:|---:|---:|\n";
+    for (const Row* r : drows) {
+      std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
+      if (with_peer) sides.push_back({"Python", &Config::py});
+      for (const auto& [side, member] : sides) {
+        const auto& m = fastest(r->configs, member);
+        md << "| " << r->c->name << " | " << side << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | "
+           << fixed(m.opt, 1) << " |\n";
+      }
     }
   }
 
-  md << "\nWhere the time goes in each side's fastest run (ms, medians of the timed steps; forward includes "
-     << "the EDM inputs and the loss, optimizer the AdamW step, the EMA update and zero_grad):\n\n"
-     << "| model | side | forward | backward | optimizer |\n|---|---|---:|---:|---:|\n";
-  for (const auto& r : rows) {
+  if (lrow) {
+    const bool with_peer = !lm_peer.empty();
+    const Row& r = *lrow;
+    if (!drows.empty()) md << "\n";
+    md << "## dew bench: a language-model training step and KV-cache generation on the CPU\n\n"
+       << "Model: causal_transformer, " << r.c->size << ", " << grouped(r.params) << " parameters.\n\n"
+       << "Training step: batch " << lm_batch << " x " << seq_len << " tokens; forward, next-token cross entropy "
+       << "(C++: LMObjective, `dew train lm`'s chunked fp32 cross entropy, which also counts correct argmaxes; "
+       << "Python: F.cross_entropy of the logits), backward, AdamW (lr " << kLr
+       << ", weight decay 0.01 on matrices), fp32 EMA (decay " << kEmaDecay << "); " << warmup << " warm-up + "
+       << steps << " timed steps, median. Generation: batch 1, a " << kLmPrompt << "-token prompt, " << kLmNewTokens
+       << " greedy new tokens with a KV cache, prefill then one token per forward (C++: sampling::generate_tokens, "
+       << "as `dew generate`; Python: the cache as tensors concatenated per step); 1 untimed + " << kLmGenReps
+       << " timed generations, median; ms/token = the whole generation, prefill included, / " << kLmNewTokens
+       << ". Each configuration runs in a fresh process (training, then generation); " << rounds
+       << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
+       << ", the fastest round reported, for training and for generation separately. Thread configurations: "
+       << "LibTorch intra-op threads (intra) x OPENBLAS_NUM_THREADS (blas).\n\n"
+       << machine(r, with_peer);
+    if (!lm_peer_note.empty()) md << lm_peer_note << "\n\n";
+
     std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
     if (with_peer) sides.push_back({"Python", &Config::py});
+    md << "Training (forward includes the cross entropy; optimizer is AdamW, EMA and zero_grad; peak MB of the "
+       << "whole process):\n\n"
+       << "| side | best config | ms/step | tokens/s | forward ms | backward ms | optimizer ms | peak MB |\n"
+       << "|---|---|---:|---:|---:|---:|---:|---:|\n";
     for (const auto& [side, member] : sides) {
       const auto& m = fastest(r.configs, member);
-      md << "| " << r.c->name << " | " << side << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | "
-         << fixed(m.opt, 1) << " |\n";
+      md << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.tokens_per_s, 0)
+         << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.opt, 1) << " | "
+         << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md << "\nTraining speed-up (Python ms/step / C++ ms/step): "
+         << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+
+    const auto gen = &Measurement::gen_ms_per_token;
+    md << "\nGeneration (prefill: the " << kLmPrompt << "-token prompt's forward alone, median):\n\n"
+       << "| side | best config | ms/token | tokens/s | prefill ms |\n|---|---|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides) {
+      const auto& m = fastest(r.configs, member, gen);
+      md << "| " << side << " | " << config_name(m) << " | " << fixed(m.gen_ms_per_token, 2) << " | "
+         << fixed(1e3 / m.gen_ms_per_token, 0) << " | " << fixed(m.prefill_ms, 1) << " |\n";
+    }
+    if (with_peer)
+      md << "\nGeneration speed-up (Python ms/token / C++ ms/token): "
+         << fixed(fastest(r.configs, &Config::py, gen).gen_ms_per_token /
+                      fastest(r.configs, &Config::cpp, gen).gen_ms_per_token,
+                  2)
+         << "x\n";
+
+    md << "\nEvery configuration (each round's median, fastest first):\n\n"
+       << "| intra | blas | C++ ms/step | C++ ms/token |" << (with_peer ? " Python ms/step | Python ms/token |" : "")
+       << "\n|---:|---:|---:|---:|" << (with_peer ? "---:|---:|" : "") << "\n";
+    for (const auto& cfg : r.configs) {
+      md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " | "
+         << rounds_cell(cfg.cpp, gen, 2) << " |";
+      if (with_peer) md << " " << rounds_cell(cfg.py) << " | " << rounds_cell(cfg.py, gen, 2) << " |";
+      md << "\n";
     }
   }
 

@@ -7,25 +7,14 @@
 #include <fstream>
 
 #include "dew/core/options.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-};
-
-Result run(const std::string& args) {
-  std::string cmd = std::string(DEW_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p)) out += buf.data();
-  int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+using Result = dew::test::CliResult;
+constexpr auto& run = dew::test::run_dew;
 
 std::string tmp(const std::string& name) {
   auto d = fs::path(::testing::TempDir()) / ("dew_cli_" + name);

@@ -19,20 +19,8 @@ using dew::json;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-};
-
-Result run(const std::string& args) {
-  std::string cmd = std::string(DEW_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p)) out += buf.data();
-  int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+using Result = dew::test::CliResult;
+constexpr auto& run = dew::test::run_dew;
 
 /// A run directory holding one checkpoint of a tiny causal_transformer, written with the library's
 /// checkpoint writer; the EMA differs from the live weights so the test can tell which one was exported.

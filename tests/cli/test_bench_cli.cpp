@@ -1,0 +1,46 @@
+// `dew bench --models lm`: argument validation (one-line errors, exit 2) and the measured child's result
+// line. No timing is asserted: the machine is shared.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "dew/core/options.h"
+#include "tests/test_util.h"
+
+namespace {
+
+constexpr auto& run = dew::test::run_dew;
+
+void one_line_error(const dew::test::CliResult& r, const std::string& needle) {
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+TEST(BenchCli, LmArgumentsAreValidated) {
+  one_line_error(run("bench --seq-len 64"), "--seq-len: only the language model uses it");
+  one_line_error(run("bench --models lm --seq-len 0"), "--seq-len: must be >= 1, got 0");
+  one_line_error(run("bench --models lm,unet,lm"), "--models: \"lm\" is listed twice");
+  one_line_error(run("bench --models llm"), "accepted: simple_dit, unet, unet_attn, lm");
+  one_line_error(run("bench --models lm --lm-peer /nonexistent/lm_peer.py"), "--lm-peer: no such file");
+}
+
+TEST(BenchCli, LmChildPrintsOneResultLine) {
+  // The child a `dew bench --models lm` run starts per configuration, at its smallest.
+  auto r = run("bench --one lm --threads 1 --steps 1 --warmup 0 --batch 1 --seq-len 8");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::string line = r.output.substr(0, r.output.find_last_not_of('\n') + 1);  // the result is the last line
+  line = line.substr(line.rfind('\n') == std::string::npos ? 0 : line.rfind('\n') + 1);
+  auto j = dew::json::parse(line);
+  // byte vocab 257, width 256, 4 layers, 4 heads, SwiGLU 704, qk-norm, tied head, counted by hand:
+  // embedding 257*256 + 4 * (attention 4*256*256 + MLP 3*256*704 + norms 2*256 + 2*64) + final norm 256.
+  EXPECT_EQ(j.at("params").get<int64_t>(), 257 * 256 + 4 * (4 * 256 * 256 + 3 * 256 * 704 + 2 * 256 + 2 * 64) + 256);
+  for (const char* key : {"ms_per_step", "tokens_per_s", "gen_ms_per_token", "prefill_ms", "peak_rss_mb"})
+    EXPECT_GT(j.at(key).get<double>(), 0.0) << key;
+  // 8 tokens per step: tokens/s = 8 / (ms/step / 1000).
+  EXPECT_NEAR(j.at("tokens_per_s").get<double>() * j.at("ms_per_step").get<double>(), 8000.0, 1e-6 * 8000.0);
+  EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+}
