@@ -24,7 +24,6 @@ TEST(BenchCli, LmArgumentsAreValidated) {
   one_line_error(run("bench --seq-len 64"), "--seq-len: only the language model uses it");
   one_line_error(run("bench --models lm --seq-len 0"), "--seq-len: must be >= 1, got 0");
   one_line_error(run("bench --models lm,unet,lm"), "--models: \"lm\" is listed twice");
-  one_line_error(run("bench --models llm"), "accepted: simple_dit, unet, unet_attn, lm");
   one_line_error(run("bench --models lm --lm-peer /nonexistent/lm_peer.py"), "--lm-peer: no such file");
 }
 

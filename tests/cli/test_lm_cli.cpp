@@ -1,31 +1,18 @@
 // `dew train lm` and `dew generate` end to end on a tiny token directory, and their one-line errors.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
 #include "dew/data/token_files.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-};
-
-Result run(const std::string& args) {
-  std::string cmd = std::string(DEW_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p)) out += buf.data();
-  int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+constexpr auto& run = dew::test::run_dew;
 
 std::string tmp(const std::string& name) {
   auto d = fs::path(::testing::TempDir()) / ("dew_lm_cli_" + name);
