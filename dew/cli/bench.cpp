@@ -197,6 +197,25 @@ double peak_rss_mb() {
 }
 
 
+// The result line a measured child prints (the keys bench/peer.py and bench/lm_peer.py print too), from
+// per-step seconds: total and the forward / backward / optimizer phases.
+json step_result(const std::vector<double>& total, const std::vector<double>& fwd, const std::vector<double>& bwd,
+                 const std::vector<double>& upd, int64_t batch, int64_t nparams, double loss_value) {
+  const double ms = median(total) * 1e3;
+  const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
+  return {{"ms_per_step", ms},
+          {"samples_per_s", double(batch) / (ms / 1e3)},
+          {"peak_rss_mb", peak_rss_mb()},
+          {"params", nparams},
+          {"threads", at::get_num_threads()},
+          {"blas_threads", blas ? blas : ""},
+          {"blas_core", blas_core()},
+          {"phases_ms", {{"forward", median(fwd) * 1e3}, {"backward", median(bwd) * 1e3},
+                         {"optimizer", median(upd) * 1e3}}},
+          {"loss", loss_value},
+          {"torch", TORCH_VERSION}};
+}
+
 // ---- the measured child: `dew bench --one MODEL --threads T ...` ----
 
 // Runs warmup + steps training steps of one case and prints one JSON line (same keys as bench/peer.py).
@@ -251,20 +270,7 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
     upd.push_back(secs(t3 - t2));
   }
   DEW_CHECK(std::isfinite(loss_value), "bench ", c.name, ": non-finite loss ", loss_value);
-  const double ms = median(total) * 1e3;
-  const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
-  json out = {{"ms_per_step", ms},
-              {"samples_per_s", double(batch) / (ms / 1e3)},
-              {"peak_rss_mb", peak_rss_mb()},
-              {"params", nparams},
-              {"threads", at::get_num_threads()},
-              {"blas_threads", blas ? blas : ""},
-              {"blas_core", blas_core()},
-              {"phases_ms", {{"forward", median(fwd) * 1e3}, {"backward", median(bwd) * 1e3},
-                             {"optimizer", median(upd) * 1e3}}},
-              {"loss", loss_value},
-              {"torch", TORCH_VERSION}};
-  std::cout << out.dump() << std::endl;
+  std::cout << step_result(total, fwd, bwd, upd, batch, nparams, loss_value).dump() << std::endl;
   return 0;
 }
 
@@ -348,22 +354,11 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
     gen.push_back(secs(t1 - t0));
     prefill.push_back(secs(t3 - t2));
   }
-  const double ms = median(total) * 1e3;
-  const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
-  json out = {{"ms_per_step", ms},
-              {"samples_per_s", double(batch) / (ms / 1e3)},
-              {"tokens_per_s", double(batch * seq_len) / (ms / 1e3)},
-              {"gen_ms_per_token", median(gen) * 1e3 / double(kLmNewTokens)},
-              {"prefill_ms", median(prefill) * 1e3},
-              {"peak_rss_mb", peak_rss_mb()},
-              {"params", nparams},
-              {"threads", at::get_num_threads()},
-              {"blas_threads", blas ? blas : ""},
-              {"blas_core", blas_core()},
-              {"phases_ms", {{"forward", median(fwd) * 1e3}, {"backward", median(bwd) * 1e3},
-                             {"optimizer", median(upd) * 1e3}}},
-              {"loss", loss_value},
-              {"torch", TORCH_VERSION}};
+  json out = step_result(total, fwd, bwd, upd, batch, nparams, loss_value);
+  const double ms = out["ms_per_step"];
+  out["tokens_per_s"] = double(batch * seq_len) / (ms / 1e3);
+  out["gen_ms_per_token"] = median(gen) * 1e3 / double(kLmNewTokens);
+  out["prefill_ms"] = median(prefill) * 1e3;
   std::cout << out.dump() << std::endl;
   return 0;
 }
