@@ -18,11 +18,9 @@ prints one JSON line with the keys of bench/peer.py plus tokens_per_s, gen_ms_pe
 Run one configuration per process: peak RSS (ru_maxrss) is a high-water mark of the whole process.
 """
 import argparse
-import ctypes
 import json
 import math
 import os
-import resource
 import statistics
 import sys
 import time
@@ -30,6 +28,9 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer  # noqa: E402  (the diffusion peer: the shared result line and BLAS probe)
 
 # The step's hyper-parameters, as dew bench's C++ side (dew::training::OptimOptions, EMA).
 LR, BETAS, EPS, WEIGHT_DECAY, EMA_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01, 0.995
@@ -235,16 +236,6 @@ def generate(model, prompt, new_tokens):
     return out, logprobs, prefill
 
 
-def blas_core():
-    """The kernel set OpenBLAS chose (settled at its first call), or "" when torch uses another BLAS."""
-    try:
-        lib = ctypes.CDLL("libopenblas.so.0")  # the copy torch already loaded
-        lib.openblas_get_corename.restype = ctypes.c_char_p
-        return lib.openblas_get_corename().decode()
-    except (OSError, AttributeError):
-        return ""
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="the causal_transformer fields as JSON (dew's names)")
@@ -301,21 +292,10 @@ def main():
         fail(f"generated {len(toks)} tokens, expected {a.new_tokens}")
     gen_ms = statistics.median(gen) * 1e3
 
-    print(json.dumps({
-        "ms_per_step": med[0],
-        "samples_per_s": a.batch / (med[0] / 1e3),
-        "tokens_per_s": a.batch * a.seq_len / (med[0] / 1e3),
-        "gen_ms_per_token": gen_ms / a.new_tokens,
-        "prefill_ms": statistics.median(prefills) * 1e3,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-        "params": n,
-        "threads": torch.get_num_threads(),
-        "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
-        "blas_core": blas_core(),
-        "phases_ms": {"forward": med[1], "backward": med[2], "optimizer": med[3]},
-        "loss": loss,
-        "torch": torch.__version__,
-    }), flush=True)
+    print(json.dumps(peer.result(med, a.batch, n, loss,
+                                 tokens_per_s=a.batch * a.seq_len / (med[0] / 1e3),
+                                 gen_ms_per_token=gen_ms / a.new_tokens,
+                                 prefill_ms=statistics.median(prefills) * 1e3)), flush=True)
 
 
 if __name__ == "__main__":

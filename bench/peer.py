@@ -401,6 +401,25 @@ def blas_core():
         return ""
 
 
+def result(med, batch, params, loss, **extra):
+    """The result line's keys (as dew bench's C++ children): med = median ms of (step, forward, backward,
+    optimizer); `extra` adds keys (the LM peer's tokens/s and generation numbers)."""
+    out = {
+        "ms_per_step": med[0],
+        "samples_per_s": batch / (med[0] / 1e3),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "params": params,
+        "threads": torch.get_num_threads(),
+        "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
+        "blas_core": blas_core(),
+        "phases_ms": {"forward": med[1], "backward": med[2], "optimizer": med[3]},
+        "loss": loss,
+        "torch": torch.__version__,
+    }
+    out.update(extra)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, choices=["simple_dit", "unet"])
@@ -441,18 +460,7 @@ def main():
     if not math.isfinite(loss):
         fail(f"non-finite loss {loss}")
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
-    print(json.dumps({
-        "ms_per_step": med[0],
-        "samples_per_s": a.batch / (med[0] / 1e3),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-        "params": n,
-        "threads": torch.get_num_threads(),
-        "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
-        "blas_core": blas_core(),
-        "phases_ms": {"forward": med[1], "backward": med[2], "optimizer": med[3]},
-        "loss": loss,
-        "torch": torch.__version__,
-    }), flush=True)
+    print(json.dumps(result(med, a.batch, n, loss)), flush=True)
 
 
 if __name__ == "__main__":
