@@ -2,6 +2,7 @@
 // conditioning, field validation and the {architecture, fields} config round trip.
 #include <gtest/gtest.h>
 
+#include "tests/nn/backbone_checks.h"
 #include "tests/test_util.h"
 #include <torch/torch.h>
 
@@ -18,8 +19,6 @@ namespace {
 using at::Tensor;
 using dew::json;
 
-double max_diff(const Tensor& a, const Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
-
 // Tiny configurations: a few thousand parameters, milliseconds per step on one CPU core.
 json tiny_dit(json extra = json::object()) {
   json f = {{"patch_size", 2}, {"emb_features", 64}, {"num_layers", 2}, {"num_heads", 4}, {"mlp_ratio", 2}};
@@ -33,50 +32,9 @@ json tiny_unet(json extra = json::object()) {
   return f;
 }
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> param_shapes(const dew::BackboneImpl& m) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  for (const auto& kv : m.named_parameters()) out.push_back({kv.key(), kv.value().sizes().vec()});
-  return out;
-}
-
-void copy_parameters(dew::BackboneImpl& from, dew::BackboneImpl& to) {
-  torch::NoGradGuard no_grad;
-  auto src = from.named_parameters();
-  for (auto& kv : to.named_parameters()) kv.value().copy_(src[kv.key()]);
-}
-
-void randomize(dew::BackboneImpl& m, double std) {
-  torch::NoGradGuard no_grad;
-  for (auto& p : m.parameters()) p.add_(torch::randn_like(p) * std);
-}
-
 using dew::test::error_of;
-
-// A flow-matching style problem on one fixed batch: x_t = (1 - t) x0 + t eps, target eps - x0.
-struct Batch {
-  Tensor x_t, t, target;
-  dew::Conditioning cond;
-};
-Batch fixed_batch(int64_t B, int64_t C, int64_t H, uint64_t seed) {
-  torch::manual_seed(seed);
-  Tensor x0 = torch::rand({B, C, H, H}) * 2 - 1, eps = torch::randn({B, C, H, H}), t = torch::rand({B});
-  Tensor tt = t.view({B, 1, 1, 1});
-  return {(1 - tt) * x0 + tt * eps, t, eps - x0, {}};
-}
-
-// Adam on the fixed batch; returns (first loss, last loss).
-std::pair<double, double> overfit(dew::BackboneImpl& model, const Batch& b, int steps, double lr) {
-  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(lr));
-  double first = 0, last = 0;
-  for (int s = 0; s < steps; ++s) {
-    opt.zero_grad();
-    Tensor loss = torch::mse_loss(model.forward(b.x_t, b.t, b.cond), b.target);
-    loss.backward();
-    opt.step();
-    (s == 0 ? first : last) = loss.item<double>();
-  }
-  return {first, last};
-}
+using namespace dew::test;
+using Batch = dew::test::FixedBatch;
 
 // ---- zero output at initialisation ----
 

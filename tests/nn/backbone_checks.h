@@ -1,0 +1,84 @@
+// Checks every backbone test applies: a fixed flow-matching batch (image or video), overfitting it,
+// gradients reaching every parameter, parameter copies between two builds.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dew/nn/backbones/backbone.h"
+
+namespace dew::test {
+
+inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+inline std::vector<std::pair<std::string, std::vector<int64_t>>> param_shapes(const dew::BackboneImpl& m) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& kv : m.named_parameters()) out.push_back({kv.key(), kv.value().sizes().vec()});
+  return out;
+}
+
+inline void copy_parameters(dew::BackboneImpl& from, dew::BackboneImpl& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from.named_parameters();
+  for (auto& kv : to.named_parameters()) kv.value().copy_(src[kv.key()]);
+}
+
+/// Adds N(0, std^2) noise to every parameter (moves zero-initialised layers off zero).
+inline void randomize(dew::BackboneImpl& m, double std) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) p.add_(torch::randn_like(p) * std);
+}
+
+/// A flow-matching problem on one fixed batch: x_t = (1 - t) x0 + t eps, target eps - x0.
+struct FixedBatch {
+  at::Tensor x_t, t, target;
+  dew::Conditioning cond;
+};
+
+/// shape: the whole input shape, e.g. {B, C, H, W} or {B, C, T, H, W}.
+inline FixedBatch fixed_batch(std::vector<int64_t> shape, uint64_t seed) {
+  torch::manual_seed(seed);
+  const int64_t B = shape[0];
+  at::Tensor x0 = torch::rand(shape) * 2 - 1, eps = torch::randn(shape), t = torch::rand({B});
+  std::vector<int64_t> bshape(shape.size(), 1);
+  bshape[0] = B;
+  at::Tensor tt = t.view(bshape);
+  return {(1 - tt) * x0 + tt * eps, t, eps - x0, {}};
+}
+inline FixedBatch fixed_batch(int64_t B, int64_t C, int64_t H, uint64_t seed) {
+  return fixed_batch({B, C, H, H}, seed);
+}
+
+/// Adam on the fixed batch; returns (first loss, last loss).
+inline std::pair<double, double> overfit(dew::BackboneImpl& model, const FixedBatch& b, int steps, double lr) {
+  torch::optim::Adam opt(model.parameters(), torch::optim::AdamOptions(lr));
+  double first = 0, last = 0;
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    at::Tensor loss = torch::mse_loss(model.forward(b.x_t, b.t, b.cond), b.target);
+    loss.backward();
+    opt.step();
+    (s == 0 ? first : last) = loss.item<double>();
+  }
+  return {first, last};
+}
+
+/// Names of the parameters whose gradient is missing or exactly zero after one backward of a random
+/// projection of the output. Call on a randomized model (zero-initialised layers block gradients).
+inline std::vector<std::string> params_without_gradient(dew::BackboneImpl& model, const FixedBatch& b) {
+  model.zero_grad();
+  at::Tensor y = model.forward(b.x_t, b.t, b.cond);
+  (y * torch::randn_like(y)).sum().backward();
+  std::vector<std::string> out;
+  for (const auto& kv : model.named_parameters()) {
+    const at::Tensor& g = kv.value().grad();
+    if (!g.defined() || g.abs().max().item<double>() == 0.0) out.push_back(kv.key());
+  }
+  return out;
+}
+
+}  // namespace dew::test
