@@ -334,6 +334,11 @@ DEFAULTS = {
 
 
 def build(model, fields):
+    if model in ("simple_mmdit", "hybrid_dit"):
+        # Their peers live next to this file and reuse its building blocks.
+        import importlib
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        return importlib.import_module("peer_" + model).build(fields)
     f = dict(DEFAULTS[model], **fields)
     for key, only in UNSUPPORTED[model].items():
         if key in f and f[key] != only:
@@ -348,8 +353,9 @@ def build(model, fields):
 class Step:
     """One diffusion training step: EDM inputs, forward, loss, backward, AdamW, EMA."""
 
-    def __init__(self, model, x0, labels, seed):
+    def __init__(self, model, x0, labels, seed, context=None, context_mask=None):
         self.model, self.x0, self.labels = model, x0, labels
+        self.text = {} if context is None else {"context": context, "context_mask": context_mask}
         self.gen = torch.Generator().manual_seed(seed)
         self.params = [p for p in model.parameters()]
         # Decay on matrices only, as dew's optimizer (biases and norm scales are not decayed).
@@ -369,7 +375,7 @@ class Step:
         c_skip = SIGMA_DATA ** 2 / (sigma ** 2 + SIGMA_DATA ** 2)
         c_out = sigma * SIGMA_DATA / (sigma ** 2 + SIGMA_DATA ** 2).sqrt()
         weight = ((sigma64 ** 2 + SIGMA_DATA ** 2) / (sigma64 * SIGMA_DATA) ** 2).float()
-        F_x = self.model(x_t * c_in, (sigma64.log() / 4).float(), self.labels)
+        F_x = self.model(x_t * c_in, (sigma64.log() / 4).float(), self.labels, **self.text)
         D = c_skip * x_t + c_out * F_x
         return (0.5 * ((D - x0) ** 2).flatten(1).mean(1) * weight).mean()
 
@@ -422,7 +428,7 @@ def result(med, batch, params, loss, **extra):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", required=True, choices=["simple_dit", "unet"])
+    ap.add_argument("--model", required=True, choices=["simple_dit", "unet", "simple_mmdit", "hybrid_dit"])
     ap.add_argument("--config", required=True, help="the model's fields as JSON (dew's field names)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
@@ -430,6 +436,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--image", default="28x28", help="H x W of the input")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
+    ap.add_argument("--context-len", type=int, default=0, help="text tokens of a random context (0: none)")
     a = ap.parse_args()
     if a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
         fail("--batch, --steps and --threads must be >= 1, --warmup >= 0")
@@ -450,7 +457,11 @@ def main():
     g = torch.Generator().manual_seed(1)
     x0 = torch.rand(a.batch, fields.get("in_channels", 3), H, W, generator=g) * 2 - 1
     labels = torch.randint(0, max(1, fields.get("num_classes", 0)), (a.batch,), generator=g)
-    step = Step(model, x0, labels, seed=2)
+    context = mask = None
+    if a.context_len > 0:
+        context = torch.randn(a.batch, a.context_len, fields["context_features"], generator=g)
+        mask = torch.ones(a.batch, a.context_len, dtype=torch.bool)
+    step = Step(model, x0, labels, seed=2, context=context, context_mask=mask)
     times, loss = [], 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()

@@ -61,7 +61,7 @@ constexpr int64_t kLmNewTokens = 64;
 constexpr int64_t kLmGenReps = 5;
 
 const char* kBenchUsage =
-    "usage: dew bench [--models simple_dit,unet,unet_attn,lm] [--steps N] [--warmup W] [--batch B]\n"
+    "usage: dew bench [--models simple_dit,unet,unet_attn,lm | --all] [--steps N] [--warmup W] [--batch B]\n"
     "                 [--seq-len S] [--threads 1,2] [--blas-threads 1,2] [--rounds R] [--no-peer]\n"
     "                 [--peer FILE] [--lm-peer FILE] [--peer-coretype CORE] [--out FILE.md]\n"
     "\n"
@@ -71,10 +71,13 @@ const char* kBenchUsage =
     "Prints a markdown table with each side's fastest configuration and the speed-up (Python / C++).\n"
     "\n"
     "  --models        simple_dit, unet (the demo model), unet_attn (attention at 14x14); default these\n"
-    "                  three. lm: the causal_transformer language model (byte vocab 257, width 256, 4\n"
+    "                  three. Also simple_udit, uvit, simple_mmdit, hierarchical_mmdit, hybrid_dit,\n"
+    "                  video_dit and unet_3d (8 x 32 x 32 Moving Fashion-MNIST clips); the Python peer\n"
+    "                  implements simple_dit, unet, simple_mmdit and hybrid_dit. lm: the causal_transformer language model (byte vocab 257, width 256, 4\n"
     "                  layers, 4 heads): a training step (forward, cross entropy, backward, AdamW, EMA)\n"
     "                  in tokens/s, and greedy KV-cache generation in ms/token (batch 1, prompt 32\n"
     "                  tokens, 64 new tokens), against bench/lm_peer.py\n"
+    "  --all           every model above, lm included\n"
     "  --steps N       timed steps per configuration, median reported (default 20)\n"
     "  --warmup W      untimed steps first (default 5)\n"
     "  --batch B       batch size (default 32; lm: 4)\n"
@@ -97,10 +100,15 @@ struct BenchCase {
   std::string arch;  // dew::models registry name (also the peer's --model)
   std::string size;  // for the table
   json fields;
+  std::vector<int64_t> item = {1, kImage, kImage};  // one input: [C, H, W] or [C, T, H, W]
+  int64_t context_len = 0;                           // text tokens ([B, L, context_features]); 0 = none
+  bool peer = true;                                  // bench/peer.py implements it
 };
 
 const std::vector<BenchCase>& bench_cases() {
-  // Fashion-MNIST-shaped inputs (1 x 28 x 28, 10 classes); unet is the `dew train diffusion` demo model.
+  // Fashion-MNIST-shaped inputs (1 x 28 x 28, 10 classes; 32 x 32 where a model needs a power of two,
+  // Moving Fashion-MNIST's 8 x 32 x 32 for video); unet is the `dew train diffusion` demo model. The
+  // transformers share one size: width 128, 4 layers, 4 heads, patch 4 (49 or 64 tokens per frame).
   static const std::vector<BenchCase> cases = [] {
     const json unet = {{"in_channels", 1},         {"output_channels", 1},          {"num_classes", 10},
                        {"emb_features", 64},       {"feature_depths", {32, 64}},    {"num_res_blocks", 1},
@@ -108,17 +116,37 @@ const std::vector<BenchCase>& bench_cases() {
                        {"attention_configs", {nullptr, nullptr}}};
     json unet_attn = unet;
     unet_attn["attention_configs"] = {nullptr, 4};
+    const json dit = {{"in_channels", 1}, {"output_channels", 1}, {"num_classes", 10}, {"patch_size", 4},
+                      {"emb_features", 128}, {"num_layers", 4}, {"num_heads", 4}};
+    auto with = [](json base, const json& extra) {
+      base.update(extra);
+      return base;
+    };
+    const std::string dit_size = "1x28x28, patch 4 (49 tokens), width 128, 4 layers, 4 heads";
+    const std::vector<int64_t> video = {1, 8, 32, 32};
+    json unet_3d = unet;
+    unet_3d["temporal_heads"] = 4;
     return std::vector<BenchCase>{
-        {"simple_dit", "simple_dit", "1x28x28, patch 4 (49 tokens), width 128, 4 layers, 4 heads",
-         {{"in_channels", 1},
-          {"output_channels", 1},
-          {"num_classes", 10},
-          {"patch_size", 4},
-          {"emb_features", 128},
-          {"num_layers", 4},
-          {"num_heads", 4}}},
+        {"simple_dit", "simple_dit", dit_size, dit},
         {"unet", "unet", "1x28x28, depths [32,64], 1 res block, no attention", unet},
         {"unet_attn", "unet", "1x28x28, depths [32,64], 1 res block, 4-head attention at 14x14", unet_attn},
+        {"simple_udit", "simple_udit", dit_size + ", skips 2 -> 2", dit, {1, kImage, kImage}, 0, false},
+        {"uvit", "uvit", dit_size + ", time + label tokens, position table for 28 px",
+         with(dit, {{"image_size", kImage}}), {1, kImage, kImage}, 0, false},
+        {"simple_mmdit", "simple_mmdit", dit_size + ", text 16 tokens x 64", with(dit, {{"context_features", 64}}),
+         {1, kImage, kImage}, 16, true},
+        {"hierarchical_mmdit", "hierarchical_mmdit",
+         "1x32x32, base patch 2, widths [64,128,256], layers [2,2,4], heads [2,4,8], text 16 tokens x 64",
+         {{"in_channels", 1}, {"output_channels", 1}, {"num_classes", 10}, {"base_patch_size", 2},
+          {"emb_features", {64, 128, 256}}, {"num_layers", {2, 2, 4}}, {"num_heads", {2, 4, 8}},
+          {"context_features", 64}},
+         {1, 32, 32}, 16, false},
+        {"hybrid_dit", "hybrid_dit", dit_size + ", S5 state 64, 3 SSM : 1 attention, bidirectional",
+         with(dit, {{"ssm_state_dim", 64}}), {1, kImage, kImage}, 0, true},
+        {"video_dit", "video_dit", "1x8x32x32, patch 4 (8 x 64 tokens), width 128, 4 layers, 4 heads", dit, video, 0,
+         false},
+        {"unet_3d", "unet_3d", "1x8x32x32, the unet above per frame + 4-head temporal attention per level", unet_3d,
+         video, 0, false},
     };
   }();
   return cases;
@@ -243,10 +271,16 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
   // A fixed batch stands in for the data loader: the bench times the step, not the input pipeline.
   auto data_gen = at::detail::createCPUGenerator(1);
   const auto& f = c.fields;
-  const at::Tensor x0 = at::rand({batch, f.value("in_channels", int64_t(3)), kImage, kImage}, data_gen) * 2 - 1;
+  std::vector<int64_t> shape = {batch};
+  shape.insert(shape.end(), c.item.begin(), c.item.end());
+  const at::Tensor x0 = at::rand(shape, data_gen) * 2 - 1;
   Conditioning cond;
   if (f.value("num_classes", int64_t(0)) > 0)
     cond.labels = at::randint(0, f["num_classes"].get<int64_t>(), {batch}, data_gen);
+  if (c.context_len > 0) {
+    cond.context = at::randn({batch, c.context_len, f["context_features"].get<int64_t>()}, data_gen);
+    cond.context_mask = at::ones({batch, c.context_len}, at::TensorOptions().dtype(at::kBool));
+  }
   auto step_gen = at::detail::createCPUGenerator(2);
 
   std::vector<double> total, fwd, bwd, upd;
@@ -564,7 +598,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
                                "one", "peer-coretype", "seq-len", "lm-peer"},
-                              {"no-peer", "help"});
+                              {"no-peer", "help", "all"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
     return 0;
@@ -590,10 +624,12 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
 
   std::vector<const BenchCase*> cases;
+  DEW_CHECK(!(f.has("all") && f.has("models")), "--all and --models: give one of them");
   std::string all_names;
   for (const auto& c : bench_cases()) all_names += (all_names.empty() ? "" : ",") + c.name;
+  all_names += "," + lm_case().name;
   bool any_diffusion = false, any_lm = false;
-  for (const auto& name : split_list(f.get("models", all_names), "models")) {
+  for (const auto& name : split_list(f.get("models", f.has("all") ? all_names : "simple_dit,unet,unet_attn"), "models")) {
     const BenchCase* c = &find_case(name);
     DEW_CHECK(std::find(cases.begin(), cases.end(), c) == cases.end(), "--models: \"", name, "\" is listed twice");
     cases.push_back(c);
@@ -668,7 +704,7 @@ int cmd_bench(const std::vector<std::string>& args) {
         for (auto& a : common(cfg.intra, lm)) cpp_argv.push_back(a);
         cfg.cpp.push_back(measure(cpp_argv, cfg.intra, cfg.blas, name + " C++"));
         progress(round, name + "  C++   ", cfg.cpp.back());
-        if ((lm ? lm_peer : peer).empty()) continue;
+        if ((lm ? lm_peer : peer).empty() || !row.c->peer) continue;
         auto py_argv =
             lm ? std::vector<std::string>{kPython, lm_peer, "--config", row.fields, "--params",
                                           std::to_string(row.params), "--prompt-len", std::to_string(kLmPrompt),
@@ -676,7 +712,8 @@ int cmd_bench(const std::vector<std::string>& args) {
                                           std::to_string(kLmGenReps)}
                : std::vector<std::string>{kPython, peer, "--model", row.c->arch, "--config", row.fields,
                                           "--params", std::to_string(row.params), "--image",
-                                          std::to_string(kImage) + "x" + std::to_string(kImage)};
+                                          std::to_string(row.c->item[1]) + "x" + std::to_string(row.c->item[2]),
+                                          "--context-len", std::to_string(row.c->context_len)};
         for (auto& a : common(cfg.intra, lm)) py_argv.push_back(a);
         cfg.py.push_back(measure(py_argv, cfg.intra, cfg.blas, name + " Python", peer_env, peer_unset));
         progress(round, name + "  Python", cfg.py.back());
@@ -751,10 +788,12 @@ int cmd_bench(const std::vector<std::string>& args) {
       const auto& c = fastest(r->configs, &Config::cpp);
       md << "| " << r->c->name << " | " << r->c->size << " | " << grouped(r->params) << " | " << config_name(c)
          << " | " << fixed(c.ms, 1) << " | " << fixed(c.samples_per_s, 1) << " | " << fixed(c.peak_mb, 0) << " |";
-      if (with_peer) {
+      if (with_peer && r->c->peer) {
         const auto& p = fastest(r->configs, &Config::py);
         md << " " << config_name(p) << " | " << fixed(p.ms, 1) << " | " << fixed(p.peak_mb, 0) << " | "
            << fixed(p.ms / c.ms, 2) << "x |";
+      } else if (with_peer) {
+        md << " no peer | - | - | - |";
       }
       md << "\n";
     }
@@ -767,7 +806,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       for (const auto& cfg : r->configs) {
         md << "| " << r->c->name << " | " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " | "
            << fixed(best(cfg.cpp).peak_mb, 0) << " |";
-        if (with_peer) md << " " << rounds_cell(cfg.py) << " | " << fixed(best(cfg.py).peak_mb, 0) << " |";
+        if (with_peer && r->c->peer) md << " " << rounds_cell(cfg.py) << " | " << fixed(best(cfg.py).peak_mb, 0) << " |";
+        else if (with_peer) md << " - | - |";
         md << "\n";
       }
     }
@@ -777,7 +817,7 @@ int cmd_bench(const std::vector<std::string>& args) {
        << "| model | side | forward | backward | optimizer |\n|---|---|---:|---:|---:|\n";
     for (const Row* r : drows) {
       std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
-      if (with_peer) sides.push_back({"Python", &Config::py});
+      if (with_peer && r->c->peer) sides.push_back({"Python", &Config::py});
       for (const auto& [side, member] : sides) {
         const auto& m = fastest(r->configs, member);
         md << "| " << r->c->name << " | " << side << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | "

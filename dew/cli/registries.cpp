@@ -7,13 +7,15 @@
 #include "dew/metrics/metrics.h"
 #include "dew/objectives/registry.h"
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/text_encoder.h"
 #include "dew/sampling/solvers.h"
 
 namespace dew {
 
 std::vector<const RegistryBase*> all_registries() {
   return {&models::registry(), &data::datasets(), &diffusion::presets(), &diffusion::schedules(), &diffusion::transforms(), &diffusion::weightings(),
-          &sampling::solvers(), &objectives(), &metrics::registry(), &data::tokenizers(), &data::lm_datasets()};
+          &sampling::solvers(), &objectives(), &metrics::registry(), &data::tokenizers(), &data::lm_datasets(),
+          &text_encoders::registry()};
 }
 
 std::string format_registry(const RegistryBase& r) {

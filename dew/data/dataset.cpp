@@ -314,6 +314,11 @@ Registry<TensorDataset>& datasets() {
                                  [=](const GaussianBlobsOptions& o) {
                                    return tag(gaussian_blobs(o), "gaussian_blobs", to_json(o));
                                  });
+    r->add<MovingFashionMnistOptions>(
+        "moving_fashion_mnist", "synthetic video: Fashion-MNIST items drifting and bouncing, uint8 [N, 1, T, S, S]",
+        [=](const MovingFashionMnistOptions& o) {
+          return tag(moving_fashion_mnist(o), "moving_fashion_mnist", to_json(o));
+        });
     return r;
   }();
   return *r;

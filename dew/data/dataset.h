@@ -117,6 +117,41 @@ struct GaussianBlobsOptions {
 /// size, size] and "label" int64 [count].
 TensorDataset gaussian_blobs(const GaussianBlobsOptions& o = {});
 
+/// Options of Moving Fashion-MNIST: synthetic videos of Fashion-MNIST items drifting and bouncing.
+struct MovingFashionMnistOptions {
+  int64_t count = 10000;               // number of videos
+  int64_t frames = 8;                  // T
+  int64_t size = 32;                   // frame side in pixels (item_size .. 64)
+  int64_t item_size = 28;              // items are resized (area) from 28 x 28 to this side
+  int64_t items = 1;                   // items per video; the label is the first item's class
+  double min_speed = 1.0;              // pixels per frame
+  double max_speed = 3.0;
+  std::string split = "train";         // which Fashion-MNIST images the items come from
+  std::string dir = kFashionMnistDir;
+  int64_t seed = 0;                    // the set is a pure function of its options
+  template <class V> void visit(V& v) {
+    v("count", count, "number of videos");
+    v("frames", frames, "frames per video (T)");
+    v("size", size, "frame side in pixels, item_size..64");
+    v("item_size", item_size, "side the 28x28 items are resized to (<= size)");
+    v("items", items, "items per video (the label is the first item's class)");
+    v("min_speed", min_speed, "smallest speed, pixels per frame");
+    v("max_speed", max_speed, "largest speed, pixels per frame");
+    v.choice("split", split, {"train", "test"}, "Fashion-MNIST split the items come from");
+    v("dir", dir, "folder holding the Fashion-MNIST files");
+    v("seed", seed, "seed of the draws (the set is a pure function of its options)");
+  }
+};
+
+/// Moving Fashion-MNIST: each video places `items` Fashion-MNIST images at random positions with random
+/// velocities (speed uniform in [min_speed, max_speed], direction uniform); each frame moves them by their
+/// velocity and reflects them off the frame's edges (bouncing); overlapping items combine by maximum, as
+/// in Moving MNIST. Fields "image" uint8 [count, 1, frames, size, size] and "label" int64 [count] (the
+/// first item's class); class names are Fashion-MNIST's.
+TensorDataset moving_fashion_mnist(const MovingFashionMnistOptions& o = {});
+/// The same from already-loaded Fashion-MNIST images (uint8 [N, 1, 28, 28]) and labels.
+TensorDataset moving_fashion_mnist(const MovingFashionMnistOptions& o, const TensorDataset& source);
+
 // ---- registry ----
 
 struct FashionMnistOptions {
@@ -139,7 +174,7 @@ struct ImageFolderOptions {
   }
 };
 
-/// The registry of datasets: fashion_mnist, image_folder, gaussian_blobs. Each builds an in-memory
+/// The registry of datasets: fashion_mnist, image_folder, gaussian_blobs, moving_fashion_mnist. Each builds an in-memory
 /// TensorDataset whose spec() is its {name, fields} record.
 Registry<TensorDataset>& datasets();
 

@@ -1,33 +1,81 @@
 #include "dew/objectives/diffusion.h"
 
+#include <cctype>
 #include <filesystem>
+#include <tuple>
 
 #include "dew/io/image.h"
+#include "dew/io/video.h"
 #include "dew/sampling/sample.h"
 
 namespace dew {
+
+std::string TextConditioner::caption(int64_t label) const {
+  DEW_CHECK(label >= 0 && label <= int64_t(class_names.size()), "caption: label ", label, " is not in [0, ",
+            class_names.size(), "]");
+  if (label == int64_t(class_names.size())) return "";
+  std::string name = class_names[size_t(label)];
+  for (auto& ch : name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  const bool vowel = !name.empty() && std::string("aeiou").find(name[0]) != std::string::npos;
+  const std::string phrase = std::string(vowel ? "an " : "a ") + name;
+  const auto at = caption_template.find("{}");
+  if (at == std::string::npos) return caption_template + " " + phrase;
+  return caption_template.substr(0, at) + phrase + caption_template.substr(at + 2);
+}
+
+std::vector<std::string> TextConditioner::captions(const at::Tensor& labels) const {
+  auto l = labels.to(at::kCPU).to(at::kLong).contiguous();
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < l.numel(); ++i) out.push_back(caption(l.data_ptr<int64_t>()[i]));
+  return out;
+}
+
+void attach_text_encoder(BackboneImpl& model, const TextEncoderPtr& encoder) {
+  DEW_CHECK(encoder, "attach_text_encoder: no encoder");
+  model.register_module("text_encoder", encoder);
+}
 
 at::Tensor generate(BackboneImpl& model, const diffusion::DiffusionProcess& process, const GenerateOptions& o) {
   DEW_CHECK(o.count >= 1, "count: must be >= 1, got ", o.count);
   DEW_CHECK(o.shape.size() >= 3, "sample shape: expected [C, H, W], got ", o.shape.size(), " dims");
   DEW_CHECK(!o.labels.defined() || o.labels.numel() == o.count, "labels: expected ", o.count, " labels, got ",
             o.labels.numel());
+  std::vector<std::string> prompts = o.prompts;
+  if (o.text) {
+    DEW_CHECK(o.text->encoder, "generate: text conditioning without an encoder");
+    if (prompts.empty() && o.labels.defined()) prompts = o.text->captions(o.labels);
+    DEW_CHECK(prompts.empty() || int64_t(prompts.size()) == o.count, "prompts: expected ", o.count, " prompts, got ",
+              prompts.size());
+  } else {
+    DEW_CHECK(prompts.empty(), "prompts: this run has no text encoder");
+  }
   sampling::validate(o.guidance);
   torch::NoGradGuard ng;
   const bool was_training = model.is_training();
   model.eval();
   auto device = model.parameters().empty() ? at::Device(at::kCPU) : model.parameters().front().device();
   const int64_t num_classes = model.config().value("fields", json::object()).value("num_classes", int64_t(0));
-  const bool guided = o.guidance.scale != 1.0 && o.labels.defined();
+  const bool text = !prompts.empty();
+  const bool guided = o.guidance.scale != 1.0 && (o.labels.defined() || text);
   auto solver = sampling::make_solver(o.solver, o.solver_fields);
   std::vector<at::Tensor> outs;
   for (int64_t b0 = 0; b0 < o.count; b0 += o.batch_size) {
     const int64_t n = std::min(o.batch_size, o.count - b0);
-    at::Tensor labels = o.labels.defined() ? o.labels.slice(0, b0, b0 + n).to(device) : at::Tensor();
+    at::Tensor labels = o.labels.defined() && !text ? o.labels.slice(0, b0, b0 + n).to(device) : at::Tensor();
+    TextEncoding enc;  // rows [0, n): the prompts; rows [n, 2n): "" for the guidance's unconditional branch
+    if (text) {
+      std::vector<std::string> chunk(prompts.begin() + b0, prompts.begin() + b0 + n);
+      if (guided) chunk.resize(size_t(2 * n), "");
+      enc = o.text->encoder->encode(chunk);
+    }
     diffusion::Model net = [&](const at::Tensor& x, const at::Tensor& t) {
       Conditioning c;
       if (labels.defined()) {
         c.labels = x.size(0) == n ? labels : at::cat({labels, at::full_like(labels, num_classes)});
+      }
+      if (text) {
+        c.context = enc.context.slice(0, 0, x.size(0));
+        c.context_mask = enc.mask.slice(0, 0, x.size(0));
       }
       return model.forward(x, t, c);
     };
@@ -47,9 +95,21 @@ at::Tensor generate(BackboneImpl& model, const diffusion::DiffusionProcess& proc
 }
 
 DiffusionObjective::DiffusionObjective(BackbonePtr model, diffusion::Preset preset, DiffusionObjectiveOptions options,
-                                       int64_t num_classes, std::vector<int64_t> sample_shape)
+                                       int64_t num_classes, std::vector<int64_t> sample_shape,
+                                       TextEncoderPtr text_encoder, std::vector<std::string> class_names)
     : model_(std::move(model)), process_(std::move(preset)), o_(std::move(options)), num_classes_(num_classes),
       sample_shape_(std::move(sample_shape)) {
+  if (text_encoder) {
+    DEW_CHECK(num_classes_ > 0 && int64_t(class_names.size()) == num_classes_,
+              "diffusion objective: text conditioning captions the labels, so the data needs class names (got ",
+              class_names.size(), " names for ", num_classes_, " classes)");
+    text_.encoder = text_encoder;
+    text_.class_names = std::move(class_names);
+    text_.caption_template = o_.caption_template;
+    // Every class's caption, tokenized once; the last row is the null caption "".
+    std::tie(caption_ids_, caption_mask_) = text_encoder->tokenize(text_.captions(at::arange(num_classes_ + 1)));
+    if (!model_->named_children().contains("text_encoder")) attach_text_encoder(*model_, text_encoder);
+  }
   DEW_CHECK(o_.unconditional_prob >= 0 && o_.unconditional_prob <= 1,
             "objective.unconditional_prob: must be in [0, 1], got ", o_.unconditional_prob);
   DEW_CHECK(o_.steps >= 1, "objective.steps: must be >= 1, got ", o_.steps);
@@ -74,7 +134,16 @@ LossOutput DiffusionObjective::loss(const data::Batch& batch, int64_t step, at::
     DEW_CHECK(lt != batch.end(), "diffusion objective: class-conditional model but the batch has no field \"",
               o_.label_field, "\"");
     auto drop = at::rand({x0.size(0)}, gen) < o_.unconditional_prob;
-    c.labels = at::where(drop, at::full_like(lt->second, num_classes_), lt->second).to(device);
+    auto labels = at::where(drop, at::full_like(lt->second, num_classes_), lt->second);
+    if (text_.encoder) {
+      // The dropped rows get the empty caption, the unconditional datum of guidance.
+      auto enc = text_.encoder->forward(caption_ids_.index_select(0, labels).to(device),
+                                        caption_mask_.index_select(0, labels).to(device));
+      c.context = enc.context;
+      c.context_mask = enc.mask;
+    } else {
+      c.labels = labels.to(device);
+    }
   }
   auto F = model_->forward(in.net_input, in.model_time, c);
   auto loss = process_.loss(F, in);
@@ -88,6 +157,7 @@ std::map<std::string, double> DiffusionObjective::validate(int64_t step, const s
   g.steps = o_.steps;
   g.guidance = o_.guidance;
   g.seed = 1234;  // the same prior every validation, so previews are comparable across steps
+  if (text_.encoder) g.text = &text_;
   int64_t nrow = 8;
   if (num_classes_ > 0) {
     // every grid row holds one sample of each class, in class order
@@ -100,9 +170,18 @@ std::map<std::string, double> DiffusionObjective::validate(int64_t step, const s
   auto images = generate(*model_, process_, g);
   namespace fs = std::filesystem;
   fs::create_directories(fs::path(run_dir) / "samples");
-  io::save_png((fs::path(run_dir) / "samples" / ("step_" + std::to_string(step) + ".png")).string(),
-               io::make_grid(images, nrow, 2));
+  save_samples((fs::path(run_dir) / "samples" / ("step_" + std::to_string(step) + ".png")).string(), images, nrow);
   return {{"val/sample_std", images.std().item<double>()}};
+}
+
+void save_samples(const std::string& png_path, const at::Tensor& samples, int64_t nrow) {
+  if (samples.dim() == 5) {
+    io::save_video_strip(png_path, samples);
+    const auto dot = png_path.rfind(".png");
+    io::save_gif((dot == std::string::npos ? png_path : png_path.substr(0, dot)) + ".gif", samples, nrow);
+  } else {
+    io::save_png(png_path, io::make_grid(samples, nrow, 2));
+  }
 }
 
 }  // namespace dew

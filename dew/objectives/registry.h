@@ -3,6 +3,7 @@
 #pragma once
 #include "dew/diffusion/presets.h"
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/text_encoder.h"
 #include "dew/objectives/objective.h"
 
 namespace dew {
@@ -17,6 +18,8 @@ struct ObjectiveContext {
   int64_t num_classes = 0;            // 0 = unconditional
   std::vector<int64_t> sample_shape;  // one item, e.g. [1, 28, 28]
   std::shared_ptr<data::LMData> lm_data;  // language-model objectives: validation stream, EOS, tokenizer
+  TextEncoderPtr text_encoder;        // diffusion: condition on captions of the labels (optional)
+  std::vector<std::string> class_names;  // label id -> name
 };
 
 /// diffusion, lm (more with later objectives).

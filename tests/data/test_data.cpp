@@ -180,7 +180,7 @@ TEST(FashionMnist, CorruptFilesAreErrorsNamingTheFile) {
 
 TEST(Datasets, RegistryBuildsEverySource) {
   auto& reg = dew::data::datasets();
-  EXPECT_EQ(reg.names(), (std::vector<std::string>{"fashion_mnist", "gaussian_blobs", "image_folder"}));
+  EXPECT_EQ(reg.names(), (std::vector<std::string>{"fashion_mnist", "gaussian_blobs", "image_folder", "moving_fashion_mnist"}));
   auto blobs = reg.build(dew::json{{"name", "gaussian_blobs"}, {"count", 20}, {"size", 12}, {"channels", 3}});
   EXPECT_EQ(blobs->field("image").sizes(), (std::vector<int64_t>{20, 3, 12, 12}));
   EXPECT_EQ(blobs->spec()["name"], "gaussian_blobs");
@@ -465,4 +465,83 @@ TEST(DataLoader, OptionsAreValidated) {
   EXPECT_TRUE(parsed.hflip);
   auto unknown = error_of([] { dew::from_json<LoaderOptions>(dew::json{{"batchsize", 5}}, "loader"); });
   EXPECT_NE(unknown.find("unknown field \"batchsize\""), std::string::npos) << unknown;
+}
+
+// ---- Moving Fashion-MNIST ----
+
+namespace {
+
+// A source of one 4 x 4 white square, so each frame's item position can be read back exactly.
+dew::data::TensorDataset square_source() {
+  auto img = at::full({1, 1, 4, 4}, 255, at::TensorOptions().dtype(at::kByte));
+  dew::data::TensorDataset ds({{"image", img}, {"label", at::tensor({int64_t(3)}, at::TensorOptions().dtype(at::kLong))}}, "square");
+  ds.set_class_names({"a", "b", "c", "d"});
+  return ds;
+}
+
+}  // namespace
+
+TEST(MovingFashionMnist, ItemsStayWholeInsideTheFrameAndBounce) {
+  dew::data::MovingFashionMnistOptions o;
+  o.count = 6;
+  o.frames = 20;
+  o.size = 12;
+  o.item_size = 4;
+  o.min_speed = o.max_speed = 2.0;
+  auto ds = dew::data::moving_fashion_mnist(o, square_source());
+  auto v = ds.field("image");
+  ASSERT_EQ(v.sizes(), (std::vector<int64_t>{6, 1, 20, 12, 12}));
+  EXPECT_TRUE(ds.field("label").eq(3).all().item<bool>());
+  for (int64_t n = 0; n < 6; ++n) {
+    int64_t py = -1, px = -1;
+    bool touched_edge = false;
+    int64_t moves = 0;
+    for (int64_t t = 0; t < 20; ++t) {
+      auto f = v[n][0][t];
+      ASSERT_EQ(f.gt(0).sum().item<int64_t>(), 16) << "video " << n << " frame " << t << ": the item is cut or smeared";
+      auto nz = f.nonzero();
+      const int64_t y = nz.select(1, 0).min().item<int64_t>(), x = nz.select(1, 1).min().item<int64_t>();
+      ASSERT_TRUE(f.slice(0, y, y + 4).slice(1, x, x + 4).eq(255).all().item<bool>());
+      touched_edge |= y == 0 || x == 0 || y == 8 || x == 8;
+      if (t > 0) {
+        // speed 2 per frame; rounding moves each coordinate by at most one more pixel
+        EXPECT_LE(std::abs(y - py), 3);
+        EXPECT_LE(std::abs(x - px), 3);
+        moves += std::abs(y - py) + std::abs(x - px) > 0;
+      }
+      py = y;
+      px = x;
+    }
+    // 40 pixels of travel in a span of 8: some coordinate must reach an edge and turn back. The item moves
+    // every frame except where a reflection rounds back onto the previous pixel.
+    EXPECT_TRUE(touched_edge) << "video " << n;
+    EXPECT_GE(moves, 15) << "video " << n;
+  }
+}
+
+TEST(MovingFashionMnist, IsAPureFunctionOfItsOptions) {
+  dew::data::MovingFashionMnistOptions o;
+  o.count = 4;
+  o.frames = 5;
+  o.size = 16;
+  o.item_size = 8;
+  o.items = 2;
+  auto a = dew::data::moving_fashion_mnist(o, square_source()).field("image");
+  auto b = dew::data::moving_fashion_mnist(o, square_source()).field("image");
+  EXPECT_TRUE(a.equal(b));
+  o.seed = 1;
+  EXPECT_FALSE(a.equal(dew::data::moving_fashion_mnist(o, square_source()).field("image")));
+  o.size = 100;
+  EXPECT_NE(dew::test::error_of([&] { dew::data::moving_fashion_mnist(o, square_source()); }).find("moving_fashion_mnist.size"),
+            std::string::npos);
+}
+
+TEST(MovingFashionMnist, RegisteredOnFashionMnistItems) {
+  auto ds = dew::data::datasets().build(
+      {{"name", "moving_fashion_mnist"}, {"count", 16}, {"frames", 4}, {"size", 32}, {"split", "test"}});
+  EXPECT_EQ(ds->field("image").sizes(), (std::vector<int64_t>{16, 1, 4, 32, 32}));
+  EXPECT_EQ(ds->class_names().size(), 10u);
+  // every frame holds one whole item: the same mass in each frame of a video (no clipping at the edges)
+  auto mass = ds->field("image").to(at::kLong).sum({3, 4}).squeeze(1);  // [16, 4]
+  EXPECT_TRUE(mass.eq(mass.select(1, 0).unsqueeze(1)).all().item<bool>());
 }

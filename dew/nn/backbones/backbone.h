@@ -22,6 +22,9 @@ class BackboneImpl : public torch::nn::Module {
   /// x: [B, C, H, W] (or [B, C, T, H, W] for video); time: [B] float32; returns x's shape with
   /// output_channels channels.
   virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& time, const Conditioning& cond) = 0;
+  /// True for models that cannot run without a text context (the MM-DiTs), so a run without a text
+  /// encoder is refused before training starts.
+  virtual bool requires_text() const { return false; }
   /// The {architecture, fields} record the model was built from.
   const json& config() const { return config_; }
   void set_config(json c) { config_ = std::move(c); }

@@ -15,6 +15,7 @@
 #include <torch/nn/modules/embedding.h>
 
 #include <mutex>
+#include <string>
 
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/blocks.h"
@@ -112,7 +113,13 @@ class SimpleDiTImpl : public BackboneImpl {
   std::vector<DiTBlock> block_list;  // typed view of `blocks`
   FinalLayer final_layer{nullptr};
 
- private:
+ protected:
+  // For models built on SimpleDiT's stem (simple_udit): `arch` names the model in errors; with
+  // build_blocks false `blocks` stays unregistered and the derived class lays out its own DiT blocks.
+  SimpleDiTImpl(SimpleDiTOptions options, std::string arch, bool build_blocks);
+  /// One DiT block configured from the options.
+  DiTBlock make_block() const;
+
   // Per-grid constants (scan, position table, RoPE tables), built once per (grid, device) rather than
   // recomputed and copied to the device on every step.
   struct Grid {
@@ -124,7 +131,15 @@ class SimpleDiTImpl : public BackboneImpl {
     Rope rope;        // raster only
   };
   Grid grid(int64_t h, int64_t w, const at::Device& device);
+  /// Checks x and returns its tokens [B, N, D] (compute dtype, scan order, position table added) and grid.
+  at::Tensor embed(const at::Tensor& x, Grid& g);
+  /// One block over h under the conditioning c, recomputed in backward when remat is on.
+  at::Tensor run_block(DiTBlock& block, const at::Tensor& h, const at::Tensor& c, const Rope& rope);
+  /// Final layer and unpatchify: tokens [B, N, D] -> [B, output_channels, H, W] float32.
+  at::Tensor output(const at::Tensor& h, const at::Tensor& c, const Grid& g);
 
+  std::string arch_ = "simple_dit";
+  bool build_blocks_ = true;
   at::ScalarType dtype_ = at::kFloat;
   std::mutex grid_mutex_;
   Grid grid_;

@@ -54,9 +54,11 @@ Tensor UnetAttentionImpl::forward(const Tensor& x, const Tensor& context, const 
 
 // ---- Unet ----
 
-UnetImpl::UnetImpl(UnetOptions options_) : options(std::move(options_)) {
+UnetImpl::UnetImpl(UnetOptions options_) : UnetImpl(std::move(options_), "unet") {}
+
+UnetImpl::UnetImpl(UnetOptions options_, std::string arch) : options(std::move(options_)), arch_(std::move(arch)) {
   const auto& o = options;
-  const std::string w = "unet";
+  const std::string& w = arch_;
   const auto& depths = o.feature_depths();
   DEW_CHECK(!depths.empty(), w, ": feature_depths must not be empty");
   DEW_CHECK(o.norm_groups() > 0, w, ": norm_groups must be > 0, got ", o.norm_groups());
@@ -160,7 +162,7 @@ void UnetImpl::reset() {
     if (i != 0) lv.resample = conv3x3(ch, ch);
     up_list->push_back(container(lv, "upsample"));
   }
-  DEW_CHECK(skips.empty(), "unet: internal error, ", skips.size(), " skips left unconsumed");
+  DEW_CHECK(skips.empty(), arch_, ": internal error, ", skips.size(), " skips left unconsumed");
 
   norm_out = register_module("norm_out", torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), ch)));
   conv_out = register_module("conv_out", conv3x3(ch, o.output_channels()));
@@ -190,15 +192,20 @@ Tensor UnetImpl::run_attention(UnetAttention block, const Tensor& h, const Condi
 }
 
 Tensor UnetImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
+  return run(x, time, cond, {});
+}
+
+Tensor UnetImpl::run(const Tensor& x, const Tensor& time, const Conditioning& cond, const LevelHook& hook) {
   const auto& o = options;
+  const std::string& w = arch_;
   const int64_t levels = static_cast<int64_t>(o.feature_depths().size());
   const int64_t factor = int64_t{1} << (levels - 1);
-  DEW_CHECK(x.dim() == 4 && x.size(1) == o.in_channels(), "unet: x must be [B, ", o.in_channels(), ", H, W], got ",
+  DEW_CHECK(x.dim() == 4 && x.size(1) == o.in_channels(), w, ": x must be [B, ", o.in_channels(), ", H, W], got ",
             x.sizes());
-  DEW_CHECK(x.size(2) % factor == 0 && x.size(3) % factor == 0, "unet: H and W must be multiples of ", factor,
+  DEW_CHECK(x.size(2) % factor == 0 && x.size(3) % factor == 0, w, ": H and W must be multiples of ", factor,
             " (2^(levels - 1)), got ", x.size(2), " x ", x.size(3));
   const int64_t B = x.size(0);
-  DEW_CHECK(time.dim() == 0 || (time.dim() == 1 && time.size(0) == B), "unet: time must be [", B,
+  DEW_CHECK(time.dim() == 0 || (time.dim() == 1 && time.size(0) == B), w, ": time must be [", B,
             "] or a scalar, got ", time.sizes());
 
   // Conditioning: time embedding + label embedding; the text context feeds the cross-attention stages.
@@ -206,25 +213,29 @@ Tensor UnetImpl::forward(const Tensor& x, const Tensor& time, const Conditioning
   Tensor temb = t_embedder(t.dim() == 0 ? t.expand({B}) : t, dtype_);  // [B, E]
   if (o.num_classes() > 0) {
     Tensor labels = cond.labels.defined() ? cond.labels : at::full({B}, o.num_classes(), x.options().dtype(at::kLong));
-    DEW_CHECK(labels.dim() == 1 && labels.size(0) == B, "unet: labels must be [", B, "], got ", labels.sizes());
-    DEW_CHECK(!(labels.lt(0) | labels.gt(o.num_classes())).any().item<bool>(), "unet: labels must lie in [0, ",
+    DEW_CHECK(labels.dim() == 1 && labels.size(0) == B, w, ": labels must be [", B, "], got ", labels.sizes());
+    DEW_CHECK(!(labels.lt(0) | labels.gt(o.num_classes())).any().item<bool>(), w, ": labels must lie in [0, ",
               o.num_classes(), "] (", o.num_classes(), " = null class)");
     temb = temb + at::embedding(y_embedder->weight.to(dtype_), labels.to(at::kLong));
   } else {
-    DEW_CHECK(!cond.labels.defined(), "unet: labels given but num_classes is 0");
+    DEW_CHECK(!cond.labels.defined(), w, ": labels given but num_classes is 0");
   }
   if (cond.context.defined()) {
-    DEW_CHECK(o.context_features() > 0, "unet: a text context was given but context_features is 0");
+    DEW_CHECK(o.context_features() > 0, w, ": a text context was given but context_features is 0");
     DEW_CHECK(cond.context.dim() == 3 && cond.context.size(0) == B && cond.context.size(2) == o.context_features(),
-              "unet: context must be [", B, ", L, ", o.context_features(), "], got ", cond.context.sizes());
+              w, ": context must be [", B, ", L, ", o.context_features(), "], got ", cond.context.sizes());
   }
 
   Tensor h = conv(x.to(dtype_), conv_in);  // [B, d0, H, W]
   std::vector<Tensor> skips{h};
-  for (auto& lv : down) {
+  for (size_t i = 0; i < down.size(); ++i) {
+    auto& lv = down[i];
     for (size_t j = 0; j < lv.resnets.size(); ++j) {
       h = run_res(lv.resnets[j], h, temb);
-      if (j + 1 == lv.resnets.size() && !lv.attention.is_empty()) h = run_attention(lv.attention, h, cond);
+      if (j + 1 == lv.resnets.size()) {
+        if (!lv.attention.is_empty()) h = run_attention(lv.attention, h, cond);
+        if (hook) h = hook(h, Site::down, static_cast<int64_t>(i));
+      }
       skips.push_back(h);
     }
     if (!lv.resample.is_empty()) {
@@ -237,12 +248,17 @@ Tensor UnetImpl::forward(const Tensor& x, const Tensor& time, const Conditioning
     if (k + 2 == mid.resnets.size() && !mid.attention.is_empty()) h = run_attention(mid.attention, h, cond);
     h = run_res(mid.resnets[k + 1], h, temb);
   }
-  for (auto& lv : up) {
+  if (hook) h = hook(h, Site::mid, 0);
+  for (size_t u = 0; u < up.size(); ++u) {
+    auto& lv = up[u];
     for (size_t j = 0; j < lv.resnets.size(); ++j) {
       h = at::cat({h, skips.back()}, 1);  // skips in reverse order
       skips.pop_back();
       h = run_res(lv.resnets[j], h, temb);
-      if (j + 1 == lv.resnets.size() && !lv.attention.is_empty()) h = run_attention(lv.attention, h, cond);
+      if (j + 1 == lv.resnets.size()) {
+        if (!lv.attention.is_empty()) h = run_attention(lv.attention, h, cond);
+        if (hook) h = hook(h, Site::up, static_cast<int64_t>(u));
+      }
     }
     if (!lv.resample.is_empty()) {
       h = at::upsample_nearest2d(h, {h.size(2) * 2, h.size(3) * 2});

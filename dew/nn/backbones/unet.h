@@ -16,7 +16,9 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <functional>
 #include <optional>
+#include <string>
 
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/blocks.h"
@@ -140,10 +142,24 @@ class UnetImpl : public BackboneImpl {
   std::vector<Level> down, up;
   Level mid;  // resnets in pairs (before, after) around the attention of the last pair
 
+ protected:
+  /// Where a level hook runs: after down level `index`'s blocks (before its last skip is kept and before
+  /// its downsample), after the middle blocks (index 0), after up level `index`'s blocks (index 0 is the
+  /// deepest level; before its upsample).
+  enum class Site { down, mid, up };
+  /// Transforms the hidden state h: [B', C, h, w] at a site; UNet3D's temporal blocks are such hooks.
+  using LevelHook = std::function<at::Tensor(const at::Tensor& h, Site site, int64_t index)>;
+  /// For models built on this body (unet_3d): `arch` names the architecture in error messages.
+  UnetImpl(UnetOptions options, std::string arch);
+  /// forward with `hook` (may be empty) applied at every site; forward(x, t, c) = run(x, t, c, {}).
+  at::Tensor run(const at::Tensor& x, const at::Tensor& time, const Conditioning& cond, const LevelHook& hook);
+
+  std::string arch_;
+  at::ScalarType dtype_ = at::kFloat;
+
  private:
   at::Tensor run_res(ResBlock block, const at::Tensor& h, const at::Tensor& temb);
   at::Tensor run_attention(UnetAttention block, const at::Tensor& h, const Conditioning& cond);
-  at::ScalarType dtype_ = at::kFloat;
 };
 TORCH_MODULE(Unet);
 

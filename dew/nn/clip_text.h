@@ -1,0 +1,177 @@
+// The CLIP text encoder (`clip_text`) with Hugging Face CLIPTextModel parameter names, so the text towers of
+// CLIP / Stable Diffusion checkpoints load as they are, and CLIP's BPE tokenizer.
+//
+//   auto clip = dew::nn::ClipText(dew::nn::ClipTextOptions().weights("clip/model.safetensors")
+//                                     .tokenizer("clip/tokenizer.json"));
+//   dew::TextEncoding e = clip->encode({"a photo of a cat"});   // context [1, 77, 512], pooled [1, 512]
+//
+// Architecture (transformers' CLIPTextTransformer): token + learned position embeddings; pre-norm layers
+// x + out_proj(attn(layer_norm1(x))), x + fc2(act(fc1(layer_norm2(x)))) with causal attention and the
+// padding mask; final_layer_norm. pooled = the final state at the first eos_token_id, or, when
+// eos_token_id == 2 (the value in OpenAI's original configs), at argmax(ids), as transformers does.
+#pragma once
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dew/nn/text_encoder.h"
+
+namespace dew::nn {
+
+/// CLIP's byte-level BPE tokenizer (transformers' CLIPTokenizer / CLIPTokenizerFast): text is lowercased
+/// with runs of whitespace folded to one space; CLIP's regex cuts it into words (<|startoftext|>,
+/// <|endoftext|>, 's 't 're 've 'm 'll 'd, letter runs, single digits, runs of other non-space
+/// characters); each word's bytes map to GPT-2's unicode stand-ins, its last symbol gets "</w>", and
+/// symbol pairs merge in merge-rank order. Text is taken as NFC and ftfy's repairs are not applied.
+class ClipTokenizer {
+ public:
+  /// `path`: a tokenizer.json, a vocab.json (merges.txt beside it), or a folder holding either.
+  /// The pad token is tokenizer_config.json's pad_token when that file sits beside, else <|endoftext|>.
+  explicit ClipTokenizer(const std::string& path);
+  ~ClipTokenizer();
+  /// The BPE ids of `text` without bos / eos.
+  std::vector<int64_t> encode(const std::string& text) const;
+  /// [bos, ids..., eos] truncated to `length` (eos kept) and padded with pad_id(): ids [B, length] int64 and
+  /// mask [B, length] bool (true for bos .. eos).
+  std::pair<at::Tensor, at::Tensor> batch(const std::vector<std::string>& texts, int64_t length) const;
+  int64_t bos_id() const { return bos_; }
+  int64_t eos_id() const { return eos_; }
+  int64_t pad_id() const { return pad_; }
+  /// One more than the largest id.
+  int64_t vocab_size() const { return vocab_size_; }
+
+ private:
+  struct Regex;
+  void bpe(const std::string& word, std::vector<int64_t>& ids) const;
+  std::unordered_map<std::string, int64_t> vocab_;
+  std::unordered_map<std::string, int64_t> ranks_;
+  std::unique_ptr<Regex> regex_;
+  int64_t bos_ = -1, eos_ = -1, pad_ = -1, unk_ = -1, vocab_size_ = 0;
+};
+
+/// Fields of `clip_text` (names and defaults of transformers' CLIPTextConfig, openai/clip-vit-base-patch32).
+struct ClipTextOptions {
+  /// token ids are in [0, vocab_size)
+  TORCH_ARG(int64_t, vocab_size) = 49408;
+  /// width D of the states, context and pooled vector
+  TORCH_ARG(int64_t, hidden_size) = 512;
+  /// MLP hidden width
+  TORCH_ARG(int64_t, intermediate_size) = 2048;
+  TORCH_ARG(int64_t, num_hidden_layers) = 12;
+  /// hidden_size must be divisible by it
+  TORCH_ARG(int64_t, num_attention_heads) = 8;
+  /// the longest sequence; tokenize() pads and truncates to it
+  TORCH_ARG(int64_t, max_position_embeddings) = 77;
+  /// quick_gelu (x sigmoid(1.702 x), OpenAI CLIP) or gelu (erf; OpenCLIP / SD 2 towers)
+  TORCH_ARG(std::string, hidden_act) = "quick_gelu";
+  TORCH_ARG(double, layer_norm_eps) = 1e-5;
+  /// HF config value; tokenize() uses the tokenizer file's <|startoftext|>
+  TORCH_ARG(int64_t, bos_token_id) = 49406;
+  /// pooled = state at the first eos_token_id; 2 (OpenAI's original configs) = state at argmax(ids)
+  TORCH_ARG(int64_t, eos_token_id) = 49407;
+  /// HF config value; tokenize() pads with the tokenizer's pad token
+  TORCH_ARG(int64_t, pad_token_id) = 1;
+  /// safetensors file loaded at build ("" = random initialisation)
+  TORCH_ARG(std::string, weights) = "";
+  /// tokenizer.json, vocab.json (merges.txt beside) or a folder of them ("" = tokenize() unavailable)
+  TORCH_ARG(std::string, tokenizer) = "";
+  /// compute dtype: float32, bfloat16 or float16 (parameters and outputs stay float32)
+  TORCH_ARG(std::string, dtype) = "float32";
+  TORCH_ARG(std::string, attention_impl) = "auto";
+  TORCH_ARG(bool, remat) = false;
+
+ public:
+  template <class V>
+  void visit(V& v) {
+    v("vocab_size", vocab_size_, "token ids are in [0, vocab_size)");
+    v("hidden_size", hidden_size_, "width of the states, context and pooled vector");
+    v("intermediate_size", intermediate_size_, "MLP hidden width");
+    v("num_hidden_layers", num_hidden_layers_, "transformer layers");
+    v("num_attention_heads", num_attention_heads_, "attention heads (hidden_size divisible by it)");
+    v("max_position_embeddings", max_position_embeddings_, "longest sequence; tokenize() pads/truncates to it");
+    v.choice("hidden_act", hidden_act_, {"quick_gelu", "gelu"}, "MLP activation");
+    v("layer_norm_eps", layer_norm_eps_, "LayerNorm epsilon");
+    v("bos_token_id", bos_token_id_, "HF config value (tokenize() uses the tokenizer's <|startoftext|>)");
+    v("eos_token_id", eos_token_id_, "pooled at the first eos_token_id; 2 = at argmax(ids) (OpenAI configs)");
+    v("pad_token_id", pad_token_id_, "HF config value (tokenize() pads with the tokenizer's pad token)");
+    v("weights", weights_, "safetensors file with CLIPTextModel names, loaded at build (\"\" = random init)");
+    v("tokenizer", tokenizer_, "CLIP tokenizer: tokenizer.json, vocab.json + merges.txt, or their folder");
+    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
+    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
+    v("remat", remat_, "recompute layer activations in backward (gradient checkpointing)");
+  }
+};
+
+/// One CLIP encoder layer. Parameters (relative): self_attn.{q,k,v,out}_proj.{weight,bias},
+/// layer_norm1.{weight,bias}, mlp.fc1.{weight,bias}, mlp.fc2.{weight,bias}, layer_norm2.{weight,bias}.
+class ClipEncoderLayerImpl : public torch::nn::Module {
+ public:
+  ClipEncoderLayerImpl(const ClipTextOptions& o);
+  /// x: [B, S, D] in the compute dtype; mask: bool [B, 1, S, S] (true = attend) -> [B, S, D]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& mask);
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm layer_norm1{nullptr}, layer_norm2{nullptr};
+
+ private:
+  int64_t heads_;
+  std::string act_, impl_;
+};
+TORCH_MODULE(ClipEncoderLayer);
+
+/// The CLIP text encoder. Parameters, exactly transformers' CLIPTextModel state dict:
+///   text_model.embeddings.token_embedding.weight [vocab_size, D]
+///   text_model.embeddings.position_embedding.weight [max_position_embeddings, D]
+///   text_model.encoder.layers.N.self_attn.{q,k,v,out}_proj.{weight [D, D], bias [D]}
+///   text_model.encoder.layers.N.layer_norm1.{weight,bias}, ....layer_norm2.{weight,bias} [D]
+///   text_model.encoder.layers.N.mlp.fc1.{weight [I, D], bias [I]}, ....mlp.fc2.{weight [D, I], bias [D]}
+///   text_model.final_layer_norm.{weight,bias} [D]
+class ClipTextImpl : public TextEncoderImpl {
+ public:
+  /// Builds, then loads `weights` and the `tokenizer` when set (errors name the file and the problem).
+  explicit ClipTextImpl(ClipTextOptions options = {});
+  void reset();
+  /// transformers' init: embeddings N(0, 0.02), attention and MLP weights N(0, D^-0.5 scaled), zero biases.
+  void reset_parameters();
+  /// Needs the `tokenizer` field: [bos, ..., eos, pad...] of length max_position_embeddings.
+  std::pair<at::Tensor, at::Tensor> tokenize(const std::vector<std::string>& texts) const override;
+  /// ids: [B, S] int64 in [0, vocab_size), S <= max_position_embeddings; mask: [B, S] bool (undefined =
+  /// all real). context = last_hidden_state (float32, not zeroed at padding), pooled as described above.
+  TextEncoding forward(const at::Tensor& ids, const at::Tensor& mask) override;
+  int64_t features() const override { return options.hidden_size(); }
+  /// The tokenizer, or null when none is configured.
+  const ClipTokenizer* clip_tokenizer() const { return tokenizer_.get(); }
+
+  ClipTextOptions options;
+  std::shared_ptr<torch::nn::Module> text_model, embeddings, encoder;
+  torch::nn::Embedding token_embedding{nullptr}, position_embedding{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  std::vector<ClipEncoderLayer> layer_list;  // typed view of `layers`
+  torch::nn::LayerNorm final_layer_norm{nullptr};
+
+ private:
+  at::ScalarType dtype_ = at::kFloat;
+  std::shared_ptr<const ClipTokenizer> tokenizer_;
+};
+TORCH_MODULE(ClipText);
+
+/// Loads a safetensors file into `model`: names are CLIPTextModel's ("text_model." prefix optional; a
+/// whole CLIPModel file's text_model.* entries are taken and its vision tower ignored; the buffer
+/// text_model.embeddings.position_ids of older files is skipped). Every parameter must be present with its
+/// exact shape and no other tensor may be left over; any dtype is converted to float32. Errors name the
+/// file and the offending tensors.
+void load_clip_text_weights(ClipTextImpl& model, const std::string& path);
+/// Writes the parameters under their CLIPTextModel names (float32) to `path`.
+void save_clip_text_weights(const ClipTextImpl& model, const std::string& path);
+
+}  // namespace dew::nn
