@@ -110,6 +110,53 @@ TEST(AllBackbones, EachFitsOneBatchInAFewSteps) {
   }
 }
 
+TEST(AllBackbones, ScanOrdersAreEquivariantWhereTheDesignSaysSo) {
+  // Attention is permutation-equivariant, the position table is indexed by each token's true grid cell
+  // and unpatchify applies the inverse permutation; RoPE is the identity under hilbert and zigzag. So a
+  // hilbert model and a zigzag model with the same weights compute the same function, while raster
+  // (RoPE over the sequence index) and an S5 mixer (a recurrence along the scan) see the order.
+  const json dit = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 2},
+                    {"in_channels", 1}, {"output_channels", 1}};
+  auto with = [](json base, const json& extra) {
+    base.update(extra);
+    return base;
+  };
+  struct Case {
+    std::string arch;
+    json fields;
+    bool order_free;  // hilbert == zigzag expected
+  };
+  const std::vector<Case> cases = {
+      {"simple_dit", dit, true},
+      {"simple_udit", dit, true},
+      {"hybrid_dit", with(dit, {{"ssm_attention_ratio", "all-attn"}}), true},
+      {"hybrid_dit", with(dit, {{"ssm_attention_ratio", "all-ssm"}, {"ssm_state_dim", 4}}), false},
+  };
+  auto batch = dew::test::fixed_batch({2, 1, 8, 12}, 5);
+  torch::NoGradGuard ng;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.arch + " " + c.fields.dump());
+    torch::manual_seed(4);
+    auto hil = dew::models::build(c.arch, with(c.fields, {{"scan_order", "hilbert"}}));
+    dew::test::randomize(*hil, 0.1);
+    auto zig = dew::models::build(c.arch, with(c.fields, {{"scan_order", "zigzag"}}));
+    auto ras = dew::models::build(c.arch, with(c.fields, {{"scan_order", "raster"}}));
+    dew::test::copy_parameters(*hil, *zig);
+    dew::test::copy_parameters(*hil, *ras);
+    const auto yh = hil->forward(batch.x_t, batch.t, {});
+    const double scale = yh.abs().max().item<double>();
+    ASSERT_GT(scale, 1e-3);
+    const double dz = dew::test::max_diff(yh, zig->forward(batch.x_t, batch.t, {}));
+    const double dr = dew::test::max_diff(yh, ras->forward(batch.x_t, batch.t, {}));
+    if (c.order_free) {
+      EXPECT_LT(dz, 1e-5 * (1 + scale)) << "hilbert and zigzag must agree";
+    } else {
+      EXPECT_GT(dz, 1e-4) << "an S5 mixer must see the scan order";
+    }
+    EXPECT_GT(dr, 1e-4) << "raster applies RoPE over the sequence index, so it differs";
+  }
+}
+
 TEST(AllBackbones, AMismatchedCheckpointIsAClearError) {
   auto tiny = tiny_models();
   auto small = dew::models::build(tiny[0].arch, tiny[0].fields);

@@ -1,6 +1,7 @@
 #include "dew/nn/backbones/hierarchical_mmdit.h"
 
 #include "dew/core/error.h"
+#include "dew/nn/backbones/dit_common.h"
 
 namespace dew::nn {
 
@@ -44,13 +45,8 @@ HierarchicalMMDiTImpl::HierarchicalMMDiTImpl(HierarchicalMMDiTOptions options_) 
   }
   DEW_CHECK(D[0] % 4 == 0, w, ": emb_features[0] must be a multiple of 4 (2D sin-cos table), got ", D[0]);
   DEW_CHECK(o.base_patch_size() > 0, w, ": base_patch_size must be > 0, got ", o.base_patch_size());
-  DEW_CHECK(o.in_channels() > 0, w, ": in_channels must be > 0, got ", o.in_channels());
-  DEW_CHECK(o.output_channels() > 0, w, ": output_channels must be > 0, got ", o.output_channels());
-  DEW_CHECK(o.mlp_ratio() > 0, w, ": mlp_ratio must be > 0, got ", o.mlp_ratio());
-  DEW_CHECK(o.dropout_rate() >= 0 && o.dropout_rate() < 1, w, ": dropout_rate must be in [0, 1), got ",
-            o.dropout_rate());
-  DEW_CHECK(o.norm_epsilon() > 0, w, ": norm_epsilon must be > 0, got ", o.norm_epsilon());
-  DEW_CHECK(o.num_classes() >= 0, w, ": num_classes must be >= 0, got ", o.num_classes());
+  check_channel_fields(o, w);
+  check_block_fields(o, w);
   DEW_CHECK(o.context_features() > 0, w,
             ": context_features must be > 0 (the model attends jointly over text and image tokens and cannot "
             "run without text), got ",
@@ -58,8 +54,7 @@ HierarchicalMMDiTImpl::HierarchicalMMDiTImpl(HierarchicalMMDiTOptions options_) 
   DEW_CHECK(o.scan_order() == "raster", w,
             ": scan_order must be raster (2x2 patch merging groups grid neighbours of the raster layout), got \"",
             o.scan_order(), "\"");
-  dtype_ = parse_compute_dtype(o.dtype(), w + ".dtype");
-  check_attention_impl(o.attention_impl(), w + ".attention_impl");
+  dtype_ = checked_compute_fields(o, w);
   reset();
 }
 
@@ -68,14 +63,7 @@ void HierarchicalMMDiTImpl::reset() {
   const auto &D = o.emb_features(), &NL = o.num_layers(), &NH = o.num_heads();
   const int64_t S = stages(), p = o.base_patch_size(), top = D.back();
   auto block = [&](int64_t s, bool pre_only) {
-    return MMDiTBlock(MMDiTBlockOptions(D[s], NH[s])
-                          .mlp_ratio(o.mlp_ratio())
-                          .dropout(o.dropout_rate())
-                          .norm_eps(o.norm_epsilon())
-                          .qk_norm(o.qk_norm())
-                          .attention_impl(o.attention_impl())
-                          .force_fp32_softmax(o.force_fp32_for_softmax())
-                          .context_pre_only(pre_only));
+    return MMDiTBlock(dit_block_options<MMDiTBlockOptions>(o, D[s], NH[s]).context_pre_only(pre_only));
   };
   // A stack of n blocks whose text output is discarded after the last one.
   auto stack = [&](int64_t s, int64_t n, torch::nn::ModuleList& list, std::vector<MMDiTBlock>& typed) {
@@ -91,11 +79,9 @@ void HierarchicalMMDiTImpl::reset() {
     typed.push_back(l);
   };
 
-  x_embedder = register_module("x_embedder",
-                               torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), D[0], p).stride(p)));
+  x_embedder = register_module("x_embedder", patch_embedder(o.in_channels(), D[0], p));
   t_embedder = register_module("t_embedder", TimeEmbedding(top));
-  if (o.num_classes() > 0)
-    y_embedder = register_module("y_embedder", torch::nn::Embedding(o.num_classes() + 1, top));
+  if (o.num_classes() > 0) y_embedder = register_module("y_embedder", label_embedder(o.num_classes(), top));
   pooled_text_embedder = register_module("pooled_text_embedder", torch::nn::Linear(o.context_features(), top));
 
   cond_projections = register_module("cond_projections", torch::nn::ModuleList());
@@ -132,18 +118,10 @@ void HierarchicalMMDiTImpl::reset() {
 void HierarchicalMMDiTImpl::reset_parameters() {
   // DiT's initialisation for the embeddings, xavier-uniform dense layers with zero biases; the blocks and the
   // final layer initialise themselves (adaLN-Zero, zero output).
-  torch::NoGradGuard no_grad;
-  const auto& w = x_embedder->weight;
-  torch::nn::init::xavier_uniform_(w.view({w.size(0), -1}));
-  x_embedder->bias.zero_();
-  if (!y_embedder.is_empty()) y_embedder->weight.normal_(0.0, 0.02);
   std::vector<torch::nn::Linear> dense_layers{pooled_text_embedder};
   for (const auto* list : {&cond_list, &context_list, &merge_list, &expand_list, &fusion_list})
     dense_layers.insert(dense_layers.end(), list->begin(), list->end());
-  for (auto& l : dense_layers) {
-    torch::nn::init::xavier_uniform_(l->weight);
-    l->bias.zero_();
-  }
+  init_dit_embedders(x_embedder, y_embedder, dense_layers);
 }
 
 Tensor HierarchicalMMDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {

@@ -1,6 +1,7 @@
 #include "dew/nn/backbones/mmdit.h"
 
 #include "dew/core/error.h"
+#include "dew/nn/backbones/dit_common.h"
 
 namespace dew::nn {
 
@@ -172,21 +173,7 @@ Tensor mmdit_condition(TimeEmbedding& t_embedder, const torch::nn::Embedding& y_
                        const torch::nn::Linear& pooled, int64_t num_classes, const Tensor& time,
                        const Conditioning& cond, const Tensor& text_mask, int64_t batch, at::ScalarType dtype,
                        const std::string& who) {
-  DEW_CHECK(time.dim() == 0 || (time.dim() == 1 && time.size(0) == batch), who, ": time must be [", batch,
-            "] or a scalar, got ", time.sizes());
-  Tensor c = t_embedder(time.dim() == 0 ? time.expand({batch}) : time, dtype);  // [B, D]
-  if (num_classes > 0) {
-    Tensor labels = cond.labels.defined() ? cond.labels.to(c.device())
-                                          : at::full({batch}, num_classes, c.options().dtype(at::kLong));
-    DEW_CHECK(labels.dim() == 1 && labels.size(0) == batch, who, ": labels must be [", batch, "], got ",
-              labels.sizes());
-    // One host sync; an out-of-range id would otherwise be a device-side assert on CUDA.
-    DEW_CHECK(!(labels.lt(0) | labels.gt(num_classes)).any().item<bool>(), who, ": labels must lie in [0, ",
-              num_classes, "] (", num_classes, " = null class)");
-    c = c + at::embedding(y_embedder->weight.to(dtype), labels.to(at::kLong));
-  } else {
-    DEW_CHECK(!cond.labels.defined(), who, ": labels given but num_classes is 0");
-  }
+  const Tensor c = time_label_condition(t_embedder, y_embedder, num_classes, time, cond, batch, dtype, who);
   return c + dense(masked_mean(cond.context, text_mask).to(dtype), pooled);
 }
 
@@ -195,20 +182,7 @@ Tensor mmdit_condition(TimeEmbedding& t_embedder, const torch::nn::Embedding& y_
 SimpleMMDiTImpl::SimpleMMDiTImpl(SimpleMMDiTOptions options_) : options(std::move(options_)) {
   const auto& o = options;
   const std::string w = "simple_mmdit";
-  DEW_CHECK(o.patch_size() > 0, w, ": patch_size must be > 0, got ", o.patch_size());
-  DEW_CHECK(o.in_channels() > 0, w, ": in_channels must be > 0, got ", o.in_channels());
-  DEW_CHECK(o.output_channels() > 0, w, ": output_channels must be > 0, got ", o.output_channels());
-  DEW_CHECK(o.num_layers() > 0, w, ": num_layers must be > 0, got ", o.num_layers());
-  DEW_CHECK(o.num_heads() > 0, w, ": num_heads must be > 0, got ", o.num_heads());
-  DEW_CHECK(o.emb_features() > 0 && o.emb_features() % 4 == 0, w,
-            ": emb_features must be a positive multiple of 4, got ", o.emb_features());
-  DEW_CHECK(o.emb_features() % o.num_heads() == 0 && (o.emb_features() / o.num_heads()) % 2 == 0, w,
-            ": emb_features / num_heads must be an even integer, got ", o.emb_features(), " / ", o.num_heads());
-  DEW_CHECK(o.mlp_ratio() > 0, w, ": mlp_ratio must be > 0, got ", o.mlp_ratio());
-  DEW_CHECK(o.dropout_rate() >= 0 && o.dropout_rate() < 1, w, ": dropout_rate must be in [0, 1), got ",
-            o.dropout_rate());
-  DEW_CHECK(o.norm_epsilon() > 0, w, ": norm_epsilon must be > 0, got ", o.norm_epsilon());
-  DEW_CHECK(o.num_classes() >= 0, w, ": num_classes must be >= 0, got ", o.num_classes());
+  check_dit_fields(o, w);
   DEW_CHECK(o.context_features() > 0, w,
             ": context_features must be > 0 (the model attends jointly over text and image tokens and cannot "
             "run without text), got ",
@@ -216,32 +190,22 @@ SimpleMMDiTImpl::SimpleMMDiTImpl(SimpleMMDiTOptions options_) : options(std::mov
   // The original offers raster and (use_hilbert) Hilbert order only.
   DEW_CHECK(o.scan_order() == "raster" || o.scan_order() == "hilbert", w,
             ": scan_order must be raster or hilbert, got \"", o.scan_order(), "\"");
-  dtype_ = parse_compute_dtype(o.dtype(), w + ".dtype");
-  check_attention_impl(o.attention_impl(), w + ".attention_impl");
+  dtype_ = checked_compute_fields(o, w);
   reset();
 }
 
 void SimpleMMDiTImpl::reset() {
   const auto& o = options;
   const int64_t d = o.emb_features(), p = o.patch_size();
-  x_embedder = register_module("x_embedder",
-                               torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), d, p).stride(p)));
+  x_embedder = register_module("x_embedder", patch_embedder(o.in_channels(), d, p));
   context_embedder = register_module("context_embedder", torch::nn::Linear(o.context_features(), d));
   t_embedder = register_module("t_embedder", TimeEmbedding(d));
-  if (o.num_classes() > 0)
-    y_embedder = register_module("y_embedder", torch::nn::Embedding(o.num_classes() + 1, d));
+  if (o.num_classes() > 0) y_embedder = register_module("y_embedder", label_embedder(o.num_classes(), d));
   pooled_text_embedder = register_module("pooled_text_embedder", torch::nn::Linear(o.context_features(), d));
   blocks = register_module("blocks", torch::nn::ModuleList());
   block_list.clear();
   for (int64_t i = 0; i < o.num_layers(); ++i) {
-    MMDiTBlock b(MMDiTBlockOptions(d, o.num_heads())
-                     .mlp_ratio(o.mlp_ratio())
-                     .dropout(o.dropout_rate())
-                     .norm_eps(o.norm_epsilon())
-                     .qk_norm(o.qk_norm())
-                     .attention_impl(o.attention_impl())
-                     .force_fp32_softmax(o.force_fp32_for_softmax())
-                     .context_pre_only(i + 1 == o.num_layers()));
+    MMDiTBlock b(dit_block_options<MMDiTBlockOptions>(o, d, o.num_heads()).context_pre_only(i + 1 == o.num_layers()));
     blocks->push_back(b);
     block_list.push_back(b);
   }
@@ -252,29 +216,18 @@ void SimpleMMDiTImpl::reset() {
 
 void SimpleMMDiTImpl::reset_parameters() {
   // DiT's initialisation; blocks and final layer initialise themselves (adaLN-Zero, zero output).
-  torch::NoGradGuard no_grad;
-  const auto& w = x_embedder->weight;  // xavier over the flattened [D, C p p] kernel, as a Linear
-  torch::nn::init::xavier_uniform_(w.view({w.size(0), -1}));
-  x_embedder->bias.zero_();
-  if (!y_embedder.is_empty()) y_embedder->weight.normal_(0.0, 0.02);
-  init_linear(context_embedder);
-  init_linear(pooled_text_embedder);
+  init_dit_embedders(x_embedder, y_embedder, {context_embedder, pooled_text_embedder});
 }
 
 Tensor SimpleMMDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
   const auto& o = options;
   const int64_t p = o.patch_size();
-  DEW_CHECK(x.dim() == 4 && x.size(1) == o.in_channels(), "simple_mmdit: x must be [B, ", o.in_channels(),
-            ", H, W], got ", x.sizes());
-  DEW_CHECK(x.size(2) % p == 0 && x.size(3) % p == 0, "simple_mmdit: H and W must be multiples of patch_size ", p,
-            ", got ", x.size(2), " x ", x.size(3));
+  check_patch_input(x, o.in_channels(), p, "simple_mmdit");
   const int64_t B = x.size(0);
   const Tensor mask = checked_text_mask(cond, B, o.context_features(), "simple_mmdit");
   const Grid g = grid(x.size(2) / p, x.size(3) / p, x.device());
 
-  Tensor h = conv(x.to(dtype_), x_embedder).flatten(2).transpose(1, 2);  // [B, N, D] raster
-  if (!g.scan.is_raster()) h = h.index_select(1, g.perm);                 // scan order
-  h = h + g.pos.to(dtype_);
+  Tensor h = embed_patches(x, x_embedder, g, dtype_);              // [B, N, D] in scan order
   Tensor txt = dense(cond.context.to(dtype_), context_embedder);  // [B, L, D]
 
   const Tensor c = mmdit_condition(t_embedder, y_embedder, pooled_text_embedder, o.num_classes(),
@@ -285,22 +238,8 @@ Tensor SimpleMMDiTImpl::forward(const Tensor& x, const Tensor& time, const Condi
 }
 
 SimpleMMDiTImpl::Grid SimpleMMDiTImpl::grid(int64_t gh, int64_t gw, const at::Device& device) {
-  std::lock_guard<std::mutex> lock(grid_mutex_);
-  if (grid_.h == gh && grid_.w == gw && grid_.device == device) return grid_;
   const int64_t d = options.emb_features();
-  Grid g;
-  g.h = gh;
-  g.w = gw;
-  g.device = device;
-  g.scan = make_scan(options.scan_order(), gh, gw);
-  g.perm = g.scan.perm.to(device);
-  // The table is indexed by each token's true grid position, whatever the scan order.
-  g.pos = sincos_2d_table(d, gh, gw).index_select(0, g.scan.perm).to(device);
-  // RoPE over the sequence index is a 1D position only in raster order (as simple_dit).
-  if (g.scan.is_raster())
-    g.rope = rope_1d(at::arange(gh * gw, at::TensorOptions(at::kLong).device(device)), d / options.num_heads());
-  grid_ = g;
-  return g;
+  return grid_cache_.get(options.scan_order(), gh, gw, d, d / options.num_heads(), device);
 }
 
 }  // namespace dew::nn

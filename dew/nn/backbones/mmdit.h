@@ -18,11 +18,11 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
-#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/dit_common.h"
 #include "dew/nn/blocks.h"
 #include "dew/nn/scan.h"
 
@@ -209,19 +209,11 @@ class SimpleMMDiTImpl : public BackboneImpl {
 
  private:
   // Per-grid constants (scan, position table, RoPE tables), built once per (grid, device).
-  struct Grid {
-    int64_t h = -1, w = -1;
-    at::Device device{at::kCPU};
-    Scan scan;
-    at::Tensor perm;  // scan.perm on the device
-    at::Tensor pos;   // [N, D] float32, in scan order
-    Rope rope;        // raster only
-  };
+  using Grid = PatchGrid;
   Grid grid(int64_t h, int64_t w, const at::Device& device);
 
   at::ScalarType dtype_ = at::kFloat;
-  std::mutex grid_mutex_;
-  Grid grid_;
+  PatchGridCache grid_cache_;
 };
 TORCH_MODULE(SimpleMMDiT);
 

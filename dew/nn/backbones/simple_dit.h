@@ -14,10 +14,10 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
 
-#include <mutex>
 #include <string>
 
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/dit_common.h"
 #include "dew/nn/blocks.h"
 #include "dew/nn/scan.h"
 
@@ -122,14 +122,7 @@ class SimpleDiTImpl : public BackboneImpl {
 
   // Per-grid constants (scan, position table, RoPE tables), built once per (grid, device) rather than
   // recomputed and copied to the device on every step.
-  struct Grid {
-    int64_t h = -1, w = -1;
-    at::Device device{at::kCPU};
-    Scan scan;
-    at::Tensor perm;  // scan.perm on the device
-    at::Tensor pos;   // [N, D] float32, in scan order
-    Rope rope;        // raster only
-  };
+  using Grid = PatchGrid;
   Grid grid(int64_t h, int64_t w, const at::Device& device);
   /// Checks x and returns its tokens [B, N, D] (compute dtype, scan order, position table added) and grid.
   at::Tensor embed(const at::Tensor& x, Grid& g);
@@ -141,8 +134,7 @@ class SimpleDiTImpl : public BackboneImpl {
   std::string arch_ = "simple_dit";
   bool build_blocks_ = true;
   at::ScalarType dtype_ = at::kFloat;
-  std::mutex grid_mutex_;
-  Grid grid_;
+  PatchGridCache grid_cache_;
 };
 TORCH_MODULE(SimpleDiT);
 
