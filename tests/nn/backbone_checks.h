@@ -1,6 +1,7 @@
 // Checks every backbone test applies: a fixed flow-matching batch (image or video), overfitting it,
 // gradients reaching every parameter, parameter copies between two builds.
 #pragma once
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <string>
@@ -79,6 +80,37 @@ inline std::vector<std::string> params_without_gradient(dew::BackboneImpl& model
     if (!g.defined() || g.abs().max().item<double>() == 0.0) out.push_back(kv.key());
   }
   return out;
+}
+
+/// remat must not change the function: a model built with remat true (same weights) gives the same output
+/// (1e-6) and the same gradients of the input and every parameter (1e-5) as without. `input`: the input
+/// shape, e.g. {2, 3, 8, 8} or {2, 1, 3, 8, 8}.
+inline void expect_remat_matches(const std::string& arch, const json& fields, const dew::Conditioning& cond,
+                                 const std::vector<int64_t>& input) {
+  auto plain = dew::models::build(arch, fields);
+  json rf = fields;
+  rf["remat"] = true;
+  auto re = dew::models::build(arch, rf);
+  randomize(*plain, 0.05);  // away from the zero-initialised layers, so every parameter has a gradient
+  copy_parameters(*plain, *re);
+  EXPECT_EQ(param_shapes(*plain), param_shapes(*re));
+  torch::manual_seed(5);
+  at::Tensor x = torch::randn(input), t = torch::rand({input[0]}), w = torch::randn(input);
+  std::vector<std::vector<at::Tensor>> grads;
+  std::vector<at::Tensor> outs;
+  for (auto* m : {plain.get(), re.get()}) {
+    m->zero_grad();
+    at::Tensor xi = x.clone().requires_grad_();
+    at::Tensor y = m->forward(xi, t, cond);
+    (y * w).sum().backward();
+    std::vector<at::Tensor> g{xi.grad()};
+    for (const auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
+    grads.push_back(g);
+    outs.push_back(y.detach());
+  }
+  EXPECT_LT(max_diff(outs[0], outs[1]), 1e-6) << arch;
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    EXPECT_LT(max_diff(grads[0][i], grads[1][i]), 1e-5) << arch << " grad " << i;
 }
 
 }  // namespace dew::test

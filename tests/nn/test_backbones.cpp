@@ -100,39 +100,13 @@ TEST(Backbones, UnetOverfitsOneBatch) {
 
 // ---- remat ----
 
-void expect_remat_matches(const std::string& arch, const json& fields, const dew::Conditioning& cond, int64_t H) {
-  auto plain = dew::models::build(arch, fields);
-  json rf = fields;
-  rf["remat"] = true;
-  auto re = dew::models::build(arch, rf);
-  randomize(*plain, 0.05);  // away from the zero-initialised layers, so every parameter has a gradient
-  copy_parameters(*plain, *re);
-  EXPECT_EQ(param_shapes(*plain), param_shapes(*re));
-  torch::manual_seed(5);
-  Tensor x = torch::randn({2, 3, H, H}), t = torch::rand({2}), w = torch::randn({2, 3, H, H});
-  std::vector<std::vector<Tensor>> grads;
-  std::vector<Tensor> outs;
-  for (auto* m : {plain.get(), re.get()}) {
-    m->zero_grad();
-    Tensor xi = x.clone().requires_grad_();
-    Tensor y = m->forward(xi, t, cond);
-    (y * w).sum().backward();
-    std::vector<Tensor> g{xi.grad()};
-    for (const auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
-    grads.push_back(g);
-    outs.push_back(y.detach());
-  }
-  EXPECT_LT(max_diff(outs[0], outs[1]), 1e-6);
-  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LT(max_diff(grads[0][i], grads[1][i]), 1e-5) << arch << " grad " << i;
-}
-
 TEST(Backbones, RematGivesTheSameGradients) {
   torch::manual_seed(3);
   dew::Conditioning text;
   text.context = torch::randn({2, 4, 8});
   text.context_mask = torch::tensor({1, 1, 0, 1, 1, 0, 0, 0}, at::kLong).view({2, 4}).to(at::kBool);
-  expect_remat_matches("simple_dit", tiny_dit({{"context_features", 8}}), text, 8);
-  expect_remat_matches("unet", tiny_unet({{"context_features", 8}}), text, 8);
+  expect_remat_matches("simple_dit", tiny_dit({{"context_features", 8}}), text, {2, 3, 8, 8});
+  expect_remat_matches("unet", tiny_unet({{"context_features", 8}}), text, {2, 3, 8, 8});
 }
 
 // ---- conditioning ----
