@@ -355,7 +355,7 @@ int cmd_sample(const std::vector<std::string>& args) {
 int cmd_eval(const std::vector<std::string>& args) {
   auto f = parse_flags(args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch"},
                        {"classifier"});
-  set_threads(f.get_int("threads", 0), Workload::kConv);  // the classifier is a small CNN
+  set_threads(f.get_int("threads", 0), Workload::kIntraOp);  // the classifier is a small CNN
   auto clf = metrics::fashion_classifier();
   std::cout << "classifier test accuracy " << clf.test_accuracy << (clf.trained_now ? " (trained now)" : " (cached)")
             << "\n";

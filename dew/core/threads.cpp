@@ -25,7 +25,9 @@ int64_t cores() { return std::max<int64_t>(1, std::thread::hardware_concurrency(
 }  // namespace
 
 Workload workload_of(const std::string& architecture) {
-  return architecture == "unet" || architecture == "unet_3d" ? Workload::kConv : Workload::kTransformer;
+  // dew bench --all: 2 intra + 1 BLAS was fastest for unet, unet_3d and six of the seven diffusion
+  // transformers (a tie for simple_dit); 1 + 2 for uvit and the language model.
+  return architecture == "causal_transformer" || architecture == "uvit" ? Workload::kGemm : Workload::kIntraOp;
 }
 
 int64_t set_threads(int64_t threads, Workload workload) {
@@ -36,14 +38,14 @@ int64_t set_threads(int64_t threads, Workload workload) {
   }
   if (threads == 0) {
     defaulted = true;
-    threads = workload == Workload::kConv ? std::min<int64_t>(2, cores()) : 1;
+    threads = workload == Workload::kIntraOp ? std::min<int64_t>(2, cores()) : 1;
   }
   at::set_num_threads(int(threads));
   // Intra-op threads and OpenBLAS threads on the same two cores oversubscribe them (2 + 2 ran a transformer
   // step 2.4x slower than 1 + 2), so OpenBLAS gets the cores LibTorch leaves.
   if (!std::getenv("OPENBLAS_NUM_THREADS")) {
     if (auto set = openblas_fn<void (*)(int)>("openblas_set_num_threads")) {
-      const int64_t blas = defaulted && workload == Workload::kTransformer ? std::min<int64_t>(2, cores())
+      const int64_t blas = defaulted && workload == Workload::kGemm ? std::min<int64_t>(2, cores())
                                                                              : std::max<int64_t>(1, cores() / threads);
       set(int(blas));
     }

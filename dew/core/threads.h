@@ -8,16 +8,20 @@ namespace dew {
 
 /// What a run mostly computes; the best thread split differs (docs/benchmarks.md).
 enum class Workload {
-  kConv,         // conv nets (unet, unet_3d, the classifier): oneDNN convolutions scale with intra-op threads
-  kTransformer,  // matmul-bound models: one intra-op thread, OpenBLAS threads inside each GEMM
+  // conv nets (oneDNN convolutions) and the diffusion transformers (many small ops over 49-64 tokens per
+  // image): LibTorch's intra-op threads
+  kIntraOp,
+  // the language model (large GEMMs over long sequences): one intra-op thread, OpenBLAS threads per GEMM
+  kGemm,
 };
 
-/// Workload of a registered architecture name ("unet" -> kConv, anything else -> kTransformer).
+/// Workload of a registered architecture name: causal_transformer and uvit -> kGemm, the other diffusion
+/// backbones -> kIntraOp (measured with `dew bench --all`, docs/benchmarks.md).
 Workload workload_of(const std::string& architecture);
 
 /// Sets LibTorch's intra-op threads and OpenBLAS's threads. threads > 0: that many intra-op threads.
 /// threads == 0: OMP_NUM_THREADS when set, else the measured default for the workload on this machine
-/// (kConv: min(2, cores) intra-op threads and 1 OpenBLAS thread; kTransformer: 1 intra-op thread and
+/// (kIntraOp: min(2, cores) intra-op threads and 1 OpenBLAS thread; kGemm: 1 intra-op thread and
 /// OpenBLAS on min(2, cores) threads). OPENBLAS_NUM_THREADS, when set, is left to OpenBLAS.
 /// Returns the intra-op thread count.
 int64_t set_threads(int64_t threads, Workload workload);

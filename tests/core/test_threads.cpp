@@ -30,10 +30,12 @@ int openblas_threads() {
 }
 
 TEST(Threads, WorkloadOfArchitecture) {
-  EXPECT_EQ(dew::workload_of("unet"), dew::Workload::kConv);
-  EXPECT_EQ(dew::workload_of("unet_3d"), dew::Workload::kConv);
-  EXPECT_EQ(dew::workload_of("simple_dit"), dew::Workload::kTransformer);
-  EXPECT_EQ(dew::workload_of("causal_transformer"), dew::Workload::kTransformer);
+  EXPECT_EQ(dew::workload_of("unet"), dew::Workload::kIntraOp);
+  EXPECT_EQ(dew::workload_of("unet_3d"), dew::Workload::kIntraOp);
+  EXPECT_EQ(dew::workload_of("simple_dit"), dew::Workload::kIntraOp);
+  EXPECT_EQ(dew::workload_of("hybrid_dit"), dew::Workload::kIntraOp);
+  EXPECT_EQ(dew::workload_of("uvit"), dew::Workload::kGemm);
+  EXPECT_EQ(dew::workload_of("causal_transformer"), dew::Workload::kGemm);
 }
 
 TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndOpenBLAS) {
@@ -42,24 +44,24 @@ TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndOpenBLAS) {
   const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
   const int64_t two = std::min<int64_t>(2, cores);
 
-  EXPECT_EQ(dew::set_threads(0, dew::Workload::kConv), two);
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), two);
   EXPECT_EQ(at::get_num_threads(), two);
   if (openblas_threads() > 0) EXPECT_EQ(openblas_threads(), std::max<int64_t>(1, cores / two));
 
-  EXPECT_EQ(dew::set_threads(0, dew::Workload::kTransformer), 1);
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kGemm), 1);
   EXPECT_EQ(at::get_num_threads(), 1);
   if (openblas_threads() > 0) EXPECT_EQ(openblas_threads(), two);
 
   setenv("OMP_NUM_THREADS", "1", 1);
-  EXPECT_EQ(dew::set_threads(0, dew::Workload::kConv), 1);  // the environment wins over the default
-  EXPECT_EQ(dew::set_threads(2, dew::Workload::kTransformer), 2);  // an explicit count wins over both
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), 1);  // the environment wins over the default
+  EXPECT_EQ(dew::set_threads(2, dew::Workload::kGemm), 2);  // an explicit count wins over both
   EXPECT_EQ(at::get_num_threads(), 2);
   unsetenv("OMP_NUM_THREADS");
   at::set_num_threads(before);
 }
 
 TEST(Threads, NegativeCountIsAnError) {
-  const auto msg = dew::test::error_of([] { dew::set_threads(-3, dew::Workload::kConv); });
+  const auto msg = dew::test::error_of([] { dew::set_threads(-3, dew::Workload::kIntraOp); });
   EXPECT_NE(msg.find("threads"), std::string::npos) << msg;
   EXPECT_NE(msg.find("-3"), std::string::npos) << msg;
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/simple_dit.h"
 #include "dew/nn/backbones/dit_common.h"
 #include "dew/nn/blocks.h"
 #include "dew/nn/scan.h"
@@ -115,66 +116,14 @@ at::Tensor mmdit_condition(TimeEmbedding& t_embedder, const torch::nn::Embedding
 
 // ---- SimpleMMDiT ----
 
-/// Fields of `simple_mmdit`. Example: SimpleMMDiTOptions().patch_size(2).emb_features(256).context_features(768)
-struct SimpleMMDiTOptions {
-  /// channels of the prediction, e.g. 3
-  TORCH_ARG(int64_t, output_channels) = 3;
-  /// patch side in pixels; H and W must be multiples of it, e.g. 16
-  TORCH_ARG(int64_t, patch_size) = 16;
-  /// width D of both streams (divisible by 4 and by num_heads), e.g. 768
-  TORCH_ARG(int64_t, emb_features) = 768;
-  /// number of joint blocks
-  TORCH_ARG(int64_t, num_layers) = 12;
-  /// attention heads; D / num_heads must be even (RoPE)
-  TORCH_ARG(int64_t, num_heads) = 12;
-  /// MLP hidden width = mlp_ratio * D
-  TORCH_ARG(double, mlp_ratio) = 4.0;
-  /// dropout in attention outputs and MLPs
-  TORCH_ARG(double, dropout_rate) = 0.0;
-  /// softmax in fp32 under bf16/fp16 compute
-  TORCH_ARG(bool, force_fp32_for_softmax) = true;
-  /// epsilon of the LayerNorms
-  TORCH_ARG(double, norm_epsilon) = 1e-5;
-  /// RMSNorm on queries and keys of both streams
-  TORCH_ARG(bool, qk_norm) = false;
-  /// token order of the image patches: raster or hilbert (the original's use_hilbert)
-  TORCH_ARG(std::string, scan_order) = "raster";
-  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32)
-  TORCH_ARG(std::string, dtype) = "float32";
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// recompute each block's activations in backward
-  TORCH_ARG(bool, remat) = false;
-  /// channels of the input, e.g. 3 (4 for SD latents)
-  TORCH_ARG(int64_t, in_channels) = 3;
-  /// classes of the label embedding; 0 = unconditional. The table has num_classes + 1 rows, the last
-  /// being the null class
-  TORCH_ARG(int64_t, num_classes) = 0;
-  /// width of the text context features (> 0: the model needs text), e.g. 768 (CLIP ViT-L/14)
-  TORCH_ARG(int64_t, context_features) = 768;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("output_channels", output_channels_, "channels of the prediction");
-    v("patch_size", patch_size_, "patch side in pixels (H and W must be multiples)");
-    v("emb_features", emb_features_, "width D of the image and text streams");
-    v("num_layers", num_layers_, "number of joint (MM-DiT) blocks");
-    v("num_heads", num_heads_, "attention heads (D / num_heads even)");
-    v("mlp_ratio", mlp_ratio_, "MLP hidden width = mlp_ratio * D");
-    v("dropout_rate", dropout_rate_, "dropout in attention outputs and MLPs");
-    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
-    v("norm_epsilon", norm_epsilon_, "LayerNorm epsilon");
-    v("qk_norm", qk_norm_, "RMSNorm on queries and keys of both streams");
-    v.choice("scan_order", scan_order_, {"raster", "hilbert", "zigzag"},
-             "token order of the image patches (raster or hilbert; zigzag is refused)");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute block activations in backward (gradient checkpointing)");
-    v("in_channels", in_channels_, "channels of the input");
-    v("num_classes", num_classes_, "label classes (0 = unconditional); label num_classes is the null class");
-    v("context_features", context_features_, "width of the text context features (must be > 0: text is required)");
-  }
+/// Fields of `simple_mmdit`: SimpleDiT's fields (dew/nn/backbones/simple_dit.h) with the same meaning, for
+/// both streams; scan_order raster or hilbert (the original's use_hilbert; zigzag is refused), and
+/// context_features defaults to 768 (CLIP ViT-L/14) because the model cannot run without text.
+/// Example: SimpleMMDiTOptions().patch_size(2).emb_features(256).context_features(768)
+struct SimpleMMDiTOptions : SimpleDiTOptions {
+  SimpleMMDiTOptions() { context_features(768); }
+  /// The SimpleDiT setters return SimpleDiTOptions&; this takes such a chain back.
+  /* implicit */ SimpleMMDiTOptions(const SimpleDiTOptions& o) : SimpleDiTOptions(o) {}
 };
 
 /// The SimpleMMDiT backbone. Parameters (names stable across dtype, attention_impl and remat):

@@ -9,26 +9,6 @@ namespace dew::nn {
 
 using at::Tensor;
 
-UnetOptions UNet3DOptions::unet_options() const {
-  return UnetOptions()
-      .output_channels(output_channels_)
-      .emb_features(emb_features_)
-      .feature_depths(feature_depths_)
-      .attention_configs(attention_configs_)
-      .num_res_blocks(num_res_blocks_)
-      .num_middle_res_blocks(num_middle_res_blocks_)
-      .activation(activation_)
-      .norm_groups(norm_groups_)
-      .in_channels(in_channels_)
-      .num_classes(num_classes_)
-      .context_features(context_features_)
-      .dropout_rate(dropout_rate_)
-      .force_fp32_for_softmax(force_fp32_for_softmax_)
-      .dtype(dtype_)
-      .attention_impl(attention_impl_)
-      .remat(remat_);
-}
-
 // ---- TemporalBlock ----
 
 TemporalBlockImpl::TemporalBlockImpl(TemporalBlockOptions options_) : options(std::move(options_)) {

@@ -1,7 +1,9 @@
 // UNet3D (SPEC section 5, `unet_3d`): the Unet body applied to every frame of a video, plus a
 // zero-initialised TemporalBlock at every level, so a 2D Unet checkpoint inflates directly.
 //
-//   auto model = dew::nn::UNet3D(dew::nn::UNet3DOptions().feature_depths({32, 64}).attention_configs({{}, 4}));
+//   dew::nn::UNet3DOptions o;
+//   o.feature_depths({32, 64}).attention_configs({{}, 4});
+//   auto model = dew::nn::UNet3D(o);
 //   at::Tensor F = model->forward(x, t, {});   // x: [B, 3, T, H, W] -> [B, 3, T, H, W]
 //   auto loaded = dew::nn::load_unet_weights(*model, unet_state);   // a trained `unet`'s parameters
 //
@@ -25,68 +27,20 @@
 
 namespace dew::nn {
 
-/// Fields of `unet_3d`: every field of `unet` plus temporal_heads.
-/// Example: UNet3DOptions().feature_depths({64, 128}).attention_configs({{}, 4}).temporal_heads(4)
-struct UNet3DOptions {
-  /// channels of the prediction
-  TORCH_ARG(int64_t, output_channels) = 3;
-  /// width of the time embedding, e.g. 256
-  TORCH_ARG(int64_t, emb_features) = 256;
-  /// channels per level, e.g. (64, 128, 256, 512); each a multiple of norm_groups
-  TORCH_ARG(std::vector<int64_t>, feature_depths) = std::vector<int64_t>{64, 128, 256, 512};
-  /// spatial attention heads per level, or null for none; one entry per level
-  TORCH_ARG(std::vector<std::optional<int64_t>>, attention_configs) =
-      std::vector<std::optional<int64_t>>{8, 8, 8, 8};
-  /// residual blocks per level on the way down (one more on the way up)
-  TORCH_ARG(int64_t, num_res_blocks) = 2;
-  /// (res, attention, res) groups in the middle
-  TORCH_ARG(int64_t, num_middle_res_blocks) = 1;
-  /// activation of the residual blocks: swish, silu, gelu, gelu_tanh, relu, mish
-  TORCH_ARG(std::string, activation) = "swish";
-  /// GroupNorm groups (residual blocks and temporal blocks)
-  TORCH_ARG(int64_t, norm_groups) = 8;
-  /// channels of the input
-  TORCH_ARG(int64_t, in_channels) = 3;
-  /// label classes (0 = unconditional); the table has num_classes + 1 rows, the last the null class
-  TORCH_ARG(int64_t, num_classes) = 0;
-  /// width of text context features for cross-attention; 0 = no text
-  TORCH_ARG(int64_t, context_features) = 0;
-  /// dropout inside residual blocks
-  TORCH_ARG(double, dropout_rate) = 0.0;
-  /// softmax in fp32 under bf16/fp16 compute
-  TORCH_ARG(bool, force_fp32_for_softmax) = true;
-  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32)
-  TORCH_ARG(std::string, dtype) = "float32";
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// recompute each block's activations in backward
-  TORCH_ARG(bool, remat) = false;
+/// Fields of `unet_3d`: every field of `unet` (the spatial body; norm_groups also sizes the temporal blocks'
+/// GroupNorm) plus temporal_heads. The unet setters return UnetOptions&, so set temporal_heads last:
+/// Example: UNet3DOptions o; o.feature_depths({64, 128}).attention_configs({{}, 4}); o.temporal_heads(4);
+struct UNet3DOptions : UnetOptions {
   /// heads of the temporal attention; must divide every feature depth, e.g. 8
   TORCH_ARG(int64_t, temporal_heads) = 8;
 
  public:
   /// The fields of the spatial body as `unet` options.
-  UnetOptions unet_options() const;
+  UnetOptions unet_options() const { return *this; }
 
   template <class V>
   void visit(V& v) {
-    v("output_channels", output_channels_, "channels of the prediction");
-    v("emb_features", emb_features_, "width of the time embedding");
-    v("feature_depths", feature_depths_, "channels per level (multiples of norm_groups)");
-    v("attention_configs", attention_configs_, "spatial attention heads per level, null for none");
-    v("num_res_blocks", num_res_blocks_, "residual blocks per level (one more on the way up)");
-    v("num_middle_res_blocks", num_middle_res_blocks_, "(res, attention, res) groups in the middle");
-    v.choice("activation", activation_, {"swish", "silu", "gelu", "gelu_tanh", "relu", "mish"},
-             "activation of the residual blocks");
-    v("norm_groups", norm_groups_, "GroupNorm groups (residual and temporal blocks)");
-    v("in_channels", in_channels_, "channels of the input");
-    v("num_classes", num_classes_, "label classes (0 = unconditional); label num_classes is the null class");
-    v("context_features", context_features_, "width of text context features (0 = no text)");
-    v("dropout_rate", dropout_rate_, "dropout inside residual blocks");
-    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute block activations in backward (gradient checkpointing)");
+    UnetOptions::visit(v);
     v("temporal_heads", temporal_heads_, "heads of the temporal attention (divides every feature depth)");
   }
 };
