@@ -153,6 +153,11 @@ TEST(Backbones, Bfloat16ComputeRunsAndStaysClose) {
 // ---- fields, names and the config round trip ----
 
 TEST(Backbones, UnknownFieldsAndBadValuesAreErrors) {
+  // a unet would ignore a text context without an attention level: refused, naming the fix
+  EXPECT_NE(error_of([] {
+              dew::models::build("unet", tiny_unet({{"attention_configs", {nullptr, nullptr}}, {"context_features", 8}}));
+            }).find("needs at least one attention level"),
+            std::string::npos);
   auto msg = error_of([] { dew::models::build("simple_dit", {{"num_layerz", 2}}); });
   EXPECT_NE(msg.find("unknown field \"num_layerz\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("num_layers"), std::string::npos) << msg;

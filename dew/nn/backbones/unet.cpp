@@ -1,5 +1,7 @@
 #include "dew/nn/backbones/unet.h"
 
+#include <algorithm>
+
 #include "dew/core/error.h"
 
 namespace dew::nn {
@@ -80,6 +82,14 @@ UnetImpl::UnetImpl(UnetOptions options_, std::string arch) : options(std::move(o
   DEW_CHECK(o.output_channels() > 0, w, ": output_channels must be > 0, got ", o.output_channels());
   DEW_CHECK(o.num_classes() >= 0, w, ": num_classes must be >= 0, got ", o.num_classes());
   DEW_CHECK(o.context_features() >= 0, w, ": context_features must be >= 0, got ", o.context_features());
+  // The text context reaches the unet only through cross-attention; without an attention level it would
+  // be silently ignored (a "text-conditioned" run that learns an unconditional model).
+  DEW_CHECK(o.context_features() == 0 ||
+                std::any_of(o.attention_configs().begin(), o.attention_configs().end(),
+                            [](const std::optional<int64_t>& h) { return h.has_value(); }),
+            w, ": context_features = ", o.context_features(),
+            " needs at least one attention level (text enters through cross-attention); set attention_configs, "
+            "e.g. [null, 4]");
   DEW_CHECK(o.dropout_rate() >= 0 && o.dropout_rate() < 1, w, ": dropout_rate must be in [0, 1), got ", o.dropout_rate());
   activation(at::zeros({1}), o.activation());
   dtype_ = parse_compute_dtype(o.dtype(), w + ".dtype");
