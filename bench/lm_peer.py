@@ -30,10 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import peer  # noqa: E402  (the diffusion peer: the shared result line and BLAS probe)
-
-# The step's hyper-parameters, as dew bench's C++ side (dew::training::OptimOptions, EMA).
-LR, BETAS, EPS, WEIGHT_DECAY, EMA_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01, 0.995
+import peer  # noqa: E402  (the diffusion peer: the training step's optimizer/EMA, result line, BLAS probe)
 
 # Fields this peer implements only at one value (dew's default), and the ones it implements.
 FIXED = {"mlp": "swiglu", "partial_rotary_factor": 1.0, "layer_types": [], "scale_offset": 0.0,
@@ -187,35 +184,17 @@ def build(fields, seq_needed):
     return CausalTransformer(f)
 
 
-class Step:
-    """One training step: forward, cross entropy, backward, AdamW, EMA."""
+class Step(peer.TrainStep):
+    """One training step: forward, cross entropy, then the diffusion peer's backward, AdamW, EMA."""
 
     def __init__(self, model, tokens):
-        self.model, self.tokens = model, tokens
-        self.params = list(model.parameters())
-        groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
-                  {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
-        self.opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
-        self.ema = [p.detach().clone().float() for p in self.params]
-        self.step = 0
+        super().__init__(model)
+        self.tokens = tokens
 
-    def run(self):
-        t0 = time.perf_counter()
+    def loss(self):
         inputs, targets = self.tokens[:, :-1], self.tokens[:, 1:]
         logits = self.model(inputs)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        self.opt.step()
-        with torch.no_grad():
-            d = min(EMA_DECAY, (1 + self.step) / (10 + self.step))
-            for e, p in zip(self.ema, self.params):
-                e.mul_(d).add_(p, alpha=1 - d)
-        self.opt.zero_grad()
-        t3 = time.perf_counter()
-        self.step += 1
-        return t1 - t0, t2 - t1, t3 - t2, loss.item()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 @torch.no_grad()

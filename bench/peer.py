@@ -350,34 +350,18 @@ def build(model, fields):
 
 # ---- the training step ----
 
-class Step:
-    """One diffusion training step: EDM inputs, forward, loss, backward, AdamW, EMA."""
+class TrainStep:
+    """A training step around `loss()`: backward, AdamW (decay on matrices only, as dew's optimizer: biases
+    and norm scales are not decayed), then an fp32 EMA of every parameter. Subclasses provide loss()."""
 
-    def __init__(self, model, x0, labels, seed, context=None, context_mask=None):
-        self.model, self.x0, self.labels = model, x0, labels
-        self.text = {} if context is None else {"context": context, "context_mask": context_mask}
-        self.gen = torch.Generator().manual_seed(seed)
+    def __init__(self, model):
+        self.model = model
         self.params = [p for p in model.parameters()]
-        # Decay on matrices only, as dew's optimizer (biases and norm scales are not decayed).
         groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
                   {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
         self.opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
         self.ema = [p.detach().clone().float() for p in self.params]
         self.step = 0
-
-    def loss(self):
-        x0, B = self.x0, self.x0.shape[0]
-        sigma64 = (P_MEAN + P_STD * torch.randn(B, dtype=torch.float64, generator=self.gen)).exp()
-        eps = torch.randn(x0.shape, generator=self.gen)
-        sigma = sigma64.float().view(B, 1, 1, 1)
-        x_t = x0 + sigma * eps
-        c_in = 1 / (sigma ** 2 + SIGMA_DATA ** 2).sqrt()
-        c_skip = SIGMA_DATA ** 2 / (sigma ** 2 + SIGMA_DATA ** 2)
-        c_out = sigma * SIGMA_DATA / (sigma ** 2 + SIGMA_DATA ** 2).sqrt()
-        weight = ((sigma64 ** 2 + SIGMA_DATA ** 2) / (sigma64 * SIGMA_DATA) ** 2).float()
-        F_x = self.model(x_t * c_in, (sigma64.log() / 4).float(), self.labels, **self.text)
-        D = c_skip * x_t + c_out * F_x
-        return (0.5 * ((D - x0) ** 2).flatten(1).mean(1) * weight).mean()
 
     def run(self):
         """Returns (forward, backward, optimizer) seconds and the loss."""
@@ -395,6 +379,30 @@ class Step:
         t3 = time.perf_counter()
         self.step += 1
         return t1 - t0, t2 - t1, t3 - t2, loss.item()
+
+
+class Step(TrainStep):
+    """One diffusion training step: EDM inputs, forward, loss, then TrainStep's backward, AdamW, EMA."""
+
+    def __init__(self, model, x0, labels, seed, context=None, context_mask=None):
+        super().__init__(model)
+        self.x0, self.labels = x0, labels
+        self.text = {} if context is None else {"context": context, "context_mask": context_mask}
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def loss(self):
+        x0, B = self.x0, self.x0.shape[0]
+        sigma64 = (P_MEAN + P_STD * torch.randn(B, dtype=torch.float64, generator=self.gen)).exp()
+        eps = torch.randn(x0.shape, generator=self.gen)
+        sigma = sigma64.float().view(B, 1, 1, 1)
+        x_t = x0 + sigma * eps
+        c_in = 1 / (sigma ** 2 + SIGMA_DATA ** 2).sqrt()
+        c_skip = SIGMA_DATA ** 2 / (sigma ** 2 + SIGMA_DATA ** 2)
+        c_out = sigma * SIGMA_DATA / (sigma ** 2 + SIGMA_DATA ** 2).sqrt()
+        weight = ((sigma64 ** 2 + SIGMA_DATA ** 2) / (sigma64 * SIGMA_DATA) ** 2).float()
+        F_x = self.model(x_t * c_in, (sigma64.log() / 4).float(), self.labels, **self.text)
+        D = c_skip * x_t + c_out * F_x
+        return (0.5 * ((D - x0) ** 2).flatten(1).mean(1) * weight).mean()
 
 
 def blas_core():
