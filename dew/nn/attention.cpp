@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "dew/core/error.h"
+#include "dew/nn/fused.h"
 
 namespace dew::nn {
 
@@ -114,7 +115,14 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   } else if (impl == "sdpa") {
     out = attention_sdpa(q, k, v, m);
   } else if (impl == "auto") {
-    out = sdpa_available() ? attention_sdpa(q, k, v, m) : attention_reference(q, k, v, m, force_fp32_softmax);
+    // Without sdpa (LibTorch 1.x), small unmasked float32 attention on the CPU runs the fused kernel.
+    if (sdpa_available()) {
+      out = attention_sdpa(q, k, v, m);
+    } else if (!m.defined() && fused_attention_applies(q, k, v)) {
+      out = fused_attention(q, k, v);
+    } else {
+      out = attention_reference(q, k, v, m, force_fp32_softmax);
+    }
   } else {
     check_attention_impl(impl, "attention_impl");
   }
@@ -126,8 +134,7 @@ Tensor dense(const Tensor& x, const torch::nn::Linear& layer) {
   const auto dt = x.scalar_type();
   const Tensor& w = layer->weight;
   const Tensor& b = layer->bias;
-  return torch::linear(x, w.scalar_type() == dt ? w : w.to(dt),
-                       !b.defined() || b.scalar_type() == dt ? b : b.to(dt));
+  return row_parallel_linear(x, w.scalar_type() == dt ? w : w.to(dt), !b.defined() || b.scalar_type() == dt ? b : b.to(dt));
 }
 
 // ---- HeadNorm ----

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "dew/core/error.h"
+#include "dew/nn/fused.h"
 
 namespace dew::nn {
 
@@ -31,7 +32,7 @@ const std::vector<std::string>& activations() {
 Tensor activation(const Tensor& x, const std::string& name) {
   if (name == "swish" || name == "silu") return at::silu(x);
   if (name == "gelu") return at::gelu(x);
-  if (name == "gelu_tanh") return at::gelu(x, "tanh");
+  if (name == "gelu_tanh") return gelu_tanh(x);
   if (name == "relu") return at::relu(x);
   if (name == "mish") return at::mish(x);
   fail("activation: got \"", name, "\", accepted: swish, silu, gelu, gelu_tanh, relu, mish");
@@ -64,6 +65,13 @@ Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer) {
 Tensor group_norm_fp32(const Tensor& x, const torch::nn::GroupNorm& layer) {
   const auto& o = layer->options;
   return at::group_norm(x.to(at::kFloat), o.num_groups(), layer->weight, layer->bias, o.eps()).to(x.scalar_type());
+}
+
+Tensor group_norm_act(const Tensor& x, const torch::nn::GroupNorm& layer, const std::string& act) {
+  const auto& o = layer->options;
+  if ((act == "swish" || act == "silu") && x.scalar_type() == at::kFloat && o.affine())
+    return group_norm_silu(x, o.num_groups(), layer->weight, layer->bias, o.eps());
+  return activation(group_norm_fp32(x, layer), act);
 }
 
 Tensor masked_mean(const Tensor& x, const Tensor& mask) {
@@ -246,10 +254,10 @@ Tensor ResBlockImpl::forward(const Tensor& x, const Tensor& temb) {
                 temb.size(1) == o.emb_features(),
             "ResBlock: x must be [B, ", o.in_channels(), ", H, W] and temb [B, ", o.emb_features(), "], got ",
             x.sizes(), " and ", temb.sizes());
-  Tensor h = conv(activation(group_norm_fp32(x, norm1), o.activation()), conv1);                 // [B, out, H, W]
+  Tensor h = conv(group_norm_act(x, norm1, o.activation()), conv1);                               // [B, out, H, W]
   Tensor t = dense(activation(temb.to(x.scalar_type()), o.activation()), time_emb_proj);       // [B, out]
   h = h + t.unsqueeze(-1).unsqueeze(-1);
-  h = torch::dropout(activation(group_norm_fp32(h, norm2), o.activation()), o.dropout(), is_training());
+  h = torch::dropout(group_norm_act(h, norm2, o.activation()), o.dropout(), is_training());
   h = conv(h, conv2);
   return (conv_shortcut.is_empty() ? x : conv(x, conv_shortcut)) + h;
 }

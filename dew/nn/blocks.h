@@ -44,6 +44,9 @@ Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale);
 Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer);
 /// GroupNorm computed in fp32 with the module's affine parameters, returned in x's dtype.
 Tensor group_norm_fp32(const Tensor& x, const torch::nn::GroupNorm& layer);
+/// activation(group_norm_fp32(x, layer), act); swish/silu on float32 CPU tensors run the fused kernel of
+/// dew/nn/fused.h.
+Tensor group_norm_act(const Tensor& x, const torch::nn::GroupNorm& layer, const std::string& act);
 /// Mean of x: [B, L, D] over the tokens where mask [B, L] (bool) is true (all tokens when mask is
 /// undefined; zeros for a row with none) -> [B, D] float32.
 Tensor masked_mean(const Tensor& x, const Tensor& mask);

@@ -4,6 +4,7 @@
 
 #include "dew/core/error.h"
 #include "dew/nn/blocks.h"
+#include "dew/nn/fused.h"
 
 namespace dew::nn {
 
@@ -165,7 +166,7 @@ void GatedMLPImpl::reset_parameters() {
 
 Tensor GatedMLPImpl::forward(const Tensor& x) {
   Tensor g = dense(x, gate_proj);
-  g = options.mlp() == "swiglu" ? at::silu(g) : at::gelu(g, "tanh");
+  g = options.mlp() == "swiglu" ? at::silu(g) : gelu_tanh(g);
   return dense(g * dense(x, up_proj), down_proj);
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dew/core/error.h"
+#include "dew/nn/fused.h"
 #include "dew/nn/scan.h"
 
 namespace dew::nn {
@@ -80,7 +81,7 @@ void GegluMlpImpl::reset_parameters() {
 
 Tensor GegluMlpImpl::forward(const Tensor& x) {
   auto ag = dense(x, net_0).chunk(2, -1);  // the linear half first, then the gate (as FlaxGEGLU)
-  return torch::dropout(dense(ag[0] * at::gelu(ag[1], "tanh"), net_2), dropout, is_training());
+  return torch::dropout(dense(ag[0] * gelu_tanh(ag[1]), net_2), dropout, is_training());
 }
 
 // ---- UViTBlock ----
@@ -256,7 +257,7 @@ Tensor UViTImpl::forward(const Tensor& x, const Tensor& time_in, const Condition
   // Time token: Fourier features -> Dense -> GELU -> Dense -> GELU (FlaxDiff's TimeProjection).
   auto& te = t_embedder;
   Tensor tf = te->fourier(time.dim() == 0 ? time.expand({B}) : time).to(dtype_);
-  tokens.push_back(at::gelu(dense(at::gelu(dense(tf, te->linear_1), "tanh"), te->linear_2), "tanh").unsqueeze(1));
+  tokens.push_back(gelu_tanh(dense(gelu_tanh(dense(tf, te->linear_1)), te->linear_2)).unsqueeze(1));
   if (o.num_classes() > 0) {
     Tensor labels = cond.labels.defined() ? cond.labels : at::full({B}, o.num_classes(), x.options().dtype(at::kLong));
     DEW_CHECK(labels.dim() == 1 && labels.size(0) == B, "uvit: labels must be [", B, "], got ", labels.sizes());

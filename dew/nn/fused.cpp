@@ -1,0 +1,578 @@
+#include "dew/nn/fused.h"
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "dew/core/error.h"
+
+// The kernels pass 64-byte vectors between always-inline helpers only; the ABI note does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace dew::nn {
+
+// ---- the kernels, compiled once per instruction set ----
+namespace kernels {
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define DEW_FUSED_X86 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx2,fma")
+namespace avx512 {
+#include "dew/nn/fused_kernels.inc"
+}
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace avx2 {
+#include "dew/nn/fused_kernels.inc"
+}
+#pragma GCC pop_options
+#endif
+namespace base {
+#include "dew/nn/fused_kernels.inc"
+}
+}  // namespace kernels
+
+namespace {
+
+struct KernelSet {
+  const char* isa;
+  decltype(&kernels::base::gelu_forward) gelu_forward;
+  decltype(&kernels::base::gelu_backward) gelu_backward;
+  decltype(&kernels::base::span_moments) span_moments;
+  decltype(&kernels::base::span_affine_silu) span_affine_silu;
+  decltype(&kernels::base::span_silu_grad) span_silu_grad;
+  decltype(&kernels::base::span_combine) span_combine;
+  decltype(&kernels::base::rows_moments) rows_moments;
+  decltype(&kernels::base::rows_affine_silu) rows_affine_silu;
+  decltype(&kernels::base::rows_silu_grad) rows_silu_grad;
+  decltype(&kernels::base::rows_combine) rows_combine;
+  decltype(&kernels::base::attention_forward) attention_forward;
+  decltype(&kernels::base::attention_backward) attention_backward;
+};
+
+#define DEW_KERNEL_SET(NS)                                                                                     \
+  KernelSet {                                                                                                  \
+    #NS, kernels::NS::gelu_forward, kernels::NS::gelu_backward, kernels::NS::span_moments,                  \
+        kernels::NS::span_affine_silu, kernels::NS::span_silu_grad, kernels::NS::span_combine,               \
+        kernels::NS::rows_moments, kernels::NS::rows_affine_silu, kernels::NS::rows_silu_grad,               \
+        kernels::NS::rows_combine, kernels::NS::attention_forward, kernels::NS::attention_backward           \
+  }
+
+bool cpu_has(const std::string& isa) {
+#ifdef DEW_FUSED_X86
+  __builtin_cpu_init();
+  if (isa == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return isa == "base";
+}
+
+KernelSet kernel_set(const std::string& isa) {
+#ifdef DEW_FUSED_X86
+  if (isa == "avx512") return DEW_KERNEL_SET(avx512);
+  if (isa == "avx2") return DEW_KERNEL_SET(avx2);
+#endif
+  return DEW_KERNEL_SET(base);
+}
+
+KernelSet& active() {
+  static KernelSet k = kernel_set(cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "base");
+  return k;
+}
+
+// Splits n items into parallel chunks of at least `grain`.
+template <class F>
+void parallel(int64_t n, int64_t grain, const F& f) {
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) { f(begin, end); });
+}
+
+constexpr int64_t kElementGrain = 1 << 15;
+
+int64_t padded_lanes(int64_t n) { return (n + 15) / 16 * 16; }  // kernels' kLanes
+
+// The element-wise kernels run over x's storage when it is dense; `like` gives dy the same strides.
+Tensor dense(const Tensor& t) { return t.is_non_overlapping_and_dense() ? t : t.contiguous(); }
+Tensor same_strides(const Tensor& t, const Tensor& like) {
+  if (t.strides() == like.strides()) return t;
+  return at::empty_like(like).copy_(t);
+}
+
+// ---- GELU ----
+
+struct GeluTanhFunction : public torch::autograd::Function<GeluTanhFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& input) {
+    const Tensor x = dense(input);
+    ctx->save_for_backward({input});  // the input itself, so a create_graph backward stays connected
+    Tensor y = at::empty_like(x);
+    const float* xp = x.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const auto& k = active();
+    parallel(x.numel(), kElementGrain, [&](int64_t b, int64_t e) { k.gelu_forward(xp + b, yp + b, e - b); });
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Tensor input = ctx->get_saved_variables()[0];
+    if (!grads[0].defined()) return {Tensor()};
+    // create_graph: a differentiable backward from ATen's formula.
+    if (at::GradMode::is_enabled()) return {at::gelu_backward(grads[0], input, "tanh")};
+    const Tensor x = dense(input);
+    const Tensor dy = same_strides(grads[0], x);
+    Tensor dx = at::empty_like(x);
+    const float *xp = x.data_ptr<float>(), *gp = dy.data_ptr<float>();
+    float* dp = dx.data_ptr<float>();
+    const auto& k = active();
+    parallel(x.numel(), kElementGrain, [&](int64_t b, int64_t e) { k.gelu_backward(xp + b, gp + b, dp + b, e - b); });
+    return {dx};
+  }
+};
+
+// ---- GroupNorm + SiLU ----
+
+// Layout of x: [B, C, S] with each channel's S values contiguous (NCHW), or [B, S, C] rows (channels last).
+struct NormShape {
+  int64_t B, C, S, G, cpg;
+  bool rows;
+};
+
+NormShape norm_shape(const Tensor& x, int64_t groups) {
+  NormShape s{x.size(0), x.size(1), x.numel() / std::max<int64_t>(1, x.size(0) * x.size(1)), groups,
+              x.size(1) / groups, false};
+  s.rows = x.dim() == 4 ? x.is_contiguous(at::MemoryFormat::ChannelsLast)
+                        : x.dim() == 5 && x.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+  s.rows = s.rows && !x.is_contiguous();  // a tensor contiguous both ways (S = 1 or C = 1) is NCHW here
+  return s;
+}
+
+Tensor layout_of(const Tensor& t, const NormShape& s, int64_t dim) {
+  if (!s.rows) return t.contiguous();
+  return t.contiguous(dim == 5 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast);
+}
+
+// Per-group statistics of one sample, in shifted coordinates: x - K for the group's shift K.
+struct GroupStats {
+  const float* shift;  // K: [B, G]
+  const float* dmean;  // mean - K: [B, G]
+  const float* rstd;   // [B, G]
+};
+
+// Per-channel K, a, b with silu(a (x - K) + b) = silu(gamma (x - mean) rstd + beta) for sample n.
+void channel_affine(const NormShape& s, int64_t n, const GroupStats& st, const float* gamma, const float* beta,
+                    float* centre, float* a, float* b) {
+  for (int64_t c = 0; c < s.C; ++c) {
+    const int64_t g = n * s.G + c / s.cpg;
+    centre[c] = st.shift[g];
+    a[c] = st.rstd[g] * gamma[c];
+    b[c] = beta[c] - st.dmean[g] * a[c];
+  }
+}
+
+struct GroupNormSiluFunction : public torch::autograd::Function<GroupNormSiluFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                        const Tensor& bias, int64_t groups, double eps) {
+    const NormShape s = norm_shape(input, groups);
+    const Tensor x = layout_of(input, s, input.dim());
+    const Tensor w = weight.contiguous(), bi = bias.contiguous();
+    Tensor stats = at::empty({3, s.B, s.G}, x.options());  // K, mean - K, rstd
+    Tensor y = at::empty_like(x);
+    const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>(), *bp = bi.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    float *kp = stats.data_ptr<float>(), *dmp = kp + s.B * s.G, *rp = dmp + s.B * s.G;
+    const GroupStats st{kp, dmp, rp};
+    const auto& k = active();
+    const double count = static_cast<double>(s.cpg * s.S);
+    // sum(x - K) and sum((x - K)^2) with K the group's first value: var = E[(x-K)^2] - E[x-K]^2 in one pass.
+    auto finish = [&](int64_t ng, double sum, double sq, float shift) {
+      const double dm = sum / count;
+      kp[ng] = shift;
+      dmp[ng] = static_cast<float>(dm);
+      rp[ng] = static_cast<float>(1.0 / std::sqrt(std::max(0.0, sq / count - dm * dm) + eps));
+    };
+    if (!s.rows) {
+      parallel(s.B * s.G, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t bg = begin; bg < end; ++bg) {
+          const float* xg = xp + bg * s.cpg * s.S;  // the group's channels are consecutive spans
+          double sum = 0, sq = 0;
+          k.span_moments(xg, s.cpg * s.S, xg[0], &sum, &sq);
+          finish(bg, sum, sq, xg[0]);
+          const int64_t n = bg / s.G, c0 = (bg % s.G) * s.cpg;
+          for (int64_t c = c0; c < c0 + s.cpg; ++c) {
+            const float a = rp[bg] * wp[c], b = bp[c] - dmp[bg] * a;
+            const int64_t off = (n * s.C + c) * s.S;
+            k.span_affine_silu(xp + off, yp + off, s.S, kp[bg], a, b);
+          }
+        }
+      });
+    } else {
+      parallel(s.B, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> centre(s.C), a(s.C), b(s.C);
+        std::vector<double> sum(s.C), sq(s.C);
+        for (int64_t n = begin; n < end; ++n) {
+          const float* xn = xp + n * s.S * s.C;
+          for (int64_t c = 0; c < s.C; ++c) centre[c] = xn[(c / s.cpg) * s.cpg];  // the first pixel's value
+          std::fill(sum.begin(), sum.end(), 0.0);
+          std::fill(sq.begin(), sq.end(), 0.0);
+          k.rows_moments(xn, s.S, s.C, centre.data(), sum.data(), sq.data());
+          for (int64_t g = 0; g < s.G; ++g) {
+            double gs = 0, gq = 0;
+            for (int64_t c = g * s.cpg; c < (g + 1) * s.cpg; ++c) {
+              gs += sum[c];
+              gq += sq[c];
+            }
+            finish(n * s.G + g, gs, gq, centre[g * s.cpg]);
+          }
+          channel_affine(s, n, st, wp, bp, centre.data(), a.data(), b.data());
+          k.rows_affine_silu(xn, yp + n * s.S * s.C, s.S, s.C, centre.data(), a.data(), b.data());
+        }
+      });
+    }
+    // The inputs themselves (x, w and bi are the same tensors unless a copy was needed), so a
+    // create_graph backward stays connected to them.
+    ctx->save_for_backward({input, weight, bias, stats});
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["eps"] = eps;
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const int64_t groups = ctx->saved_data["groups"].toInt();
+    torch::autograd::variable_list out(5);
+    if (!grads[0].defined()) return out;
+    if (at::GradMode::is_enabled()) {
+      // create_graph: differentiate the ATen composite instead, so the result is itself differentiable.
+      const Tensor y = at::silu(at::group_norm(saved[0], groups, saved[1], saved[2], ctx->saved_data["eps"].toDouble()));
+      std::vector<Tensor> wrt;
+      std::vector<size_t> slot;
+      for (size_t i = 0; i < 3; ++i)
+        if (saved[i].requires_grad()) {
+          wrt.push_back(saved[i]);
+          slot.push_back(i);
+        }
+      if (wrt.empty()) return out;
+      auto g = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true);
+      for (size_t j = 0; j < slot.size(); ++j) out[slot[j]] = g[j];
+      return out;
+    }
+    const NormShape s = norm_shape(saved[0], groups);
+    const Tensor x = layout_of(saved[0], s, saved[0].dim());
+    const Tensor w = saved[1].contiguous(), bi = saved[2].contiguous(), stats = saved[3];
+    const Tensor dy = layout_of(grads[0], s, x.dim());
+    Tensor dx = at::empty_like(x);
+    // Per (sample, channel) sums of the SiLU-side gradient g and of g (x - K); reduced over the batch at the end.
+    Tensor sums = at::empty({2, s.B, s.C}, x.options().dtype(at::kDouble));
+    const float *xp = x.data_ptr<float>(), *gp = dy.data_ptr<float>(), *wp = w.data_ptr<float>(),
+                *bp = bi.data_ptr<float>(), *kp = stats.data_ptr<float>();
+    const GroupStats st{kp, kp + s.B * s.G, kp + 2 * s.B * s.G};
+    float* dp = dx.data_ptr<float>();
+    double* sg = sums.data_ptr<double>();
+    double* sgx = sg + s.B * s.C;
+    const auto& k = active();
+    const double count = static_cast<double>(s.cpg * s.S);
+    // dx = rstd (gamma g - mean(gamma g) - xhat mean(gamma g xhat)) = p_c g + q (x - K) + r per group.
+    auto group_coefficients = [&](int64_t n, int64_t grp, float* p, float* q, float* r) {
+      const int64_t ng = n * s.G + grp;
+      const double dm = st.dmean[ng], rs = st.rstd[ng];
+      double m1 = 0, m2 = 0;
+      for (int64_t c = grp * s.cpg; c < (grp + 1) * s.cpg; ++c) {
+        const int64_t nc = n * s.C + c;
+        m1 += wp[c] * sg[nc];
+        m2 += wp[c] * rs * (sgx[nc] - dm * sg[nc]);
+      }
+      m1 /= count;
+      m2 /= count;
+      for (int64_t c = grp * s.cpg; c < (grp + 1) * s.cpg; ++c) p[c] = static_cast<float>(rs * wp[c]);
+      *q = static_cast<float>(-rs * rs * m2);
+      *r = static_cast<float>(rs * (rs * m2 * dm - m1));
+    };
+    if (!s.rows) {
+      parallel(s.B * s.G, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> p(s.C);
+        for (int64_t bg = begin; bg < end; ++bg) {
+          const int64_t n = bg / s.G, grp = bg % s.G, c0 = grp * s.cpg;
+          for (int64_t c = c0; c < c0 + s.cpg; ++c) {
+            const int64_t nc = n * s.C + c, off = nc * s.S;
+            const float a = st.rstd[bg] * wp[c], b = bp[c] - st.dmean[bg] * a;
+            sg[nc] = sgx[nc] = 0;
+            k.span_silu_grad(xp + off, gp + off, dp + off, s.S, st.shift[bg], a, b, &sg[nc], &sgx[nc]);
+          }
+          float q, r;
+          group_coefficients(n, grp, p.data(), &q, &r);
+          for (int64_t c = c0; c < c0 + s.cpg; ++c) {
+            const int64_t off = (n * s.C + c) * s.S;
+            k.span_combine(dp + off, xp + off, s.S, st.shift[bg], p[c], q, r);
+          }
+        }
+      });
+    } else {
+      parallel(s.B, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> centre(s.C), a(s.C), b(s.C), p(s.C), q(s.C), r(s.C);
+        for (int64_t n = begin; n < end; ++n) {
+          const int64_t off = n * s.S * s.C;
+          double *sgn = sg + n * s.C, *sgxn = sgx + n * s.C;
+          channel_affine(s, n, st, wp, bp, centre.data(), a.data(), b.data());
+          std::fill(sgn, sgn + s.C, 0.0);
+          std::fill(sgxn, sgxn + s.C, 0.0);
+          k.rows_silu_grad(xp + off, gp + off, dp + off, s.S, s.C, centre.data(), a.data(), b.data(), sgn, sgxn);
+          for (int64_t grp = 0; grp < s.G; ++grp) {
+            float qg, rg;
+            group_coefficients(n, grp, p.data(), &qg, &rg);
+            std::fill(q.begin() + grp * s.cpg, q.begin() + (grp + 1) * s.cpg, qg);
+            std::fill(r.begin() + grp * s.cpg, r.begin() + (grp + 1) * s.cpg, rg);
+          }
+          k.rows_combine(dp + off, xp + off, s.S, s.C, centre.data(), p.data(), q.data(), r.data());
+        }
+      });
+    }
+    // dbeta = sum g; dgamma = sum g xhat = rstd (sum g (x - K) - (mean - K) sum g), over the batch.
+    const Tensor sg_t = sums[0], sgx_t = sums[1];                               // [B, C]
+    const Tensor dm_c = stats[1].to(at::kDouble).repeat_interleave(s.cpg, 1);  // [B, C]
+    const Tensor r_c = stats[2].to(at::kDouble).repeat_interleave(s.cpg, 1);
+    out[0] = dx;
+    out[1] = (r_c * (sgx_t - dm_c * sg_t)).sum(0).to(at::kFloat);
+    out[2] = sg_t.sum(0).to(at::kFloat);
+    return out;
+  }
+};
+
+// ---- attention ----
+
+// A [B, H, S, D] view whose rows are D contiguous floats; anything else is copied once.
+Tensor rows_view(const Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+
+// Storage [B, S, H, D] seen as [B, H, S, D]: what merge_heads reads back without a copy.
+Tensor heads_last(int64_t B, int64_t H, int64_t S, int64_t D, const at::TensorOptions& o) {
+  return at::empty({B, S, H, D}, o).permute({0, 2, 1, 3});
+}
+
+constexpr int64_t kRowStride = 2;  // stride index of the S axis in a [B, H, S, D] tensor
+
+struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& q_in, const Tensor& k_in,
+                        const Tensor& v_in) {
+    const Tensor q = rows_view(q_in), k = rows_view(k_in), v = rows_view(v_in);
+    const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2), D = q.size(3);
+    Tensor o = heads_last(B, H, Sq, D, q.options());
+    Tensor p = at::empty({B, H, Sq, Sk}, q.options());
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    const auto& kern = active();
+    const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+    float *op = o.data_ptr<float>(), *pp = p.data_ptr<float>();
+    const int64_t scratch = D * padded_lanes(Sk) + padded_lanes(Sk);
+    parallel(B * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> buf(scratch);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / H, h = bh % H;
+        auto at_ = [&](const float* base, const Tensor& t) { return base + b * t.stride(0) + h * t.stride(1); };
+        kern.attention_forward(at_(qp, q), q.stride(kRowStride), at_(kp, k), k.stride(kRowStride), at_(vp, v),
+                               v.stride(kRowStride), op + b * o.stride(0) + h * o.stride(1), o.stride(kRowStride),
+                               pp + bh * Sq * Sk, Sq, Sk, D, scale, buf.data());
+      }
+    });
+    ctx->save_for_backward({q_in, k_in, v_in, p});
+    return o;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
+    if (at::GradMode::is_enabled()) {
+      // create_graph: differentiate the composite instead, so the result is itself differentiable.
+      const double sc = 1.0 / std::sqrt(static_cast<double>(saved[0].size(3)));
+      const Tensor o = at::matmul(at::softmax(at::matmul(saved[0] * sc, saved[1].transpose(-2, -1)), -1), saved[2]);
+      std::vector<Tensor> wrt;
+      std::vector<size_t> slot;
+      for (size_t i = 0; i < 3; ++i)
+        if (saved[i].requires_grad()) {
+          wrt.push_back(saved[i]);
+          slot.push_back(i);
+        }
+      torch::autograd::variable_list out(3);
+      if (wrt.empty()) return out;
+      auto g = torch::autograd::grad({o}, wrt, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true);
+      for (size_t j = 0; j < slot.size(); ++j) out[slot[j]] = g[j];
+      return out;
+    }
+    const Tensor q = rows_view(saved[0]), k = rows_view(saved[1]), v = rows_view(saved[2]), p = saved[3];
+    const Tensor dout = rows_view(grads[0]);
+    const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2), D = q.size(3);
+    Tensor dq = heads_last(B, H, Sq, D, q.options()), dk = heads_last(B, H, Sk, D, q.options()),
+           dv = heads_last(B, H, Sk, D, q.options());
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+    const auto& kern = active();
+    const int64_t scratch = D * padded_lanes(Sk) + padded_lanes(Sk);
+    parallel(B * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> buf(scratch);
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int64_t b = bh / H, h = bh % H;
+        auto in = [&](const Tensor& t) { return t.data_ptr<float>() + b * t.stride(0) + h * t.stride(1); };
+        auto out = [&](Tensor& t) { return t.data_ptr<float>() + b * t.stride(0) + h * t.stride(1); };
+        kern.attention_backward(in(q), q.stride(kRowStride), in(k), k.stride(kRowStride), in(v), v.stride(kRowStride),
+                                p.data_ptr<float>() + bh * Sq * Sk, in(dout), dout.stride(kRowStride), out(dq),
+                                dq.stride(kRowStride), out(dk), dk.stride(kRowStride), out(dv), dv.stride(kRowStride),
+                                Sq, Sk, D, scale, buf.data());
+      }
+    });
+    return {dq, dk, dv};
+  }
+};
+
+// ---- linear with the rows split across the intra-op threads ----
+
+// Row blocks of at least this many rows; fewer rows than two blocks stay with at::linear.
+constexpr int64_t kLinearRowGrain = 128;
+
+// Runs f(begin, end) over row blocks of [0, M), one block per intra-op thread.
+template <class F>
+void row_blocks(int64_t M, const F& f) {
+  const int64_t n = std::min<int64_t>(at::get_num_threads(), M / kLinearRowGrain);
+  const int64_t block = (M + n - 1) / n;
+  at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t s = b * block, e = std::min(M, s + block);
+      if (s < e) f(s, e);
+    }
+  });
+}
+
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& input, const Tensor& weight,
+                        const Tensor& bias) {
+    const int64_t K = input.size(-1), N = weight.size(0);
+    // Detached: out= variants refuse arguments that require grad; this function is their gradient.
+    const Tensor x = input.detach().reshape({-1, K}).contiguous();
+    // A zero-size bias stands for none (custom functions take defined tensors only).
+    const Tensor wt = weight.detach().t(), b = bias.numel() > 0 ? bias.detach() : Tensor();
+    Tensor y = at::empty({x.size(0), N}, x.options());
+    // Inside the parallel region ATen and OpenBLAS run each block's GEMM on the calling thread.
+    row_blocks(x.size(0), [&](int64_t s, int64_t e) {
+      Tensor out = y.narrow(0, s, e - s);
+      if (b.defined()) {
+        at::addmm_out(out, b, x.narrow(0, s, e - s), wt);
+      } else {
+        at::mm_out(out, x.narrow(0, s, e - s), wt);
+      }
+    });
+    ctx->save_for_backward({input, weight, bias});
+    std::vector<int64_t> shape = input.sizes().vec();
+    shape.back() = N;
+    return y.view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &input = saved[0], &weight = saved[1], &bias = saved[2];
+    torch::autograd::variable_list out(3);
+    if (!grads[0].defined()) return out;
+    if (at::GradMode::is_enabled()) {
+      // create_graph: differentiate the composite instead, so the result is itself differentiable.
+      std::vector<Tensor> wrt;
+      std::vector<size_t> slot;
+      for (size_t i = 0; i < 3; ++i)
+        if (saved[i].numel() > 0 && saved[i].requires_grad()) {
+          wrt.push_back(saved[i]);
+          slot.push_back(i);
+        }
+      if (wrt.empty()) return out;
+      auto g = torch::autograd::grad({at::linear(input, weight, bias.numel() > 0 ? bias : Tensor())}, wrt, {grads[0]},
+                                     true, true);
+      for (size_t j = 0; j < slot.size(); ++j) out[slot[j]] = g[j];
+      return out;
+    }
+    const int64_t K = input.size(-1), N = weight.size(0);
+    const Tensor x = input.detach().reshape({-1, K}).contiguous(), w = weight.detach();
+    const Tensor dy = grads[0].detach().reshape({-1, N}).contiguous();
+    const int64_t M = x.size(0);
+    if (input.requires_grad()) {
+      Tensor dx = at::empty({M, K}, x.options());
+      row_blocks(M, [&](int64_t s, int64_t e) {
+        Tensor block = dx.narrow(0, s, e - s);
+        at::mm_out(block, dy.narrow(0, s, e - s), w);
+      });
+      out[0] = dx.view(input.sizes());
+    }
+    if (weight.requires_grad()) {
+      // dW = dY^T X, split over dW's rows (the output features): each block reads a column slice of dY.
+      Tensor dw = at::empty({N, K}, x.options());
+      if (N >= 2 * 16) {
+        const int64_t n = std::min<int64_t>(at::get_num_threads(), N / 16), block = (N + n - 1) / n;
+        at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
+          for (int64_t b = b0; b < b1; ++b) {
+            const int64_t s = b * block, e = std::min(N, s + block);
+            if (s >= e) continue;
+            Tensor block = dw.narrow(0, s, e - s);
+            at::mm_out(block, dy.narrow(1, s, e - s).t(), x);
+          }
+        });
+      } else {
+        at::mm_out(dw, dy.t(), x);
+      }
+      out[1] = dw;
+    }
+    if (bias.numel() > 0 && bias.requires_grad()) out[2] = dy.sum(0);
+    return out;
+  }
+};
+
+}  // namespace
+
+bool fused_kernels_apply(const Tensor& x) {
+  return x.defined() && x.device().is_cpu() && x.scalar_type() == at::kFloat && x.layout() == at::kStrided;
+}
+
+Tensor gelu_tanh(const Tensor& x) {
+  if (!fused_kernels_apply(x) || x.numel() == 0) return at::gelu(x, "tanh");
+  return GeluTanhFunction::apply(x);
+}
+
+Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
+  DEW_CHECK(x.dim() >= 2, "group_norm_silu: x must be [B, C, ...], got ", x.sizes());
+  DEW_CHECK(groups > 0 && x.size(1) % groups == 0, "group_norm_silu: groups must divide the channels (",
+            x.size(1), "), got ", groups);
+  const bool fused = fused_kernels_apply(x) && x.numel() > 0 && weight.defined() && bias.defined() &&
+                     fused_kernels_apply(weight) && fused_kernels_apply(bias);
+  if (!fused) return at::silu(at::group_norm(x, groups, weight, bias, eps));
+  return GroupNormSiluFunction::apply(x, weight, bias, groups, eps);
+}
+
+bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return fused_kernels_apply(q) && fused_kernels_apply(k) && fused_kernels_apply(v) && q.dim() == 4 &&
+         k.dim() == 4 && v.dim() == 4 && k.size(2) <= kFusedAttentionMaxKeys && q.numel() > 0 && k.numel() > 0 &&
+         q.sizes() == at::IntArrayRef({k.size(0), k.size(1), q.size(2), k.size(3)}) && v.sizes() == k.sizes();
+}
+
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  DEW_CHECK(fused_attention_applies(q, k, v), "fused_attention: needs float32 CPU q [B, H, Sq, D] and k, v [B, H, Sk, D] "
+            "with Sk <= ", kFusedAttentionMaxKeys, ", got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  return AttentionFunction::apply(q, k, v);
+}
+
+Tensor row_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const bool split = fused_kernels_apply(x) && fused_kernels_apply(weight) && (!bias.defined() || fused_kernels_apply(bias)) &&
+                     x.dim() >= 2 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&
+                     at::get_num_threads() > 1 && !at::in_parallel_region() &&
+                     x.numel() / std::max<int64_t>(1, x.size(-1)) >= 2 * kLinearRowGrain;
+  if (!split) return at::linear(x, weight, bias);
+  return LinearFunction::apply(x, weight, bias.defined() ? bias : at::empty({0}, weight.options()));
+}
+
+std::string fused_kernel_isa() { return active().isa; }
+
+void set_fused_kernel_isa(const std::string& isa) {
+  DEW_CHECK(isa == "avx512" || isa == "avx2" || isa == "base", "fused kernels: isa: got \"", isa,
+            "\", accepted: avx512, avx2, base");
+  DEW_CHECK(cpu_has(isa), "fused kernels: isa \"", isa, "\" is not supported by this CPU (or this build)");
+  active() = kernel_set(isa);
+}
+
+}  // namespace dew::nn

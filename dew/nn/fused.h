@@ -1,0 +1,62 @@
+// Fused CPU kernels with hand-written backward passes for the element-wise work that dominates the
+// small-model training step on CPU.
+//
+//   Tensor y = dew::nn::gelu_tanh(x);                                   // == at::gelu(x, "tanh")
+//   Tensor z = dew::nn::group_norm_silu(x, 8, gamma, beta, 1e-5);       // == silu(group_norm(x))
+//
+// Why: LibTorch 1.13 as Debian ships it runs GELU-tanh's forward and backward through scalar libm tanh
+// (about 16 ns per element; a third of a DiT training step), and GroupNorm followed by SiLU reads and
+// writes the activation four times and keeps two copies of it for backward. These kernels vectorise with
+// the widest ISA the CPU has (AVX-512, AVX2 or SSE, chosen at load time), read each tensor once per pass
+// and save only the input (plus per-group statistics) for backward.
+//
+// They apply to float32 tensors on the CPU; anything else (another dtype or device, or a second-order
+// gradient) takes the ATen composite, so callers use them unconditionally. The gradients are first-order
+// only: the backward is not itself differentiable.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace dew::nn {
+
+using at::Tensor;
+
+/// GELU with the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed as
+/// x sigmoid(2u). Matches at::gelu(x, "tanh") to float rounding (|diff| < 1e-6 |x|).
+Tensor gelu_tanh(const Tensor& x);
+
+/// silu(group_norm(x, groups, weight, bias, eps)) for x: [B, C, *] (any layout; channels-last
+/// tensors stay channels-last). weight and bias: [C] (both defined: the affine GroupNorm).
+Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps);
+
+/// softmax(q k^T / sqrt(D)) v without a mask, for float32 CPU q: [B, H, Sq, D], k, v: [B, H, Sk, D] with
+/// Sk <= kFusedAttentionMaxKeys (check fused_attention_applies; dew::Error otherwise). One pass per
+/// (batch, head) over rows that may be strided views (the heads of a fused qkv projection); the output is
+/// [B, H, Sq, D] laid out as [B, Sq, H, D], so merging the heads back is free. Saves the probabilities,
+/// as the composite does.
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v);
+/// Above this many keys the blocked GEMMs of the composite win (measured: faster at 49 keys, slower at
+/// 196; build/dew_microbench --benchmark_filter=Attention); attention() keeps the composite there.
+constexpr int64_t kFusedAttentionMaxKeys = 128;
+
+/// at::linear(x, weight, bias) (x: [..., K], weight: [N, K]) with the rows of x split into one block per
+/// intra-op thread, each block's GEMM run single-threaded on its thread, forward and backward (dW split
+/// over its rows). With 2 intra-op threads + 1 OpenBLAS thread (the diffusion backbones' default) the
+/// GEMMs then use both cores while the element-wise kernels keep theirs. Float32 CPU with at least 256
+/// rows and more than one intra-op thread; otherwise at::linear.
+Tensor row_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+/// Whether the fused kernels run for this tensor (float32, CPU); otherwise the functions above fall back
+/// to the ATen composite.
+bool fused_kernels_apply(const Tensor& x);
+
+/// The instruction set the kernels run with: "avx512", "avx2" (with FMA) or "base" (SSE2), the widest
+/// this CPU supports unless set_fused_kernel_isa chose another.
+std::string fused_kernel_isa();
+/// Runs the kernels compiled for `isa` from now on (tests compare the variants); dew::Error for a name
+/// other than avx512, avx2, base, or one this CPU lacks.
+void set_fused_kernel_isa(const std::string& isa);
+
+}  // namespace dew::nn

@@ -1,0 +1,271 @@
+// The fused CPU kernels against ATen's own implementations (at::gelu "tanh", at::group_norm + at::silu)
+// and hand-derived values, for every instruction-set variant this CPU can run, every layout and the
+// awkward sizes (vector tails, one-element spans, a large mean).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dew/nn/attention.h"
+#include "dew/nn/fused.h"
+#include "tests/nn/backbone_checks.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using at::Tensor;
+using dew::test::error_of;
+using dew::test::max_diff;
+
+// The variants this CPU runs; the widest is restored when the guard leaves scope.
+std::vector<std::string> runnable_isas() {
+  std::vector<std::string> out;
+  for (const char* isa : {"avx512", "avx2", "base"})
+    if (error_of([&] { dew::nn::set_fused_kernel_isa(isa); }).empty()) out.push_back(isa);
+  return out;
+}
+struct IsaGuard {
+  std::string saved = dew::nn::fused_kernel_isa();
+  ~IsaGuard() { dew::nn::set_fused_kernel_isa(saved); }
+};
+
+TEST(Fused, GeluTanhHandValues) {
+  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) evaluated in double by hand.
+  auto ref = [](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); };
+  Tensor x = torch::tensor({-30.0f, -5.0f, -1.0f, -1e-3f, 0.0f, 1e-3f, 1.0f, 2.5f, 30.0f});
+  Tensor y = dew::nn::gelu_tanh(x);
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double xi = x[i].item<double>();
+    EXPECT_NEAR(y[i].item<double>(), ref(xi), 1e-6 * std::max(1.0, std::abs(xi))) << "x = " << xi;
+  }
+  EXPECT_NEAR(dew::nn::gelu_tanh(torch::ones({1})).item<double>(), 0.8411919906082768, 1e-6);
+}
+
+TEST(Fused, GeluTanhMatchesATenForwardAndBackwardOnEveryIsa) {
+  IsaGuard guard;
+  const auto isas = runnable_isas();
+  ASSERT_FALSE(isas.empty());
+  for (const auto& isa : isas) {
+    dew::nn::set_fused_kernel_isa(isa);
+    for (int64_t n : {1, 15, 16, 17, 1000, 70001}) {
+      torch::manual_seed(n);
+      Tensor x = (torch::randn({n}) * 4).requires_grad_();
+      Tensor y = dew::nn::gelu_tanh(x);
+      // The oracle: ATen's GELU in float64. Float32 rounding allows a few ulp of the larger of |y|, 1.
+      Tensor xr = x.detach().to(at::kDouble).requires_grad_();
+      Tensor yr = at::gelu(xr, "tanh");
+      EXPECT_LT(max_diff(y.to(at::kDouble), yr), 1e-6 * (1 + yr.abs().max().item<double>())) << isa << " n = " << n;
+      Tensor g = torch::randn({n});
+      y.backward(g);
+      yr.backward(g.to(at::kDouble));
+      const double gmax = 1 + xr.grad().abs().max().item<double>();
+      EXPECT_LT(max_diff(x.grad().to(at::kDouble), xr.grad()), 2e-6 * gmax) << isa << " n = " << n;
+    }
+  }
+}
+
+TEST(Fused, GeluTanhKeepsLayoutAndFallsBackOffTheFastPath) {
+  // A transposed (dense, non-contiguous) input keeps its strides; a strided view is made contiguous.
+  torch::manual_seed(3);
+  Tensor x = torch::randn({6, 40}).t();
+  Tensor y = dew::nn::gelu_tanh(x);
+  EXPECT_EQ(y.strides(), x.strides());
+  EXPECT_LT(max_diff(y, at::gelu(x, "tanh")), 2e-6);
+  Tensor v = torch::randn({8, 40}).slice(1, 0, 40, 3);
+  EXPECT_LT(max_diff(dew::nn::gelu_tanh(v), at::gelu(v, "tanh")), 2e-6);
+  // float64 is not the kernel's: exactly ATen's result.
+  Tensor d = torch::randn({33}, at::kDouble);
+  EXPECT_TRUE(torch::equal(dew::nn::gelu_tanh(d), at::gelu(d, "tanh")));
+  EXPECT_FALSE(dew::nn::fused_kernels_apply(d));
+}
+
+TEST(Fused, GeluTanhSecondOrderGradientIsATens) {
+  Tensor x = torch::randn({37}).requires_grad_();
+  Tensor xr = x.detach().clone().requires_grad_();
+  auto second = [](const Tensor& in, const Tensor& out) {
+    Tensor g = torch::autograd::grad({out.sum()}, {in}, {}, true, true)[0];
+    return torch::autograd::grad({g.sum()}, {in})[0];
+  };
+  EXPECT_LT(max_diff(second(x, dew::nn::gelu_tanh(x)), second(xr, at::gelu(xr, "tanh"))), 1e-5);
+}
+
+// silu(group_norm(x)) and its gradients for x, weight and bias, against ATen.
+void expect_group_norm_silu_matches(const Tensor& x0, int64_t groups, const std::string& what, double tol = 2e-5) {
+  const int64_t C = x0.size(1);
+  torch::manual_seed(C + groups);
+  Tensor w0 = torch::randn({C}) * 0.5 + 1, b0 = torch::randn({C}) * 0.3;
+  Tensor x = x0.detach().clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+  Tensor xr = x0.detach().clone().requires_grad_(), wr = w0.clone().requires_grad_(), br = b0.clone().requires_grad_();
+  Tensor y = dew::nn::group_norm_silu(x, groups, w, b, 1e-5);
+  Tensor yr = at::silu(at::group_norm(xr, groups, wr, br, 1e-5));
+  EXPECT_EQ(y.sizes(), yr.sizes()) << what;
+  EXPECT_EQ(y.is_contiguous(at::MemoryFormat::ChannelsLast), x0.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+  EXPECT_LT(max_diff(y, yr), tol) << what;
+  Tensor g = torch::randn(x0.sizes());
+  y.backward(g);
+  yr.backward(g);
+  const double scale = 1.0 + xr.grad().abs().max().item<double>();
+  EXPECT_LT(max_diff(x.grad(), xr.grad()) / scale, tol) << what << ": dx";
+  EXPECT_LT(max_diff(w.grad(), wr.grad()) / (1.0 + wr.grad().abs().max().item<double>()), tol) << what << ": dweight";
+  EXPECT_LT(max_diff(b.grad(), br.grad()) / (1.0 + br.grad().abs().max().item<double>()), tol) << what << ": dbias";
+}
+
+TEST(Fused, GroupNormSiluMatchesATenOnEveryIsaAndLayout) {
+  IsaGuard guard;
+  for (const auto& isa : runnable_isas()) {
+    dew::nn::set_fused_kernel_isa(isa);
+    torch::manual_seed(7);
+    // NCHW with spans shorter than, equal to and longer than a vector (with tails).
+    expect_group_norm_silu_matches(torch::randn({3, 32, 28, 28}), 8, isa + " NCHW 32ch");
+    expect_group_norm_silu_matches(torch::randn({2, 12, 7, 5}), 3, isa + " NCHW odd");
+    expect_group_norm_silu_matches(torch::randn({2, 6, 1, 1}), 2, isa + " NCHW 1x1");
+    expect_group_norm_silu_matches(torch::randn({2, 8, 16}), 4, isa + " [B, C, L]");
+    // Channels last, 4-D and 5-D, with channel counts that are not multiples of 16.
+    expect_group_norm_silu_matches(torch::randn({3, 64, 14, 14}).contiguous(at::MemoryFormat::ChannelsLast), 8,
+                                   isa + " NHWC 64ch");
+    expect_group_norm_silu_matches(torch::randn({2, 24, 5, 3}).contiguous(at::MemoryFormat::ChannelsLast), 6,
+                                   isa + " NHWC 24ch");
+    expect_group_norm_silu_matches(
+        torch::randn({2, 20, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast3d), 4, isa + " NDHWC");
+    // A non-contiguous input (a channel slice) goes through a contiguous copy.
+    expect_group_norm_silu_matches(torch::randn({2, 16, 6, 6}).slice(1, 0, 8), 2, isa + " sliced");
+  }
+}
+
+TEST(Fused, GroupNormSiluStatisticsSurviveALargeMean) {
+  // Data 1000 + N(0, 0.01): a naive one-pass E[x^2] - E[x]^2 in float would lose the variance entirely.
+  torch::manual_seed(11);
+  Tensor x = 1000 + torch::randn({2, 8, 10, 10}) * 0.01;
+  Tensor w = torch::ones({8}), b = torch::zeros({8});
+  Tensor y = dew::nn::group_norm_silu(x, 2, w, b, 1e-5);
+  // The reference in float64 from the definition.
+  Tensor xd = x.to(at::kDouble).view({2, 2, -1});
+  Tensor xhat = ((xd - xd.mean(-1, true)) / (xd.var(-1, false, true) + 1e-5).sqrt()).view({2, 8, 10, 10});
+  EXPECT_LT(max_diff(y.to(at::kDouble), xhat * torch::sigmoid(xhat)), 1e-3);
+}
+
+TEST(Fused, GroupNormSiluFallsBackAndRefusesBadGroups) {
+  Tensor xd = torch::randn({2, 4, 3, 3}, at::kDouble);
+  Tensor wd = torch::ones({4}, at::kDouble), bd = torch::zeros({4}, at::kDouble);
+  EXPECT_TRUE(torch::equal(dew::nn::group_norm_silu(xd, 2, wd, bd, 1e-5), at::silu(at::group_norm(xd, 2, wd, bd, 1e-5))));
+  const std::string e = error_of([] { dew::nn::group_norm_silu(torch::randn({2, 6, 3, 3}), 4, {}, {}, 1e-5); });
+  EXPECT_NE(e.find("groups must divide the channels (6), got 4"), std::string::npos) << e;
+  EXPECT_NE(error_of([] { dew::nn::set_fused_kernel_isa("neon"); }).find("accepted: avx512, avx2, base"),
+            std::string::npos);
+}
+
+TEST(Fused, GroupNormSiluSecondOrderGradientIsATens) {
+  torch::manual_seed(5);
+  Tensor x0 = torch::randn({2, 4, 3, 3});
+  Tensor w = torch::randn({4}), b = torch::randn({4});
+  auto second = [&](bool fused) {
+    Tensor x = x0.clone().requires_grad_();
+    Tensor y = fused ? dew::nn::group_norm_silu(x, 2, w, b, 1e-5) : at::silu(at::group_norm(x, 2, w, b, 1e-5));
+    Tensor g = torch::autograd::grad({(y * y).sum()}, {x}, {}, true, true)[0];
+    return torch::autograd::grad({g.pow(2).sum()}, {x})[0];
+  };
+  EXPECT_LT(max_diff(second(true), second(false)), 1e-4);
+}
+
+
+// softmax(q k^T / sqrt(D)) v and its gradients in float64 from the definition: the oracle.
+std::vector<Tensor> attention_oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g) {
+  Tensor qd = q.detach().to(at::kDouble).requires_grad_(), kd = k.detach().to(at::kDouble).requires_grad_(),
+         vd = v.detach().to(at::kDouble).requires_grad_();
+  Tensor o = at::matmul(at::softmax(at::matmul(qd, kd.transpose(-2, -1)) / std::sqrt(double(q.size(3))), -1), vd);
+  o.backward(g.to(at::kDouble));
+  return {o, qd.grad(), kd.grad(), vd.grad()};
+}
+
+TEST(Fused, AttentionMatchesTheFloat64DefinitionOnEveryIsa) {
+  IsaGuard guard;
+  struct Case {
+    int64_t B, H, Sq, Sk, D;
+  };
+  // simple_dit's shape (49 tokens, head 32), the most keys it takes (128, head 16), cross-attention shapes
+  // with Sq != Sk, a head size that is not a whole vector, and a single key.
+  const std::vector<Case> cases{{2, 4, 49, 49, 32}, {1, 2, 100, 128, 16}, {2, 3, 5, 17, 64},
+                                {1, 2, 7, 3, 24},   {1, 1, 4, 1, 8}};
+  for (const auto& isa : runnable_isas()) {
+    dew::nn::set_fused_kernel_isa(isa);
+    for (const auto& c : cases) {
+      torch::manual_seed(c.Sq * 7 + c.D);
+      // q and k from one [B, S, 2, H, D] projection, as split_heads leaves them: strided rows.
+      Tensor qk = torch::randn({c.B, c.Sq, 2, c.H, c.D}) * 1.5;
+      Tensor q = qk.select(2, 0).permute({0, 2, 1, 3}).detach().requires_grad_();
+      Tensor k = torch::randn({c.B, c.H, c.Sk, c.D}).requires_grad_();
+      Tensor v = torch::randn({c.B, c.H, c.Sk, c.D}).requires_grad_();
+      const std::string what = isa + " B" + std::to_string(c.B) + " H" + std::to_string(c.H) + " Sq" +
+                               std::to_string(c.Sq) + " Sk" + std::to_string(c.Sk) + " D" + std::to_string(c.D);
+      ASSERT_TRUE(dew::nn::fused_attention_applies(q, k, v)) << what;
+      Tensor o = dew::nn::fused_attention(q, k, v);
+      Tensor g = torch::randn(o.sizes());
+      o.backward(g);
+      auto ref = attention_oracle(q, k, v, g);
+      EXPECT_LT(max_diff(o.to(at::kDouble), ref[0]), 2e-6) << what;
+      EXPECT_LT(max_diff(q.grad().to(at::kDouble), ref[1]), 1e-5) << what << ": dq";
+      EXPECT_LT(max_diff(k.grad().to(at::kDouble), ref[2]), 1e-5) << what << ": dk";
+      EXPECT_LT(max_diff(v.grad().to(at::kDouble), ref[3]), 1e-5) << what << ": dv";
+    }
+  }
+}
+
+TEST(Fused, AttentionAutoUsesItOnlyWhereItApplies) {
+  torch::manual_seed(2);
+  Tensor q = torch::randn({2, 2, 9, 16}), k = torch::randn({2, 2, 9, 16}), v = torch::randn({2, 2, 9, 16});
+  // "auto" without a mask is the fused kernel; "reference" is the composite; they agree.
+  EXPECT_LT(max_diff(dew::nn::attention(q, k, v, {}, "auto"), dew::nn::attention(q, k, v, {}, "reference")), 2e-6);
+  // A key mask, float64 or too many keys keep the composite.
+  Tensor mask = torch::rand({2, 9}) > 0.3;
+  EXPECT_TRUE(torch::equal(dew::nn::attention(q, k, v, mask, "auto"), dew::nn::attention(q, k, v, mask, "reference")));
+  EXPECT_FALSE(dew::nn::fused_attention_applies(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble)));
+  Tensor kl = torch::randn({1, 1, dew::nn::kFusedAttentionMaxKeys + 1, 4});
+  EXPECT_FALSE(dew::nn::fused_attention_applies(torch::randn({1, 1, 2, 4}), kl, kl));
+  EXPECT_NE(error_of([&] { dew::nn::fused_attention(q.to(at::kDouble), k, v); }).find("needs float32 CPU"),
+            std::string::npos);
+}
+
+TEST(Fused, AttentionSecondOrderGradientIsTheComposites) {
+  torch::manual_seed(4);
+  Tensor q0 = torch::randn({1, 2, 5, 8}), k = torch::randn({1, 2, 6, 8}), v = torch::randn({1, 2, 6, 8});
+  auto second = [&](bool fused) {
+    Tensor q = q0.clone().requires_grad_();
+    Tensor o = fused ? dew::nn::fused_attention(q, k, v) : dew::nn::attention(q, k, v, {}, "reference");
+    Tensor g = torch::autograd::grad({(o * o).sum()}, {q}, {}, true, true)[0];
+    return torch::autograd::grad({g.pow(2).sum()}, {q})[0];
+  };
+  EXPECT_LT(max_diff(second(true), second(false)), 1e-4);
+}
+
+TEST(Fused, RowParallelLinearMatchesATenWithAndWithoutBias) {
+  const int saved_threads = at::get_num_threads();
+  at::set_num_threads(2);  // the split needs more than one intra-op thread
+  for (bool with_bias : {true, false}) {
+    torch::manual_seed(with_bias ? 1 : 2);
+    // 3 x 97 = 291 rows (two uneven blocks), 96 output features (dW split over them).
+    Tensor x = torch::randn({3, 97, 64}).requires_grad_();
+    Tensor w = (torch::randn({96, 64}) * 0.1).requires_grad_();
+    Tensor b = with_bias ? torch::randn({96}).requires_grad_() : Tensor();
+    Tensor xd = x.detach().to(at::kDouble).requires_grad_(), wd = w.detach().to(at::kDouble).requires_grad_();
+    Tensor bd = with_bias ? b.detach().to(at::kDouble).requires_grad_() : Tensor();
+    Tensor y = dew::nn::row_parallel_linear(x, w, b);
+    Tensor yd = at::linear(xd, wd, bd);
+    const std::string what = with_bias ? "with bias" : "without bias";
+    EXPECT_EQ(y.sizes(), yd.sizes()) << what;
+    EXPECT_LT(max_diff(y.to(at::kDouble), yd), 1e-5) << what;
+    Tensor g = torch::randn(y.sizes());
+    y.backward(g);
+    yd.backward(g.to(at::kDouble));
+    EXPECT_LT(max_diff(x.grad().to(at::kDouble), xd.grad()), 1e-5) << what << ": dx";
+    EXPECT_LT(max_diff(w.grad().to(at::kDouble), wd.grad()), 1e-4) << what << ": dw";
+    if (with_bias) EXPECT_LT(max_diff(b.grad().to(at::kDouble), bd.grad()), 1e-4) << what << ": db";
+  }
+  // Too few rows, or one thread: exactly at::linear.
+  Tensor xs = torch::randn({10, 8}), ws = torch::randn({4, 8});
+  EXPECT_TRUE(torch::equal(dew::nn::row_parallel_linear(xs, ws, {}), at::linear(xs, ws)));
+  at::set_num_threads(saved_threads);
+}
+
+}  // namespace
