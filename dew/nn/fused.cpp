@@ -103,6 +103,25 @@ Tensor same_strides(const Tensor& t, const Tensor& like) {
   return at::empty_like(like).copy_(t);
 }
 
+// For a create_graph backward: the gradients of the composite `y` (rebuilt from the saved inputs, in grad
+// mode) with respect to those of inputs[0..n) that require grad, so the result is itself differentiable.
+// Slots of the other inputs (and of the `total - n` non-tensor arguments) stay undefined.
+torch::autograd::variable_list composite_grads(const Tensor& y, const std::vector<Tensor>& inputs, size_t n,
+                                               const Tensor& grad, size_t total) {
+  torch::autograd::variable_list out(total);
+  std::vector<Tensor> wrt;
+  std::vector<size_t> slot;
+  for (size_t i = 0; i < n; ++i)
+    if (inputs[i].numel() > 0 && inputs[i].requires_grad()) {
+      wrt.push_back(inputs[i]);
+      slot.push_back(i);
+    }
+  if (wrt.empty()) return out;
+  auto g = torch::autograd::grad({y}, wrt, {grad}, /*retain_graph=*/true, /*create_graph=*/true);
+  for (size_t j = 0; j < slot.size(); ++j) out[slot[j]] = g[j];
+  return out;
+}
+
 // ---- GELU ----
 
 struct GeluTanhFunction : public torch::autograd::Function<GeluTanhFunction> {
@@ -248,19 +267,8 @@ struct GroupNormSiluFunction : public torch::autograd::Function<GroupNormSiluFun
     torch::autograd::variable_list out(5);
     if (!grads[0].defined()) return out;
     if (at::GradMode::is_enabled()) {
-      // create_graph: differentiate the ATen composite instead, so the result is itself differentiable.
       const Tensor y = at::silu(at::group_norm(saved[0], groups, saved[1], saved[2], ctx->saved_data["eps"].toDouble()));
-      std::vector<Tensor> wrt;
-      std::vector<size_t> slot;
-      for (size_t i = 0; i < 3; ++i)
-        if (saved[i].requires_grad()) {
-          wrt.push_back(saved[i]);
-          slot.push_back(i);
-        }
-      if (wrt.empty()) return out;
-      auto g = torch::autograd::grad({y}, wrt, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true);
-      for (size_t j = 0; j < slot.size(); ++j) out[slot[j]] = g[j];
-      return out;
+      return composite_grads(y, saved, 3, grads[0], 5);
     }
     const NormShape s = norm_shape(saved[0], groups);
     const Tensor x = layout_of(saved[0], s, saved[0].dim());
@@ -386,21 +394,9 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto saved = ctx->get_saved_variables();
     if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor()};
     if (at::GradMode::is_enabled()) {
-      // create_graph: differentiate the composite instead, so the result is itself differentiable.
       const double sc = 1.0 / std::sqrt(static_cast<double>(saved[0].size(3)));
       const Tensor o = at::matmul(at::softmax(at::matmul(saved[0] * sc, saved[1].transpose(-2, -1)), -1), saved[2]);
-      std::vector<Tensor> wrt;
-      std::vector<size_t> slot;
-      for (size_t i = 0; i < 3; ++i)
-        if (saved[i].requires_grad()) {
-          wrt.push_back(saved[i]);
-          slot.push_back(i);
-        }
-      torch::autograd::variable_list out(3);
-      if (wrt.empty()) return out;
-      auto g = torch::autograd::grad({o}, wrt, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/true);
-      for (size_t j = 0; j < slot.size(); ++j) out[slot[j]] = g[j];
-      return out;
+      return composite_grads(o, saved, 3, grads[0], 3);
     }
     const Tensor q = rows_view(saved[0]), k = rows_view(saved[1]), v = rows_view(saved[2]), p = saved[3];
     const Tensor dout = rows_view(grads[0]);
@@ -475,19 +471,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     torch::autograd::variable_list out(3);
     if (!grads[0].defined()) return out;
     if (at::GradMode::is_enabled()) {
-      // create_graph: differentiate the composite instead, so the result is itself differentiable.
-      std::vector<Tensor> wrt;
-      std::vector<size_t> slot;
-      for (size_t i = 0; i < 3; ++i)
-        if (saved[i].numel() > 0 && saved[i].requires_grad()) {
-          wrt.push_back(saved[i]);
-          slot.push_back(i);
-        }
-      if (wrt.empty()) return out;
-      auto g = torch::autograd::grad({at::linear(input, weight, bias.numel() > 0 ? bias : Tensor())}, wrt, {grads[0]},
-                                     true, true);
-      for (size_t j = 0; j < slot.size(); ++j) out[slot[j]] = g[j];
-      return out;
+      return composite_grads(at::linear(input, weight, bias.numel() > 0 ? bias : Tensor()), saved, 3, grads[0], 3);
     }
     const int64_t K = input.size(-1), N = weight.size(0);
     const Tensor x = input.detach().reshape({-1, K}).contiguous(), w = weight.detach();

@@ -262,6 +262,18 @@ TEST(Fused, RowParallelLinearMatchesATenWithAndWithoutBias) {
     EXPECT_LT(max_diff(w.grad().to(at::kDouble), wd.grad()), 1e-4) << what << ": dw";
     if (with_bias) EXPECT_LT(max_diff(b.grad().to(at::kDouble), bd.grad()), 1e-4) << what << ": db";
   }
+  // Second order (create_graph) goes through the composite: d/dx sum((dL/dx)^2) as ATen's.
+  {
+    torch::manual_seed(3);
+    Tensor x0 = torch::randn({300, 16}), w = torch::randn({8, 16}).requires_grad_(), b = torch::randn({8});
+    auto second = [&](bool split) {
+      Tensor x = x0.clone().requires_grad_();
+      Tensor y = split ? dew::nn::row_parallel_linear(x, w, b) : at::linear(x, w, b);
+      Tensor g = torch::autograd::grad({(y * y).sum()}, {x}, {}, true, true)[0];
+      return torch::autograd::grad({g.pow(2).sum()}, {w})[0];
+    };
+    EXPECT_LT(max_diff(second(true), second(false)) / (1 + second(false).abs().max().item<double>()), 1e-5);
+  }
   // Too few rows, or one thread: exactly at::linear.
   Tensor xs = torch::randn({10, 8}), ws = torch::randn({4, 8});
   EXPECT_TRUE(torch::equal(dew::nn::row_parallel_linear(xs, ws, {}), at::linear(xs, ws)));
