@@ -86,7 +86,7 @@ int cmd_train_lm(const std::vector<std::string>& args) {
   DEW_CHECK(r["model"].is_object() && r["model"].value("architecture", json()) == "causal_transformer",
             "model.architecture: dew train lm trains a \"causal_transformer\", got ",
             r["model"].value("architecture", json()).dump());
-  set_threads(r["threads"].get<int64_t>(), Workload::kGemm);
+  set_threads(r["threads"].get<int64_t>(), workload_of("causal_transformer"));
   const uint64_t seed = r["seed"].get<uint64_t>();
 
   auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
@@ -215,6 +215,7 @@ int cmd_generate(const std::vector<std::string>& args_in) {
                         "weights", "padding", "threads"},
                        {"json", "no-eos"});
   DEW_CHECK(f.positional.size() == 1, "generate: expected one RUN directory, got ", f.positional.size(), " arguments");
+  // Batch-1 generation: one-row GEMMs the row-parallel split leaves alone, so OpenBLAS gets the cores.
   set_threads(f.get_int("threads", 0), Workload::kGemm);
   sampling::GenerationOptions g;
   g.max_new_tokens = f.get_int("max-new-tokens", 200);

@@ -8,15 +8,16 @@ namespace dew {
 
 /// What a run mostly computes; the best thread split differs (docs/benchmarks.md).
 enum class Workload {
-  // conv nets (oneDNN convolutions) and the diffusion transformers (many small ops over 49-64 tokens per
-  // image): LibTorch's intra-op threads
+  // training: oneDNN convolutions, dew's row-parallel linears and fused kernels, element-wise ops: LibTorch's
+  // intra-op threads
   kIntraOp,
-  // the language model (large GEMMs over long sequences): one intra-op thread, OpenBLAS threads per GEMM
+  // GEMMs that dew does not split over the intra-op threads (batch-1 generation's one-row products): one
+  // intra-op thread, OpenBLAS threads per GEMM
   kGemm,
 };
 
-/// Workload of a registered architecture name: causal_transformer and uvit -> kGemm, the other diffusion
-/// backbones -> kIntraOp (measured with `dew bench --all`, docs/benchmarks.md).
+/// Workload for training a registered architecture: kIntraOp for every one today (measured with
+/// `dew bench --all` and `--models lm`, docs/benchmarks.md).
 Workload workload_of(const std::string& architecture);
 
 /// Sets LibTorch's intra-op threads and OpenBLAS's threads. threads > 0: that many intra-op threads.

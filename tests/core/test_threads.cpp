@@ -34,8 +34,8 @@ TEST(Threads, WorkloadOfArchitecture) {
   EXPECT_EQ(dew::workload_of("unet_3d"), dew::Workload::kIntraOp);
   EXPECT_EQ(dew::workload_of("simple_dit"), dew::Workload::kIntraOp);
   EXPECT_EQ(dew::workload_of("hybrid_dit"), dew::Workload::kIntraOp);
-  EXPECT_EQ(dew::workload_of("uvit"), dew::Workload::kGemm);
-  EXPECT_EQ(dew::workload_of("causal_transformer"), dew::Workload::kGemm);
+  EXPECT_EQ(dew::workload_of("uvit"), dew::Workload::kIntraOp);
+  EXPECT_EQ(dew::workload_of("causal_transformer"), dew::Workload::kIntraOp);
 }
 
 TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndOpenBLAS) {
