@@ -94,10 +94,8 @@ void parallel(int64_t n, int64_t grain, const F& f) {
 
 constexpr int64_t kElementGrain = 1 << 15;
 
-int64_t padded_lanes(int64_t n) { return (n + 15) / 16 * 16; }  // kernels' kLanes
-
 // The element-wise kernels run over x's storage when it is dense; `like` gives dy the same strides.
-Tensor dense(const Tensor& t) { return t.is_non_overlapping_and_dense() ? t : t.contiguous(); }
+Tensor dense_storage(const Tensor& t) { return t.is_non_overlapping_and_dense() ? t : t.contiguous(); }
 Tensor same_strides(const Tensor& t, const Tensor& like) {
   if (t.strides() == like.strides()) return t;
   return at::empty_like(like).copy_(t);
@@ -126,7 +124,7 @@ torch::autograd::variable_list composite_grads(const Tensor& y, const std::vecto
 
 struct GeluTanhFunction : public torch::autograd::Function<GeluTanhFunction> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& input) {
-    const Tensor x = dense(input);
+    const Tensor x = dense_storage(input);
     ctx->save_for_backward({input});  // the input itself, so a create_graph backward stays connected
     Tensor y = at::empty_like(x);
     const float* xp = x.data_ptr<float>();
@@ -142,7 +140,7 @@ struct GeluTanhFunction : public torch::autograd::Function<GeluTanhFunction> {
     if (!grads[0].defined()) return {Tensor()};
     // create_graph: a differentiable backward from ATen's formula.
     if (at::GradMode::is_enabled()) return {at::gelu_backward(grads[0], input, "tanh")};
-    const Tensor x = dense(input);
+    const Tensor x = dense_storage(input);
     const Tensor dy = same_strides(grads[0], x);
     Tensor dx = at::empty_like(x);
     const float *xp = x.data_ptr<float>(), *gp = dy.data_ptr<float>();
@@ -267,7 +265,8 @@ struct GroupNormSiluFunction : public torch::autograd::Function<GroupNormSiluFun
     torch::autograd::variable_list out(5);
     if (!grads[0].defined()) return out;
     if (at::GradMode::is_enabled()) {
-      const Tensor y = at::silu(at::group_norm(saved[0], groups, saved[1], saved[2], ctx->saved_data["eps"].toDouble()));
+      const double eps = ctx->saved_data["eps"].toDouble();
+      const Tensor y = at::silu(at::group_norm(saved[0], groups, saved[1], saved[2], eps));
       return composite_grads(y, saved, 3, grads[0], 5);
     }
     const NormShape s = norm_shape(saved[0], groups);
@@ -374,7 +373,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto& kern = active();
     const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
     float *op = o.data_ptr<float>(), *pp = p.data_ptr<float>();
-    const int64_t scratch = D * padded_lanes(Sk) + padded_lanes(Sk);
+    const int64_t scratch = (D + 1) * kernels::base::padded(Sk);  // the kernels' transposed matrix + row
     parallel(B * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> buf(scratch);
       for (int64_t bh = begin; bh < end; ++bh) {
@@ -405,7 +404,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
            dv = heads_last(B, H, Sk, D, q.options());
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     const auto& kern = active();
-    const int64_t scratch = D * padded_lanes(Sk) + padded_lanes(Sk);
+    const int64_t scratch = (D + 1) * kernels::base::padded(Sk);  // the kernels' transposed matrix + row
     parallel(B * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> buf(scratch);
       for (int64_t bh = begin; bh < end; ++bh) {
@@ -428,9 +427,10 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 constexpr int64_t kLinearRowGrain = 128;
 
 // Runs f(begin, end) over row blocks of [0, M), one block per intra-op thread.
+// Runs f(begin, end) over blocks of [0, M) of at least `grain` rows, one block per intra-op thread.
 template <class F>
-void row_blocks(int64_t M, const F& f) {
-  const int64_t n = std::min<int64_t>(at::get_num_threads(), M / kLinearRowGrain);
+void row_blocks(int64_t M, int64_t grain, const F& f) {
+  const int64_t n = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), M / grain));
   const int64_t block = (M + n - 1) / n;
   at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
@@ -450,7 +450,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const Tensor wt = weight.detach().t(), b = bias.numel() > 0 ? bias.detach() : Tensor();
     Tensor y = at::empty({x.size(0), N}, x.options());
     // Inside the parallel region ATen and OpenBLAS run each block's GEMM on the calling thread.
-    row_blocks(x.size(0), [&](int64_t s, int64_t e) {
+    row_blocks(x.size(0), kLinearRowGrain, [&](int64_t s, int64_t e) {
       Tensor out = y.narrow(0, s, e - s);
       if (b.defined()) {
         at::addmm_out(out, b, x.narrow(0, s, e - s), wt);
@@ -479,7 +479,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     const int64_t M = x.size(0);
     if (input.requires_grad()) {
       Tensor dx = at::empty({M, K}, x.options());
-      row_blocks(M, [&](int64_t s, int64_t e) {
+      row_blocks(M, kLinearRowGrain, [&](int64_t s, int64_t e) {
         Tensor block = dx.narrow(0, s, e - s);
         at::mm_out(block, dy.narrow(0, s, e - s), w);
       });
@@ -488,19 +488,10 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
     if (weight.requires_grad()) {
       // dW = dY^T X, split over dW's rows (the output features): each block reads a column slice of dY.
       Tensor dw = at::empty({N, K}, x.options());
-      if (N >= 2 * 16) {
-        const int64_t n = std::min<int64_t>(at::get_num_threads(), N / 16), block = (N + n - 1) / n;
-        at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
-          for (int64_t b = b0; b < b1; ++b) {
-            const int64_t s = b * block, e = std::min(N, s + block);
-            if (s >= e) continue;
-            Tensor block = dw.narrow(0, s, e - s);
-            at::mm_out(block, dy.narrow(1, s, e - s).t(), x);
-          }
-        });
-      } else {
-        at::mm_out(dw, dy.t(), x);
-      }
+      row_blocks(N, 16, [&](int64_t s, int64_t e) {
+        Tensor block = dw.narrow(0, s, e - s);
+        at::mm_out(block, dy.narrow(1, s, e - s).t(), x);
+      });
       out[1] = dw;
     }
     if (bias.numel() > 0 && bias.requires_grad()) out[2] = dy.sum(0);
