@@ -12,6 +12,7 @@
 // OPENBLAS_NUM_THREADS, read by OpenBLAS when it loads, can be set per child.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -92,7 +93,11 @@ const char* kBenchUsage =
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
     "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"
     "                  kernels, Python does not, so --peer-coretype SkylakeX compares like with like)\n"
-    "  --out FILE.md   also write the report to FILE.md\n";
+    "  --out FILE.md   also write the report to FILE.md\n"
+    "\n"
+    "dew bench --one MODEL --threads T [--steps N] [--warmup W] [--profile FILE.json] runs one C++\n"
+    "configuration in this process and prints its JSON line; --profile writes a Chrome trace of the timed\n"
+    "steps' operators (chrome://tracing, Perfetto).\n";
 
 // One benchmarked model: a registry architecture at a fixed small CPU size.
 struct BenchCase {
@@ -247,7 +252,8 @@ json step_result(const std::vector<double>& total, const std::vector<double>& fw
 // ---- the measured child: `dew bench --one MODEL --threads T ...` ----
 
 // Runs warmup + steps training steps of one case and prints one JSON line (same keys as bench/peer.py).
-int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, int64_t threads) {
+int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, int64_t threads,
+            const std::string& profile) {
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   at::set_num_threads(int(threads));
@@ -285,7 +291,9 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
 
   std::vector<double> total, fwd, bwd, upd;
   double loss_value = 0;
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> trace;  // --profile: the timed steps only
   for (int64_t i = 0; i < warmup + steps; ++i) {
+    if (i == warmup && !profile.empty()) trace = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
     const auto t0 = clock::now();
     auto in = process.training_inputs(x0, step_gen);
     auto loss = process.loss(model->forward(in.net_input, in.model_time, cond), in);
@@ -303,6 +311,7 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
     bwd.push_back(secs(t2 - t1));
     upd.push_back(secs(t3 - t2));
   }
+  trace.reset();  // writes the trace file
   DEW_CHECK(std::isfinite(loss_value), "bench ", c.name, ": non-finite loss ", loss_value);
   std::cout << step_result(total, fwd, bwd, upd, batch, nparams, loss_value).dump() << std::endl;
   return 0;
@@ -597,7 +606,7 @@ std::string find_peer(const Flags& f, const fs::path& exe, const std::string& fl
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
-                               "one", "peer-coretype", "seq-len", "lm-peer"},
+                               "one", "peer-coretype", "seq-len", "lm-peer", "profile"},
                               {"no-peer", "help", "all"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -620,7 +629,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     DEW_CHECK(threads.size() == 1, "--one: needs exactly one --threads value, got \"", f.get("threads", ""), "\"");
     const BenchCase& c = find_case(f.get("one", ""));
     if (&c == &lm_case()) return run_one_lm(lm_batch, seq_len, warmup, steps, threads[0]);
-    return run_one(c, batch, warmup, steps, threads[0]);
+    return run_one(c, batch, warmup, steps, threads[0], f.get("profile", ""));
   }
 
   std::vector<const BenchCase*> cases;

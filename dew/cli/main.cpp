@@ -7,6 +7,7 @@
 
 int main(int argc, char** argv) {
   dew::reexec_with_blas_kernels(argv);  // before any work: OpenBLAS fixes its kernels at load time
+  dew::keep_freed_memory();             // training steps reuse their activations' memory
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return dew::cli::run(args);

@@ -2,10 +2,12 @@
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "dew/core/error.h"
@@ -80,6 +82,17 @@ void reexec_with_blas_kernels(char** argv) {
   // exec failed: carry on with the kernels we have.
   unsetenv("OPENBLAS_CORETYPE");
   unsetenv(kCoretypeMarker);
+}
+
+bool keep_freed_memory() {
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  const char* opt_out = std::getenv("DEW_MALLOC_TUNE");
+  if ((tunables && std::strstr(tunables, "glibc.malloc.")) || (opt_out && std::string(opt_out) == "0")) return false;
+  // Setting either value turns off glibc's adaptive threshold, so both are set: 32 MiB is the largest
+  // mmap threshold glibc accepts on 64-bit (larger blocks are still mapped and unmapped per use).
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  return mmap_ok && trim_ok;
 }
 
 }  // namespace dew

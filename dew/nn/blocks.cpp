@@ -67,11 +67,22 @@ Tensor group_norm_fp32(const Tensor& x, const torch::nn::GroupNorm& layer) {
   return at::group_norm(x.to(at::kFloat), o.num_groups(), layer->weight, layer->bias, o.eps()).to(x.scalar_type());
 }
 
-Tensor group_norm_act(const Tensor& x, const torch::nn::GroupNorm& layer, const std::string& act) {
+std::array<Tensor, 2> group_norm_act_and_input(const Tensor& x, const torch::nn::GroupNorm& layer,
+                                               const std::string& act, const Tensor& shift) {
   const auto& o = layer->options;
   if ((act == "swish" || act == "silu") && x.scalar_type() == at::kFloat && o.affine())
-    return group_norm_silu(x, o.num_groups(), layer->weight, layer->bias, o.eps());
-  return activation(group_norm_fp32(x, layer), act);
+    return group_norm_silu_and_input(x, o.num_groups(), layer->weight, layer->bias, o.eps(), shift);
+  DEW_CHECK(!shift.defined() || (shift.dim() == 2 && shift.size(0) == x.size(0) && shift.size(1) == x.size(1)),
+            "group_norm_act: shift must be [", x.size(0), ", ", x.size(1), "] (batch, channels), got ", shift.sizes());
+  if (!shift.defined()) return {activation(group_norm_fp32(x, layer), act), x};
+  std::vector<int64_t> view(static_cast<size_t>(x.dim()), 1);
+  view[0] = shift.size(0);
+  view[1] = shift.size(1);
+  return {activation(group_norm_fp32(x + shift.to(x.scalar_type()).view(view), layer), act), x};
+}
+
+Tensor group_norm_act(const Tensor& x, const torch::nn::GroupNorm& layer, const std::string& act, const Tensor& shift) {
+  return group_norm_act_and_input(x, layer, act, shift)[0];
 }
 
 Tensor masked_mean(const Tensor& x, const Tensor& mask) {
@@ -254,12 +265,14 @@ Tensor ResBlockImpl::forward(const Tensor& x, const Tensor& temb) {
                 temb.size(1) == o.emb_features(),
             "ResBlock: x must be [B, ", o.in_channels(), ", H, W] and temb [B, ", o.emb_features(), "], got ",
             x.sizes(), " and ", temb.sizes());
-  Tensor h = conv(group_norm_act(x, norm1, o.activation()), conv1);                               // [B, out, H, W]
+  // norm1 also passes x through for the skip path: its backward then sums x's two gradients in one pass
+  const auto [a, skip] = group_norm_act_and_input(x, norm1, o.activation());
+  Tensor h = conv(a, conv1);                                                                    // [B, out, H, W]
   Tensor t = dense(activation(temb.to(x.scalar_type()), o.activation()), time_emb_proj);       // [B, out]
-  h = h + t.unsqueeze(-1).unsqueeze(-1);
-  h = torch::dropout(group_norm_act(h, norm2, o.activation()), o.dropout(), is_training());
+  // norm2 of h + t (t broadcast over the positions), with the addition folded into the norm's pass
+  h = torch::dropout(group_norm_act(h, norm2, o.activation(), t), o.dropout(), is_training());
   h = conv(h, conv2);
-  return (conv_shortcut.is_empty() ? x : conv(x, conv_shortcut)) + h;
+  return (conv_shortcut.is_empty() ? skip : conv(skip, conv_shortcut)) + h;
 }
 
 // ---- remat ----

@@ -15,6 +15,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -44,9 +45,14 @@ Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale);
 Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer);
 /// GroupNorm computed in fp32 with the module's affine parameters, returned in x's dtype.
 Tensor group_norm_fp32(const Tensor& x, const torch::nn::GroupNorm& layer);
-/// activation(group_norm_fp32(x, layer), act); swish/silu on float32 CPU tensors run the fused kernel of
-/// dew/nn/fused.h.
-Tensor group_norm_act(const Tensor& x, const torch::nn::GroupNorm& layer, const std::string& act);
+/// activation(group_norm_fp32(x + shift, layer), act) with shift: [B, C] broadcast over the positions
+/// (undefined: none); swish/silu on float32 CPU tensors run the fused kernel of dew/nn/fused.h.
+Tensor group_norm_act(const Tensor& x, const torch::nn::GroupNorm& layer, const std::string& act,
+                      const Tensor& shift = Tensor());
+/// {group_norm_act(x, layer, act, shift), x}: on the fused path the second output is x passed through the
+/// kernel, whose backward then adds that output's gradient into dx (dew/nn/fused.h); use it for a skip path.
+std::array<Tensor, 2> group_norm_act_and_input(const Tensor& x, const torch::nn::GroupNorm& layer,
+                                               const std::string& act, const Tensor& shift = Tensor());
 /// Mean of x: [B, L, D] over the tokens where mask [B, L] (bool) is true (all tokens when mask is
 /// undefined; zeros for a row with none) -> [B, D] float32.
 Tensor masked_mean(const Tensor& x, const Tensor& mask);

@@ -5,11 +5,16 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "dew/core/error.h"
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 // The kernels pass 64-byte vectors between always-inline helpers only; the ABI note does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
@@ -22,9 +27,11 @@ namespace kernels {
 #define DEW_FUSED_X86 1
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx2,fma")
+#define DEW_FUSED_AVX512 1
 namespace avx512 {
 #include "dew/nn/fused_kernels.inc"
 }
+#undef DEW_FUSED_AVX512
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -173,57 +180,86 @@ Tensor layout_of(const Tensor& t, const NormShape& s, int64_t dim) {
   return t.contiguous(dim == 5 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast);
 }
 
-// Per-group statistics of one sample, in shifted coordinates: x - K for the group's shift K.
+// Per-group statistics of one sample, in shifted coordinates: z - K for the group's shift K, where
+// z = x + shift is what is normalised.
 struct GroupStats {
   const float* shift;  // K: [B, G]
   const float* dmean;  // mean - K: [B, G]
   const float* rstd;   // [B, G]
 };
 
-// Per-channel K, a, b with silu(a (x - K) + b) = silu(gamma (x - mean) rstd + beta) for sample n.
+// The per-(sample, channel) shift added before normalising, viewed as [B, C, 1, ...] for x's rank.
+Tensor channel_view(const Tensor& shift, int64_t dim) {
+  std::vector<int64_t> shape(static_cast<size_t>(dim), 1);
+  shape[0] = shift.size(0);
+  shape[1] = shift.size(1);
+  return shift.view(shape);
+}
+
+// The composite the fused function computes: silu(group_norm(x + shift)); shift may be empty.
+Tensor group_norm_silu_composite(const Tensor& x, const Tensor& shift, int64_t groups, const Tensor& weight,
+                                 const Tensor& bias, double eps) {
+  const Tensor z = shift.numel() > 0 ? x + channel_view(shift, x.dim()) : x;
+  return at::silu(at::group_norm(z, groups, weight, bias, eps));
+}
+
+// Per-channel K', a, b with silu(a (x - K') + b) = silu(gamma (z - mean) rstd + beta) for sample n:
+// K' = K - shift[c] (so x - K' = z - K). `shift`: sample n's [C] shifts, or null.
 void channel_affine(const NormShape& s, int64_t n, const GroupStats& st, const float* gamma, const float* beta,
-                    float* centre, float* a, float* b) {
+                    const float* shift, float* centre, float* a, float* b) {
   for (int64_t c = 0; c < s.C; ++c) {
     const int64_t g = n * s.G + c / s.cpg;
-    centre[c] = st.shift[g];
+    centre[c] = st.shift[g] - (shift ? shift[c] : 0.0f);
     a[c] = st.rstd[g] * gamma[c];
     b[c] = beta[c] - st.dmean[g] * a[c];
   }
 }
 
+// Outputs silu(group_norm(x + shift)) and x itself: a gradient reaching the second (a residual block's skip
+// path) is added to dx inside the backward's last pass instead of by a separate add.
 struct GroupNormSiluFunction : public torch::autograd::Function<GroupNormSiluFunction> {
-  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& input, const Tensor& weight,
-                        const Tensor& bias, int64_t groups, double eps) {
+  // shift: [B, C], or empty for none.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const Tensor& input,
+                                                const Tensor& weight, const Tensor& bias, const Tensor& shift,
+                                                int64_t groups, double eps) {
     const NormShape s = norm_shape(input, groups);
     const Tensor x = layout_of(input, s, input.dim());
-    const Tensor w = weight.contiguous(), bi = bias.contiguous();
+    const Tensor w = weight.contiguous(), bi = bias.contiguous(), sh = shift.contiguous();
     Tensor stats = at::empty({3, s.B, s.G}, x.options());  // K, mean - K, rstd
     Tensor y = at::empty_like(x);
     const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>(), *bp = bi.data_ptr<float>();
+    const float* shp = sh.numel() > 0 ? sh.data_ptr<float>() : nullptr;
     float* yp = y.data_ptr<float>();
     float *kp = stats.data_ptr<float>(), *dmp = kp + s.B * s.G, *rp = dmp + s.B * s.G;
     const GroupStats st{kp, dmp, rp};
     const auto& k = active();
     const double count = static_cast<double>(s.cpg * s.S);
-    // sum(x - K) and sum((x - K)^2) with K the group's first value: var = E[(x-K)^2] - E[x-K]^2 in one pass.
-    auto finish = [&](int64_t ng, double sum, double sq, float shift) {
+    // sum(z - K) and sum((z - K)^2) with K the group's first value: var = E[(z-K)^2] - E[z-K]^2 in one pass.
+    auto finish = [&](int64_t ng, double sum, double sq, float shift_k) {
       const double dm = sum / count;
-      kp[ng] = shift;
+      kp[ng] = shift_k;
       dmp[ng] = static_cast<float>(dm);
       rp[ng] = static_cast<float>(1.0 / std::sqrt(std::max(0.0, sq / count - dm * dm) + eps));
     };
     if (!s.rows) {
       parallel(s.B * s.G, 1, [&](int64_t begin, int64_t end) {
         for (int64_t bg = begin; bg < end; ++bg) {
-          const float* xg = xp + bg * s.cpg * s.S;  // the group's channels are consecutive spans
-          double sum = 0, sq = 0;
-          k.span_moments(xg, s.cpg * s.S, xg[0], &sum, &sq);
-          finish(bg, sum, sq, xg[0]);
           const int64_t n = bg / s.G, c0 = (bg % s.G) * s.cpg;
+          const float* xg = xp + bg * s.cpg * s.S;  // the group's channels are consecutive spans
+          const float* shn = shp ? shp + n * s.C : nullptr;
+          auto centre = [&](float K, int64_t c) { return shn ? K - shn[c] : K; };
+          const float K = shn ? xg[0] + shn[c0] : xg[0];
+          double sum = 0, sq = 0;
+          if (!shn) {
+            k.span_moments(xg, s.cpg * s.S, K, &sum, &sq);
+          } else {
+            for (int64_t c = c0; c < c0 + s.cpg; ++c) k.span_moments(xg + (c - c0) * s.S, s.S, centre(K, c), &sum, &sq);
+          }
+          finish(bg, sum, sq, K);
           for (int64_t c = c0; c < c0 + s.cpg; ++c) {
             const float a = rp[bg] * wp[c], b = bp[c] - dmp[bg] * a;
             const int64_t off = (n * s.C + c) * s.S;
-            k.span_affine_silu(xp + off, yp + off, s.S, kp[bg], a, b);
+            k.span_affine_silu(xp + off, yp + off, s.S, centre(K, c), a, b);
           }
         }
       });
@@ -233,7 +269,10 @@ struct GroupNormSiluFunction : public torch::autograd::Function<GroupNormSiluFun
         std::vector<double> sum(s.C), sq(s.C);
         for (int64_t n = begin; n < end; ++n) {
           const float* xn = xp + n * s.S * s.C;
-          for (int64_t c = 0; c < s.C; ++c) centre[c] = xn[(c / s.cpg) * s.cpg];  // the first pixel's value
+          const float* shn = shp ? shp + n * s.C : nullptr;
+          // K: the group's first z value (first pixel, first channel); moments of x around K - shift[c].
+          auto group_k = [&](int64_t g) { return xn[g * s.cpg] + (shn ? shn[g * s.cpg] : 0.0f); };
+          for (int64_t c = 0; c < s.C; ++c) centre[c] = group_k(c / s.cpg) - (shn ? shn[c] : 0.0f);
           std::fill(sum.begin(), sum.end(), 0.0);
           std::fill(sq.begin(), sq.end(), 0.0);
           k.rows_moments(xn, s.S, s.C, centre.data(), sum.data(), sq.data());
@@ -243,48 +282,63 @@ struct GroupNormSiluFunction : public torch::autograd::Function<GroupNormSiluFun
               gs += sum[c];
               gq += sq[c];
             }
-            finish(n * s.G + g, gs, gq, centre[g * s.cpg]);
+            finish(n * s.G + g, gs, gq, group_k(g));
           }
-          channel_affine(s, n, st, wp, bp, centre.data(), a.data(), b.data());
+          channel_affine(s, n, st, wp, bp, shn, centre.data(), a.data(), b.data());
           k.rows_affine_silu(xn, yp + n * s.S * s.C, s.S, s.C, centre.data(), a.data(), b.data());
         }
       });
     }
     // The inputs themselves (x, w and bi are the same tensors unless a copy was needed), so a
     // create_graph backward stays connected to them.
-    ctx->save_for_backward({input, weight, bias, stats});
+    ctx->save_for_backward({input, weight, bias, shift, stats});
+    ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined, not a tensor of zeros
     ctx->saved_data["groups"] = groups;
     ctx->saved_data["eps"] = eps;
-    return y;
+    return {y, input};  // autograd returns the input as a view of itself with this node as its grad_fn
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const int64_t groups = ctx->saved_data["groups"].toInt();
-    torch::autograd::variable_list out(5);
-    if (!grads[0].defined()) return out;
+    torch::autograd::variable_list out(6);
+    const Tensor& skip_grad = grads[1];  // the gradient of the second output (x), or undefined
+    if (!grads[0].defined()) {
+      out[0] = skip_grad;
+      return out;
+    }
     if (at::GradMode::is_enabled()) {
       const double eps = ctx->saved_data["eps"].toDouble();
-      const Tensor y = at::silu(at::group_norm(saved[0], groups, saved[1], saved[2], eps));
-      return composite_grads(y, saved, 3, grads[0], 5);
+      const Tensor y = group_norm_silu_composite(saved[0], saved[3], groups, saved[1], saved[2], eps);
+      out = composite_grads(y, saved, 4, grads[0], 6);
+      if (skip_grad.defined()) out[0] = out[0].defined() ? out[0] + skip_grad : skip_grad;
+      return out;
     }
     const NormShape s = norm_shape(saved[0], groups);
     const Tensor x = layout_of(saved[0], s, saved[0].dim());
-    const Tensor w = saved[1].contiguous(), bi = saved[2].contiguous(), stats = saved[3];
+    const Tensor w = saved[1].contiguous(), bi = saved[2].contiguous(), sh = saved[3].contiguous(), stats = saved[4];
     const Tensor dy = layout_of(grads[0], s, x.dim());
+    const Tensor skip = skip_grad.defined() ? layout_of(skip_grad, s, x.dim()) : Tensor();
+    const float* skp = skip.defined() ? skip.data_ptr<float>() : nullptr;
     Tensor dx = at::empty_like(x);
-    // Per (sample, channel) sums of the SiLU-side gradient g and of g (x - K); reduced over the batch at the end.
-    Tensor sums = at::empty({2, s.B, s.C}, x.options().dtype(at::kDouble));
+    // Per (sample, channel) sums of the SiLU-side gradient g, of g (z - K) and of z - K; reduced over the
+    // batch at the end.
+    Tensor sums = at::empty({3, s.B, s.C}, x.options().dtype(at::kDouble));
+    const bool has_shift = sh.numel() > 0;
+    Tensor dshift = has_shift ? at::empty({s.B, s.C}, x.options()) : Tensor();
     const float *xp = x.data_ptr<float>(), *gp = dy.data_ptr<float>(), *wp = w.data_ptr<float>(),
                 *bp = bi.data_ptr<float>(), *kp = stats.data_ptr<float>();
+    const float* shp = has_shift ? sh.data_ptr<float>() : nullptr;
+    float* dshp = has_shift ? dshift.data_ptr<float>() : nullptr;
     const GroupStats st{kp, kp + s.B * s.G, kp + 2 * s.B * s.G};
     float* dp = dx.data_ptr<float>();
     double* sg = sums.data_ptr<double>();
     double* sgx = sg + s.B * s.C;
+    double* sx = sgx + s.B * s.C;
     const auto& k = active();
     const double count = static_cast<double>(s.cpg * s.S);
-    // dx = rstd (gamma g - mean(gamma g) - xhat mean(gamma g xhat)) = p_c g + q (x - K) + r per group.
+    // dz = rstd (gamma g - mean(gamma g) - zhat mean(gamma g zhat)) = p_c g + q (z - K) + r per group.
     auto group_coefficients = [&](int64_t n, int64_t grp, float* p, float* q, float* r) {
       const int64_t ng = n * s.G + grp;
       const double dm = st.dmean[ng], rs = st.rstd[ng];
@@ -300,22 +354,28 @@ struct GroupNormSiluFunction : public torch::autograd::Function<GroupNormSiluFun
       *q = static_cast<float>(-rs * rs * m2);
       *r = static_cast<float>(rs * (rs * m2 * dm - m1));
     };
+    // d shift[n, c] = sum over the channel's positions of dz = p sum g + q sum (z - K) + r S.
+    auto shift_grad = [&](int64_t nc, float p, float q, float r) {
+      if (dshp) dshp[nc] = static_cast<float>(p * sg[nc] + q * sx[nc] + r * static_cast<double>(s.S));
+    };
     if (!s.rows) {
       parallel(s.B * s.G, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> p(s.C);
         for (int64_t bg = begin; bg < end; ++bg) {
           const int64_t n = bg / s.G, grp = bg % s.G, c0 = grp * s.cpg;
+          auto centre = [&](int64_t c) { return shp ? st.shift[bg] - shp[n * s.C + c] : st.shift[bg]; };
           for (int64_t c = c0; c < c0 + s.cpg; ++c) {
             const int64_t nc = n * s.C + c, off = nc * s.S;
             const float a = st.rstd[bg] * wp[c], b = bp[c] - st.dmean[bg] * a;
-            sg[nc] = sgx[nc] = 0;
-            k.span_silu_grad(xp + off, gp + off, dp + off, s.S, st.shift[bg], a, b, &sg[nc], &sgx[nc]);
+            sg[nc] = sgx[nc] = sx[nc] = 0;
+            k.span_silu_grad(xp + off, gp + off, dp + off, s.S, centre(c), a, b, &sg[nc], &sgx[nc], &sx[nc]);
           }
           float q, r;
           group_coefficients(n, grp, p.data(), &q, &r);
           for (int64_t c = c0; c < c0 + s.cpg; ++c) {
             const int64_t off = (n * s.C + c) * s.S;
-            k.span_combine(dp + off, xp + off, s.S, st.shift[bg], p[c], q, r);
+            k.span_combine(dp + off, xp + off, skp ? skp + off : nullptr, s.S, centre(c), p[c], q, r);
+            shift_grad(n * s.C + c, p[c], q, r);
           }
         }
       });
@@ -324,28 +384,41 @@ struct GroupNormSiluFunction : public torch::autograd::Function<GroupNormSiluFun
         std::vector<float> centre(s.C), a(s.C), b(s.C), p(s.C), q(s.C), r(s.C);
         for (int64_t n = begin; n < end; ++n) {
           const int64_t off = n * s.S * s.C;
-          double *sgn = sg + n * s.C, *sgxn = sgx + n * s.C;
-          channel_affine(s, n, st, wp, bp, centre.data(), a.data(), b.data());
+          double *sgn = sg + n * s.C, *sgxn = sgx + n * s.C, *sxn = sx + n * s.C;
+          channel_affine(s, n, st, wp, bp, shp ? shp + n * s.C : nullptr, centre.data(), a.data(), b.data());
           std::fill(sgn, sgn + s.C, 0.0);
           std::fill(sgxn, sgxn + s.C, 0.0);
-          k.rows_silu_grad(xp + off, gp + off, dp + off, s.S, s.C, centre.data(), a.data(), b.data(), sgn, sgxn);
+          std::fill(sxn, sxn + s.C, 0.0);
+          k.rows_silu_grad(xp + off, gp + off, dp + off, s.S, s.C, centre.data(), a.data(), b.data(), sgn, sgxn, sxn);
           for (int64_t grp = 0; grp < s.G; ++grp) {
             float qg, rg;
             group_coefficients(n, grp, p.data(), &qg, &rg);
             std::fill(q.begin() + grp * s.cpg, q.begin() + (grp + 1) * s.cpg, qg);
             std::fill(r.begin() + grp * s.cpg, r.begin() + (grp + 1) * s.cpg, rg);
           }
-          k.rows_combine(dp + off, xp + off, s.S, s.C, centre.data(), p.data(), q.data(), r.data());
+          k.rows_combine(dp + off, xp + off, skp ? skp + off : nullptr, s.S, s.C, centre.data(), p.data(), q.data(),
+                         r.data());
+          for (int64_t c = 0; c < s.C; ++c) shift_grad(n * s.C + c, p[c], q[c], r[c]);
         }
       });
     }
-    // dbeta = sum g; dgamma = sum g xhat = rstd (sum g (x - K) - (mean - K) sum g), over the batch.
-    const Tensor sg_t = sums[0], sgx_t = sums[1];                               // [B, C]
-    const Tensor dm_c = stats[1].to(at::kDouble).repeat_interleave(s.cpg, 1);  // [B, C]
-    const Tensor r_c = stats[2].to(at::kDouble).repeat_interleave(s.cpg, 1);
+    // dbeta = sum g; dgamma = sum g zhat = rstd (sum g (z - K) - (mean - K) sum g), over the batch.
+    Tensor dgamma = at::empty({s.C}, x.options()), dbeta = at::empty({s.C}, x.options());
+    float *dgp = dgamma.data_ptr<float>(), *dbp = dbeta.data_ptr<float>();
+    for (int64_t c = 0; c < s.C; ++c) {
+      double gsum = 0, bsum = 0;
+      for (int64_t n = 0; n < s.B; ++n) {
+        const int64_t nc = n * s.C + c, ng = n * s.G + c / s.cpg;
+        gsum += static_cast<double>(st.rstd[ng]) * (sgx[nc] - static_cast<double>(st.dmean[ng]) * sg[nc]);
+        bsum += sg[nc];
+      }
+      dgp[c] = static_cast<float>(gsum);
+      dbp[c] = static_cast<float>(bsum);
+    }
     out[0] = dx;
-    out[1] = (r_c * (sgx_t - dm_c * sg_t)).sum(0).to(at::kFloat);
-    out[2] = sg_t.sum(0).to(at::kFloat);
+    out[1] = dgamma;
+    out[2] = dbeta;
+    if (has_shift && saved[3].requires_grad()) out[3] = dshift;
     return out;
   }
 };
@@ -510,14 +583,26 @@ Tensor gelu_tanh(const Tensor& x) {
   return GeluTanhFunction::apply(x);
 }
 
-Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps) {
+std::array<Tensor, 2> group_norm_silu_and_input(const Tensor& x, int64_t groups, const Tensor& weight,
+                                                const Tensor& bias, double eps, const Tensor& shift) {
   DEW_CHECK(x.dim() >= 2, "group_norm_silu: x must be [B, C, ...], got ", x.sizes());
   DEW_CHECK(groups > 0 && x.size(1) % groups == 0, "group_norm_silu: groups must divide the channels (",
             x.size(1), "), got ", groups);
+  DEW_CHECK(!shift.defined() || (shift.dim() == 2 && shift.size(0) == x.size(0) && shift.size(1) == x.size(1)),
+            "group_norm_silu: shift must be [", x.size(0), ", ", x.size(1), "] (batch, channels), got ",
+            shift.sizes());
   const bool fused = fused_kernels_apply(x) && x.numel() > 0 && weight.defined() && bias.defined() &&
-                     fused_kernels_apply(weight) && fused_kernels_apply(bias);
-  if (!fused) return at::silu(at::group_norm(x, groups, weight, bias, eps));
-  return GroupNormSiluFunction::apply(x, weight, bias, groups, eps);
+                     fused_kernels_apply(weight) && fused_kernels_apply(bias) &&
+                     (!shift.defined() || fused_kernels_apply(shift));
+  const Tensor sh = shift.defined() ? shift : at::empty({0}, x.options());
+  if (!fused) return {group_norm_silu_composite(x, sh, groups, weight, bias, eps), x};
+  auto out = GroupNormSiluFunction::apply(x, weight, bias, sh, groups, eps);
+  return {out[0], out[1]};
+}
+
+Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps,
+                       const Tensor& shift) {
+  return group_norm_silu_and_input(x, groups, weight, bias, eps, shift)[0];
 }
 
 bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) {

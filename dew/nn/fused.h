@@ -16,6 +16,8 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <array>
+
 #include <string>
 
 namespace dew::nn {
@@ -26,9 +28,17 @@ using at::Tensor;
 /// x sigmoid(2u). Matches at::gelu(x, "tanh") to float rounding (|diff| < 1e-6 |x|).
 Tensor gelu_tanh(const Tensor& x);
 
-/// silu(group_norm(x, groups, weight, bias, eps)) for x: [B, C, *] (any layout; channels-last
-/// tensors stay channels-last). weight and bias: [C] (both defined: the affine GroupNorm).
-Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps);
+/// silu(group_norm(x + shift, groups, weight, bias, eps)) for x: [B, C, *] (any layout; channels-last
+/// tensors stay channels-last). weight and bias: [C] (both defined: the affine GroupNorm). shift, when
+/// defined: [B, C], added to every position of its (sample, channel) before normalising (a ResBlock's
+/// time embedding), with its gradient summed in the same pass, so the sum x + shift is never stored.
+Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps,
+                       const Tensor& shift = Tensor());
+/// {group_norm_silu(x, ...), x}: x passed through as a second output whose gradient (a residual block's
+/// skip path) the fused backward adds into dx in its last pass, saving the separate add autograd would
+/// otherwise run to accumulate x's two gradients. Use the second output, not x, on the skip path.
+std::array<Tensor, 2> group_norm_silu_and_input(const Tensor& x, int64_t groups, const Tensor& weight,
+                                                const Tensor& bias, double eps, const Tensor& shift = Tensor());
 
 /// softmax(q k^T / sqrt(D)) v without a mask, for float32 CPU q: [B, H, Sq, D], k, v: [B, H, Sk, D] with
 /// Sk <= kFusedAttentionMaxKeys (check fused_attention_applies; dew::Error otherwise). One pass per

@@ -1,8 +1,10 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <thread>
 
@@ -46,11 +48,15 @@ TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndOpenBLAS) {
 
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), two);
   EXPECT_EQ(at::get_num_threads(), two);
-  if (openblas_threads() > 0) EXPECT_EQ(openblas_threads(), std::max<int64_t>(1, cores / two));
+  if (openblas_threads() > 0) {
+    EXPECT_EQ(openblas_threads(), std::max<int64_t>(1, cores / two));
+  }
 
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kGemm), 1);
   EXPECT_EQ(at::get_num_threads(), 1);
-  if (openblas_threads() > 0) EXPECT_EQ(openblas_threads(), two);
+  if (openblas_threads() > 0) {
+    EXPECT_EQ(openblas_threads(), two);
+  }
 
   setenv("OMP_NUM_THREADS", "1", 1);
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), 1);  // the environment wins over the default
@@ -72,3 +78,35 @@ TEST(Threads, OpenBLASReportsItsKernels) {
 }
 
 }  // namespace
+
+namespace {
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// Allocates n bytes, writes every page, frees them; returns the minor page faults this took.
+long faults_of_one_use(size_t n) {
+  const long before = minor_faults();
+  auto* p = static_cast<volatile char*>(std::malloc(n));
+  for (size_t i = 0; i < n; i += 4096) p[i] = static_cast<char>(i);
+  std::free(const_cast<char*>(p));
+  return minor_faults() - before;
+}
+
+}  // namespace
+
+TEST(Threads, KeepFreedMemoryReusesLargeBlocksWithoutPageFaults) {
+  EnvUnset tunables("GLIBC_TUNABLES"), opt_out("DEW_MALLOC_TUNE");
+  ASSERT_TRUE(dew::keep_freed_memory());
+  // 24 MiB: above glibc's default mmap threshold (128 KiB, adapted upwards only by earlier frees) and
+  // trim threshold, so with the defaults every use maps fresh pages (6144 faults of 4 KiB).
+  constexpr size_t n = 24u << 20;
+  faults_of_one_use(n);  // the first use grows the heap
+  EXPECT_LT(faults_of_one_use(n), 64);
+  setenv("DEW_MALLOC_TUNE", "0", 1);
+  EXPECT_FALSE(dew::keep_freed_memory());  // the opt-out
+}
+

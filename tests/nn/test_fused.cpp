@@ -91,25 +91,35 @@ TEST(Fused, GeluTanhSecondOrderGradientIsATens) {
   EXPECT_LT(max_diff(second(x, dew::nn::gelu_tanh(x)), second(xr, at::gelu(xr, "tanh"))), 1e-5);
 }
 
-// silu(group_norm(x)) and its gradients for x, weight and bias, against ATen.
-void expect_group_norm_silu_matches(const Tensor& x0, int64_t groups, const std::string& what, double tol = 2e-5) {
-  const int64_t C = x0.size(1);
+// silu(group_norm(x [+ shift])) and its gradients for x, weight, bias [and shift], against ATen's
+// group_norm of the explicit sum.
+void expect_group_norm_silu_matches(const Tensor& x0, int64_t groups, const std::string& what, double tol = 2e-5,
+                                    bool with_shift = false) {
+  const int64_t B = x0.size(0), C = x0.size(1);
   torch::manual_seed(C + groups);
-  Tensor w0 = torch::randn({C}) * 0.5 + 1, b0 = torch::randn({C}) * 0.3;
+  Tensor w0 = torch::randn({C}) * 0.5 + 1, b0 = torch::randn({C}) * 0.3, s0 = torch::randn({B, C}) * 2;
   Tensor x = x0.detach().clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
   Tensor xr = x0.detach().clone().requires_grad_(), wr = w0.clone().requires_grad_(), br = b0.clone().requires_grad_();
-  Tensor y = dew::nn::group_norm_silu(x, groups, w, b, 1e-5);
-  Tensor yr = at::silu(at::group_norm(xr, groups, wr, br, 1e-5));
+  Tensor sh = s0.clone().requires_grad_(), shr = s0.clone().requires_grad_();
+  Tensor y = dew::nn::group_norm_silu(x, groups, w, b, 1e-5, with_shift ? sh : Tensor());
+  std::vector<int64_t> view(static_cast<size_t>(x0.dim()), 1);
+  view[0] = B;
+  view[1] = C;
+  Tensor yr = at::silu(at::group_norm(with_shift ? xr + shr.view(view) : xr, groups, wr, br, 1e-5));
   EXPECT_EQ(y.sizes(), yr.sizes()) << what;
   EXPECT_EQ(y.is_contiguous(at::MemoryFormat::ChannelsLast), x0.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
   EXPECT_LT(max_diff(y, yr), tol) << what;
   Tensor g = torch::randn(x0.sizes());
   y.backward(g);
   yr.backward(g);
-  const double scale = 1.0 + xr.grad().abs().max().item<double>();
-  EXPECT_LT(max_diff(x.grad(), xr.grad()) / scale, tol) << what << ": dx";
-  EXPECT_LT(max_diff(w.grad(), wr.grad()) / (1.0 + wr.grad().abs().max().item<double>()), tol) << what << ": dweight";
-  EXPECT_LT(max_diff(b.grad(), br.grad()) / (1.0 + br.grad().abs().max().item<double>()), tol) << what << ": dbias";
+  auto rel = [](const Tensor& a, const Tensor& r) { return max_diff(a, r) / (1.0 + r.abs().max().item<double>()); };
+  EXPECT_LT(rel(x.grad(), xr.grad()), tol) << what << ": dx";
+  EXPECT_LT(rel(w.grad(), wr.grad()), tol) << what << ": dweight";
+  EXPECT_LT(rel(b.grad(), br.grad()), tol) << what << ": dbias";
+  if (with_shift) {
+    ASSERT_TRUE(sh.grad().defined()) << what;
+    EXPECT_LT(rel(sh.grad(), shr.grad()), tol) << what << ": dshift";
+  }
 }
 
 TEST(Fused, GroupNormSiluMatchesATenOnEveryIsaAndLayout) {
@@ -131,6 +141,65 @@ TEST(Fused, GroupNormSiluMatchesATenOnEveryIsaAndLayout) {
         torch::randn({2, 20, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast3d), 4, isa + " NDHWC");
     // A non-contiguous input (a channel slice) goes through a contiguous copy.
     expect_group_norm_silu_matches(torch::randn({2, 16, 6, 6}).slice(1, 0, 8), 2, isa + " sliced");
+    // With a per-(sample, channel) shift (a ResBlock's time embedding), both layouts, tails included.
+    expect_group_norm_silu_matches(torch::randn({3, 32, 28, 28}), 8, isa + " NCHW shift", 2e-5, true);
+    expect_group_norm_silu_matches(torch::randn({2, 12, 7, 5}), 3, isa + " NCHW odd shift", 2e-5, true);
+    expect_group_norm_silu_matches(torch::randn({3, 64, 14, 14}).contiguous(at::MemoryFormat::ChannelsLast), 8,
+                                   isa + " NHWC shift", 2e-5, true);
+    expect_group_norm_silu_matches(torch::randn({2, 24, 5, 3}).contiguous(at::MemoryFormat::ChannelsLast), 6,
+                                   isa + " NHWC 24ch shift", 2e-5, true);
+    // More than one tile of channels (8 vectors = 128) with a tail.
+    expect_group_norm_silu_matches(torch::randn({2, 144, 3, 3}).contiguous(at::MemoryFormat::ChannelsLast), 8,
+                                   isa + " NHWC 144ch shift", 2e-5, true);
+  }
+}
+
+TEST(Fused, GroupNormSiluAndInputAddsTheSkipGradientIntoDx) {
+  // A residual block's use: y = silu(gn(x + shift)) feeds the branch, the second output feeds the skip
+  // path. dx must be the branch's gradient plus the skip path's, for every ISA and layout, also when the
+  // skip gradient arrives in the other layout and when only one of the outputs is used.
+  IsaGuard guard;
+  for (const auto& isa : runnable_isas()) {
+    dew::nn::set_fused_kernel_isa(isa);
+    for (bool nhwc : {false, true}) {
+      for (int use : {0, 1, 2}) {  // 0: both outputs, 1: only y, 2: only the skip output
+        torch::manual_seed(17 + use);
+        Tensor x0 = torch::randn({2, 24, 5, 7}), w = torch::randn({24}), b = torch::randn({24});
+        Tensor s0 = torch::randn({2, 24});
+        if (nhwc) x0 = x0.contiguous(at::MemoryFormat::ChannelsLast);
+        Tensor gy = torch::randn({2, 24, 5, 7}), gs = torch::randn({2, 24, 5, 7});  // NCHW gradients
+        Tensor x = x0.clone().requires_grad_(), sh = s0.clone().requires_grad_();
+        auto out = dew::nn::group_norm_silu_and_input(x, 6, w, b, 1e-5, sh);
+        EXPECT_TRUE(torch::equal(out[1], x0)) << isa;
+        Tensor loss = use == 2 ? (out[1] * gs).sum() : use == 1 ? (out[0] * gy).sum() : (out[0] * gy + out[1] * gs).sum();
+        loss.backward();
+        Tensor xr = x0.clone().requires_grad_(), shr = s0.clone().requires_grad_();
+        Tensor yr = at::silu(at::group_norm(xr + shr.view({2, 24, 1, 1}), 6, w, b, 1e-5));
+        Tensor lr = use == 2 ? (xr * gs).sum() + 0 * yr.sum() : use == 1 ? (yr * gy).sum() : (yr * gy + xr * gs).sum();
+        lr.backward();
+        const std::string what = isa + (nhwc ? " NHWC" : " NCHW") + " use " + std::to_string(use);
+        EXPECT_LT(max_diff(x.grad(), xr.grad()) / (1 + xr.grad().abs().max().item<double>()), 2e-5) << what;
+        if (use != 2) {
+          EXPECT_LT(max_diff(sh.grad(), shr.grad()), 2e-4) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(Fused, GroupNormSiluShiftCancelsALargeMean) {
+  // x = 1000 + N(0, 0.01) with shift -1000 + c/100: z = x + shift has mean c/100 and the variance of the
+  // noise, which the kernel must find without forming z in float first (float spacing at 1000 is 6e-5).
+  torch::manual_seed(13);
+  Tensor x = 1000 + torch::randn({2, 8, 10, 10}) * 0.01;
+  Tensor shift = -1000 + torch::arange(8, at::kFloat).div(100).unsqueeze(0).repeat({2, 1});
+  Tensor w = torch::ones({8}), b = torch::zeros({8});
+  for (bool nhwc : {false, true}) {
+    Tensor xin = nhwc ? x.contiguous(at::MemoryFormat::ChannelsLast) : x;
+    Tensor y = dew::nn::group_norm_silu(xin, 2, w, b, 1e-5, shift);
+    Tensor zd = (x.to(at::kDouble) + shift.to(at::kDouble).view({2, 8, 1, 1})).view({2, 2, -1});
+    Tensor zhat = ((zd - zd.mean(-1, true)) / (zd.var(-1, false, true) + 1e-5).sqrt()).view({2, 8, 10, 10});
+    EXPECT_LT(max_diff(y.to(at::kDouble), zhat * torch::sigmoid(zhat)), 2e-2) << (nhwc ? "NHWC" : "NCHW");
   }
 }
 
@@ -152,6 +221,14 @@ TEST(Fused, GroupNormSiluFallsBackAndRefusesBadGroups) {
   EXPECT_TRUE(torch::equal(dew::nn::group_norm_silu(xd, 2, wd, bd, 1e-5), at::silu(at::group_norm(xd, 2, wd, bd, 1e-5))));
   const std::string e = error_of([] { dew::nn::group_norm_silu(torch::randn({2, 6, 3, 3}), 4, {}, {}, 1e-5); });
   EXPECT_NE(e.find("groups must divide the channels (6), got 4"), std::string::npos) << e;
+  const std::string es = error_of([] {
+    dew::nn::group_norm_silu(torch::randn({2, 6, 3, 3}), 3, torch::ones({6}), torch::zeros({6}), 1e-5, torch::zeros({6}));
+  });
+  EXPECT_NE(es.find("shift must be [2, 6] (batch, channels), got [6]"), std::string::npos) << es;
+  // A float64 shift takes the composite too: exactly silu(group_norm(x + shift)).
+  Tensor sd = torch::randn({2, 4}, at::kDouble);
+  EXPECT_TRUE(torch::equal(dew::nn::group_norm_silu(xd, 2, wd, bd, 1e-5, sd),
+                           at::silu(at::group_norm(xd + sd.view({2, 4, 1, 1}), 2, wd, bd, 1e-5))));
   EXPECT_NE(error_of([] { dew::nn::set_fused_kernel_isa("neon"); }).find("accepted: avx512, avx2, base"),
             std::string::npos);
 }
@@ -160,13 +237,17 @@ TEST(Fused, GroupNormSiluSecondOrderGradientIsATens) {
   torch::manual_seed(5);
   Tensor x0 = torch::randn({2, 4, 3, 3});
   Tensor w = torch::randn({4}), b = torch::randn({4});
+  Tensor s0 = torch::randn({2, 4});
   auto second = [&](bool fused) {
-    Tensor x = x0.clone().requires_grad_();
-    Tensor y = fused ? dew::nn::group_norm_silu(x, 2, w, b, 1e-5) : at::silu(at::group_norm(x, 2, w, b, 1e-5));
-    Tensor g = torch::autograd::grad({(y * y).sum()}, {x}, {}, true, true)[0];
-    return torch::autograd::grad({g.pow(2).sum()}, {x})[0];
+    Tensor x = x0.clone().requires_grad_(), sh = s0.clone().requires_grad_();
+    Tensor y = fused ? dew::nn::group_norm_silu(x, 2, w, b, 1e-5, sh)
+                     : at::silu(at::group_norm(x + sh.view({2, 4, 1, 1}), 2, w, b, 1e-5));
+    auto g = torch::autograd::grad({(y * y).sum()}, {x, sh}, {}, true, true);
+    return torch::autograd::grad({g[0].pow(2).sum() + g[1].pow(2).sum()}, {x, sh});
   };
-  EXPECT_LT(max_diff(second(true), second(false)), 1e-4);
+  const auto fused = second(true), composite = second(false);
+  EXPECT_LT(max_diff(fused[0], composite[0]), 1e-4);
+  EXPECT_LT(max_diff(fused[1], composite[1]), 1e-4);
 }
 
 
@@ -260,7 +341,9 @@ TEST(Fused, RowParallelLinearMatchesATenWithAndWithoutBias) {
     yd.backward(g.to(at::kDouble));
     EXPECT_LT(max_diff(x.grad().to(at::kDouble), xd.grad()), 1e-5) << what << ": dx";
     EXPECT_LT(max_diff(w.grad().to(at::kDouble), wd.grad()), 1e-4) << what << ": dw";
-    if (with_bias) EXPECT_LT(max_diff(b.grad().to(at::kDouble), bd.grad()), 1e-4) << what << ": db";
+    if (with_bias) {
+      EXPECT_LT(max_diff(b.grad().to(at::kDouble), bd.grad()), 1e-4) << what << ": db";
+    }
   }
   // Second order (create_graph) goes through the composite: d/dx sum((dL/dx)^2) as ATen's.
   {
