@@ -61,6 +61,9 @@ struct KernelSet {
   decltype(&kernels::base::rows_combine) rows_combine;
   decltype(&kernels::base::attention_forward) attention_forward;
   decltype(&kernels::base::attention_backward) attention_backward;
+  decltype(&kernels::base::adam_update) adam_update;
+  decltype(&kernels::base::ema_update) ema_update;
+  decltype(&kernels::base::sum_squares) sum_squares;
 };
 
 #define DEW_KERNEL_SET(NS)                                                                                     \
@@ -68,7 +71,8 @@ struct KernelSet {
     #NS, kernels::NS::gelu_forward, kernels::NS::gelu_backward, kernels::NS::span_moments,                  \
         kernels::NS::span_affine_silu, kernels::NS::span_silu_grad, kernels::NS::span_combine,               \
         kernels::NS::rows_moments, kernels::NS::rows_affine_silu, kernels::NS::rows_silu_grad,               \
-        kernels::NS::rows_combine, kernels::NS::attention_forward, kernels::NS::attention_backward           \
+        kernels::NS::rows_combine, kernels::NS::attention_forward, kernels::NS::attention_backward,          \
+        kernels::NS::adam_update, kernels::NS::ema_update, kernels::NS::sum_squares                           \
   }
 
 bool cpu_has(const std::string& isa) {
@@ -624,6 +628,44 @@ Tensor row_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& 
                      x.numel() / std::max<int64_t>(1, x.size(-1)) >= 2 * kLinearRowGrain;
   if (!split) return at::linear(x, weight, bias);
   return LinearFunction::apply(x, weight, bias.defined() ? bias : at::empty({0}, weight.options()));
+}
+
+namespace {
+
+// A float32 CPU tensor the update kernels can walk as one span.
+bool flat_float(const Tensor& t) { return fused_kernels_apply(t) && t.is_contiguous(); }
+
+constexpr int64_t kUpdateGrain = 1 << 16;
+
+}  // namespace
+
+bool fused_adam_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamCoefficients& c) {
+  if (!flat_float(p) || !flat_float(g) || !flat_float(m) || !flat_float(v) || g.numel() != p.numel() ||
+      m.numel() != p.numel() || v.numel() != p.numel())
+    return false;
+  const float k[7] = {static_cast<float>(c.l2), static_cast<float>(c.beta1), static_cast<float>(c.beta2),
+                      static_cast<float>(c.decay), static_cast<float>(c.step), static_cast<float>(1.0 / c.bc2),
+                      static_cast<float>(c.eps)};
+  float *pp = p.data_ptr<float>(), *mp = m.data_ptr<float>(), *vp = v.data_ptr<float>();
+  const float* gp = g.data_ptr<float>();
+  const auto& kern = active();
+  parallel(p.numel(), kUpdateGrain, [&](int64_t b, int64_t e) { kern.adam_update(pp + b, gp + b, mp + b, vp + b, e - b, k); });
+  return true;
+}
+
+bool fused_ema_update(const Tensor& avg, const Tensor& p, double decay) {
+  if (!flat_float(avg) || !flat_float(p) || avg.numel() != p.numel()) return false;
+  float* ap = avg.data_ptr<float>();
+  const float* pp = p.data_ptr<float>();
+  const auto& kern = active();
+  const float d = static_cast<float>(decay);
+  parallel(p.numel(), kUpdateGrain, [&](int64_t b, int64_t e) { kern.ema_update(ap + b, pp + b, e - b, d); });
+  return true;
+}
+
+double sum_of_squares(const Tensor& x) {
+  if (!flat_float(x)) return x.to(at::kDouble).square().sum().item<double>();
+  return active().sum_squares(x.data_ptr<float>(), x.numel());
 }
 
 std::string fused_kernel_isa() { return active().isa; }

@@ -1,5 +1,5 @@
 // Fused CPU kernels with hand-written backward passes for the element-wise work that dominates the
-// small-model training step on CPU.
+// small-model training step on CPU, and one-pass optimizer updates (Adam(W), EMA, gradient norm).
 //
 //   Tensor y = dew::nn::gelu_tanh(x);                                   // == at::gelu(x, "tanh")
 //   Tensor z = dew::nn::group_norm_silu(x, 8, gamma, beta, 1e-5);       // == silu(group_norm(x))
@@ -58,6 +58,19 @@ constexpr int64_t kFusedAttentionMaxKeys = 128;
 /// rows and more than one intra-op thread; otherwise at::linear.
 Tensor row_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
+/// Coefficients of one Adam(W) update (dew/training/optim.cpp): g' = g + l2 p, m = beta1 m + (1 - beta1) g',
+/// v = beta2 v + (1 - beta2) g'^2, p = decay p - step m / (sqrt(v / bc2) + eps). AdamW: l2 = 0,
+/// decay = 1 - lr wd; Adam with L2 decay: decay = 1; step = lr / bc1.
+struct AdamCoefficients {
+  double l2 = 0, beta1 = 0.9, beta2 = 0.999, decay = 1, step = 0, bc2 = 1, eps = 1e-8;
+};
+/// The update above in one pass over p, g, m, v (in place on p, m, v) when all four are contiguous float32
+/// CPU tensors of one size; returns false, changing nothing, otherwise (the caller then uses ATen ops).
+bool fused_adam_update(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const AdamCoefficients& c);
+/// avg = decay avg + (1 - decay) p in one pass, under the same conditions; false otherwise.
+bool fused_ema_update(const Tensor& avg, const Tensor& p, double decay);
+/// sum(x^2) accumulated in double; one pass for a contiguous float32 CPU tensor, ATen otherwise.
+double sum_of_squares(const Tensor& x);
 /// Whether the fused kernels run for this tensor (float32, CPU); otherwise the functions above fall back
 /// to the ATen composite.
 bool fused_kernels_apply(const Tensor& x);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "dew/nn/fused.h"
+
 namespace dew::training {
 
 void validate(const OptimOptions& o) {
@@ -29,7 +31,7 @@ double clip_grad_norm(const NamedTensors& params, double max_norm) {
   at::NoGradGuard ng;
   double sq = 0;
   for (const auto& [name, p] : params)
-    if (p.grad().defined()) sq += p.grad().to(at::kDouble).square().sum().item<double>();
+    if (p.grad().defined()) sq += nn::sum_of_squares(p.grad());
   const double norm = std::sqrt(sq);
   if (max_norm > 0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
@@ -52,8 +54,10 @@ Optimizer::Optimizer(NamedTensors params, OptimOptions options) : params_(std::m
 }
 
 void Optimizer::zero_grad() {
+  // Gradients are dropped, not zeroed (PyTorch's set_to_none): the next backward then hands its gradient
+  // tensors over instead of adding them into zeros, and a parameter that gets none is skipped by step().
   for (auto& [name, p] : params_)
-    if (p.grad().defined()) p.mutable_grad().zero_();
+    if (p.grad().defined()) p.mutable_grad().reset();
 }
 
 void Optimizer::step(double lr) {
@@ -71,10 +75,19 @@ void Optimizer::step(double lr) {
       p.add_(buf, -lr);
       continue;
     }
-    if (decay && o_.name == "adamw") p.mul_(1 - lr * o_.weight_decay);
-    if (decay && o_.name == "adam") g = g + o_.weight_decay * p;
     auto& m = m_[name];
     auto& v = v_[name];
+    nn::AdamCoefficients c;
+    c.l2 = decay && o_.name == "adam" ? o_.weight_decay : 0.0;
+    c.decay = decay && o_.name == "adamw" ? 1 - lr * o_.weight_decay : 1.0;
+    c.beta1 = o_.beta1;
+    c.beta2 = o_.beta2;
+    c.step = lr / bc1;
+    c.bc2 = bc2;
+    c.eps = o_.eps;
+    if (nn::fused_adam_update(p, g, m, v, c)) continue;  // float32 CPU: one pass instead of eight ops
+    if (decay && o_.name == "adamw") p.mul_(1 - lr * o_.weight_decay);
+    if (decay && o_.name == "adam") g = g + o_.weight_decay * p;
     m.mul_(o_.beta1).add_(g, 1 - o_.beta1);
     v.mul_(o_.beta2).addcmul_(g, g, 1 - o_.beta2);
     auto denom = (v / bc2).sqrt_().add_(o_.eps);
@@ -117,7 +130,10 @@ void EMA::update(const NamedTensors& params, int64_t step) {
   if (decay_ >= 1.0) return;
   at::NoGradGuard ng;
   const double d = std::min(decay_, (1.0 + step) / (10.0 + step));
-  for (const auto& [name, p] : params) avg_.at(name).mul_(d).add_(p.detach().to(at::kFloat), 1 - d);
+  for (const auto& [name, p] : params) {
+    Tensor& avg = avg_.at(name);
+    if (!nn::fused_ema_update(avg, p.detach(), d)) avg.mul_(d).add_(p.detach().to(at::kFloat), 1 - d);
+  }
 }
 
 void EMA::swap_into(const NamedTensors& params) {

@@ -52,6 +52,7 @@ class Optimizer {
   Optimizer(NamedTensors params, OptimOptions options);
   /// One update with learning rate lr from the parameters' .grad(); parameters without grad are skipped.
   void step(double lr);
+  /// Drops the gradients (undefined, as PyTorch's zero_grad(set_to_none=True)).
   void zero_grad();
   /// Per-parameter state ("exp_avg/NAME", "exp_avg_sq/NAME", "momentum/NAME") and "step".
   std::map<std::string, Tensor> state_dict() const;
