@@ -64,7 +64,8 @@ constexpr int64_t kLmGenReps = 5;
 const char* kBenchUsage =
     "usage: dew bench [--models simple_dit,unet,unet_attn,lm | --all] [--steps N] [--warmup W] [--batch B]\n"
     "                 [--seq-len S] [--threads 1,2] [--blas-threads 1,2] [--rounds R] [--no-peer]\n"
-    "                 [--peer FILE] [--lm-peer FILE] [--peer-coretype CORE] [--out FILE.md]\n"
+    "                 [--peer FILE] [--lm-peer FILE] [--peer-coretype CORE] [--peer-malloc-like-dew]\n"
+    "                 [--out FILE.md]\n"
     "\n"
     "Times one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) per model,\n"
     "in C++ and in Python PyTorch eager (bench/peer.py run by /usr/bin/python3), for every combination of\n"
@@ -93,6 +94,8 @@ const char* kBenchUsage =
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
     "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"
     "                  kernels, Python does not, so --peer-coretype SkylakeX compares like with like)\n"
+    "  --peer-malloc-like-dew  give the Python peer dew's malloc settings (GLIBC_TUNABLES: freed memory\n"
+    "                  is kept for reuse, as the dew program does for itself; see docs/training.md)\n"
     "  --out FILE.md   also write the report to FILE.md\n"
     "\n"
     "dew bench --one MODEL --threads T [--steps N] [--warmup W] [--profile FILE.json] runs one C++\n"
@@ -607,7 +610,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
                                "one", "peer-coretype", "seq-len", "lm-peer", "profile"},
-                              {"no-peer", "help", "all"});
+                              {"no-peer", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
     return 0;
@@ -677,6 +680,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   } else if (std::getenv(kCoretypeMarker)) {
     peer_unset = {"OPENBLAS_CORETYPE", kCoretypeMarker};
   }
+  if (f.has("peer-malloc-like-dew")) peer_env["GLIBC_TUNABLES"] = kKeepFreedMemoryTunables;
 
   const auto common = [&](int64_t t, bool lm) {
     std::vector<std::string> a{"--batch", std::to_string(lm ? lm_batch : batch), "--steps", std::to_string(steps),
@@ -758,6 +762,9 @@ int cmd_bench(const std::vector<std::string>& args) {
     m << "; OPENBLAS_CORETYPE " << (by_dew ? std::string("set by dew for itself (") + by_dew + ")"
                                            : coretype ? std::string("set by the user (") + coretype + ")" : "unset");
     if (with_peer && f.has("peer-coretype")) m << ", " << f.get("peer-coretype", "") << " for Python (--peer-coretype)";
+    // keep_freed_memory() is idempotent; its answer says what the C++ children (dew processes too) did
+    m << (keep_freed_memory() ? "; malloc keeps freed memory in dew" : "; malloc as the environment sets it in dew");
+    if (with_peer) m << (f.has("peer-malloc-like-dew") ? " and in Python (--peer-malloc-like-dew)" : ", glibc defaults in Python");
     m << "; " << utc_now() << "; 1-minute load average " << load_before << " before the runs, " << load_after
       << " after (the runs themselves add 1-2).\n\nCommand: `";
     if (coretype) m << "OPENBLAS_CORETYPE=" << coretype << " ";

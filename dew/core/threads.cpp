@@ -90,8 +90,8 @@ bool keep_freed_memory() {
   if ((tunables && std::strstr(tunables, "glibc.malloc.")) || (opt_out && std::string(opt_out) == "0")) return false;
   // Setting either value turns off glibc's adaptive threshold, so both are set: 32 MiB is the largest
   // mmap threshold glibc accepts on 64-bit (larger blocks are still mapped and unmapped per use).
-  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1;
-  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1;
+  const bool mmap_ok = mallopt(M_MMAP_THRESHOLD, kMallocMmapThreshold) == 1;
+  const bool trim_ok = mallopt(M_TRIM_THRESHOLD, kMallocTrimThreshold) == 1;
   return mmap_ok && trim_ok;
 }
 

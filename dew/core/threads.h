@@ -46,5 +46,11 @@ inline constexpr const char* kCoretypeMarker = "DEW_OPENBLAS_CORETYPE_SET_BY_DEW
 /// steps reuse the same memory: 6-10% faster steps, at the price of holding the peak. Skipped when
 /// GLIBC_TUNABLES already sets a glibc.malloc option or DEW_MALLOC_TUNE=0. Returns whether it applied.
 bool keep_freed_memory();
+inline constexpr int kMallocMmapThreshold = 32 << 20;
+inline constexpr int kMallocTrimThreshold = 1 << 30;
+/// The same two settings as a GLIBC_TUNABLES value, for another process (`dew bench --peer-malloc-like-dew`
+/// gives them to the Python peer).
+inline constexpr const char* kKeepFreedMemoryTunables =
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824";
 
 }  // namespace dew

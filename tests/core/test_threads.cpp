@@ -108,5 +108,9 @@ TEST(Threads, KeepFreedMemoryReusesLargeBlocksWithoutPageFaults) {
   EXPECT_LT(faults_of_one_use(n), 64);
   setenv("DEW_MALLOC_TUNE", "0", 1);
   EXPECT_FALSE(dew::keep_freed_memory());  // the opt-out
+  // The tunables string handed to other processes says the same as the two mallopt values.
+  EXPECT_EQ(std::string(dew::kKeepFreedMemoryTunables),
+            "glibc.malloc.mmap_threshold=" + std::to_string(dew::kMallocMmapThreshold) +
+                ":glibc.malloc.trim_threshold=" + std::to_string(dew::kMallocTrimThreshold));
 }
 
