@@ -241,7 +241,11 @@ Tensor UnetImpl::run(const Tensor& x, const Tensor& time, const Conditioning& co
   // attention's token view [B, H W, C] needs no copy. Every op after conv_in keeps the layout; the output
   // is returned contiguous.
   const bool channels_last = x.device().is_cpu() && dtype_ == at::kFloat;
-  Tensor h = conv(x.to(dtype_), conv_in);  // [B, d0, H, W]
+  Tensor xin = x.to(dtype_);
+  // The input itself goes channels-last (for one channel only its strides change; contiguous() would
+  // keep NCHW strides there), so conv_in runs and returns channels-last, forward and backward.
+  if (channels_last) xin = at::empty(xin.sizes(), xin.options().memory_format(at::MemoryFormat::ChannelsLast)).copy_(xin);
+  Tensor h = conv(xin, conv_in);  // [B, d0, H, W]
   if (channels_last) h = h.contiguous(at::MemoryFormat::ChannelsLast);
   std::vector<Tensor> skips{h};
   for (size_t i = 0; i < down.size(); ++i) {
