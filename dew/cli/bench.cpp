@@ -750,6 +750,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   auto core_of = [](const std::vector<Measurement>& ms) {
     return ms.empty() || ms.front().blas_core.empty() ? std::string("n/a") : ms.front().blas_core;
   };
+  // keep_freed_memory() is idempotent; its answer is what the C++ children (dew processes too) did.
+  const bool malloc_kept = keep_freed_memory();
   // The machine line and the command; `probe` supplies the kernel sets each side's OpenBLAS chose.
   auto machine = [&](const Row& probe, bool with_peer) {
     std::ostringstream m;
@@ -762,8 +764,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     m << "; OPENBLAS_CORETYPE " << (by_dew ? std::string("set by dew for itself (") + by_dew + ")"
                                            : coretype ? std::string("set by the user (") + coretype + ")" : "unset");
     if (with_peer && f.has("peer-coretype")) m << ", " << f.get("peer-coretype", "") << " for Python (--peer-coretype)";
-    // keep_freed_memory() is idempotent; its answer says what the C++ children (dew processes too) did
-    m << (keep_freed_memory() ? "; malloc keeps freed memory in dew" : "; malloc as the environment sets it in dew");
+    m << (malloc_kept ? "; malloc keeps freed memory in dew" : "; malloc as the environment sets it in dew");
     if (with_peer) m << (f.has("peer-malloc-like-dew") ? " and in Python (--peer-malloc-like-dew)" : ", glibc defaults in Python");
     m << "; " << utc_now() << "; 1-minute load average " << load_before << " before the runs, " << load_after
       << " after (the runs themselves add 1-2).\n\nCommand: `";

@@ -72,13 +72,8 @@ std::array<Tensor, 2> group_norm_act_and_input(const Tensor& x, const torch::nn:
   const auto& o = layer->options;
   if ((act == "swish" || act == "silu") && x.scalar_type() == at::kFloat && o.affine())
     return group_norm_silu_and_input(x, o.num_groups(), layer->weight, layer->bias, o.eps(), shift);
-  DEW_CHECK(!shift.defined() || (shift.dim() == 2 && shift.size(0) == x.size(0) && shift.size(1) == x.size(1)),
-            "group_norm_act: shift must be [", x.size(0), ", ", x.size(1), "] (batch, channels), got ", shift.sizes());
-  if (!shift.defined()) return {activation(group_norm_fp32(x, layer), act), x};
-  std::vector<int64_t> view(static_cast<size_t>(x.dim()), 1);
-  view[0] = shift.size(0);
-  view[1] = shift.size(1);
-  return {activation(group_norm_fp32(x + shift.to(x.scalar_type()).view(view), layer), act), x};
+  const Tensor z = add_channel_shift(x, shift.defined() ? shift.to(x.scalar_type()) : shift);
+  return {activation(group_norm_fp32(z, layer), act), x};
 }
 
 Tensor group_norm_act(const Tensor& x, const torch::nn::GroupNorm& layer, const std::string& act, const Tensor& shift) {

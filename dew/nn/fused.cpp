@@ -192,19 +192,10 @@ struct GroupStats {
   const float* rstd;   // [B, G]
 };
 
-// The per-(sample, channel) shift added before normalising, viewed as [B, C, 1, ...] for x's rank.
-Tensor channel_view(const Tensor& shift, int64_t dim) {
-  std::vector<int64_t> shape(static_cast<size_t>(dim), 1);
-  shape[0] = shift.size(0);
-  shape[1] = shift.size(1);
-  return shift.view(shape);
-}
-
 // The composite the fused function computes: silu(group_norm(x + shift)); shift may be empty.
 Tensor group_norm_silu_composite(const Tensor& x, const Tensor& shift, int64_t groups, const Tensor& weight,
                                  const Tensor& bias, double eps) {
-  const Tensor z = shift.numel() > 0 ? x + channel_view(shift, x.dim()) : x;
-  return at::silu(at::group_norm(z, groups, weight, bias, eps));
+  return at::silu(at::group_norm(add_channel_shift(x, shift), groups, weight, bias, eps));
 }
 
 // Per-channel K', a, b with silu(a (x - K') + b) = silu(gamma (z - mean) rstd + beta) for sample n:
@@ -254,11 +245,7 @@ struct GroupNormSiluFunction : public torch::autograd::Function<GroupNormSiluFun
           auto centre = [&](float K, int64_t c) { return shn ? K - shn[c] : K; };
           const float K = shn ? xg[0] + shn[c0] : xg[0];
           double sum = 0, sq = 0;
-          if (!shn) {
-            k.span_moments(xg, s.cpg * s.S, K, &sum, &sq);
-          } else {
-            for (int64_t c = c0; c < c0 + s.cpg; ++c) k.span_moments(xg + (c - c0) * s.S, s.S, centre(K, c), &sum, &sq);
-          }
+          for (int64_t c = c0; c < c0 + s.cpg; ++c) k.span_moments(xg + (c - c0) * s.S, s.S, centre(K, c), &sum, &sq);
           finish(bg, sum, sq, K);
           for (int64_t c = c0; c < c0 + s.cpg; ++c) {
             const float a = rp[bg] * wp[c], b = bp[c] - dmp[bg] * a;
@@ -587,14 +574,27 @@ Tensor gelu_tanh(const Tensor& x) {
   return GeluTanhFunction::apply(x);
 }
 
+void check_channel_shift(const Tensor& x, const Tensor& shift) {
+  DEW_CHECK(!shift.defined() || shift.numel() == 0 ||
+                (x.dim() >= 2 && shift.dim() == 2 && shift.size(0) == x.size(0) && shift.size(1) == x.size(1)),
+            "group norm: shift must be [", x.size(0), ", ", x.size(1), "] (batch, channels), got ", shift.sizes());
+}
+
+Tensor add_channel_shift(const Tensor& x, const Tensor& shift) {
+  check_channel_shift(x, shift);
+  if (!shift.defined() || shift.numel() == 0) return x;
+  std::vector<int64_t> view(static_cast<size_t>(x.dim()), 1);
+  view[0] = shift.size(0);
+  view[1] = shift.size(1);
+  return x + shift.view(view);
+}
+
 std::array<Tensor, 2> group_norm_silu_and_input(const Tensor& x, int64_t groups, const Tensor& weight,
                                                 const Tensor& bias, double eps, const Tensor& shift) {
   DEW_CHECK(x.dim() >= 2, "group_norm_silu: x must be [B, C, ...], got ", x.sizes());
   DEW_CHECK(groups > 0 && x.size(1) % groups == 0, "group_norm_silu: groups must divide the channels (",
             x.size(1), "), got ", groups);
-  DEW_CHECK(!shift.defined() || (shift.dim() == 2 && shift.size(0) == x.size(0) && shift.size(1) == x.size(1)),
-            "group_norm_silu: shift must be [", x.size(0), ", ", x.size(1), "] (batch, channels), got ",
-            shift.sizes());
+  check_channel_shift(x, shift);
   const bool fused = fused_kernels_apply(x) && x.numel() > 0 && weight.defined() && bias.defined() &&
                      fused_kernels_apply(weight) && fused_kernels_apply(bias) &&
                      (!shift.defined() || fused_kernels_apply(shift));

@@ -34,6 +34,10 @@ Tensor gelu_tanh(const Tensor& x);
 /// time embedding), with its gradient summed in the same pass, so the sum x + shift is never stored.
 Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& shift = Tensor());
+/// x + shift with shift: [B, C] broadcast over x's positions ([B, C, 1, ...]); x itself when shift is
+/// undefined or empty. dew::Error (via check_channel_shift) for any other shape.
+Tensor add_channel_shift(const Tensor& x, const Tensor& shift);
+void check_channel_shift(const Tensor& x, const Tensor& shift);
 /// {group_norm_silu(x, ...), x}: x passed through as a second output whose gradient (a residual block's
 /// skip path) the fused backward adds into dx in its last pass, saving the separate add autograd would
 /// otherwise run to accumulate x's two gradients. Use the second output, not x, on the skip path.
