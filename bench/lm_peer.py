@@ -201,8 +201,10 @@ class Step(peer.TrainStep):
 def generate(model, prompt, new_tokens):
     """Greedy decoding with a KV cache; returns (tokens, their log-probs, prefill seconds)."""
     caches = [{} for _ in model.layers]
+    peer.sync()
     t0 = time.perf_counter()
     logits = model(prompt, caches)[:, -1]
+    peer.sync()
     prefill = time.perf_counter() - t0
     out, logprobs = [], []
     for i in range(new_tokens):
@@ -227,7 +229,9 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--gen-reps", type=int, default=5, help="timed generations (after one untimed)")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     a = ap.parse_args()
+    peer.use_device(a.device)
     if min(a.batch, a.seq_len, a.steps, a.threads, a.prompt_len, a.new_tokens, a.gen_reps) < 1 or a.warmup < 0:
         fail("--batch, --seq-len, --steps, --threads, --prompt-len, --new-tokens and --gen-reps must be >= 1, "
              "--warmup >= 0")
@@ -245,7 +249,7 @@ def main():
         fail(f"causal_transformer has {n} parameters here and {a.params} in C++: the two models differ")
 
     V = fields["vocab_size"]
-    g = torch.Generator().manual_seed(1)
+    g = peer.generator(1)
     tokens = torch.randint(0, V, (a.batch, a.seq_len + 1), generator=g)
     prompt = torch.randint(0, V, (1, a.prompt_len), generator=g)
     step = Step(model, tokens)

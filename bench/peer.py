@@ -34,6 +34,31 @@ P_MEAN, P_STD, SIGMA_DATA = -1.2, 1.2, 0.5
 LR, BETAS, EPS, WEIGHT_DECAY, EMA_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01, 0.995
 
 
+# Where the peer runs (--device). On a CUDA device, torch.set_default_device puts every tensor the models
+# make there, and the generators are made on it too; timings synchronise the device (sync()).
+DEVICE = "cpu"
+
+
+def use_device(name):
+    global DEVICE
+    DEVICE = name
+    if name != "cpu":
+        if not hasattr(torch, "set_default_device"):
+            fail(f"--device {name}: this PyTorch ({torch.__version__}) has no set_default_device (needs >= 2.0)")
+        if not torch.cuda.is_available():
+            fail(f"--device {name}: torch.cuda is not available")
+        torch.set_default_device(name)
+
+
+def generator(seed):
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def sync():
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
 def fail(msg):
     print(f"peer.py: error: {msg}", file=sys.stderr)
     sys.exit(2)
@@ -54,7 +79,7 @@ class TimeEmbedding(nn.Module):
 
     def __init__(self, features, scale=16.0, seed=42):
         super().__init__()
-        g = torch.Generator().manual_seed(seed)
+        g = generator(seed)
         self.register_buffer("freqs", torch.randn(features // 2, generator=g) * scale)
         self.linear_1 = nn.Linear(features, features)
         self.linear_2 = nn.Linear(features, features)
@@ -365,10 +390,13 @@ class TrainStep:
 
     def run(self):
         """Returns (forward, backward, optimizer) seconds and the loss."""
+        sync()
         t0 = time.perf_counter()
         loss = self.loss()
+        sync()
         t1 = time.perf_counter()
         loss.backward()
+        sync()
         t2 = time.perf_counter()
         self.opt.step()
         with torch.no_grad():
@@ -376,6 +404,7 @@ class TrainStep:
             for e, p in zip(self.ema, self.params):
                 e.mul_(d).add_(p, alpha=1 - d)
         self.opt.zero_grad()
+        sync()
         t3 = time.perf_counter()
         self.step += 1
         return t1 - t0, t2 - t1, t3 - t2, loss.item()
@@ -388,7 +417,7 @@ class Step(TrainStep):
         super().__init__(model)
         self.x0, self.labels = x0, labels
         self.text = {} if context is None else {"context": context, "context_mask": context_mask}
-        self.gen = torch.Generator().manual_seed(seed)
+        self.gen = generator(seed)
 
     def loss(self):
         x0, B = self.x0, self.x0.shape[0]
@@ -445,7 +474,9 @@ def main():
     ap.add_argument("--image", default="28x28", help="H x W of the input")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--context-len", type=int, default=0, help="text tokens of a random context (0: none)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     a = ap.parse_args()
+    use_device(a.device)
     if a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
         fail("--batch, --steps and --threads must be >= 1, --warmup >= 0")
     try:
@@ -462,7 +493,7 @@ def main():
     if a.params >= 0 and n != a.params:
         fail(f"{a.model} has {n} parameters here and {a.params} in C++: the two models differ")
 
-    g = torch.Generator().manual_seed(1)
+    g = generator(1)
     x0 = torch.rand(a.batch, fields.get("in_channels", 3), H, W, generator=g) * 2 - 1
     labels = torch.randint(0, max(1, fields.get("num_classes", 0)), (a.batch,), generator=g)
     context = mask = None

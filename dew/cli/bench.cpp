@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <torch/cuda.h>
 #include <torch/version.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@
 
 #include "dew/cli/commands.h"
 #include "dew/cli/recipe.h"
+#include "dew/core/device.h"
 #include "dew/core/threads.h"
 #include "dew/diffusion/process.h"
 #include "dew/nn/backbones/backbone.h"
@@ -49,7 +51,12 @@ namespace dew::cli {
 
 namespace {
 
-const char* kPython = "/usr/bin/python3";  // Debian's python3-torch; a pyenv python on PATH has no torch
+// Debian's python3-torch (a pyenv python on PATH has no torch); DEW_PEER_PYTHON names another, e.g. the
+// CUDA PyTorch of a GPU machine (scripts/gpu-check).
+const char* kPython = [] {
+  const char* p = std::getenv("DEW_PEER_PYTHON");
+  return p && *p ? p : "/usr/bin/python3";
+}();
 
 // The step's hyper-parameters; bench/peer.py holds the same values.
 constexpr double kLr = 1e-3;
@@ -88,6 +95,8 @@ const char* kBenchUsage =
     "  --blas-threads L  OPENBLAS_NUM_THREADS values to try (default 1,2)\n"
     "  --rounds R      measure every configuration R times per side, alternating, keep the fastest\n"
     "                  (default 2: process-to-process spread on a shared machine is 10-30%)\n"
+    "  --device D      auto (CUDA when present, else CPU) | cpu | cuda | cuda:N, for both sides (the Python\n"
+    "                  peer needs PyTorch >= 2.0 for a CUDA device)\n"
     "  --no-peer       C++ only\n"
     "  --peer FILE     the Python peer (default: bench/peer.py next to the build directory)\n"
     "  --lm-peer FILE  the language model's Python peer (default: bench/lm_peer.py, found the same way)\n"
@@ -254,14 +263,22 @@ json step_result(const std::vector<double>& total, const std::vector<double>& fw
 
 // ---- the measured child: `dew bench --one MODEL --threads T ...` ----
 
+// The time once the device has finished its queued work (CUDA runs asynchronously; the CPU does not).
+std::chrono::steady_clock::time_point synced_now(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  return std::chrono::steady_clock::now();
+}
+
 // Runs warmup + steps training steps of one case and prints one JSON line (same keys as bench/peer.py).
 int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, int64_t threads,
-            const std::string& profile) {
+            const std::string& profile, const c10::Device& device) {
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto now = [&] { return synced_now(device); };
   at::set_num_threads(int(threads));
   at::manual_seed(0);  // parameter initialisation draws from the global generator
   auto model = models::build(c.arch, c.fields);
+  model->to(device);
   model->train();
   training::NamedTensors params;
   int64_t nparams = 0;
@@ -272,7 +289,7 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
   training::OptimOptions oo;  // adamw, betas (0.9, 0.999), eps 1e-8, weight decay 0.01 on matrices
   oo.lr = kLr;
   training::Optimizer opt(params, oo);
-  training::EMA ema(params, kEmaDecay);
+  training::EMA ema(params, training::EmaSpec{kEmaDecay});
   diffusion::PresetOptions po;
   po.regime = "pixel";
   diffusion::DiffusionProcess process(diffusion::preset("edm", po));
@@ -282,13 +299,13 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
   const auto& f = c.fields;
   std::vector<int64_t> shape = {batch};
   shape.insert(shape.end(), c.item.begin(), c.item.end());
-  const at::Tensor x0 = at::rand(shape, data_gen) * 2 - 1;
+  const at::Tensor x0 = (at::rand(shape, data_gen) * 2 - 1).to(device);
   Conditioning cond;
   if (f.value("num_classes", int64_t(0)) > 0)
-    cond.labels = at::randint(0, f["num_classes"].get<int64_t>(), {batch}, data_gen);
+    cond.labels = at::randint(0, f["num_classes"].get<int64_t>(), {batch}, data_gen).to(device);
   if (c.context_len > 0) {
-    cond.context = at::randn({batch, c.context_len, f["context_features"].get<int64_t>()}, data_gen);
-    cond.context_mask = at::ones({batch, c.context_len}, at::TensorOptions().dtype(at::kBool));
+    cond.context = at::randn({batch, c.context_len, f["context_features"].get<int64_t>()}, data_gen).to(device);
+    cond.context_mask = at::ones({batch, c.context_len}, at::TensorOptions().dtype(at::kBool).device(device));
   }
   auto step_gen = at::detail::createCPUGenerator(2);
 
@@ -297,16 +314,16 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
   std::unique_ptr<torch::autograd::profiler::RecordProfile> trace;  // --profile: the timed steps only
   for (int64_t i = 0; i < warmup + steps; ++i) {
     if (i == warmup && !profile.empty()) trace = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
-    const auto t0 = clock::now();
+    const auto t0 = now();
     auto in = process.training_inputs(x0, step_gen);
     auto loss = process.loss(model->forward(in.net_input, in.model_time, cond), in);
-    const auto t1 = clock::now();
+    const auto t1 = now();
     loss.backward();
-    const auto t2 = clock::now();
+    const auto t2 = now();
     opt.step(kLr);
     ema.update(params, i);
     opt.zero_grad();
-    const auto t3 = clock::now();
+    const auto t3 = now();
     loss_value = loss.item<double>();
     if (i < warmup) continue;
     total.push_back(secs(t3 - t0));
@@ -322,15 +339,15 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
 
 // Runs warmup + steps language-model training steps, then 1 + kLmGenReps greedy generations, and prints
 // one JSON line (the keys of run_one plus tokens_per_s, gen_ms_per_token and prefill_ms; as bench/lm_peer.py).
-int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, int64_t threads) {
+int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, int64_t threads,
+               const c10::Device& device) {
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto now = [&] { return synced_now(device); };
   at::set_num_threads(int(threads));
   at::manual_seed(0);
-  auto base = models::build(lm_case().arch, lm_fields(seq_len));
-  auto impl = std::dynamic_pointer_cast<nn::CausalTransformerImpl>(base);
-  DEW_CHECK(impl, "bench lm: the registry did not build a causal_transformer");
-  nn::CausalTransformer model(impl);
+  nn::CausalTransformer model(from_json<nn::CausalTransformerOptions>(lm_fields(seq_len), "bench lm"));
+  model->to(device);
   model->train();
   training::NamedTensors params;
   int64_t nparams = 0;
@@ -341,7 +358,7 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   training::OptimOptions oo;
   oo.lr = kLr;
   training::Optimizer opt(params, oo);
-  training::EMA ema(params, kEmaDecay);
+  training::EMA ema(params, training::EmaSpec{kEmaDecay});
   // The objective of `dew train lm`: chunked fp32 cross entropy (one chunk at this vocabulary), no data
   // (no validation), no samples.
   LMObjectiveOptions lo;
@@ -359,15 +376,15 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   std::vector<double> total, fwd, bwd, upd;
   double loss_value = 0;
   for (int64_t i = 0; i < warmup + steps; ++i) {
-    const auto t0 = clock::now();
+    const auto t0 = now();
     auto out = objective.loss(batch_data, i, step_gen);
-    const auto t1 = clock::now();
+    const auto t1 = now();
     out.loss.backward();
-    const auto t2 = clock::now();
+    const auto t2 = now();
     opt.step(kLr);
     ema.update(params, i);
     opt.zero_grad();
-    const auto t3 = clock::now();
+    const auto t3 = now();
     loss_value = out.loss.item<double>();
     if (i < warmup) continue;
     total.push_back(secs(t3 - t0));
@@ -384,18 +401,18 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   go.temperature = 0;
   std::vector<double> gen, prefill;
   for (int64_t r = 0; r <= kLmGenReps; ++r) {
-    const auto t0 = clock::now();
+    const auto t0 = now();
     auto res = sampling::generate_tokens(*model, {prompt}, go);
-    const auto t1 = clock::now();
+    const auto t1 = now();
     DEW_CHECK(res.lengths.at(0) == kLmNewTokens, "bench lm: generated ", res.lengths.at(0), " tokens, expected ",
               kLmNewTokens);
     // The prefill alone, as the first forward of generate_tokens does it.
     model->eval();
     at::NoGradGuard ng;
     nn::KVCache cache;
-    const auto t2 = clock::now();
-    model->forward_tokens(prompt_ids.view({1, kLmPrompt}), {}, {}, {}, &cache);
-    const auto t3 = clock::now();
+    const auto t2 = now();
+    model->forward_tokens(prompt_ids.view({1, kLmPrompt}).to(device), {}, {}, {}, &cache);
+    const auto t3 = now();
     if (r == 0) continue;
     gen.push_back(secs(t1 - t0));
     prefill.push_back(secs(t3 - t2));
@@ -609,7 +626,7 @@ std::string find_peer(const Flags& f, const fs::path& exe, const std::string& fl
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
-                               "one", "peer-coretype", "seq-len", "lm-peer", "profile"},
+                               "one", "peer-coretype", "seq-len", "lm-peer", "profile", "device"},
                               {"no-peer", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -627,12 +644,14 @@ int cmd_bench(const std::vector<std::string>& args) {
   const auto blas_threads = int_list(f, "blas-threads", "1,2");
   const int64_t rounds = f.get_int("rounds", 2);
   DEW_CHECK(rounds >= 1, "--rounds: must be >= 1, got ", rounds);
+  const c10::Device device = parse_device(f.get("device", "auto"));
+  const std::string device_name = device.str();
 
   if (f.has("one")) {
     DEW_CHECK(threads.size() == 1, "--one: needs exactly one --threads value, got \"", f.get("threads", ""), "\"");
     const BenchCase& c = find_case(f.get("one", ""));
-    if (&c == &lm_case()) return run_one_lm(lm_batch, seq_len, warmup, steps, threads[0]);
-    return run_one(c, batch, warmup, steps, threads[0], f.get("profile", ""));
+    if (&c == &lm_case()) return run_one_lm(lm_batch, seq_len, warmup, steps, threads[0], device);
+    return run_one(c, batch, warmup, steps, threads[0], f.get("profile", ""), device);
   }
 
   std::vector<const BenchCase*> cases;
@@ -684,7 +703,8 @@ int cmd_bench(const std::vector<std::string>& args) {
 
   const auto common = [&](int64_t t, bool lm) {
     std::vector<std::string> a{"--batch", std::to_string(lm ? lm_batch : batch), "--steps", std::to_string(steps),
-                               "--warmup", std::to_string(warmup), "--threads", std::to_string(t)};
+                               "--warmup", std::to_string(warmup), "--threads", std::to_string(t),
+                               "--device", device_name};
     if (lm) a.insert(a.end(), {"--seq-len", std::to_string(seq_len)});
     return a;
   };
@@ -755,7 +775,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   // The machine line and the command; `probe` supplies the kernel sets each side's OpenBLAS chose.
   auto machine = [&](const Row& probe, bool with_peer) {
     std::ostringstream m;
-    m << "Machine: " << usable_cpus() << " CPUs (nproc), " << cpu_model() << "; LibTorch " << TORCH_VERSION
+    m << "Machine: " << usable_cpus() << " CPUs (nproc), " << cpu_model() << "; device " << device_name << "; LibTorch "
+      << TORCH_VERSION
       << " (C++)";
     if (with_peer) m << ", PyTorch " << python_torch << " (" << kPython << ")";
     const auto& probe_cfg = probe.configs.front();

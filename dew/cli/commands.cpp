@@ -2,7 +2,6 @@
 
 #include <iostream>
 
-#include "dew/cli/lm_cmds.h"
 #include "dew/core/registry.h"
 
 namespace dew::cli {

@@ -11,7 +11,7 @@ int run(const std::vector<std::string>& args);
 
 /// `dew list [KIND]`: every registry (or one) with entries, fields and defaults.
 int cmd_list(const std::vector<std::string>& args);
-/// `dew train diffusion [--config FILE] [--a.b value ...]`.
+/// `dew train KIND [--config FILE] [--a.b value ...]` (KIND: diffusion, lm).
 int cmd_train(const std::vector<std::string>& args);
 /// `dew sample RUN [--solver S --steps N --guidance G --labels all|0,3 --count N --seed S --weights ema|live --out F]`.
 int cmd_sample(const std::vector<std::string>& args);
@@ -29,5 +29,9 @@ int cmd_tokenize(const std::vector<std::string>& args);
 /// `dew export RUN DEST [--ema] [--family auto|llama|qwen3|gemma3_text] [--tokenizer SPEC]`: a
 /// causal_transformer run as a Hugging Face checkpoint folder.
 int cmd_export(const std::vector<std::string>& args);
+/// `dew generate RUN --prompt TEXT [--prompt TEXT ...] [--max-new-tokens N --temperature T --top-k K
+/// --top-p P --min-p M --repetition-penalty R --seed S --weights ema|live --step N --device D --stop S ...
+/// --padding left|right --threads N --json]`.
+int cmd_generate(const std::vector<std::string>& args);
 
 }  // namespace dew::cli

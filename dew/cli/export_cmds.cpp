@@ -2,10 +2,10 @@
 #include <iostream>
 
 #include "dew/cli/commands.h"
-#include "dew/cli/lm_cmds.h"
 #include "dew/cli/recipe.h"
 #include "dew/data/tokenizer.h"
 #include "dew/interop/hf_decoder.h"
+#include "dew/runs/lm_run.h"
 
 namespace dew::cli {
 
@@ -34,7 +34,9 @@ int cmd_export(const std::vector<std::string>& args) {
   DEW_CHECK(family == "auto" || family == "llama" || family == "qwen3" || family == "gemma3_text", "--family: got \"",
             family, "\", accepted: auto, llama, qwen3, gemma3_text");
   bool ema = f.has("ema");
-  auto run = load_lm_run(run_dir, ema ? "ema" : "live");
+  runs::OpenOptions open;
+  open.weights = ema ? "ema" : "live";
+  auto run = runs::open_lm_run(run_dir, open);
   json tok_spec = f.has("tokenizer") ? json(f.get("tokenizer", "")) : run.tokenizer;
   DEW_CHECK(!tok_spec.is_null(), run_dir, "/run.json records no tokenizer; pass --tokenizer byte|PATH");
   auto tok = data::load_tokenizer(tok_spec);

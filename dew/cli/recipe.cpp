@@ -2,6 +2,8 @@
 
 #include <fstream>
 
+#include "dew/runs/run.h"
+
 namespace dew::cli {
 
 namespace {
@@ -81,6 +83,8 @@ RecipeArgs parse_recipe_args(const json& defaults, const std::vector<std::string
         fail("--config ", args[i], ": invalid JSON: ", e.what());
       }
       DEW_CHECK(cfg.is_object(), "--config ", args[i], ": expected a JSON object");
+      // A run's run.json reruns that run: its record-only keys are not part of the recipe.
+      if (cfg.contains("kind") && cfg.contains("format")) cfg = runs::recipe_of_record(cfg);
       merge(out.recipe, cfg, "", open_objects);
     } else if (a.rfind("--", 0) == 0) {
       std::string key = a.substr(2), value;

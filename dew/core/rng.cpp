@@ -1,6 +1,10 @@
 #include "dew/core/rng.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+
+#include <mutex>
 
 namespace dew::rng {
 
@@ -22,6 +26,30 @@ uint64_t derive(uint64_t seed, uint64_t step, std::string_view purpose) {
 
 at::Generator generator(uint64_t seed, uint64_t step, std::string_view purpose) {
   return at::make_generator<at::CPUGeneratorImpl>(derive(seed, step, purpose));
+}
+
+DefaultGeneratorScope::DefaultGeneratorScope(uint64_t seed, uint64_t step, std::string_view purpose) {
+  const uint64_t s = derive(seed, step, purpose);
+  auto cpu = at::detail::getDefaultCPUGenerator();
+  {
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    saved_ = cpu.get_state();
+    cpu.set_current_seed(s);
+  }
+  if (at::hasCUDA()) {
+    const auto& hooks = at::detail::getCUDAHooks();
+    for (int64_t i = 0; i < hooks.getNumGPUs(); ++i) {
+      auto g = hooks.getDefaultCUDAGenerator(i);
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_current_seed(s);
+    }
+  }
+}
+
+DefaultGeneratorScope::~DefaultGeneratorScope() {
+  auto cpu = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(cpu.mutex());
+  cpu.set_state(saved_);
 }
 
 }  // namespace dew::rng

@@ -35,8 +35,16 @@ void attach_text_encoder(BackboneImpl& model, const TextEncoderPtr& encoder) {
   model.register_module("text_encoder", encoder);
 }
 
-at::Tensor generate(BackboneImpl& model, const diffusion::DiffusionProcess& process, const GenerateOptions& o) {
+void validate(const GenerateOptions& o, const diffusion::DiffusionProcess& process) {
   DEW_CHECK(o.count >= 1, "count: must be >= 1, got ", o.count);
+  DEW_CHECK(o.steps >= 1, "steps: must be >= 1, got ", o.steps);
+  DEW_CHECK(o.batch_size >= 1, "batch: must be >= 1, got ", o.batch_size);
+  sampling::make_solver(o.solver, o.solver_fields)->check(process.sample_schedule());
+  sampling::validate(o.guidance);
+}
+
+at::Tensor generate(BackboneImpl& model, const diffusion::DiffusionProcess& process, const GenerateOptions& o) {
+  validate(o, process);
   DEW_CHECK(o.shape.size() >= 3, "sample shape: expected [C, H, W], got ", o.shape.size(), " dims");
   DEW_CHECK(!o.labels.defined() || o.labels.numel() == o.count, "labels: expected ", o.count, " labels, got ",
             o.labels.numel());

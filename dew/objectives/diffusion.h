@@ -65,6 +65,9 @@ struct GenerateOptions {
   int64_t batch_size = 64;
 };
 
+/// Checks what `generate` would refuse (counts, the solver's name, fields and schedule, guidance), cheaply.
+void validate(const GenerateOptions& o, const diffusion::DiffusionProcess& process);
+
 /// Samples images (float32 [count, C, H, W]) or videos ([count, C, T, H, W]) in [-1, 1] from a backbone with
 /// a process's sampling schedule.
 at::Tensor generate(BackboneImpl& model, const diffusion::DiffusionProcess& process, const GenerateOptions& o);
@@ -80,7 +83,7 @@ class DiffusionObjective : public Objective {
   torch::nn::Module& module() override { return *model_; }
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
   std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
-  double ema_decay() const override { return o_.ema_decay; }
+  training::EmaSpec ema() const override { return {o_.ema_decay}; }
   std::vector<std::string> batch_fields() const override;
   const diffusion::DiffusionProcess& process() const { return process_; }
   BackbonePtr model() const { return model_; }

@@ -83,13 +83,14 @@ std::vector<std::string> LMObjective::batch_fields() const {
 std::tuple<Tensor, Tensor, int64_t> LMObjective::sums(const data::Batch& batch) {
   auto it = batch.find("tokens");
   DEW_CHECK(it != batch.end(), "objective lm: the batch has no \"tokens\" field");
-  const Tensor& tokens = it->second;
+  const auto device = model_->head_weight().device();  // batches arrive on the CPU
+  const Tensor tokens = it->second.to(device);
   DEW_CHECK(tokens.dim() == 2 && tokens.size(1) == o_.seq_len + 1, "objective lm: tokens must be [B, seq_len + 1 = ",
             o_.seq_len + 1, "], got ", tokens.sizes());
   const int64_t s = o_.seq_len;
   auto field = [&](const char* name) {
     auto f = batch.find(name);
-    return f == batch.end() ? Tensor() : f->second.narrow(1, 0, s);
+    return f == batch.end() ? Tensor() : f->second.narrow(1, 0, s).to(device);
   };
   const Tensor inputs = tokens.narrow(1, 0, s), targets = tokens.narrow(1, 1, s);
   Tensor h = model_->hidden_states(inputs, field("positions"), field("segment_ids"));  // [B, S, D]
@@ -98,7 +99,7 @@ std::tuple<Tensor, Tensor, int64_t> LMObjective::sums(const data::Batch& batch) 
   if (o_.loss_role == "loss_mask") {
     auto f = batch.find("loss_mask");
     DEW_CHECK(f != batch.end(), "objective lm: loss_role \"loss_mask\" needs a batch field \"loss_mask\"");
-    Tensor m = f->second.narrow(1, 1, s).to(at::kBool);
+    Tensor m = f->second.narrow(1, 1, s).to(device, at::kBool);
     keep = keep.defined() ? keep.logical_and(m) : m;
   }
   Tensor hf = h.reshape({-1, h.size(-1)}), tf = targets.reshape({-1});

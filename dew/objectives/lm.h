@@ -65,7 +65,7 @@ class LMObjective : public Objective {
   std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
   /// The same metrics (without the prefix) of any batch of windows, without gradients.
   std::map<std::string, double> evaluate(const data::Batch& windows);
-  double ema_decay() const override { return o_.ema_decay; }
+  training::EmaSpec ema() const override { return {o_.ema_decay}; }
   std::vector<std::string> batch_fields() const override;
   nn::CausalTransformer model() const { return model_; }
   const LMObjectiveOptions& options() const { return o_; }

@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 
 #include "dew/data/dataset.h"
+#include "dew/training/optim.h"
 
 namespace dew {
 
@@ -23,8 +24,8 @@ class Objective {
   virtual LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) = 0;
   /// Validation (run with the EMA weights swapped in): metrics to log; may write files under run_dir.
   virtual std::map<std::string, double> validate(int64_t step, const std::string& run_dir) { return {}; }
-  /// EMA decay of all parameters (1.0 = frozen copy).
-  virtual double ema_decay() const = 0;
+  /// Which parameters the trainer averages and with what decay (a constant, a ramp, 1.0 = frozen copy).
+  virtual training::EmaSpec ema() const = 0;
   /// The batch fields the loss reads.
   virtual std::vector<std::string> batch_fields() const = 0;
 };

@@ -121,17 +121,36 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   t_ = it->second.item<int64_t>();
 }
 
-EMA::EMA(const NamedTensors& params, double decay) : decay_(decay) {
-  DEW_CHECK(decay >= 0 && decay <= 1, "ema_decay: must be in [0, 1], got ", decay);
-  for (const auto& [name, p] : params) avg_[name] = p.detach().to(at::kFloat).clone();
+double EmaSpec::at(int64_t step, int64_t total_steps) const {
+  if (final_decay < 0) return decay >= 1.0 ? 1.0 : std::min(decay, (1.0 + double(step)) / (10.0 + double(step)));
+  const double u = total_steps <= 1 ? 1.0 : std::min(1.0, double(step) / double(total_steps - 1));
+  return decay + (final_decay - decay) * u;
+}
+
+bool EmaSpec::includes(const std::string& name) const {
+  if (prefixes.empty()) return true;
+  for (const auto& p : prefixes)
+    if (name.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+EMA::EMA(const NamedTensors& params, EmaSpec spec, int64_t total_steps)
+    : spec_(std::move(spec)), total_steps_(total_steps) {
+  DEW_CHECK(spec_.decay >= 0 && spec_.decay <= 1, "ema_decay: must be in [0, 1], got ", spec_.decay);
+  DEW_CHECK(spec_.final_decay < 0 || spec_.final_decay <= 1, "ema final decay: must be in [0, 1], got ",
+            spec_.final_decay);
+  for (const auto& [name, p] : params)
+    if (spec_.includes(name)) avg_[name] = p.detach().to(at::kFloat).clone();
 }
 
 void EMA::update(const NamedTensors& params, int64_t step) {
-  if (decay_ >= 1.0) return;
+  const double d = spec_.at(step, total_steps_);
+  if (d >= 1.0) return;
   at::NoGradGuard ng;
-  const double d = std::min(decay_, (1.0 + step) / (10.0 + step));
   for (const auto& [name, p] : params) {
-    Tensor& avg = avg_.at(name);
+    auto it = avg_.find(name);
+    if (it == avg_.end()) continue;
+    Tensor& avg = it->second;
     if (!nn::fused_ema_update(avg, p.detach(), d)) avg.mul_(d).add_(p.detach().to(at::kFloat), 1 - d);
   }
 }
@@ -139,9 +158,11 @@ void EMA::update(const NamedTensors& params, int64_t step) {
 void EMA::swap_into(const NamedTensors& params) {
   at::NoGradGuard ng;
   for (const auto& [name, p] : params) {
+    auto it = avg_.find(name);
+    if (it == avg_.end()) continue;
     auto live = p.detach().clone();
-    p.copy_(avg_.at(name));
-    avg_.at(name).copy_(live);
+    p.copy_(it->second);
+    it->second.copy_(live);
   }
 }
 

@@ -68,20 +68,42 @@ class Optimizer {
   std::map<std::string, Tensor> m_, v_;
 };
 
-/// Exponential moving average of parameters, kept in fp32. decay(step) = min(decay, (1 + step)/(10 + step))
-/// so early averages are not dominated by the random initialisation; decay 1.0 keeps a frozen copy.
+/// What an objective averages (SPEC section 6): which parameters, and the decay at each step.
+///   EmaSpec{0.999}                          constant decay, warmed up as min(d, (1 + step)/(10 + step))
+///   EmaSpec{1.0}                            a frozen copy of the starting weights (a reference policy)
+///   EmaSpec::ramp(0.996, 1.0)               linear in the step from 0.996 to 1.0 over the run (JEPA's target)
+struct EmaSpec {
+  EmaSpec(double constant_decay = 0.999) : decay(constant_decay) {}  // NOLINT: EmaSpec{0.999} reads as the decay
+  double decay = 0.999;       // the constant decay, or the ramp's first value
+  double final_decay = -1;    // >= 0: the ramp's value at the last step
+  std::vector<std::string> prefixes;  // parameters averaged: names starting with one of these (empty = all trainable)
+  static EmaSpec ramp(double from, double to) {
+    EmaSpec s;
+    s.decay = from;
+    s.final_decay = to;
+    return s;
+  }
+  /// The decay applied after optimizer step `step` (0-based) of a run of `total_steps`.
+  double at(int64_t step, int64_t total_steps) const;
+  bool includes(const std::string& name) const;
+};
+
+/// Exponential moving average of parameters, kept in fp32, with the decay of an EmaSpec; decay 1.0 keeps a
+/// frozen copy.
 class EMA {
  public:
-  EMA(const NamedTensors& params, double decay);
+  /// `params` are the trainable parameters; those the spec includes are averaged.
+  EMA(const NamedTensors& params, EmaSpec spec, int64_t total_steps = 1);
   void update(const NamedTensors& params, int64_t step);
   const std::map<std::string, Tensor>& averages() const { return avg_; }
   std::map<std::string, Tensor>& averages() { return avg_; }
   /// Copies the averages into the parameters (saving the live values) and back.
   void swap_into(const NamedTensors& params);
-  double decay() const { return decay_; }
+  const EmaSpec& spec() const { return spec_; }
 
  private:
-  double decay_;
+  EmaSpec spec_;
+  int64_t total_steps_;
   std::map<std::string, Tensor> avg_;
 };
 

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <ATen/autocast_mode.h>
+
 #include "dew/core/log.h"
 #include "dew/core/rng.h"
 
@@ -32,6 +34,33 @@ struct SignalScope {
   }
 };
 
+// Mixed precision of the forward on CUDA (SPEC section 2: bf16 by default there); nothing on the CPU, where
+// the model's dtype field decides. Restores the previous autocast state at scope exit.
+struct AutocastScope {
+  bool on = false;
+  AutocastScope(const std::string& mode, const c10::Device& device) {
+    if (!device.is_cuda() || mode == "off") return;
+    const auto dtype = mode == "float16" ? at::kHalf : at::kBFloat16;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+#else
+    at::autocast::set_autocast_gpu_dtype(dtype);
+    at::autocast::set_enabled(true);
+#endif
+    on = true;
+  }
+  ~AutocastScope() {
+    if (!on) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+#else
+    at::autocast::set_enabled(false);
+#endif
+    at::autocast::clear_cache();
+  }
+};
+
 std::string format_duration(double s) {
   char buf[32];
   if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
@@ -52,6 +81,28 @@ void validate(const TrainerOptions& o) {
   DEW_CHECK(o.keep_checkpoints >= 1, "trainer.keep_checkpoints: must be >= 1, got ", o.keep_checkpoints);
   DEW_CHECK(o.max_bad_loss_steps >= 1, "trainer.max_bad_loss_steps: must be >= 1, got ", o.max_bad_loss_steps);
   DEW_CHECK(o.time_limit_minutes >= 0, "trainer.time_limit_minutes: must be >= 0, got ", o.time_limit_minutes);
+}
+
+void truncate_metrics(const std::string& run_dir, int64_t step) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::path(run_dir) / "metrics.jsonl";
+  if (!fs::exists(path)) return;
+  std::string kept;
+  if (step > 0) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      json j;
+      try {
+        j = json::parse(line);
+      } catch (const std::exception&) {
+        break;  // a line torn by a kill ends what was written
+      }
+      if (!j.is_object() || j.value("step", int64_t(0)) > step) break;
+      kept += line + "\n";
+    }
+  }
+  write_file_atomic(path.string(), kept);
 }
 
 TensorMap module_state(torch::nn::Module& m) {
@@ -83,7 +134,7 @@ Trainer::Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loade
     if (kv.value().requires_grad()) params_.emplace_back(kv.key(), kv.value());
   DEW_CHECK(!params_.empty(), "objective ", obj_->name(), " has no trainable parameters");
   opt_ = std::make_unique<Optimizer>(params_, oo_);
-  ema_ = std::make_unique<EMA>(params_, obj_->ema_decay());
+  ema_ = std::make_unique<EMA>(params_, obj_->ema(), to_.steps);
 }
 
 void Trainer::restore(const Checkpoint& c) {
@@ -124,6 +175,9 @@ TrainResult Trainer::fit() {
     restore(load_checkpoint(run_dir_, existing.back()));
     log::info("resuming ", run_dir_, " from step ", step_);
   }
+  // What a killed process logged past its last checkpoint is logged again by this one.
+  truncate_metrics(run_dir_, step_);
+  const c10::Device device = params_.front().second.device();
   TrainResult res;
   SignalScope signals;
   std::ofstream metrics(fs::path(run_dir_) / "metrics.jsonl", std::ios::app);
@@ -165,8 +219,15 @@ TrainResult Trainer::fit() {
     std::map<std::string, double> step_metrics;
     for (int64_t k = 0; k < to_.accumulation; ++k) {
       auto batch = loader_->next();
-      auto gen = rng::generator(seed_, uint64_t(step_) * uint64_t(to_.accumulation) + uint64_t(k), "objective");
-      auto out = obj_->loss(batch, step_, gen);
+      const uint64_t micro = uint64_t(step_) * uint64_t(to_.accumulation) + uint64_t(k);
+      auto gen = rng::generator(seed_, micro, "objective");
+      // Dropout draws from the default generators: seeded per micro-batch, so a resumed run draws the same.
+      rng::DefaultGeneratorScope dropout_draws(seed_, micro, "dropout");
+      LossOutput out;
+      {
+        AutocastScope autocast(to_.autocast, device);
+        out = obj_->loss(batch, step_, gen);
+      }
       const double l = out.loss.item<double>();
       if (!std::isfinite(l)) {
         finite = false;

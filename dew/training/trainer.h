@@ -20,6 +20,7 @@ struct TrainerOptions {
   double time_limit_minutes = 0;      // stop (with a checkpoint) after this wall time; 0 = none
   std::string best_metric;            // validation metric that selects the best checkpoint, e.g. "val/loss"
   bool best_mode_max = false;         // the best is the largest value instead of the smallest
+  std::string autocast = "auto";      // mixed precision of the forward: auto (bfloat16 on CUDA, none on the CPU) | off | bfloat16 | float16
   template <class V> void visit(V& v) {
     v("steps", steps, "optimizer steps in the run");
     v("accumulation", accumulation, "micro-batches per optimizer step");
@@ -31,6 +32,8 @@ struct TrainerOptions {
     v("time_limit_minutes", time_limit_minutes, "stop with a checkpoint after this wall time (0 = none)");
     v("best_metric", best_metric, "validation metric that selects the best checkpoint (empty = none)");
     v("best_mode_max", best_mode_max, "larger best_metric is better");
+    v.choice("autocast", autocast, {"auto", "off", "bfloat16", "float16"},
+             "mixed precision on CUDA (auto = bfloat16; the CPU computes in the model's dtype)");
   }
 };
 
@@ -77,6 +80,10 @@ class Trainer {
   int64_t bad_total_ = 0;
   json best_ = nullptr;
 };
+
+/// Keeps the lines of RUN/metrics.jsonl whose step is at most `step` (a resumed run rewrites what came after
+/// its checkpoint; a fresh run, step 0, starts an empty file).
+void truncate_metrics(const std::string& run_dir, int64_t step);
 
 /// Model state of a module: parameters and buffers by path (what model.safetensors holds).
 TensorMap module_state(torch::nn::Module& m);

@@ -37,8 +37,8 @@ TEST(Cli, TrainsSamplesAndResumes) {
   EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_4" / "ema.safetensors")) << r.output;
   EXPECT_TRUE(fs::exists(fs::path(dir) / "samples" / "step_4.png"));
   auto record = dew::json::parse(std::ifstream(fs::path(dir) / "run.json"));
-  EXPECT_EQ(record["recipe"]["model"]["fields"]["num_classes"], 3);  // filled in from the data
-  EXPECT_EQ(record["sample_shape"], dew::json({1, 8, 8}));
+  EXPECT_EQ(record["model"]["fields"]["num_classes"], 3);  // filled in from the data
+  EXPECT_EQ(record["derived"]["sample_shape"], dew::json({1, 8, 8}));
   // rerunning with more steps resumes from step 4
   r = run("train diffusion --run " + dir + " --trainer.steps 6" + kTiny);
   ASSERT_EQ(r.code, 0) << r.output;

@@ -61,7 +61,7 @@ TEST(LmCli, TrainsAndGenerates) {
   EXPECT_EQ(record["kind"], "lm");
   EXPECT_EQ(record["model"]["architecture"], "causal_transformer");
   EXPECT_EQ(record["model"]["fields"]["vocab_size"], 257);  // filled in from the data
-  EXPECT_EQ(record["tokenizer"]["name"], "byte");
+  EXPECT_EQ(record["derived"]["tokenizer"]["name"], "byte");
   // greedy generation is deterministic; --json reports tokens and both log-probs
   r = run("generate " + dir + " --prompt 'the ' --prompt 'a' --max-new-tokens 5 --temperature 0 --json");
   ASSERT_EQ(r.code, 0) << r.output;

@@ -40,9 +40,9 @@ TEST(CliText, TrainsOnCaptionsAndSamplesFromAPrompt) {
   ASSERT_EQ(r.code, 0) << r.output;
   auto record = dew::json::parse(std::ifstream(fs::path(dir) / "run.json"));
   // the model takes the encoder's context instead of labels
-  EXPECT_EQ(record["recipe"]["model"]["fields"]["num_classes"], 0);
-  EXPECT_EQ(record["recipe"]["model"]["fields"]["context_features"], 16);
-  EXPECT_EQ(record["class_names"].size(), 3u);
+  EXPECT_EQ(record["model"]["fields"]["num_classes"], 0);
+  EXPECT_EQ(record["model"]["fields"]["context_features"], 16);
+  EXPECT_EQ(record["derived"]["class_names"].size(), 3u);
   // one checkpoint holds the backbone and the jointly trained encoder
   auto ck = dew::io::SafetensorsFile::open((fs::path(dir) / "checkpoints" / "step_3" / "model.safetensors").string());
   bool has_encoder = false;
@@ -66,7 +66,7 @@ TEST(CliVideo, VideoDiTTrainsOnMovingFashionMnistAndWritesStripAndGif) {
                " --model.fields '{\"patch_size\":4,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'");
   ASSERT_EQ(r.code, 0) << r.output;
   auto record = dew::json::parse(std::ifstream(fs::path(dir) / "run.json"));
-  EXPECT_EQ(record["sample_shape"], dew::json({1, 4, 16, 16}));
+  EXPECT_EQ(record["derived"]["sample_shape"], dew::json({1, 4, 16, 16}));
   EXPECT_TRUE(fs::exists(fs::path(dir) / "samples" / "step_2.gif"));
   auto out = (fs::path(dir) / "v.png").string();
   r = run("sample " + dir + " --steps 2 --labels 7 --count 2 --out " + out);

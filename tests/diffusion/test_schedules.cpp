@@ -68,7 +68,9 @@ TEST(Schedules, DiscreteTablesMatchHandDerivations) {
   double prod = 1;
   for (int i = 0; i < 1000; ++i) {
     prod *= 1 - (1e-4 + i * (0.02 - 1e-4) / 999);
-    if (i == 0 || i == 499 || i == 999) EXPECT_NEAR(lin[i].item<double>(), prod, 1e-12) << i;
+    if (i == 0 || i == 499 || i == 999) {
+      EXPECT_NEAR(lin[i].item<double>(), prod, 1e-12) << i;
+    }
   }
   // cosine: the product telescopes to f((i+1)/T)/f(0) wherever no beta is clipped.
   auto f = [](double u) { return std::pow(std::cos((u + 0.008) / 1.008 * M_PI / 2), 2); };

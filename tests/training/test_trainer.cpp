@@ -39,7 +39,7 @@ class RegressionObjective : public Objective {
     if (step == interrupt_at_) std::raise(SIGINT);  // as a user's Ctrl-C during this step
     return {l, {{"abs", l.item<double>()}}};
   }
-  double ema_decay() const override { return 0.9; }
+  training::EmaSpec ema() const override { return {0.9}; }
   std::vector<std::string> batch_fields() const override { return {"x", "y"}; }
   std::shared_ptr<Regression> m_;
 
@@ -255,7 +255,7 @@ TEST(Optim, Float32OnePassUpdatesMatchTheFloat64AtenPath) {
     o.name = name;
     o.weight_decay = 0.1;
     Optimizer opt32(p32, o), opt64(p64, o);
-    EMA ema32(p32, 0.9), ema64(p64, 0.9);
+    EMA ema32(p32, EmaSpec{0.9}), ema64(p64, EmaSpec{0.9});
     for (int step = 0; step < 5; ++step) {
       for (size_t i = 0; i < shapes.size(); ++i) {
         auto g = torch::randn(shapes[i]);

@@ -1,4 +1,5 @@
-// The index of every registry, for `dew list` (kept here, above all layers, so core depends on none).
+// The index of every registry, for `dew list` and library users (in runs/, the top layer, so core depends on
+// none of them).
 #include "dew/core/registry.h"
 #include "dew/diffusion/presets.h"
 #include "dew/data/dataset.h"

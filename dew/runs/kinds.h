@@ -1,0 +1,10 @@
+// The run kinds the library registers (internal to dew/runs: users reach them through run_kind()).
+#pragma once
+#include "dew/runs/run.h"
+
+namespace dew::runs {
+
+RunKind diffusion_kind();
+RunKind lm_kind();
+
+}  // namespace dew::runs

@@ -1,0 +1,173 @@
+#include "dew/runs/run.h"
+
+#include <filesystem>
+
+#include "dew/core/device.h"
+#include "dew/core/log.h"
+#include "dew/core/rng.h"
+#include "dew/data/dataset.h"
+#include "dew/objectives/objective.h"
+#include "dew/runs/kinds.h"
+
+namespace fs = std::filesystem;
+
+namespace dew::runs {
+
+namespace {
+
+const std::map<std::string, RunKind>& kinds_map() {
+  static const auto* m = [] {
+    auto* m = new std::map<std::string, RunKind>();
+    for (auto k : {diffusion_kind(), lm_kind()}) (*m)[k.name] = std::move(k);
+    return m;
+  }();
+  return *m;
+}
+
+// The top-level keys of a record that are not part of the recipe.
+const std::vector<std::string> kRecordOnly = {"kind", "format", "dew_version", "derived"};
+
+}  // namespace
+
+const RunKind& run_kind(const std::string& name) {
+  auto it = kinds_map().find(name);
+  if (it == kinds_map().end()) {
+    std::string valid;
+    for (const auto& k : run_kinds()) valid += (valid.empty() ? "" : ", ") + k;
+    fail("train: unknown kind \"", name, "\"; accepted: ", valid);
+  }
+  return it->second;
+}
+
+std::vector<std::string> run_kinds() {
+  std::vector<std::string> out;
+  for (const auto& kv : kinds_map()) out.push_back(kv.first);
+  return out;
+}
+
+json default_recipe(const std::string& kind) { return run_kind(kind).defaults(); }
+
+json recipe_of_record(json record) {
+  for (const auto& k : kRecordOnly) record.erase(k);
+  return record;
+}
+
+json read_record(const std::string& run_dir) {
+  json r = training::read_run_json(run_dir);
+  const std::string where = (fs::path(run_dir) / "run.json").string();
+  DEW_CHECK(r.is_object() && r.contains("kind") && r["kind"].is_string(), where, ": no \"kind\" (not a dew run record)");
+  const int format = r.value("format", 1);
+  if (format == kRunFormat) return r;
+  DEW_CHECK(format == 1, where, ": run format ", format, ", this dew reads formats 1 and ", kRunFormat,
+            "; use the dew version that wrote it");
+  // Format 1: diffusion nested the recipe under "recipe" beside sample_shape and class_names; lm wrote the
+  // resolved model, the data spec, tokenizer and eos_id at the top beside the recipe.
+  DEW_CHECK(r.contains("recipe") && r["recipe"].is_object(), where, ": a format-1 record without \"recipe\"");
+  json out = r["recipe"];
+  out["kind"] = r["kind"];
+  out["format"] = kRunFormat;
+  out["dew_version"] = r.value("dew_version", "?");
+  json derived = json::object();
+  for (const char* k : {"sample_shape", "class_names", "tokenizer", "eos_id"})
+    if (r.contains(k)) derived[k] = r[k];
+  if (r["kind"] == "lm") {
+    if (r.contains("model")) out["model"] = r["model"];
+    if (r.contains("data")) derived["data_spec"] = r["data"];
+  }
+  out["derived"] = derived;
+  return out;
+}
+
+PreparedRun prepare(const std::string& kind_name, json recipe) {
+  const RunKind& kind = run_kind(kind_name);
+  DEW_CHECK(recipe.is_object(), "recipe: expected a JSON object");
+  PreparedRun p;
+  p.kind = kind.name;
+  // The top level: the common fields plus the kind's sections (checked by the kind as it builds).
+  json common = json::object();
+  for (const auto& f : fields_of<RunOptions>())
+    if (recipe.contains(f.name)) common[f.name] = recipe[f.name];
+  p.options = from_json<RunOptions>(common);
+  DEW_CHECK(!p.options.run.empty(), "run: expected a directory name");
+  DEW_CHECK(p.options.seed >= 0, "seed: must be >= 0, got ", p.options.seed);
+  DEW_CHECK(p.options.threads >= 0, "threads: must be >= 0 (0 = the measured default), got ", p.options.threads);
+  p.device = parse_device(p.options.device, "device");
+  p.optim = from_json<training::OptimOptions>(recipe.value("optim", json::object()), "optim");
+  p.trainer = from_json<training::TrainerOptions>(recipe.value("trainer", json::object()), "trainer");
+  training::validate(p.optim);
+  training::validate(p.trainer);
+  const std::string dir = p.options.run;
+  DEW_CHECK(!fs::exists(dir) || fs::is_directory(dir), "run: ", dir, " exists and is not a directory");
+
+  {
+    // Parameter initialisation draws from the default generators: from the run's seed, not the process.
+    rng::DefaultGeneratorScope init(uint64_t(p.options.seed), 0, "init");
+    p.built = kind.build(recipe, p.device);
+  }
+  p.record = recipe;
+  p.record["kind"] = kind.name;
+  p.record["format"] = kRunFormat;
+  p.record["dew_version"] = DEW_VERSION;
+  p.record["derived"] = p.built.derived;
+
+  // Resume: a directory with checkpoints continues only the run that wrote them.
+  p.resumes = fs::is_directory(dir) && !training::list_checkpoints(dir).empty();
+  if (p.resumes) {
+    const json old = read_record(dir);
+    DEW_CHECK(old.value("kind", "") == kind.name, "run ", dir, " is a ", old.value("kind", json("?")).dump(),
+              " run; this command trains ", kind.name, " (use another --run)");
+    for (const auto& key : kind.identity) {
+      const json was = old.value(key, json()), now = recipe.value(key, json());
+      DEW_CHECK(was == now, "run ", dir, " was trained with ", key, " ", was.dump(), "; this command asks for ",
+                now.dump(), " (rerun with the same ", key, " to resume, or use another --run)");
+    }
+  }
+  return p;
+}
+
+training::TrainResult train(PreparedRun& p) {
+  const std::string dir = p.options.run;
+  fs::create_directories(dir);
+  training::write_file_atomic((fs::path(dir) / "run.json").string(), p.record.dump(2));
+  if (!p.resumes && p.built.init_weights) p.built.init_weights();
+  log::info(p.built.summary, ", ", p.trainer.steps, " steps, run ", dir, " on ", p.device.str());
+  training::Trainer trainer(p.built.objective, p.built.loader, p.optim, p.trainer, dir, uint64_t(p.options.seed));
+  return trainer.fit();
+}
+
+training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o, int64_t* step_out) {
+  DEW_CHECK(o.weights == "ema" || o.weights == "live", "weights: got \"", o.weights, "\", accepted: ema, live");
+  int64_t step = o.step;
+  if (step < 0) {
+    step = training::latest_checkpoint(run_dir);
+  } else {
+    auto steps = training::list_checkpoints(run_dir);
+    if (std::find(steps.begin(), steps.end(), step) == steps.end()) {
+      std::string have;
+      for (auto s : steps) have += (have.empty() ? "" : ", ") + std::to_string(s);
+      fail("step: ", run_dir, " has no checkpoint of step ", step, "; it has: ", have.empty() ? "none" : have);
+    }
+  }
+  auto ck = training::load_checkpoint(run_dir, step, /*load_optimizer=*/false);
+  if (o.weights == "ema") {
+    for (const auto& [name, avg] : ck.ema) {
+      auto it = ck.model.find(name);
+      DEW_CHECK(it != ck.model.end(), run_dir, " step_", step, "/ema.safetensors: \"", name,
+                "\" is not in model.safetensors");
+      DEW_CHECK(it->second.sizes() == avg.sizes(), run_dir, " step_", step, "/ema.safetensors: \"", name,
+                "\" has shape ", avg.sizes(), ", model.safetensors ", it->second.sizes());
+      it->second = avg.to(it->second.scalar_type());
+    }
+  }
+  if (step_out) *step_out = step;
+  return std::move(ck.model);
+}
+
+int64_t load_run_weights(torch::nn::Module& module, const std::string& run_dir, const OpenOptions& o) {
+  int64_t step = 0;
+  auto weights = run_weights(run_dir, o, &step);
+  training::load_module_state(module, weights, run_dir + " step_" + std::to_string(step) + " (" + o.weights + ")");
+  return step;
+}
+
+}  // namespace dew::runs

@@ -1,0 +1,124 @@
+// Runs (SPEC sections 6 and 8): the set-up of a training run, written once for every kind, and the
+// opening of a trained run. A kind (diffusion, lm, and those later objectives add) contributes its
+// default recipe and how a recipe becomes a model, data and an objective; the rest — checking every
+// field before anything is written, seeding, the run directory, run.json, the resume check, the trainer —
+// lives here.
+//
+//   json recipe = dew::runs::default_recipe("diffusion");
+//   recipe["run"] = "runs/x";
+//   recipe["trainer"]["steps"] = 100;
+//   auto run = dew::runs::prepare("diffusion", recipe);   // validates and builds; writes nothing
+//   auto result = dew::runs::train(run);                   // creates runs/x, or resumes it
+//   auto trained = dew::runs::open_diffusion_run("runs/x");  // EMA weights of the latest checkpoint
+#pragma once
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dew/core/options.h"
+#include "dew/training/trainer.h"
+
+namespace dew {
+class Objective;
+namespace data {
+class DataLoader;
+}
+}  // namespace dew
+
+namespace dew::runs {
+
+/// Layout version of run.json. 1: the first dew (kind-specific shapes, the recipe nested under "recipe");
+/// 2: one shape for every kind. Version-1 records are read and converted in memory.
+inline constexpr int kRunFormat = 2;
+
+/// The recipe fields every kind has at its top level.
+struct RunOptions {
+  std::string run;              // run directory, e.g. "runs/fashion_mnist"
+  int64_t seed = 0;             // every random draw of the run derives from (seed, purpose, step)
+  int64_t threads = 0;          // intra-op threads (0 = the measured default for the model)
+  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+  template <class V> void visit(V& v) {
+    v("run", run, "run directory");
+    v("seed", seed, "seed of every random draw (initialisation, data order, noise, dropout)");
+    v("threads", threads, "intra-op threads (0 = the measured default for the model)");
+    v("device", device, "auto (CUDA when present, else CPU) | cpu | cuda | cuda:N");
+  }
+};
+
+/// What a kind builds from a recipe. Nothing is written while it is built.
+struct Built {
+  std::shared_ptr<Objective> objective;
+  std::shared_ptr<data::DataLoader> loader;
+  json derived = json::object();  // facts of the data the run records (sample_shape, class_names, tokenizer, ...)
+  std::string summary;            // one line: what trains on what
+  std::string preview;            // what validation writes as RUN/samples/step_N + this (".png", ".txt"; "" = none)
+  /// Starts a fresh run's weights from recipe.init_from (absent: none); not called when the run resumes.
+  std::function<void()> init_weights;
+};
+
+/// A kind of training run.
+struct RunKind {
+  std::string name;
+  std::string doc;
+  std::function<json()> defaults;          // the recipe with its defaults
+  std::vector<std::string> open_keys;      // recipe objects whose keys are free ("model.fields", "data")
+  std::vector<std::string> identity;       // recipe keys a resumed run must keep ("model", "seed", "data", ...)
+  /// Extra --help text for a recipe (model fields, data sources).
+  std::function<std::string(const json& recipe)> help;
+  /// Completes data-dependent recipe fields (model channels, vocabulary) and builds everything on `device`.
+  /// The default generators are seeded from (seed, "init") while it runs.
+  std::function<Built(json& recipe, const c10::Device& device)> build;
+};
+
+/// The registered kinds: diffusion, lm.
+const RunKind& run_kind(const std::string& name);
+std::vector<std::string> run_kinds();
+
+/// The default recipe of a kind.
+json default_recipe(const std::string& kind);
+
+/// A run ready to train: every field checked, modules built, nothing written yet.
+struct PreparedRun {
+  std::string kind;
+  RunOptions options;
+  c10::Device device{c10::kCPU};
+  json record;  // run.json as it will be written
+  Built built;
+  training::OptimOptions optim;
+  training::TrainerOptions trainer;
+  bool resumes = false;  // the directory holds a checkpoint of this run
+};
+
+/// Checks `recipe` (a kind's default recipe with the user's changes) and builds the run. dew::Error before
+/// any file is written when a field is wrong or an existing run directory holds a different run.
+PreparedRun prepare(const std::string& kind, json recipe);
+
+/// Writes run.json, starts the weights from init_from (fresh runs), trains to trainer.steps (resuming
+/// from the latest checkpoint) and returns how it ended.
+training::TrainResult train(PreparedRun& run);
+
+/// The recipe inside a run.json record (what `--config RUN/run.json` reruns).
+json recipe_of_record(json record);
+
+/// RUN/run.json in the current shape (format-1 records converted); dew::Error naming the file.
+json read_record(const std::string& run_dir);
+
+/// Which weights to open, from which checkpoint, where.
+struct OpenOptions {
+  std::string weights = "ema";  // ema | live
+  int64_t step = -1;            // a checkpoint's step (-1 = the latest)
+  std::string device = "cpu";   // auto | cpu | cuda | cuda:N
+};
+
+/// The weights of one checkpoint of RUN by module path: its live state (parameters and buffers), with, for
+/// "ema", the EMA averages in place of the parameters the run averaged. `step` (optional) receives the step.
+training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o, int64_t* step = nullptr);
+
+/// Loads run_weights() into `module` strictly (every parameter and buffer present, shapes checked); returns
+/// the step loaded.
+int64_t load_run_weights(torch::nn::Module& module, const std::string& run_dir, const OpenOptions& o);
+
+}  // namespace dew::runs

@@ -1,0 +1,243 @@
+// Runs are reproducible at the process level (SPEC section 2): the same `dew train` command in two fresh
+// run directories writes bitwise-identical checkpoints, whatever the number of loader workers; a run
+// killed with SIGKILL at random moments (start-up, steps, checkpoint writes) and rerun ends bit for bit
+// where an uninterrupted run ends, and every kill leaves its latest checkpoint loadable.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "dew/data/token_files.h"
+#include "dew/training/checkpoint.h"
+#include "tests/test_util.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr auto& run = dew::test::run_dew;
+
+const std::string kDiffusion =
+    "train diffusion --data '{\"name\":\"gaussian_blobs\",\"count\":64,\"size\":8,\"classes\":3}'"
+    " --model.architecture simple_dit"
+    " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'"
+    " --loader.batch_size 8 --trainer.log_every 2 --objective.steps 2 --objective.preview_per_class 1";
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Every file of two checkpoints is byte-for-byte equal (model, EMA, optimizer moments and state.json).
+void expect_same_checkpoint(const std::string& a, const std::string& b, int64_t step) {
+  for (const char* name : {"model.safetensors", "ema.safetensors", "optimizer.safetensors", "state.json"}) {
+    const auto pa = fs::path(a) / "checkpoints" / ("step_" + std::to_string(step)) / name;
+    const auto pb = fs::path(b) / "checkpoints" / ("step_" + std::to_string(step)) / name;
+    ASSERT_TRUE(fs::exists(pa)) << pa;
+    ASSERT_TRUE(fs::exists(pb)) << pb;
+    EXPECT_TRUE(read_bytes(pa) == read_bytes(pb)) << pa << " and " << pb << " differ";
+  }
+}
+
+// Starts `dew ARGS` (through the shell, which execs it) with its output discarded; returns the pid.
+pid_t spawn_dew(const std::string& args) {
+  const std::string cmd = "exec " + std::string(DEW_BINARY) + " " + args + " >/dev/null 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  return pid;
+}
+
+// Kills `args` with SIGKILL at `kills` moments drawn uniformly from (0.05 s, span) after each start (a
+// process that ends first is simply done), checking after each that the latest checkpoint loads; then reruns it to the
+// end. Returns the number of kills that hit a running process.
+int kill_and_rerun(const std::string& args, const std::string& dir, double span_s, int kills, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> at(0.05, span_s);
+  int hit = 0;
+  for (int k = 0; k < kills; ++k) {
+    SCOPED_TRACE("kill " + std::to_string(k));
+    const pid_t pid = spawn_dew(args);
+    std::this_thread::sleep_for(std::chrono::duration<double>(at(rng)));
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      ++hit;
+    }
+    auto steps = dew::training::list_checkpoints(dir);
+    if (!steps.empty()) {
+      auto c = dew::training::load_checkpoint(dir, steps.back());  // throws on a torn checkpoint
+      EXPECT_EQ(c.step, steps.back());
+      EXPECT_FALSE(c.model.empty());
+    }
+  }
+  auto r = run(args);
+  EXPECT_EQ(r.code, 0) << r.output;
+  return hit;
+}
+
+double seconds_of(const std::string& args) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run(args);
+  EXPECT_EQ(r.code, 0) << r.output;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A token directory of a repeated text, byte ids, packed with EOS.
+std::string tiny_tokens(const fs::path& dir) {
+  std::vector<int64_t> train, val;
+  const std::string doc = "the cat sat on the mat.";
+  for (int i = 0; i < 40; ++i) {
+    for (unsigned char c : doc) train.push_back(c);
+    train.push_back(256);
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (unsigned char c : doc) val.push_back(c);
+    val.push_back(256);
+  }
+  dew::data::TokenMeta meta;
+  meta.tokenizer = {{"name", "byte"}, {"eos", true}};
+  meta.vocab_size = 257;
+  meta.eos_id = 256;
+  meta.packed = true;
+  dew::data::write_token_files(dir.string(), train, val, meta);
+  return dir.string();
+}
+
+std::string lm_command(const std::string& tokens) {
+  return "train lm --data.name tokens --data.dir " + tokens +
+         " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64,\"dropout\":0.1}'"
+         " --objective.seq_len 16 --objective.sample_tokens 4 --loader.batch_size 4"
+         " --trainer.log_every 2 --trainer.val_every 0 --trainer.time_limit_minutes 0";
+}
+
+}  // namespace
+
+TEST(RunReproducibility, DiffusionSameCommandSameBitsAtAnyWorkerCount) {
+  dew::test::TempDir tmp("repro_diffusion");
+  const std::string steps = " --trainer.steps 6 --trainer.checkpoint_every 3";
+  for (const char* dir : {"w0a", "w0b", "w1a", "w1b"}) {
+    const std::string workers = dir[1] == '0' ? " --loader.num_workers 0" : " --loader.num_workers 1";
+    auto r = run(kDiffusion + steps + workers + " --run " + tmp.file(dir));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  for (const char* dir : {"w0b", "w1a", "w1b"}) {
+    expect_same_checkpoint(tmp.file("w0a"), tmp.file(dir), 3);
+    expect_same_checkpoint(tmp.file("w0a"), tmp.file(dir), 6);
+  }
+  // Another seed is another run: other initial weights, other data order and noise.
+  auto r = run(kDiffusion + steps + " --seed 1 --run " + tmp.file("seed1"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(read_bytes(tmp.path / "w0a/checkpoints/step_6/model.safetensors") ==
+               read_bytes(tmp.path / "seed1/checkpoints/step_6/model.safetensors"));
+}
+
+TEST(RunReproducibility, LanguageModelSameCommandSameBits) {
+  dew::test::TempDir tmp("repro_lm");
+  const std::string cmd = lm_command(tiny_tokens(tmp.path / "tokens")) + " --trainer.steps 6 --trainer.checkpoint_every 3";
+  for (const char* dir : {"a", "b"}) {
+    auto r = run(cmd + " --run " + tmp.file(dir));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  auto r = run(cmd + " --loader.num_workers 0 --run " + tmp.file("w0"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* dir : {"b", "w0"}) {
+    expect_same_checkpoint(tmp.file("a"), tmp.file(dir), 3);
+    expect_same_checkpoint(tmp.file("a"), tmp.file(dir), 6);
+  }
+  r = run(cmd + " --seed 7 --run " + tmp.file("seed7"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(read_bytes(tmp.path / "a/checkpoints/step_6/model.safetensors") ==
+               read_bytes(tmp.path / "seed7/checkpoints/step_6/model.safetensors"));
+}
+
+TEST(RunReproducibility, DiffusionKilledAtRandomMomentsEndsBitForBit) {
+  dew::test::TempDir tmp("kill_diffusion");
+  // A checkpoint every step: much of the run is spent writing checkpoints, so kills land inside writes too.
+  const std::string cmd = kDiffusion + " --trainer.steps 160 --trainer.checkpoint_every 1";
+  const double full = seconds_of(cmd + " --run " + tmp.file("whole"));
+  // Each kill takes a bite of at most a quarter of the run: start-up, steps and checkpoint writes.
+  const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), full / 4, 12, 20261201);
+  EXPECT_GE(hit, 6) << "most kills should land in a running process (run takes " << full << " s)";
+  expect_same_checkpoint(tmp.file("whole"), tmp.file("killed"), 160);
+}
+
+TEST(RunReproducibility, LanguageModelKilledAtRandomMomentsEndsBitForBit) {
+  dew::test::TempDir tmp("kill_lm");
+  // Dropout on: its draws must come from the run's seed and step, not the process.
+  const std::string cmd = lm_command(tiny_tokens(tmp.path / "tokens")) + " --trainer.steps 160 --trainer.checkpoint_every 3";
+  const double full = seconds_of(cmd + " --run " + tmp.file("whole"));
+  const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), full / 4, 12, 7);
+  EXPECT_GE(hit, 6) << "most kills should land in a running process (run takes " << full << " s)";
+  expect_same_checkpoint(tmp.file("whole"), tmp.file("killed"), 160);
+}
+
+namespace {
+
+// Every file under a directory with its bytes.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = read_bytes(e.path());
+  return out;
+}
+
+}  // namespace
+
+TEST(RunValidation, FailedCommandsLeaveTheRunDirectoryAsItWas) {
+  dew::test::TempDir tmp("validate_first");
+  const std::string dir = tmp.file("run");
+  auto r = run(kDiffusion + " --trainer.steps 2 --trainer.checkpoint_every 2 --run " + dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto before = snapshot(dir);
+  // An empty classifier cache: `dew eval` would train the classifier (minutes) before sampling.
+  const std::string cache = tmp.file("cache");
+  fs::create_directories(cache);
+  const std::string env = "DEW_CACHE=" + cache + " ";
+  struct Case {
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {kDiffusion + " --trainer.steps 4 --model.fields.num_layers 2 --run " + dir, "was trained with model"},
+      {kDiffusion + " --trainer.steps 4 --seed 3 --run " + dir, "was trained with seed"},
+      {kDiffusion + " --trainer.steps 4 --optim.lr -1 --run " + dir, "optim.lr"},
+      {kDiffusion + " --trainer.steps 4 --device cuda:7 --run " + dir, "device"},
+      {kDiffusion + " --trainer.steps 4 --objective.sampler bogus --run " + dir, "bogus"},
+      {"sample " + dir + " --solver bogus --out " + tmp.file("x.png"), "bogus"},
+      {"sample " + dir + " --step 99", "no checkpoint of step 99"},
+      {"sample " + dir + " --device tpu", "--device: got \"tpu\""},
+      {"generate " + dir, "not a language-model run"},
+      {"export " + dir + " " + tmp.file("hf"), "not a language-model run"},
+  };
+  for (const auto& c : cases) {
+    r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
+  }
+  // eval checks its solvers before the classifier trains, on a (one-step) Fashion-MNIST run.
+  const std::string fm = tmp.file("fm");
+  r = run("train diffusion --data '{\"name\":\"fashion_mnist\",\"split\":\"test\"}' --model.architecture simple_dit"
+          " --model.fields '{\"patch_size\":4,\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"
+          " --loader.batch_size 4 --trainer.steps 1 --objective.steps 1 --objective.preview_per_class 1 --run " + fm);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto fm_before = snapshot(fm);
+  for (const std::string flags : {"--solvers euler,bogus", "--solvers euler --count 15", "--solvers euler --steps 0",
+                                  "--solvers rk4"}) {
+    r = run(env + "eval " + fm + " " + flags);
+    EXPECT_EQ(r.code, 2) << flags << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+  EXPECT_TRUE(fs::is_empty(cache)) << "eval trained the classifier before refusing its input";
+  EXPECT_TRUE(snapshot(fm) == fm_before) << "a failed eval changed " << fm;
+  EXPECT_TRUE(snapshot(dir) == before) << "a failed command changed " << dir;
+  EXPECT_FALSE(fs::exists(tmp.file("hf")));
+}
