@@ -168,9 +168,7 @@ Built build_diffusion(json& r, const c10::Device& device) {
   model->to(device);  // with the text encoder the objective attached to its tree
   b.preview = ".png";
   b.derived = {{"sample_shape", shape}, {"class_names", dataset->class_names()}};
-  int64_t nparams = 0;
-  for (const auto& p : model->parameters()) nparams += p.numel();
-  b.summary = "training " + arch + " (" + std::to_string(nparams) + " parameters) on " + dataset->name() + " (" +
+  b.summary = "training " + arch + " (" + std::to_string(parameter_count(*model)) + " parameters) on " + dataset->name() + " (" +
               std::to_string(dataset->size()) + " items), preset " + preset->name + ", batch " +
               std::to_string(lo.batch_size);
   if (!init_from.empty()) b.init_weights = [model, init_from] { init_model_from(*model, init_from); };
@@ -194,10 +192,8 @@ RunKind diffusion_kind() {
 DiffusionRun open_diffusion_run(const std::string& run_dir, const OpenOptions& o) {
   DiffusionRun out;
   out.dir = run_dir;
-  out.record = read_record(run_dir);
+  out.record = read_record_of_kind(run_dir, "diffusion", "a diffusion run");
   const json& r = out.record;
-  DEW_CHECK(r.value("kind", "") == "diffusion", run_dir, "/run.json: not a diffusion run (kind ",
-            r.value("kind", json("missing")).dump(), ")");
   const auto device = parse_device(o.device);
   const json derived = r.value("derived", json::object());
   DEW_CHECK(derived.contains("sample_shape") && derived["sample_shape"].is_array(), run_dir,

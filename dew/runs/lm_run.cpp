@@ -83,9 +83,7 @@ Built build_lm(json& r, const c10::Device& device) {
   r["model"] = model->config();  // every field resolved, as the run record has always held it
   b.preview = ".txt";
   b.derived = {{"tokenizer", lm->tokenizer}, {"eos_id", lm->eos_id}, {"data_spec", lm->spec}};
-  int64_t nparams = 0;
-  for (const auto& p : model->parameters()) nparams += p.numel();
-  b.summary = "training causal_transformer (" + std::to_string(nparams) + " parameters) on " +
+  b.summary = "training causal_transformer (" + std::to_string(parameter_count(*model)) + " parameters) on " +
               lm->spec.value("name", "?") + " (" + std::to_string(lm->train_tokens) + " train / " +
               std::to_string(lm->val_tokens) + " val tokens, vocab " + std::to_string(lm->vocab_size) + "), batch " +
               std::to_string(lo.batch_size) + " x " + std::to_string(obj_opts.seq_len);
@@ -109,11 +107,8 @@ RunKind lm_kind() {
 LMRun open_lm_run(const std::string& run_dir, const OpenOptions& o) {
   LMRun out;
   out.dir = run_dir;
-  out.record = read_record(run_dir);
+  out.record = read_record_of_kind(run_dir, "lm", "a language-model run");
   const json& r = out.record;
-  DEW_CHECK(r.value("kind", "") == "lm", run_dir, "/run.json: not a language-model run (kind ",
-            r.value("kind", json("missing")).dump(), ")");
-  DEW_CHECK(r.contains("model") && r["model"].is_object(), run_dir, "/run.json: missing the model record");
   const auto device = parse_device(o.device);
   const json derived = r.value("derived", json::object());
   out.tokenizer = derived.value("tokenizer", json());

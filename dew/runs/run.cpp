@@ -78,6 +78,21 @@ json read_record(const std::string& run_dir) {
   return out;
 }
 
+json read_record_of_kind(const std::string& run_dir, const std::string& kind, const std::string& what) {
+  json r = read_record(run_dir);
+  DEW_CHECK(r.value("kind", "") == kind, run_dir, "/run.json: not ", what, " (kind ", r.value("kind", json("missing")).dump(),
+            ")");
+  DEW_CHECK(r.contains("model") && r["model"].is_object() && r["model"].contains("fields"), run_dir,
+            "/run.json: missing the model record {architecture, fields}");
+  return r;
+}
+
+int64_t parameter_count(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
 PreparedRun prepare(const std::string& kind_name, json recipe) {
   const RunKind& kind = run_kind(kind_name);
   DEW_CHECK(recipe.is_object(), "recipe: expected a JSON object");

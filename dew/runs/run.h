@@ -106,6 +106,12 @@ json recipe_of_record(json record);
 /// RUN/run.json in the current shape (format-1 records converted); dew::Error naming the file.
 json read_record(const std::string& run_dir);
 
+/// read_record() of a run that must be of `kind` (`what` names it in the error, e.g. "a language-model run").
+json read_record_of_kind(const std::string& run_dir, const std::string& kind, const std::string& what);
+
+/// Parameter count of a module, for the run's summary line.
+int64_t parameter_count(torch::nn::Module& m);
+
 /// Which weights to open, from which checkpoint, where.
 struct OpenOptions {
   std::string weights = "ema";  // ema | live

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "dew/data/token_files.h"
+#include "tests/data/tiny_tokens.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -22,27 +22,7 @@ std::string tmp(const std::string& name) {
 
 int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
 
-// A token directory of a repeated text, byte ids, packed with EOS.
-std::string tiny_tokens() {
-  const std::string dir = tmp("tokens");
-  std::vector<int64_t> train, val;
-  const std::string doc = "the cat sat on the mat.";
-  for (int i = 0; i < 40; ++i) {
-    for (unsigned char c : doc) train.push_back(c);
-    train.push_back(256);
-  }
-  for (int i = 0; i < 4; ++i) {
-    for (unsigned char c : doc) val.push_back(c);
-    val.push_back(256);
-  }
-  dew::data::TokenMeta meta;
-  meta.tokenizer = {{"name", "byte"}, {"eos", true}};
-  meta.vocab_size = 257;
-  meta.eos_id = 256;
-  meta.packed = true;
-  dew::data::write_token_files(dir, train, val, meta);
-  return dir;
-}
+std::string tiny_tokens() { return dew::test::write_tiny_tokens(tmp("tokens")); }
 
 }  // namespace
 

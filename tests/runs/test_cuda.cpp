@@ -6,7 +6,7 @@
 
 #include <ATen/Context.h>
 
-#include "dew/data/token_files.h"
+#include "tests/data/tiny_tokens.h"
 #include "dew/runs/diffusion_run.h"
 #include "dew/runs/lm_run.h"
 #include "dew/sampling/generate.h"
@@ -75,15 +75,7 @@ TEST(Cuda, DiffusionRunTrainsOnTheGpuAndOpensOnEitherDevice) {
 TEST(Cuda, LanguageModelTrainsAndGeneratesOnTheGpu) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   dew::test::TempDir tmp("cuda_lm");
-  std::vector<int64_t> train, val;
-  for (int i = 0; i < 60; ++i)
-    for (unsigned char ch : std::string("the cat sat on the mat. ")) train.push_back(ch);
-  for (int i = 0; i < 6; ++i)
-    for (unsigned char ch : std::string("the cat sat on the mat. ")) val.push_back(ch);
-  dew::data::TokenMeta meta;
-  meta.tokenizer = {{"name", "byte"}};
-  meta.vocab_size = 256;
-  dew::data::write_token_files(tmp.file("tokens"), train, val, meta);
+  dew::test::write_tiny_tokens(tmp.file("tokens"));
   json recipe = dew::runs::default_recipe("lm");
   recipe["run"] = tmp.file("run");
   recipe["device"] = "cuda";

@@ -13,7 +13,7 @@
 #include <random>
 #include <thread>
 
-#include "dew/data/token_files.h"
+#include "tests/data/tiny_tokens.h"
 #include "dew/training/checkpoint.h"
 #include "tests/test_util.h"
 
@@ -92,27 +92,6 @@ double seconds_of(const std::string& args) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// A token directory of a repeated text, byte ids, packed with EOS.
-std::string tiny_tokens(const fs::path& dir) {
-  std::vector<int64_t> train, val;
-  const std::string doc = "the cat sat on the mat.";
-  for (int i = 0; i < 40; ++i) {
-    for (unsigned char c : doc) train.push_back(c);
-    train.push_back(256);
-  }
-  for (int i = 0; i < 4; ++i) {
-    for (unsigned char c : doc) val.push_back(c);
-    val.push_back(256);
-  }
-  dew::data::TokenMeta meta;
-  meta.tokenizer = {{"name", "byte"}, {"eos", true}};
-  meta.vocab_size = 257;
-  meta.eos_id = 256;
-  meta.packed = true;
-  dew::data::write_token_files(dir.string(), train, val, meta);
-  return dir.string();
-}
-
 std::string lm_command(const std::string& tokens) {
   return "train lm --data.name tokens --data.dir " + tokens +
          " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64,\"dropout\":0.1}'"
@@ -143,7 +122,7 @@ TEST(RunReproducibility, DiffusionSameCommandSameBitsAtAnyWorkerCount) {
 
 TEST(RunReproducibility, LanguageModelSameCommandSameBits) {
   dew::test::TempDir tmp("repro_lm");
-  const std::string cmd = lm_command(tiny_tokens(tmp.path / "tokens")) + " --trainer.steps 6 --trainer.checkpoint_every 3";
+  const std::string cmd = lm_command(dew::test::write_tiny_tokens(tmp.file("tokens"))) + " --trainer.steps 6 --trainer.checkpoint_every 3";
   for (const char* dir : {"a", "b"}) {
     auto r = run(cmd + " --run " + tmp.file(dir));
     ASSERT_EQ(r.code, 0) << r.output;
@@ -174,7 +153,7 @@ TEST(RunReproducibility, DiffusionKilledAtRandomMomentsEndsBitForBit) {
 TEST(RunReproducibility, LanguageModelKilledAtRandomMomentsEndsBitForBit) {
   dew::test::TempDir tmp("kill_lm");
   // Dropout on: its draws must come from the run's seed and step, not the process.
-  const std::string cmd = lm_command(tiny_tokens(tmp.path / "tokens")) + " --trainer.steps 160 --trainer.checkpoint_every 3";
+  const std::string cmd = lm_command(dew::test::write_tiny_tokens(tmp.file("tokens"))) + " --trainer.steps 160 --trainer.checkpoint_every 3";
   const double full = seconds_of(cmd + " --run " + tmp.file("whole"));
   const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), full / 4, 12, 7);
   EXPECT_GE(hit, 6) << "most kills should land in a running process (run takes " << full << " s)";
