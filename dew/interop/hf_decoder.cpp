@@ -8,6 +8,7 @@
 
 #include "dew/data/tokenizer.h"
 #include "dew/io/safetensors.h"
+#include "dew/io/weights.h"
 
 namespace fs = std::filesystem;
 
@@ -244,73 +245,14 @@ nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
                  : options_from_hf_config(config);
   nn::CausalTransformer model(options);
 
-  // Which file holds each tensor: the shard index when present, else the one model.safetensors.
-  std::map<std::string, std::string> where;  // tensor -> file name
-  std::map<std::string, io::SafetensorsFile> files;
-  fs::path index = root / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    json idx = read_json(index, "import");
-    DEW_CHECK(idx.contains("weight_map") && idx["weight_map"].is_object(), "import: \"", index.string(),
-              "\" has no weight_map object");
-    for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
-      DEW_CHECK(it.value().is_string(), "import: weight_map entry \"", it.key(), "\" must name a file");
-      std::string file = it.value().get<std::string>();
-      DEW_CHECK(file.find('/') == std::string::npos && file != "..", "import: weight_map entry \"", it.key(),
-                "\" names \"", file, "\", which is not a file in the folder");
-      where[it.key()] = file;
-      if (!files.count(file)) files.emplace(file, io::SafetensorsFile::open((root / file).string()));
-    }
-  } else {
-    DEW_CHECK(fs::exists(root / "model.safetensors"), "import: \"", dir,
-              "\" holds neither model.safetensors nor model.safetensors.index.json");
-    files.emplace("model.safetensors", io::SafetensorsFile::open((root / "model.safetensors").string()));
-    for (const auto& n : files.at("model.safetensors").names()) where[n] = "model.safetensors";
-  }
-
-  std::set<std::string> used;
-  std::vector<std::string> missing;
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : model->named_parameters(/*recurse=*/true)) {
-      std::string key = dew_layout || p.key().rfind("lm_head.", 0) == 0 ? p.key() : "model." + p.key();
-      auto w = where.find(key);
-      if (w == where.end()) {
-        missing.push_back(key);
-        continue;
-      }
-      const auto& file = files.at(w->second);
-      DEW_CHECK(file.contains(key), "import: the index puts \"", key, "\" in \"", w->second, "\", which does not hold it");
-      at::Tensor t = file.tensor(key);
-      auto st = t.scalar_type();
-      DEW_CHECK(st == at::kFloat || st == at::kBFloat16 || st == at::kHalf, "import: tensor \"", key, "\" has dtype ",
-                st, "; accepted: F32, BF16, F16");
-      DEW_CHECK(t.sizes() == p.value().sizes(), "import: tensor \"", key, "\" has shape ", t.sizes(),
-                " but the config gives ", p.value().sizes());
-      p.value().copy_(t.to(at::kFloat));  // bf16 / fp16 widen exactly
-      used.insert(key);
-    }
-  }
-  if (!missing.empty()) {
-    std::string list;
-    for (size_t i = 0; i < missing.size() && i < 5; ++i) list += (i ? ", " : "") + missing[i];
-    fail("import: \"", dir, "\" lacks ", missing.size(), " tensor(s) the config needs: ", list,
-         missing.size() > 5 ? ", ..." : "");
-  }
-  std::vector<std::string> extra;
-  for (const auto& kv : where) {
-    const std::string& k = kv.first;
-    if (used.count(k)) continue;
-    if (k == "lm_head.weight" && options.tie_embeddings()) continue;  // saved by some tied checkpoints
-    const std::string buffer = "rotary_emb.inv_freq";  // a buffer older checkpoints carry
-    if (k.size() >= buffer.size() && k.compare(k.size() - buffer.size(), buffer.size(), buffer) == 0) continue;
-    extra.push_back(k);
-  }
-  if (!extra.empty()) {
-    std::string list;
-    for (size_t i = 0; i < extra.size() && i < 5; ++i) list += (i ? ", " : "") + extra[i];
-    fail("import: \"", dir, "\" has ", extra.size(), " tensor(s) the ", dew_layout ? "causal_transformer" : "model",
-         " config does not use: ", list, extra.size() > 5 ? ", ..." : "");
-  }
+  // model.safetensors or its shard index; transformers names carry "model." before the decoder's.
+  io::KeyMap map;
+  map.skip(R"(.*rotary_emb\.inv_freq)");  // a buffer older checkpoints carry
+  if (options.tie_embeddings()) map.skip(R"(lm_head\.weight)");  // saved by some tied checkpoints
+  if (!dew_layout) map.prefix("model.", "");
+  io::LoadOptions lo;
+  lo.require_buffers = false;  // the RoPE tables are computed, not stored
+  io::load_weights(*model, io::WeightSource::open(root.string()), map, lo);
   model->eval();
   return model;
 }

@@ -470,48 +470,23 @@ TextEncoding ClipTextImpl::forward(const Tensor& ids, const Tensor& mask_in) {
 // Weights
 // ---------------------------------------------------------------------------------------------------------
 
-namespace {
-
-std::string list_some(const std::vector<std::string>& names) {
-  std::string out;
-  for (size_t i = 0; i < names.size() && i < 6; ++i) out += (i ? ", " : "") + names[i];
-  if (names.size() > 6) out += ", ... (" + std::to_string(names.size()) + " in all)";
-  return out;
+io::KeyMap clip_text_key_map(bool whole_clip) {
+  io::KeyMap map;
+  // A whole CLIPModel file: the vision tower, both projections and the logit scale are not the text model's.
+  if (whole_clip) map.skip(R"((vision_model\..*|visual_projection\..*|text_projection\..*|logit_scale))");
+  map.skip(R"((text_model\.)?embeddings\.position_ids)");  // a buffer in older transformers files
+  map.regex(R"(^(?!text_model\.)(.*)$)", "text_model.$1");  // a bare CLIPTextTransformer file
+  return map;
 }
 
-bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
-
-}  // namespace
-
 void load_clip_text_weights(ClipTextImpl& model, const std::string& path) {
-  auto f = io::SafetensorsFile::open(path);
-  const std::string prefix = "text_model.";
-  const auto names = f.names();
-  const bool whole_clip = std::any_of(names.begin(), names.end(), [](const std::string& n) {
-    return starts_with(n, "vision_model.");
-  });
-  auto params = model.named_parameters();
-  std::map<std::string, std::string> source;  // parameter name -> file name
-  std::vector<std::string> unexpected, missing;
-  for (const auto& n : names) {
-    if (whole_clip && !starts_with(n, prefix)) continue;  // vision tower, projections, logit_scale
-    const std::string key = starts_with(n, prefix) ? n : prefix + n;
-    if (key == "text_model.embeddings.position_ids") continue;  // a buffer in older transformers files
-    if (!params.contains(key)) unexpected.push_back(n);
-    else source[key] = n;
-  }
-  for (const auto& p : params)
-    if (!source.count(p.key())) missing.push_back(p.key());
-  DEW_CHECK(unexpected.empty(), "clip_text: \"", path, "\" holds tensors that are not CLIPTextModel parameters: ",
-            list_some(unexpected));
-  DEW_CHECK(missing.empty(), "clip_text: \"", path, "\" lacks parameters: ", list_some(missing));
-  for (const auto& p : params) {
-    Tensor t = f.tensor(source[p.key()], /*copy=*/false);
-    DEW_CHECK(t.sizes() == p.value().sizes(), "clip_text: \"", path, "\": tensor ", source[p.key()], " has shape ",
-              t.sizes(), " but the model expects ", p.value().sizes(), " (check the fields against config.json)");
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& p : params) p.value().copy_(f.tensor(source[p.key()], false).to(at::kFloat));
+  const auto source = io::WeightSource::open(path);
+  const auto names = source.names();
+  const bool whole_clip = std::any_of(names.begin(), names.end(),
+                                      [](const std::string& n) { return n.rfind("vision_model.", 0) == 0; });
+  io::LoadOptions o;
+  o.require_buffers = false;
+  io::load_weights(model, source, clip_text_key_map(whole_clip), o);
 }
 
 void save_clip_text_weights(const ClipTextImpl& model, const std::string& path) {

@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dew/io/weights.h"
 #include "dew/nn/text_encoder.h"
 
 namespace dew::nn {
@@ -168,9 +169,12 @@ TORCH_MODULE(ClipText);
 /// Loads a safetensors file into `model`: names are CLIPTextModel's ("text_model." prefix optional; a
 /// whole CLIPModel file's text_model.* entries are taken and its vision tower ignored; the buffer
 /// text_model.embeddings.position_ids of older files is skipped). Every parameter must be present with its
-/// exact shape and no other tensor may be left over; any dtype is converted to float32. Errors name the
-/// file and the offending tensors.
+/// exact shape and no other tensor may be left over; floating dtypes are converted to the parameters'. Errors
+/// name the file and the offending tensors. (io::load_weights with clip_text_key_map().)
 void load_clip_text_weights(ClipTextImpl& model, const std::string& path);
+/// The key map of CLIPTextModel checkpoints onto ClipText; `whole_clip` (a CLIPModel file, with a vision
+/// tower) also skips the vision tower, the projections and the logit scale.
+io::KeyMap clip_text_key_map(bool whole_clip);
 /// Writes the parameters under their CLIPTextModel names (float32) to `path`.
 void save_clip_text_weights(const ClipTextImpl& model, const std::string& path);
 

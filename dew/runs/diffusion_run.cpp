@@ -8,7 +8,7 @@
 #include "dew/core/log.h"
 #include "dew/core/threads.h"
 #include "dew/data/dataset.h"
-#include "dew/io/safetensors.h"
+#include "dew/io/weights.h"
 #include "dew/nn/backbones/unet_3d.h"
 #include "dew/objectives/registry.h"
 #include "dew/runs/kinds.h"
@@ -97,18 +97,20 @@ TextEncoderPtr build_text_encoder(const json& record) {
   return enc;
 }
 
-// Starts `model` from a run directory (its latest checkpoint, EMA weights) or a .safetensors file: the
-// same architecture loads strictly; a unet_3d takes a 2D unet's weights (inflation, temporal blocks at
-// their zero initialisation).
-void init_model_from(BackboneImpl& model, const std::string& source) {
-  const training::TensorMap state = fs::is_directory(source) ? run_weights(source, OpenOptions{}) : io::load_safetensors(source);
-  if (auto* video = dynamic_cast<nn::UNet3DImpl*>(&model)) {
-    auto loaded = nn::load_unet_weights(*video, state);
-    log::info("init_from ", source, ": inflated ", loaded.size(), " unet tensors into unet_3d");
-  } else {
-    training::load_module_state(model, state, "init_from " + source);
-    log::info("init_from ", source, ": loaded ", state.size(), " tensors");
+// Starts `model` (architecture `arch`) from a run directory (its latest checkpoint, EMA weights) or a
+// .safetensors file, strictly; a unet_3d takes a 2D unet's weights through its inflation key map
+// (temporal blocks stay at their zero initialisation).
+void init_model_from(BackboneImpl& model, const std::string& arch, const std::string& source) {
+  const auto weights = fs::is_directory(source) ? io::WeightSource::of_tensors(run_weights(source, OpenOptions{}), source)
+                                                : io::WeightSource::open(source);
+  io::KeyMap map;
+  io::LoadOptions lo;
+  if (arch == "unet_3d") {
+    map = nn::unet_3d_inflation_map();
+    lo.require_buffers = false;
   }
+  auto report = io::load_weights(model, weights, map, lo);
+  log::info("init_from ", source, ": ", arch == "unet_3d" ? "inflated into unet_3d, " : "", report.summary());
 }
 
 std::string diffusion_help(const json& recipe) {
@@ -171,7 +173,7 @@ Built build_diffusion(json& r, const c10::Device& device) {
   b.summary = "training " + arch + " (" + std::to_string(parameter_count(*model)) + " parameters) on " + dataset->name() + " (" +
               std::to_string(dataset->size()) + " items), preset " + preset->name + ", batch " +
               std::to_string(lo.batch_size);
-  if (!init_from.empty()) b.init_weights = [model, init_from] { init_model_from(*model, init_from); };
+  if (!init_from.empty()) b.init_weights = [model, arch, init_from] { init_model_from(*model, arch, init_from); };
   return b;
 }
 

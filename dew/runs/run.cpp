@@ -6,6 +6,7 @@
 #include "dew/core/log.h"
 #include "dew/core/rng.h"
 #include "dew/data/dataset.h"
+#include "dew/io/weights.h"
 #include "dew/objectives/objective.h"
 #include "dew/runs/kinds.h"
 
@@ -181,7 +182,8 @@ training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o
 int64_t load_run_weights(torch::nn::Module& module, const std::string& run_dir, const OpenOptions& o) {
   int64_t step = 0;
   auto weights = run_weights(run_dir, o, &step);
-  training::load_module_state(module, weights, run_dir + " step_" + std::to_string(step) + " (" + o.weights + ")");
+  io::load_weights(module, io::WeightSource::of_tensors(
+                               std::move(weights), run_dir + " step_" + std::to_string(step) + " (" + o.weights + " weights)"));
   return step;
 }
 

@@ -11,6 +11,7 @@
 
 #include "dew/core/log.h"
 #include "dew/core/rng.h"
+#include "dew/io/weights.h"
 
 namespace dew::training {
 
@@ -112,19 +113,6 @@ TensorMap module_state(torch::nn::Module& m) {
   return out;
 }
 
-void load_module_state(torch::nn::Module& m, const TensorMap& state, const std::string& source) {
-  at::NoGradGuard ng;
-  auto load = [&](const std::string& name, at::Tensor t) {
-    auto it = state.find(name);
-    DEW_CHECK(it != state.end(), source, ": missing tensor \"", name, "\" (was it written by another model?)");
-    DEW_CHECK(it->second.sizes() == t.sizes(), source, ": tensor \"", name, "\" has shape ", it->second.sizes(),
-              ", the model expects ", t.sizes());
-    t.copy_(it->second);
-  };
-  for (const auto& kv : m.named_parameters()) load(kv.key(), kv.value());
-  for (const auto& kv : m.named_buffers()) load(kv.key(), kv.value());
-}
-
 Trainer::Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loader, OptimOptions optim,
                  TrainerOptions options, std::string run_dir, uint64_t seed)
     : obj_(std::move(objective)), loader_(std::move(loader)), oo_(std::move(optim)), to_(std::move(options)),
@@ -138,7 +126,8 @@ Trainer::Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loade
 }
 
 void Trainer::restore(const Checkpoint& c) {
-  load_module_state(obj_->module(), c.model, "checkpoint step_" + std::to_string(c.step) + "/model.safetensors");
+  io::load_weights(obj_->module(), io::WeightSource::of_tensors(c.model, run_dir_ + " step_" + std::to_string(c.step) +
+                                                                             "/model.safetensors"));
   at::NoGradGuard ng;
   for (auto& [name, avg] : ema_->averages()) {
     auto it = c.ema.find(name);

@@ -87,8 +87,6 @@ void truncate_metrics(const std::string& run_dir, int64_t step);
 
 /// Model state of a module: parameters and buffers by path (what model.safetensors holds).
 TensorMap module_state(torch::nn::Module& m);
-/// Loads module_state() values into a module; missing or mis-shaped entries are a dew::Error.
-void load_module_state(torch::nn::Module& m, const TensorMap& state, const std::string& source);
 
 /// True once SIGINT or SIGTERM arrived while a Trainer was running.
 bool stop_requested();

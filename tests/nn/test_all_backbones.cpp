@@ -7,6 +7,7 @@
 #include <set>
 
 #include "dew/io/safetensors.h"
+#include "dew/io/weights.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/training/trainer.h"
 #include "tests/nn/backbone_checks.h"
@@ -91,7 +92,7 @@ TEST(AllBackbones, EachLoadsItsOwnCheckpointAndTrains) {
     dew::io::save_safetensors(file, dew::training::module_state(*a), {});
     torch::manual_seed(2);
     auto b = dew::models::build(a->config());
-    dew::training::load_module_state(*b, dew::io::load_safetensors(file), file);
+    dew::io::load_weights(*b, dew::io::WeightSource::open(file));
     b->eval();
     EXPECT_TRUE(b->forward(batch.x_t, batch.t, batch.cond).equal(ya));
   }
@@ -164,7 +165,7 @@ TEST(AllBackbones, AMismatchedCheckpointIsAClearError) {
   bigger["emb_features"] = 64;
   auto big = dew::models::build(tiny[0].arch, bigger);
   const auto msg = dew::test::error_of(
-      [&] { dew::training::load_module_state(*big, dew::training::module_state(*small), "small.safetensors"); });
+      [&] { dew::io::load_weights(*big, dew::io::WeightSource::of_tensors(dew::training::module_state(*small), "small.safetensors")); });
   EXPECT_NE(msg.find("small.safetensors"), std::string::npos) << msg;
 }
 

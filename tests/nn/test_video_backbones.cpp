@@ -211,13 +211,15 @@ TEST(VideoBackbones, LoadUnetWeightsRefusesMismatchedStates) {
   auto missing = state;
   missing.erase("down_blocks.1.attention.attn1.qkv.weight");
   auto msg = error_of([&] { dew::nn::load_unet_weights(u3, missing); });
-  EXPECT_NE(msg.find("lacks \"down_blocks.1.attention.attn1.qkv.weight\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lacks 1 tensor(s) the model needs: \"down_blocks.1.attention.attn1.qkv.weight\""),
+            std::string::npos)
+      << msg;
 
   auto wrong = state;
   wrong["conv_out.weight"] = torch::zeros({3, 8, 1, 1});
   msg = error_of([&] { dew::nn::load_unet_weights(u3, wrong); });
   EXPECT_NE(msg.find("conv_out.weight"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("expected"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the model expects"), std::string::npos) << msg;
 
   auto extra = state;
   extra["temporal_mid.attn.proj.weight"] = torch::zeros({16, 16});

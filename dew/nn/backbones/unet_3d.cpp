@@ -148,35 +148,19 @@ bool is_temporal_parameter(const std::string& name) {
   return false;
 }
 
+io::KeyMap unet_3d_inflation_map() {
+  io::KeyMap map;
+  const std::string temporal = R"(temporal_(down|mid|up)\..*)";
+  map.refuse(temporal, "a 2D unet state has no temporal blocks (is it a unet_3d's?)");
+  map.allow_missing(temporal);
+  return map;
+}
+
 std::vector<std::string> load_unet_weights(UNet3DImpl& model, const std::map<std::string, Tensor>& unet_state) {
-  // Validate everything first, so a bad state changes nothing.
-  std::map<std::string, Tensor> targets;  // spatial name -> tensor of model
-  std::set<std::string> required;
-  for (const auto& kv : model.named_parameters()) {
-    if (is_temporal_parameter(kv.key())) continue;
-    targets[kv.key()] = kv.value();
-    required.insert(kv.key());
-  }
-  for (const auto& kv : model.named_buffers())
-    if (!is_temporal_parameter(kv.key())) targets[kv.key()] = kv.value();
-  for (const auto& kv : unet_state) {
-    auto it = targets.find(kv.first);
-    DEW_CHECK(it != targets.end(), "load_unet_weights: \"", kv.first,
-              "\" is not a spatial parameter or buffer of this unet_3d (a unet built with other fields?)");
-    DEW_CHECK(kv.second.defined() && kv.second.sizes() == it->second.sizes(), "load_unet_weights: \"", kv.first,
-              "\" has shape ", kv.second.defined() ? kv.second.sizes() : at::IntArrayRef{}, ", expected ",
-              it->second.sizes());
-  }
-  for (const auto& name : required)
-    DEW_CHECK(unet_state.count(name), "load_unet_weights: the unet state lacks \"", name, "\" (", required.size(),
-              " spatial parameters are required)");
-  torch::NoGradGuard no_grad;
-  std::vector<std::string> loaded;
-  for (const auto& kv : unet_state) {
-    targets[kv.first].copy_(kv.second);
-    loaded.push_back(kv.first);
-  }
-  return loaded;  // std::map iterates in sorted order
+  io::LoadOptions o;
+  o.require_buffers = false;
+  return io::load_weights(model, io::WeightSource::of_tensors(unet_state, "the unet state"), unet_3d_inflation_map(), o)
+      .loaded;
 }
 
 std::vector<std::string> load_unet_weights(UNet3DImpl& model, const UnetImpl& unet) {

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "dew/io/weights.h"
 #include "dew/nn/backbones/unet.h"
 
 namespace dew::nn {
@@ -106,11 +107,17 @@ TORCH_MODULE(UNet3D);
 /// True for the names of UNet3D's temporal parameters (temporal_down.*, temporal_mid.*, temporal_up.*).
 bool is_temporal_parameter(const std::string& name);
 
+/// The inflation key map: a 2D unet's names are the spatial names of a UNet3D; the temporal blocks
+/// (temporal_down.*, temporal_mid.*, temporal_up.*) may be absent and keep their values, and a source that
+/// carries them is refused. Load with io::LoadOptions::require_buffers = false (buffers may be absent).
+io::KeyMap unet_3d_inflation_map();
+
 /// Inflation: copies a 2D `unet` state (parameter and buffer name -> tensor, as named_parameters() and
 /// named_buffers() of a Unet built with model.options3d.unet_options()) into the spatial parameters of
 /// `model`; temporal blocks keep their values. Every spatial parameter must be present with its shape
 /// and every key must name a spatial parameter or buffer (buffers may be absent); otherwise a dew::Error
-/// names the offending key and nothing is changed. Returns the names loaded, sorted.
+/// names the offending key and nothing is changed (io::load_weights with unet_3d_inflation_map()). Returns the
+/// names loaded, sorted.
 std::vector<std::string> load_unet_weights(UNet3DImpl& model, const std::map<std::string, at::Tensor>& unet_state);
 /// The same from a built Unet.
 std::vector<std::string> load_unet_weights(UNet3DImpl& model, const UnetImpl& unet);
