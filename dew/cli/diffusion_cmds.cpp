@@ -75,7 +75,7 @@ int cmd_sample(const std::vector<std::string>& args) {
   const std::string& weights = open.weights;
   auto run = runs::open_diffusion_run(f.positional[0], open);
   set_threads(f.get_int("threads", 0), workload_of(run.model->config().value("architecture", "")));
-  GenerateOptions g;
+  DiffusionSampleOptions g;
   g.shape = run.shape;
   g.solver = f.get("solver", "euler");
   g.steps = f.get_int("steps", 30);
@@ -138,7 +138,7 @@ int cmd_sample(const std::vector<std::string>& args) {
   nrow = f.get_int("nrow", nrow);
   DEW_CHECK(nrow >= 1, "--nrow: must be >= 1, got ", nrow);
   validate(g, *run.process);  // before the sampling work
-  auto images = generate(*run.model, *run.process, g).cpu();
+  auto images = sample_diffusion(*run.model, *run.process, g).cpu();
   const std::string out = f.get("out", (fs::path(f.positional[0]) / "samples" / ("sample_step_" + std::to_string(run.step) + ".png")).string());
   if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
   save_samples(out, images, nrow);
@@ -156,7 +156,7 @@ int cmd_eval(const std::vector<std::string>& args) {
             f.positional.size(), " arguments");
   // Everything is checked before the classifier trains (minutes, once) or a sample is drawn.
   std::optional<runs::DiffusionRun> run;
-  std::vector<GenerateOptions> plans;
+  std::vector<DiffusionSampleOptions> plans;
   const int64_t count = f.get_int("count", 1000);
   if (!f.has("classifier")) {
     const std::string dir = f.positional[0];
@@ -168,7 +168,7 @@ int cmd_eval(const std::vector<std::string>& args) {
     std::stringstream ss(f.get("solvers", "euler"));
     std::string solver;
     while (std::getline(ss, solver, ',')) {
-      GenerateOptions g;
+      DiffusionSampleOptions g;
       g.shape = run->shape;
       g.solver = solver;
       g.steps = f.get_int("steps", 30);
@@ -202,7 +202,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   for (const auto& g : plans) {
     const std::string& solver = g.solver;
     const auto t0 = std::chrono::steady_clock::now();
-    auto images = generate(*run->model, *run->process, g).cpu();
+    auto images = sample_diffusion(*run->model, *run->process, g).cpu();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto [feats, pred] = metrics::classify(clf.model, images);
     const double acc = (pred == g.labels).to(at::kDouble).mean().item<double>();

@@ -358,7 +358,7 @@ struct Slot {
 struct DataLoader::Impl {
   std::shared_ptr<const TensorDataset> ds;
   LoaderOptions o;
-  Transform transform;
+  BatchTransform transform;
   int64_t n = 0;
 
   mutable std::mutex mu;
@@ -473,7 +473,7 @@ struct DataLoader::Impl {
   }
 };
 
-DataLoader::DataLoader(std::shared_ptr<const TensorDataset> dataset, LoaderOptions options, Transform transform)
+DataLoader::DataLoader(std::shared_ptr<const TensorDataset> dataset, LoaderOptions options, BatchTransform transform)
     : impl_(std::make_unique<Impl>()) {
   DEW_CHECK(dataset != nullptr, "DataLoader: the dataset is null");
   auto& o = options;

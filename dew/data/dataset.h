@@ -216,11 +216,11 @@ struct LoaderOptions {
 class DataLoader {
  public:
   /// Runs on the worker after augmentation, e.g. to convert fields; must not depend on thread or time.
-  using Transform = std::function<void(Batch& batch)>;
+  using BatchTransform = std::function<void(Batch& batch)>;
 
   /// Validates the options against the dataset (dew::Error naming the field); threads start on the
   /// first next().
-  DataLoader(std::shared_ptr<const TensorDataset> dataset, LoaderOptions options = {}, Transform transform = {});
+  DataLoader(std::shared_ptr<const TensorDataset> dataset, LoaderOptions options = {}, BatchTransform transform = {});
 
   /// Stops and joins the workers; batches prepared but not taken are dropped.
   ~DataLoader();

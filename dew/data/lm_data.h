@@ -37,7 +37,7 @@ struct LMData {
   int64_t train_tokens = 0;  // ids in the training stream
   int64_t val_tokens = 0;    // ids in the validation stream
   std::shared_ptr<TensorDataset> windows;  // {"start": int64 [N]} training window starts
-  DataLoader::Transform transform;         // starts -> tokens (+ segment_ids, positions)
+  DataLoader::BatchTransform transform;         // starts -> tokens (+ segment_ids, positions)
   /// ids [start, start + count) of the training (val = false) or validation stream, int64 [count].
   std::function<at::Tensor(bool val, int64_t start, int64_t count)> read;
 

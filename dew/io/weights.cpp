@@ -40,13 +40,15 @@ std::regex compile(const std::string& pattern, const char* rule) {
 struct WeightSource::Impl {
   std::string description;
   std::vector<SafetensorsFile> files;
+  static constexpr size_t kMemory = size_t(-1);
   struct Entry {
-    size_t file;
+    size_t file;  // index into files, or kMemory
     at::ScalarType dtype;
     std::vector<int64_t> shape;
   };
-  std::map<std::string, Entry> file_of;           // file sources: name -> shard, dtype and shape
-  std::map<std::string, at::Tensor> tensors;      // in-memory sources
+  std::map<std::string, Entry> file_of;       // name -> where it is, its dtype and shape
+  std::map<std::string, at::Tensor> tensors;  // in-memory sources
+  const Entry& entry(const std::string& name) const;
 };
 
 WeightSource::WeightSource(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
@@ -55,6 +57,7 @@ WeightSource WeightSource::of_tensors(std::map<std::string, at::Tensor> tensors,
   auto impl = std::make_shared<Impl>();
   impl->description = std::move(description);
   impl->tensors = std::move(tensors);
+  for (const auto& [name, t] : impl->tensors) impl->file_of[name] = {Impl::kMemory, t.scalar_type(), t.sizes().vec()};
   return WeightSource(impl);
 }
 
@@ -118,48 +121,25 @@ const std::string& WeightSource::describe() const { return impl_->description; }
 
 std::vector<std::string> WeightSource::names() const {
   std::vector<std::string> out;
-  if (impl_->files.empty())
-    for (const auto& kv : impl_->tensors) out.push_back(kv.first);
-  else
-    for (const auto& kv : impl_->file_of) out.push_back(kv.first);
+  for (const auto& kv : impl_->file_of) out.push_back(kv.first);
   return out;
 }
 
-bool WeightSource::contains(const std::string& name) const {
-  return impl_->files.empty() ? impl_->tensors.count(name) > 0 : impl_->file_of.count(name) > 0;
+bool WeightSource::contains(const std::string& name) const { return impl_->file_of.count(name) > 0; }
+
+const WeightSource::Impl::Entry& WeightSource::Impl::entry(const std::string& name) const {
+  auto it = file_of.find(name);
+  DEW_CHECK(it != file_of.end(), "weights: ", description, " has no tensor \"", name, "\"");
+  return it->second;
 }
 
-std::vector<int64_t> WeightSource::shape(const std::string& name) const {
-  if (impl_->files.empty()) {
-    auto it = impl_->tensors.find(name);
-    DEW_CHECK(it != impl_->tensors.end(), "weights: ", impl_->description, " has no tensor \"", name, "\"");
-    return it->second.sizes().vec();
-  }
-  auto it = impl_->file_of.find(name);
-  DEW_CHECK(it != impl_->file_of.end(), "weights: ", impl_->description, " has no tensor \"", name, "\"");
-  return it->second.shape;
-}
+std::vector<int64_t> WeightSource::shape(const std::string& name) const { return impl_->entry(name).shape; }
 
-at::ScalarType WeightSource::dtype(const std::string& name) const {
-  if (impl_->files.empty()) {
-    auto it = impl_->tensors.find(name);
-    DEW_CHECK(it != impl_->tensors.end(), "weights: ", impl_->description, " has no tensor \"", name, "\"");
-    return it->second.scalar_type();
-  }
-  auto it = impl_->file_of.find(name);
-  DEW_CHECK(it != impl_->file_of.end(), "weights: ", impl_->description, " has no tensor \"", name, "\"");
-  return it->second.dtype;
-}
+at::ScalarType WeightSource::dtype(const std::string& name) const { return impl_->entry(name).dtype; }
 
 at::Tensor WeightSource::tensor(const std::string& name) const {
-  if (impl_->files.empty()) {
-    auto it = impl_->tensors.find(name);
-    DEW_CHECK(it != impl_->tensors.end(), "weights: ", impl_->description, " has no tensor \"", name, "\"");
-    return it->second;
-  }
-  auto it = impl_->file_of.find(name);
-  DEW_CHECK(it != impl_->file_of.end(), "weights: ", impl_->description, " has no tensor \"", name, "\"");
-  return impl_->files[it->second.file].tensor(name, /*copy=*/false);
+  const auto& e = impl_->entry(name);
+  return e.file == Impl::kMemory ? impl_->tensors.at(name) : impl_->files[e.file].tensor(name, /*copy=*/false);
 }
 
 // ---- key maps ----

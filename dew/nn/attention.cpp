@@ -57,28 +57,28 @@ void check_attention_impl(const std::string& impl, const std::string& where) {
 }
 
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                           bool force_fp32_softmax) {
+                           bool force_fp32_for_softmax) {
   // Scaling q ([S, D]) is cheaper than scaling the scores ([S, S]).
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));  // [B, H, Sq, Sk]
-  if (force_fp32_softmax) scores = scores.to(at::kFloat);
+  if (force_fp32_for_softmax) scores = scores.to(at::kFloat);
   if (mask.defined()) scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
   Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
   return at::matmul(probs, v);  // [B, H, Sq, D]
 }
 
 Tensor attention_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                         bool force_fp32_softmax, int64_t chunk_size) {
+                         bool force_fp32_for_softmax, int64_t chunk_size) {
   DEW_CHECK(chunk_size > 0, "attention_chunked: chunk_size must be > 0, got ", chunk_size);
   const int64_t sq = q.size(2);
-  if (sq <= chunk_size) return attention_reference(q, k, v, mask, force_fp32_softmax);
+  if (sq <= chunk_size) return attention_reference(q, k, v, mask, force_fp32_for_softmax);
   std::vector<Tensor> outs;
   outs.reserve((sq + chunk_size - 1) / chunk_size);
   const bool mask_per_query = mask.defined() && mask.size(-2) != 1;
   for (int64_t s = 0; s < sq; s += chunk_size) {
     const int64_t n = std::min(chunk_size, sq - s);
     Tensor m = mask_per_query ? mask.narrow(-2, s, n) : mask;
-    outs.push_back(attention_reference(q.narrow(2, s, n), k, v, m, force_fp32_softmax));
+    outs.push_back(attention_reference(q.narrow(2, s, n), k, v, m, force_fp32_for_softmax));
   }
   return at::cat(outs, 2);
 }
@@ -96,8 +96,21 @@ Tensor attention_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const T
 #endif
 }
 
+namespace {
+thread_local int64_t t_chunk_rows = 256;
+}  // namespace
+
+int64_t attention_chunk_rows() { return t_chunk_rows; }
+
+AttentionChunkRowsScope::AttentionChunkRowsScope(int64_t rows) : previous_(t_chunk_rows) {
+  DEW_CHECK(rows >= 1, "attention chunk rows: must be >= 1, got ", rows);
+  t_chunk_rows = rows;
+}
+
+AttentionChunkRowsScope::~AttentionChunkRowsScope() { t_chunk_rows = previous_; }
+
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const std::string& impl,
-                 bool force_fp32_softmax) {
+                 bool force_fp32_for_softmax) {
   check_qkv(q, k, v);
   Tensor m, has_key;
   if (mask.defined()) {
@@ -109,9 +122,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   }
   Tensor out;
   if (impl == "reference") {
-    out = attention_reference(q, k, v, m, force_fp32_softmax);
+    out = attention_reference(q, k, v, m, force_fp32_for_softmax);
   } else if (impl == "chunked") {
-    out = attention_chunked(q, k, v, m, force_fp32_softmax);
+    out = attention_chunked(q, k, v, m, force_fp32_for_softmax, attention_chunk_rows());
   } else if (impl == "sdpa") {
     out = attention_sdpa(q, k, v, m);
   } else if (impl == "auto") {
@@ -121,7 +134,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     } else if (!m.defined() && fused_attention_applies(q, k, v)) {
       out = fused_attention(q, k, v);
     } else {
-      out = attention_reference(q, k, v, m, force_fp32_softmax);
+      out = attention_reference(q, k, v, m, force_fp32_for_softmax);
     }
   } else {
     check_attention_impl(impl, "attention_impl");
@@ -236,7 +249,7 @@ Tensor SelfAttentionImpl::forward(const Tensor& x, const Rope& rope, const Tenso
   }
   q = apply_rope(q, rope);
   k = apply_rope(k, rope);
-  Tensor o = attention(q, k, v, mask, options.impl(), options.force_fp32_softmax());
+  Tensor o = attention(q, k, v, mask, options.impl(), options.force_fp32_for_softmax());
   o = dense(merge_heads(o), proj);  // [B, S, dim]
   return torch::dropout(o, options.dropout(), is_training());
 }
@@ -286,7 +299,7 @@ Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context, const
     qh = q_norm(qh);
     kh = k_norm(kh);
   }
-  Tensor o = attention(qh, kh, vh, context_mask, options.impl(), options.force_fp32_softmax());
+  Tensor o = attention(qh, kh, vh, context_mask, options.impl(), options.force_fp32_for_softmax());
   o = dense(merge_heads(o), proj);
   return torch::dropout(o, options.dropout(), is_training());
 }

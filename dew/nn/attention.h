@@ -32,17 +32,32 @@ void check_attention_impl(const std::string& impl, const std::string& where);
 /// `mask` (optional, bool, true = attend) is [B, Sk] (a key mask) or broadcastable to [B, H, Sq, Sk];
 /// a query row whose keys are all masked out yields zeros. `impl` is one of attention_impls().
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
-                 const std::string& impl = "auto", bool force_fp32_softmax = true);
+                 const std::string& impl = "auto", bool force_fp32_for_softmax = true);
 
 /// The reference path: one matmul for the scores, softmax (in fp32 if asked), one matmul for the output.
 /// The mask must already be 4-D (broadcastable to [B, H, Sq, Sk]) with no fully masked row.
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                           bool force_fp32_softmax);
+                           bool force_fp32_for_softmax);
 /// The reference path over blocks of `chunk_size` query rows: the live scores never exceed
 /// [B, H, chunk, Sk]. Under autograd each block's probabilities are kept for backward (use remat on the
 /// enclosing block to bound training memory too).
 Tensor attention_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
-                         bool force_fp32_softmax, int64_t chunk_size = 256);
+                         bool force_fp32_for_softmax, int64_t chunk_size = 256);
+/// Query rows per block of the "chunked" impl (256 unless a scope below says otherwise).
+int64_t attention_chunk_rows();
+/// Sets attention_chunk_rows() for the lifetime of the scope (this thread), e.g. to bound attention memory
+/// of a large model further, or to make a small test model's attention really split into blocks.
+class AttentionChunkRowsScope {
+ public:
+  explicit AttentionChunkRowsScope(int64_t rows);
+  ~AttentionChunkRowsScope();
+  AttentionChunkRowsScope(const AttentionChunkRowsScope&) = delete;
+  AttentionChunkRowsScope& operator=(const AttentionChunkRowsScope&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
 /// at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA); a dew::Error on LibTorch 1.x.
 Tensor attention_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 
@@ -96,7 +111,7 @@ struct SelfAttentionOptions {
   /// one of attention_impls()
   TORCH_ARG(std::string, impl) = "auto";
   /// softmax in fp32 under bf16/fp16 compute
-  TORCH_ARG(bool, force_fp32_softmax) = true;
+  TORCH_ARG(bool, force_fp32_for_softmax) = true;
   /// dropout on the output projection
   TORCH_ARG(double, dropout) = 0.0;
 };
@@ -132,7 +147,7 @@ struct CrossAttentionOptions {
   TORCH_ARG(std::string, qk_norm) = "none";
   TORCH_ARG(double, norm_eps) = 1e-6;
   TORCH_ARG(std::string, impl) = "auto";
-  TORCH_ARG(bool, force_fp32_softmax) = true;
+  TORCH_ARG(bool, force_fp32_for_softmax) = true;
   TORCH_ARG(double, dropout) = 0.0;
 };
 

@@ -165,7 +165,7 @@ void DiTBlockImpl::reset() {
                                                    .qk_norm(options.qk_norm() ? "rms" : "none")
                                                    .norm_eps(1e-6)
                                                    .impl(options.attention_impl())
-                                                   .force_fp32_softmax(options.force_fp32_softmax())
+                                                   .force_fp32_for_softmax(options.force_fp32_for_softmax())
                                                    .dropout(options.dropout())));
   const auto hidden = static_cast<int64_t>(options.mlp_ratio() * static_cast<double>(d));
   mlp = register_module("mlp", Mlp(MlpOptions(d, hidden).activation("gelu_tanh").dropout(options.dropout())));

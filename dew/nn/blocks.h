@@ -132,7 +132,7 @@ struct DiTBlockOptions {
   TORCH_ARG(bool, qk_norm) = false;
   /// one of attention_impls()
   TORCH_ARG(std::string, attention_impl) = "auto";
-  TORCH_ARG(bool, force_fp32_softmax) = true;
+  TORCH_ARG(bool, force_fp32_for_softmax) = true;
 };
 
 /// DiT block with adaLN-Zero: (shift, scale, gate) x 2 from a zero-initialised Linear of SiLU(c), so the

@@ -18,10 +18,8 @@ Registry<Objective, const ObjectiveContext&>& objectives() {
     r->add<LMObjectiveOptions>(
         "lm", "next-token cross entropy of a causal_transformer; validation perplexity and a sampled text",
         [](const LMObjectiveOptions& o, const ObjectiveContext& c) -> std::shared_ptr<Objective> {
-          auto lm = std::dynamic_pointer_cast<nn::CausalTransformerImpl>(c.model);
-          DEW_CHECK(lm, "objective lm: needs a causal_transformer model, got ",
-                    c.model ? c.model->config().value("architecture", std::string("?")) : std::string("none"));
-          return std::make_shared<LMObjective>(nn::CausalTransformer(lm), c.lm_data, o);
+          DEW_CHECK(!c.language_model.is_empty(), "objective lm: needs a causal_transformer language_model");
+          return std::make_shared<LMObjective>(c.language_model, c.lm_data, o);
         });
     return r;
   }();

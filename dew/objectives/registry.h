@@ -3,6 +3,7 @@
 #pragma once
 #include "dew/diffusion/presets.h"
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/text_encoder.h"
 #include "dew/objectives/objective.h"
 
@@ -11,9 +12,10 @@ namespace data {
 struct LMData;
 }
 
-/// What an objective is built around, besides its own options.
+/// What an objective is built around, besides its own options: its modules by role, and data facts.
 struct ObjectiveContext {
-  BackbonePtr model;
+  BackbonePtr model;                  // diffusion objectives: the denoiser
+  nn::CausalTransformer language_model{nullptr};  // language-model objectives: the policy
   diffusion::PresetPtr preset;        // diffusion objectives
   int64_t num_classes = 0;            // 0 = unconditional
   std::vector<int64_t> sample_shape;  // one item, e.g. [1, 28, 28]

@@ -1,8 +1,8 @@
 // Diffusion runs: the `diffusion` run kind and a trained run opened for sampling and evaluation.
 //
 //   auto run = dew::runs::open_diffusion_run("runs/fashion_mnist");     // EMA weights, latest step
-//   dew::GenerateOptions g;  g.shape = run.shape;  g.count = 10;  g.labels = at::arange(10);
-//   at::Tensor images = dew::generate(*run.model, *run.process, g);     // [10, 1, 28, 28] in [-1, 1]
+//   dew::DiffusionSampleOptions g;  g.shape = run.shape;  g.count = 10;  g.labels = at::arange(10);
+//   at::Tensor images = dew::sample_diffusion(*run.model, *run.process, g);     // [10, 1, 28, 28] in [-1, 1]
 #pragma once
 #include "dew/diffusion/process.h"
 #include "dew/nn/backbones/backbone.h"

@@ -71,12 +71,14 @@ Built build_lm(json& r, const c10::Device& device) {
   DEW_CHECK(fields["vocab_size"].is_number_integer() && fields["vocab_size"].get<int64_t>() >= lm->vocab_size,
             "model.fields.vocab_size: must be >= the data's vocab_size ", lm->vocab_size, ", got ",
             fields["vocab_size"].dump());
-  auto model = models::build(r["model"]);
+  const auto fields_in = r["model"]["fields"];
+  nn::CausalTransformer model(from_json<nn::CausalTransformerOptions>(fields_in, "model.fields"));
+  model->set_config({{"architecture", "causal_transformer"}, {"fields", to_json(model->options)}});
   lo.seed = r["seed"].get<int64_t>();
   Built b;
   b.loader = std::make_shared<data::DataLoader>(lm->windows, lo, lm->transform);
   ObjectiveContext ctx;
-  ctx.model = model;
+  ctx.language_model = model;
   ctx.lm_data = lm;
   b.objective = objectives().build("lm", r["objective"], ctx);
   model->to(device);

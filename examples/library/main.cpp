@@ -5,8 +5,8 @@
 #include <iostream>
 
 #include "dew/nn/backbones/backbone.h"
-#include "dew/objectives/diffusion.h"
 #include "dew/runs/diffusion_run.h"
+#include "dew/sampling/diffusion_sample.h"
 
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "runs/library_example";
@@ -36,13 +36,13 @@ int main(int argc, char** argv) {
 
     // 3. Sampling the run's EMA weights: two samples of each class.
     auto trained = dew::runs::open_diffusion_run(dir);
-    dew::GenerateOptions g;
+    dew::DiffusionSampleOptions g;
     g.shape = trained.shape;  // [1, 8, 8]
     g.count = 6;
     g.labels = at::arange(3).repeat({2});
     g.solver = "euler";
     g.steps = 10;
-    at::Tensor images = dew::generate(*trained.model, *trained.process, g);  // [6, 1, 8, 8] in [-1, 1]
+    at::Tensor images = dew::sample_diffusion(*trained.model, *trained.process, g);  // [6, 1, 8, 8] in [-1, 1]
     dew::save_samples(dir + "/library_grid.png", images, 3);
     std::cout << "wrote " << dir << "/library_grid.png\n";
   } catch (const dew::Error& e) {

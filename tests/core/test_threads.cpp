@@ -31,15 +31,6 @@ int openblas_threads() {
   return fn ? fn() : -1;
 }
 
-TEST(Threads, WorkloadOfArchitecture) {
-  EXPECT_EQ(dew::workload_of("unet"), dew::Workload::kIntraOp);
-  EXPECT_EQ(dew::workload_of("unet_3d"), dew::Workload::kIntraOp);
-  EXPECT_EQ(dew::workload_of("simple_dit"), dew::Workload::kIntraOp);
-  EXPECT_EQ(dew::workload_of("hybrid_dit"), dew::Workload::kIntraOp);
-  EXPECT_EQ(dew::workload_of("uvit"), dew::Workload::kIntraOp);
-  EXPECT_EQ(dew::workload_of("causal_transformer"), dew::Workload::kIntraOp);
-}
-
 TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndOpenBLAS) {
   const int before = at::get_num_threads();
   EnvUnset omp("OMP_NUM_THREADS"), blas("OPENBLAS_NUM_THREADS");

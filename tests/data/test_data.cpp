@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+
 #include "tests/test_util.h"
 
 #include <ATen/ATen.h>
@@ -426,12 +430,20 @@ TEST(DataLoader, DestructorStopsBusyWorkers) {
   o.batch_size = 2;
   o.num_workers = 2;
   o.prefetch = 2;
-  for (int i = 0; i < 5; ++i) {
-    DataLoader loader(ds, o);
-    loader.next();  // the workers are now blocked on a full queue
+  auto done = std::async(std::launch::async, [&] {
+    for (int i = 0; i < 5; ++i) {
+      DataLoader loader(ds, o);
+      loader.next();  // the workers are now blocked on a full queue
+    }
+    DataLoader never_started(ds, o);
+  });
+  // A destructor that fails to wake its workers hangs: fail within seconds, not at CTest's timeout.
+  if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    std::fprintf(stderr, "DataLoader.DestructorStopsBusyWorkers: destroying loaders hung for 30 s\n");
+    std::fflush(stderr);
+    std::_Exit(1);  // the hung workers cannot be joined: end the test binary so the failure shows now
   }
-  DataLoader never_started(ds, o);
-  SUCCEED();
+  done.get();
 }
 
 TEST(DataLoader, OptionsAreValidated) {

@@ -52,3 +52,23 @@ TEST(Metrics, PsnrAndSsimByHand) {
   auto m = registry().build("psnr", json::object());
   EXPECT_NEAR((*m)(a, a + 0.1), 10 * std::log10(400.0), 1e-9);
 }
+
+TEST(Metrics, SsimMatchesScikitImage) {
+  // scikit-image's structural_similarity on closed-form image pairs (tests/golden/ssim_skimage.py builds
+  // the same pixels and printed these values).
+  const double skimage[3] = {0.74008835124759287, 0.75277900111973495, 0.78973320422556226};
+  const int64_t C = 3, H = 20, W = 24;
+  auto grid = at::arange(H, kF64).view({H, 1}).expand({H, W});
+  auto xs = at::arange(W, kF64).view({1, W}).expand({H, W});
+  for (int k = 0; k < 3; ++k) {
+    std::vector<at::Tensor> ca, cb;
+    for (int c = 0; c < C; ++c) {
+      auto a = at::sin(0.31 * xs + 0.17 * grid + double(c)) * at::cos(0.05 * xs * grid / double(k + 1));
+      ca.push_back(a);
+      cb.push_back(0.8 * a + 0.15 * at::cos(0.7 * xs - 0.4 * grid + double(2 * c + k)) - 0.05);
+    }
+    const double ours = ssim(at::stack(ca).unsqueeze(0), at::stack(cb).unsqueeze(0));
+    std::printf("pair %d: ssim %.17g, scikit-image %.17g, |diff| %.3g\n", k, ours, skimage[k], std::abs(ours - skimage[k]));
+    EXPECT_NEAR(ours, skimage[k], 1e-10) << "pair " << k;
+  }
+}

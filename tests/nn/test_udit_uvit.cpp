@@ -3,6 +3,7 @@
 // step-by-step recomputation, the position table's rows, masking, refusals and the config round trip.
 #include <gtest/gtest.h>
 
+#include "dew/nn/attention.h"
 #include "tests/nn/backbone_checks.h"
 #include "tests/test_util.h"
 #include <torch/torch.h>
@@ -387,6 +388,7 @@ TEST(UDiTUViT, UViTRefusalsAndConfigRoundTrip) {
 }
 
 TEST(UDiTUViT, UViTRematAndBfloat16Agree) {
+  dew::nn::AttentionChunkRowsScope small_blocks(5);  // the chunked model's attention splits into blocks
   json f = tiny_uvit({{"context_features", 6}, {"use_self_and_cross", true}});
   auto m = dew::models::build("uvit", f);
   json g = f;

@@ -110,7 +110,7 @@ TEST(DiffusionText, GenerateConditionsOnPromptsAndGuidesWithTheEmptyCaption) {
   dew::TextConditioner t;
   t.encoder = r.encoder;
   t.class_names = {"Sandal", "Bag", "Coat"};
-  dew::GenerateOptions g;
+  dew::DiffusionSampleOptions g;
   g.count = 2;
   g.shape = {1, 8, 8};
   g.steps = 2;
@@ -118,23 +118,23 @@ TEST(DiffusionText, GenerateConditionsOnPromptsAndGuidesWithTheEmptyCaption) {
   g.text = &t;
   g.guidance.scale = 1.0;
   g.prompts = {"a photo of a bag", "a photo of a bag"};
-  auto a = dew::generate(*r.model, r.objective->process(), g);
+  auto a = dew::sample_diffusion(*r.model, r.objective->process(), g);
   g.prompts = {"a photo of a coat", "a photo of a coat"};
-  auto b = dew::generate(*r.model, r.objective->process(), g);
+  auto b = dew::sample_diffusion(*r.model, r.objective->process(), g);
   EXPECT_GT((a - b).abs().max().item<double>(), 1e-6) << "the prompt must change the samples";
   // labels are captioned: label 1 gives the same samples as the prompt "a photo of a bag"
   g.prompts.clear();
   g.labels = torch::tensor({1, 1}, at::kLong);
-  auto c = dew::generate(*r.model, r.objective->process(), g);
+  auto c = dew::sample_diffusion(*r.model, r.objective->process(), g);
   EXPECT_TRUE(a.equal(c));
   // guidance with scale 0 keeps only the unconditional branch: the "" caption
   g.labels = at::Tensor();
   g.guidance.scale = 0.0;
   g.prompts = {"a photo of a coat", "a photo of a coat"};
-  auto uncond = dew::generate(*r.model, r.objective->process(), g);
+  auto uncond = dew::sample_diffusion(*r.model, r.objective->process(), g);
   g.guidance.scale = 1.0;
   g.prompts = {"", ""};
-  auto empty = dew::generate(*r.model, r.objective->process(), g);
+  auto empty = dew::sample_diffusion(*r.model, r.objective->process(), g);
   EXPECT_LT((uncond - empty).abs().max().item<double>(), 1e-5);
 }
 

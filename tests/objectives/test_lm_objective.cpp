@@ -81,10 +81,9 @@ TEST(LMObjective, ValidationReportsPerplexityAndWritesASample) {
   meta.packed = true;
   dew::data::write_token_files(dir.file("tok"), train, val, meta);
   auto lm = dew::data::lm_datasets().build(json{{"name", "tokens"}, {"dir", dir.file("tok")}}, 8);
-  auto model = dew::models::build("causal_transformer",
-                                  {{"vocab_size", 257}, {"emb_features", 16}, {"num_layers", 1}, {"num_heads", 2}});
+  dew::nn::CausalTransformer model(dew::nn::CausalTransformerOptions().vocab_size(257).emb_features(16).num_layers(1).num_heads(2));
   dew::ObjectiveContext ctx;
-  ctx.model = model;
+  ctx.language_model = model;
   ctx.lm_data = lm;
   auto obj = dew::objectives().build("lm", json{{"seq_len", 8}, {"sample_tokens", 5}, {"val_batch", 3}}, ctx);
   EXPECT_EQ(obj->batch_fields(), (std::vector<std::string>{"tokens", "segment_ids", "positions"}));
@@ -95,7 +94,8 @@ TEST(LMObjective, ValidationReportsPerplexityAndWritesASample) {
   EXPECT_TRUE(std::filesystem::exists(dir.path / "samples" / "step_7.txt"));
   auto diffusion_model = dew::models::build("simple_dit", {{"patch_size", 2}, {"emb_features", 16}, {"num_layers", 1},
                                                            {"num_heads", 2}});
-  ctx.model = diffusion_model;
+  ctx.model = diffusion_model;  // a denoiser is no language model
+  ctx.language_model = nullptr;
   EXPECT_NE(dew::test::error_of([&] { dew::objectives().build("lm", json{{"seq_len", 8}}, ctx); })
                 .find("causal_transformer"),
             std::string::npos);

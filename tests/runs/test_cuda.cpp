@@ -62,13 +62,13 @@ TEST(Cuda, DiffusionRunTrainsOnTheGpuAndOpensOnEitherDevice) {
   std::printf("cpu vs cuda forward: max |diff| %.3g (max |out| %.3g)\n", diff, scale);
   EXPECT_LT(diff, 1e-4 * std::max(1.0, scale));
 
-  dew::GenerateOptions g;
+  dew::DiffusionSampleOptions g;
   g.shape = gpu.shape;
   g.count = 6;
   g.labels = at::arange(3).repeat({2});
   g.steps = 4;
   g.solver = "euler";
-  const at::Tensor images = dew::generate(*gpu.model, *gpu.process, g);
+  const at::Tensor images = dew::sample_diffusion(*gpu.model, *gpu.process, g);
   EXPECT_TRUE(at::isfinite(images).all().item<bool>());
 }
 

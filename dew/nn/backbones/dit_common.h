@@ -76,7 +76,7 @@ BlockOptions dit_block_options(const O& o, int64_t dim, int64_t num_heads) {
       .norm_eps(o.norm_epsilon())
       .qk_norm(o.qk_norm())
       .attention_impl(o.attention_impl())
-      .force_fp32_softmax(o.force_fp32_for_softmax());
+      .force_fp32_for_softmax(o.force_fp32_for_softmax());
   return b;
 }
 

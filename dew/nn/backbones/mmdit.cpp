@@ -126,7 +126,7 @@ std::pair<Tensor, Tensor> MMDiTBlockImpl::forward(const Tensor& x, const Tensor&
   Tensor mask;
   if (text_mask.defined())
     mask = at::cat({text_mask.to(at::kBool), at::ones({x.size(0), N}, text_mask.options().dtype(at::kBool))}, 1);
-  Tensor o = attention(q, k, v, mask, options.attention_impl(), options.force_fp32_softmax());  // [B, H, Sq, Dh]
+  Tensor o = attention(q, k, v, mask, options.attention_impl(), options.force_fp32_for_softmax());  // [B, H, Sq, Dh]
 
   if (pre_only) return {image->finish(x, o, mi), Tensor()};
   auto parts = o.split_with_sizes({L, N}, 2);

@@ -48,7 +48,7 @@ struct MMDiTBlockOptions {
   TORCH_ARG(bool, qk_norm) = false;
   /// one of attention_impls()
   TORCH_ARG(std::string, attention_impl) = "auto";
-  TORCH_ARG(bool, force_fp32_softmax) = true;
+  TORCH_ARG(bool, force_fp32_for_softmax) = true;
   /// SD3's context_pre_only: the text stream only supplies keys and values (its output would be
   /// discarded), so it has no queries, output projection or MLP. Used for the last block of a stack.
   TORCH_ARG(bool, context_pre_only) = false;

@@ -34,12 +34,12 @@ void UnetAttentionImpl::reset() {
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c}).eps(1e-5)));
   attn1 = register_module("attn1", SelfAttention(SelfAttentionOptions(c, options.num_heads())
                                                      .impl(options.impl())
-                                                     .force_fp32_softmax(options.force_fp32_softmax())));
+                                                     .force_fp32_for_softmax(options.force_fp32_for_softmax())));
   if (options.context_dim() > 0) {
     norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c}).eps(1e-5)));
     attn2 = register_module("attn2", CrossAttention(CrossAttentionOptions(c, options.context_dim(), options.num_heads())
                                                         .impl(options.impl())
-                                                        .force_fp32_softmax(options.force_fp32_softmax())));
+                                                        .force_fp32_for_softmax(options.force_fp32_for_softmax())));
   }
 }
 
@@ -111,7 +111,7 @@ void UnetImpl::reset() {
     return UnetAttention(UnetAttentionOptions(ch, heads)
                              .context_dim(o.context_features())
                              .impl(o.attention_impl())
-                             .force_fp32_softmax(o.force_fp32_for_softmax()));
+                             .force_fp32_for_softmax(o.force_fp32_for_softmax()));
   };
   // A plain Module as a named container: gives "down_blocks.I.resnets.J" style parameter names.
   auto container = [](Level& lv, const char* resample_name) {

@@ -92,7 +92,7 @@ struct UnetAttentionOptions {
   /// width of the text context; 0 = self-attention only
   TORCH_ARG(int64_t, context_dim) = 0;
   TORCH_ARG(std::string, impl) = "auto";
-  TORCH_ARG(bool, force_fp32_softmax) = true;
+  TORCH_ARG(bool, force_fp32_for_softmax) = true;
 };
 
 /// Attention stage over the H x W positions: x + attn1(norm1(x)), then x + attn2(norm2(x), context)

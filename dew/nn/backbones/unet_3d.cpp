@@ -28,7 +28,7 @@ void TemporalBlockImpl::reset() {
                                                           .eps(o.norm_eps())));
   attn = register_module("attn", SelfAttention(SelfAttentionOptions(o.channels(), o.num_heads())
                                                    .impl(o.impl())
-                                                   .force_fp32_softmax(o.force_fp32_softmax())));
+                                                   .force_fp32_for_softmax(o.force_fp32_for_softmax())));
   reset_parameters();
 }
 
@@ -85,7 +85,7 @@ void UNet3DImpl::reset_temporal() {
     return TemporalBlock(TemporalBlockOptions(channels, o.temporal_heads())
                              .norm_groups(o.norm_groups())
                              .impl(o.attention_impl())
-                             .force_fp32_softmax(o.force_fp32_for_softmax()));
+                             .force_fp32_for_softmax(o.force_fp32_for_softmax()));
   };
   temporal_down = register_module("temporal_down", torch::nn::ModuleList());
   temporal_up = register_module("temporal_up", torch::nn::ModuleList());

@@ -58,7 +58,7 @@ struct TemporalBlockOptions {
   TORCH_ARG(double, norm_eps) = 1e-5;
   /// one of attention_impls()
   TORCH_ARG(std::string, impl) = "auto";
-  TORCH_ARG(bool, force_fp32_softmax) = true;
+  TORCH_ARG(bool, force_fp32_for_softmax) = true;
 };
 
 /// Self-attention across frames at each pixel: out = x + attn(norm(x) + sincos_1d(frame index)), tokens

@@ -28,9 +28,9 @@ Tensor layer_norm_affine_fp32(const Tensor& x, const torch::nn::LayerNorm& norm)
 
 // ---- UViTAttention ----
 
-UViTAttentionImpl::UViTAttentionImpl(int64_t dim_, int64_t num_heads_, std::string impl_, bool force_fp32_softmax_,
+UViTAttentionImpl::UViTAttentionImpl(int64_t dim_, int64_t num_heads_, std::string impl_, bool force_fp32_for_softmax_,
                                      double dropout_)
-    : dim(dim_), num_heads(num_heads_), impl(std::move(impl_)), force_fp32_softmax(force_fp32_softmax_),
+    : dim(dim_), num_heads(num_heads_), impl(std::move(impl_)), force_fp32_for_softmax(force_fp32_for_softmax_),
       dropout(dropout_) {
   DEW_CHECK(dim > 0 && num_heads > 0 && dim % num_heads == 0, "UViTAttention: dim must be divisible by num_heads, got ",
             dim, " / ", num_heads);
@@ -55,7 +55,7 @@ Tensor UViTAttentionImpl::forward(const Tensor& x, const Tensor& context, const 
   const int64_t B = x.size(0), S = x.size(1), L = context.size(1), hd = dim / num_heads;
   auto heads = [&](const Tensor& t, int64_t n) { return t.view({B, n, num_heads, hd}).transpose(1, 2); };
   Tensor q = heads(dense(x, to_q), S), k = heads(dense(context, to_k), L), v = heads(dense(context, to_v), L);
-  Tensor o = attention(q, k, v, key_mask, impl, force_fp32_softmax);  // [B, H, S, hd]
+  Tensor o = attention(q, k, v, key_mask, impl, force_fp32_for_softmax);  // [B, H, S, hd]
   o = o.transpose(1, 2).reshape({B, S, dim});
   return torch::dropout(dense(o, to_out), dropout, is_training());
 }

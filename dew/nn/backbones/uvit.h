@@ -120,7 +120,7 @@ struct UViTOptions {
 /// self-attention). Parameters: to_q.weight, to_k.weight, to_v.weight, to_out.weight, all [D, D].
 class UViTAttentionImpl : public torch::nn::Module {
  public:
-  UViTAttentionImpl(int64_t dim, int64_t num_heads, std::string impl, bool force_fp32_softmax, double dropout);
+  UViTAttentionImpl(int64_t dim, int64_t num_heads, std::string impl, bool force_fp32_for_softmax, double dropout);
   void reset();
   void reset_parameters();
   /// x: [B, S, D], context: [B, S', D], key_mask: [B, S'] bool or undefined -> [B, S, D].
@@ -128,7 +128,7 @@ class UViTAttentionImpl : public torch::nn::Module {
 
   int64_t dim, num_heads;
   std::string impl;
-  bool force_fp32_softmax;
+  bool force_fp32_for_softmax;
   double dropout;
   torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, to_out{nullptr};
 };

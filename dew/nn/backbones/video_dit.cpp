@@ -23,7 +23,7 @@ void VideoDiTBlockImpl::reset() {
                              .qk_norm(o.qk_norm() ? "rms" : "none")
                              .norm_eps(1e-6)
                              .impl(o.attention_impl())
-                             .force_fp32_softmax(o.force_fp32_softmax())
+                             .force_fp32_for_softmax(o.force_fp32_for_softmax())
                              .dropout(o.dropout()));
   };
   adaLN_modulation = register_module("adaLN_modulation", torch::nn::Linear(d, 9 * d));
