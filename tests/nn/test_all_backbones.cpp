@@ -8,6 +8,9 @@
 
 #include "dew/io/safetensors.h"
 #include "dew/io/weights.h"
+#include "dew/core/rng.h"
+#include "dew/nn/attention.h"
+#include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/training/trainer.h"
 #include "tests/nn/backbone_checks.h"
@@ -17,38 +20,27 @@ namespace {
 
 using dew::json;
 
+// Every registered family with the given role, with its tiny configuration from the registry.
 struct Tiny {
   std::string arch;
   json fields;
-  std::vector<int64_t> input;  // [B, C, H, W] or [B, C, T, H, W]
-  int64_t context = 0;         // text width (0: none)
+  std::vector<int64_t> input;
+  int64_t context = 0;
 };
 
-// One small configuration per architecture (a few thousand parameters, milliseconds per step).
-std::vector<Tiny> tiny_models() {
-  const json dit = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 2}, {"mlp_ratio", 2},
-                    {"in_channels", 1}, {"output_channels", 1}, {"num_classes", 3}};
-  auto with = [](json base, const json& extra) {
-    base.update(extra);
-    return base;
-  };
-  const json unet = {{"emb_features", 16}, {"feature_depths", {8, 16}}, {"attention_configs", {nullptr, 2}},
-                     {"num_res_blocks", 1}, {"norm_groups", 4}, {"in_channels", 1}, {"output_channels", 1},
-                     {"num_classes", 3}};
-  return {
-      {"simple_dit", dit, {2, 1, 8, 8}},
-      {"unet", unet, {2, 1, 8, 8}},
-      {"simple_udit", dit, {2, 1, 8, 8}},
-      {"uvit", with(dit, {{"image_size", 8}}), {2, 1, 8, 8}},
-      {"simple_mmdit", with(dit, {{"context_features", 8}}), {2, 1, 8, 8}, 8},
-      {"hierarchical_mmdit",
-       {{"base_patch_size", 2}, {"emb_features", {16, 32}}, {"num_layers", {2, 2}}, {"num_heads", {2, 2}},
-        {"mlp_ratio", 2}, {"in_channels", 1}, {"output_channels", 1}, {"num_classes", 3}, {"context_features", 8}},
-       {2, 1, 8, 8}, 8},
-      {"hybrid_dit", with(dit, {{"ssm_state_dim", 4}, {"num_layers", 4}}), {2, 1, 8, 8}},
-      {"video_dit", dit, {2, 1, 3, 8, 8}},
-      {"unet_3d", with(unet, {{"temporal_heads", 2}}), {2, 1, 3, 8, 8}},
-  };
+std::vector<Tiny> tiny_models(dew::models::Role role = dew::models::Role::kDenoiser) {
+  std::vector<Tiny> out;
+  for (const auto& name : dew::models::registry().names()) {
+    const auto& f = dew::models::family(name);
+    if (f.role == role) out.push_back({name, f.tiny.fields, f.tiny.input, f.tiny.context});
+  }
+  return out;
+}
+
+bool has_field(const std::string& arch, const std::string& field) {
+  for (const auto& f : dew::models::registry().info(arch).fields)
+    if (f.name == field) return true;
+  return false;
 }
 
 dew::Conditioning conditioning(const Tiny& t) {
@@ -59,6 +51,21 @@ dew::Conditioning conditioning(const Tiny& t) {
     c.context_mask = torch::tensor({1, 1, 1, 0, 0, 1, 1, 1, 1, 1}, at::kBool).view({2, 5});
   }
   return c;
+}
+
+TEST(AllBackbones, EveryFamilyHasATinyConfigurationThatBuilds) {
+  // The suite runs what the registry holds: a family without a tiny configuration fails here.
+  size_t denoisers = 0;
+  for (const auto& name : dew::models::registry().names()) {
+    SCOPED_TRACE(name);
+    const dew::models::Family* f = nullptr;
+    EXPECT_EQ(dew::test::error_of([&] { f = &dew::models::family(name); }), "");
+    if (!f) continue;
+    EXPECT_NO_THROW(dew::models::build(name, f->tiny.fields));
+    EXPECT_FALSE(f->tiny.input.empty());
+    denoisers += f->role == dew::models::Role::kDenoiser;
+  }
+  EXPECT_GE(denoisers, 9u);
 }
 
 TEST(AllBackbones, EveryDiffusionArchitectureIsRegisteredWithItsFields) {
@@ -158,12 +165,119 @@ TEST(AllBackbones, ScanOrdersAreEquivariantWhereTheDesignSaysSo) {
   }
 }
 
+TEST(AllBackbones, GradientsReachEveryParameter) {
+  for (const auto& t : tiny_models()) {
+    SCOPED_TRACE(t.arch);
+    torch::manual_seed(6);
+    auto m = dew::models::build(t.arch, t.fields);
+    dew::test::randomize(*m, 0.05);  // off the zero-initialised layers, which block gradients at the start
+    auto batch = dew::test::fixed_batch(t.input, 7);
+    batch.cond = conditioning(t);
+    const auto none = dew::test::params_without_gradient(*m, batch);
+    EXPECT_TRUE(none.empty()) << t.arch << ": no gradient reaches " << (none.empty() ? "" : none.front()) << " and "
+                              << (none.empty() ? 0 : none.size() - 1) << " more";
+  }
+}
+
+TEST(AllBackbones, RematChangesNeitherOutputsNorGradients) {
+  for (const auto& t : tiny_models()) {
+    SCOPED_TRACE(t.arch);
+    torch::manual_seed(8);
+    dew::test::expect_remat_matches(t.arch, t.fields, conditioning(t), t.input);
+  }
+}
+
+TEST(AllBackbones, EveryAttentionImplAgreesWithSmallChunks) {
+  // Blocks of 3 query rows: every tiny model's sequences are longer, so "chunked" really splits.
+  dew::nn::AttentionChunkRowsScope small_blocks(3);
+  for (const auto& t : tiny_models()) {
+    if (!has_field(t.arch, "attention_impl")) continue;
+    SCOPED_TRACE(t.arch);
+    torch::manual_seed(9);
+    json f = t.fields;
+    f["attention_impl"] = "reference";
+    auto ref = dew::models::build(t.arch, f);
+    dew::test::randomize(*ref, 0.05);
+    auto batch = dew::test::fixed_batch(t.input, 10);
+    batch.cond = conditioning(t);
+    torch::NoGradGuard ng;
+    const auto y = ref->forward(batch.x_t, batch.t, batch.cond);
+    for (const auto& impl : dew::nn::attention_impls()) {
+      if (impl == "sdpa" && !dew::nn::sdpa_available()) continue;
+      f["attention_impl"] = impl;
+      auto other = dew::models::build(t.arch, f);
+      dew::test::copy_parameters(*ref, *other);
+      const double d = dew::test::max_diff(y, other->forward(batch.x_t, batch.t, batch.cond));
+      EXPECT_LT(d, 1e-5 * (1 + y.abs().max().item<double>())) << impl;
+    }
+  }
+}
+
+TEST(AllBackbones, TheParameterTreeDoesNotDependOnDtypeAttentionOrRemat) {
+  for (const auto& t : tiny_models()) {
+    SCOPED_TRACE(t.arch);
+    const auto base = dew::test::param_shapes(*dew::models::build(t.arch, t.fields));
+    for (const json& change : {json{{"dtype", "bfloat16"}}, json{{"attention_impl", "chunked"}}, json{{"remat", true}}}) {
+      json f = t.fields;
+      f.update(change);
+      EXPECT_EQ(dew::test::param_shapes(*dew::models::build(t.arch, f)), base) << change.dump();
+    }
+  }
+}
+
+TEST(AllBackbones, TheSameSeedBuildsTheSameModelAndOutput) {
+  for (const auto& t : tiny_models()) {
+    SCOPED_TRACE(t.arch);
+    std::vector<at::Tensor> outs;
+    std::vector<std::vector<at::Tensor>> params;
+    for (int rep = 0; rep < 2; ++rep) {
+      dew::rng::DefaultGeneratorScope init(42, 0, "init");
+      auto m = dew::models::build(t.arch, t.fields);
+      dew::test::randomize(*m, 0.05);
+      auto batch = dew::test::fixed_batch(t.input, 11);
+      batch.cond = conditioning(t);
+      torch::NoGradGuard ng;
+      outs.push_back(m->forward(batch.x_t, batch.t, batch.cond));
+      params.push_back(m->parameters());
+    }
+    EXPECT_TRUE(outs[0].equal(outs[1]));
+    for (size_t i = 0; i < params[0].size(); ++i) EXPECT_TRUE(params[0][i].equal(params[1][i])) << i;
+  }
+}
+
+TEST(AllBackbones, LanguageModelsTrainAndLoadTheirOwnCheckpoint) {
+  dew::test::TempDir dir("all_lms");
+  const auto lms = tiny_models(dew::models::Role::kLanguageModel);
+  ASSERT_FALSE(lms.empty());
+  for (const auto& t : lms) {
+    SCOPED_TRACE(t.arch);
+    auto o = dew::from_json<dew::nn::CausalTransformerOptions>(t.fields);
+    torch::manual_seed(12);
+    dew::nn::CausalTransformer m(o);
+    const at::Tensor ids = torch::randint(0, o.vocab_size(), {t.input[0], t.input[1]});
+    const at::Tensor logits = m->forward_tokens(ids);
+    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{t.input[0], t.input[1], o.vocab_size()}));
+    (logits * torch::randn_like(logits)).sum().backward();
+    for (const auto& kv : m->named_parameters()) {
+      ASSERT_TRUE(kv.value().grad().defined()) << kv.key();
+      EXPECT_GT(kv.value().grad().abs().max().item<double>(), 0.0) << kv.key();
+    }
+    const std::string file = dir.file(t.arch + ".safetensors");
+    dew::io::save_safetensors(file, dew::training::module_state(*m));
+    torch::manual_seed(13);
+    dew::nn::CausalTransformer back(o);
+    dew::io::load_weights(*back, dew::io::WeightSource::open(file));
+    torch::NoGradGuard ng;
+    EXPECT_TRUE(back->forward_tokens(ids).equal(m->forward_tokens(ids)));
+  }
+}
+
 TEST(AllBackbones, AMismatchedCheckpointIsAClearError) {
-  auto tiny = tiny_models();
-  auto small = dew::models::build(tiny[0].arch, tiny[0].fields);
-  json bigger = tiny[0].fields;
+  const auto& tiny = dew::models::family("simple_dit").tiny;
+  auto small = dew::models::build("simple_dit", tiny.fields);
+  json bigger = tiny.fields;
   bigger["emb_features"] = 64;
-  auto big = dew::models::build(tiny[0].arch, bigger);
+  auto big = dew::models::build("simple_dit", bigger);
   const auto msg = dew::test::error_of(
       [&] { dew::io::load_weights(*big, dew::io::WeightSource::of_tensors(dew::training::module_state(*small), "small.safetensors")); });
   EXPECT_NE(msg.find("small.safetensors"), std::string::npos) << msg;

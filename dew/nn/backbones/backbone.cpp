@@ -13,85 +13,91 @@
 
 namespace dew::models {
 
+namespace {
+
+std::map<std::string, Family>& family_table() {
+  static auto* t = new std::map<std::string, Family>();
+  return *t;
+}
+
+// One family: its registry entry (the module built from its options, recording the full field set, defaults
+// included, so run.json rebuilds the same model even if defaults change later) and its tiny configuration.
+template <class Options, class Module>
+void add_family(Registry<BackboneImpl>& r, const std::string& name, const std::string& doc, Family family) {
+  r.add<Options>(name, doc, [name](const Options& o) -> BackbonePtr {
+    auto m = Module(o).ptr();
+    m->set_config({{"architecture", name}, {"fields", to_json(o)}});
+    return m;
+  });
+  family_table()[name] = std::move(family);
+}
+
+json with(json base, const json& extra) {
+  base.update(extra);
+  return base;
+}
+
+}  // namespace
+
 Registry<BackboneImpl>& registry() {
-  // Built on first use (no static initialisers elsewhere): every entry records the full field set it was
-  // built with, defaults included, so run.json rebuilds the same model even if defaults change later.
+  // Built on first use (no static initialisers elsewhere). The tiny configurations are a few thousand
+  // parameters, milliseconds per step: what the shared family suite (tests/nn/test_all_backbones.cpp) runs.
   static Registry<BackboneImpl>* r = [] {
     auto* r = new Registry<BackboneImpl>("model");
-    r->add<nn::SimpleDiTOptions>(
-        "simple_dit", "DiT with adaLN-Zero blocks, Fourier time features, RoPE and raster/hilbert/zigzag scans",
-        [](const nn::SimpleDiTOptions& o) -> BackbonePtr {
-          auto m = nn::SimpleDiT(o).ptr();
-          m->set_config({{"architecture", "simple_dit"}, {"fields", to_json(o)}});
-          return m;
-        });
-    r->add<nn::UnetOptions>(
-        "unet", "U-Net of GroupNorm residual blocks with time injection and self/cross-attention stages",
-        [](const nn::UnetOptions& o) -> BackbonePtr {
-          auto m = nn::Unet(o).ptr();
-          m->set_config({{"architecture", "unet"}, {"fields", to_json(o)}});
-          return m;
-        });
-    r->add<nn::CausalTransformerOptions>(
-        "causal_transformer",
+    const json dit = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 2}, {"mlp_ratio", 2},
+                      {"in_channels", 1}, {"output_channels", 1}, {"num_classes", 3}};
+    const json unet = {{"emb_features", 16}, {"feature_depths", {8, 16}}, {"attention_configs", {nullptr, 2}},
+                       {"num_res_blocks", 1}, {"norm_groups", 4}, {"in_channels", 1}, {"output_channels", 1},
+                       {"num_classes", 3}};
+    const auto denoiser = Role::kDenoiser;
+    add_family<nn::SimpleDiTOptions, nn::SimpleDiT>(
+        *r, "simple_dit", "DiT with adaLN-Zero blocks, Fourier time features, RoPE and raster/hilbert/zigzag scans",
+        {denoiser, {dit, {2, 1, 8, 8}}});
+    add_family<nn::UnetOptions, nn::Unet>(
+        *r, "unet", "U-Net of GroupNorm residual blocks with time injection and self/cross-attention stages",
+        {denoiser, {unet, {2, 1, 8, 8}}});
+    add_family<nn::CausalTransformerOptions, nn::CausalTransformer>(
+        *r, "causal_transformer",
         "decoder-only language model (Llama/Qwen3/Gemma3 features, HF parameter names); forward_tokens(ids)",
-        [](const nn::CausalTransformerOptions& o) -> BackbonePtr {
-          auto m = nn::CausalTransformer(o).ptr();
-          m->set_config({{"architecture", "causal_transformer"}, {"fields", to_json(o)}});
-          return m;
-        });
-    r->add<nn::VideoDiTOptions>(
-        "video_dit", "video DiT [B, C, T, H, W]: factorised spatial then temporal attention per adaLN-Zero block",
-        [](const nn::VideoDiTOptions& o) -> BackbonePtr {
-          auto m = nn::VideoDiT(o).ptr();
-          m->set_config({{"architecture", "video_dit"}, {"fields", to_json(o)}});
-          return m;
-        });
-    r->add<nn::UNet3DOptions>(
-        "unet_3d", "the unet per frame plus zero-initialised temporal attention at every level; inflates a unet",
-        [](const nn::UNet3DOptions& o) -> BackbonePtr {
-          auto m = nn::UNet3D(o).ptr();
-          m->set_config({{"architecture", "unet_3d"}, {"fields", to_json(o)}});
-          return m;
-        });
-    r->add<nn::SimpleMMDiTOptions>(
-        "simple_mmdit", "SD3-style MM-DiT: image and text streams with their own weights, joint attention (needs text)",
-        [](const nn::SimpleMMDiTOptions& o) -> BackbonePtr {
-          auto m = nn::SimpleMMDiT(o).ptr();
-          m->set_config({{"architecture", "simple_mmdit"}, {"fields", to_json(o)}});
-          return m;
-        });
-    r->add<nn::HierarchicalMMDiTOptions>(
-        "hierarchical_mmdit", "U-shaped MM-DiT stages with 2x2 patch merging, expansion and skip fusion (needs text)",
-        [](const nn::HierarchicalMMDiTOptions& o) -> BackbonePtr {
-          auto m = nn::HierarchicalMMDiT(o).ptr();
-          m->set_config({{"architecture", "hierarchical_mmdit"}, {"fields", to_json(o)}});
-          return m;
-        });
-    r->add<nn::SimpleDiTOptions>(
-        "simple_udit", "SimpleDiT with U-Net long skips: down blocks, mid block, up blocks fusing [h, skip] by a dense layer",
-        [](const nn::SimpleDiTOptions& o) -> BackbonePtr {
-          auto m = nn::SimpleUDiT(o).ptr();
-          m->set_config({{"architecture", "simple_udit"}, {"fields", to_json(o)}});
-          return m;
-        });
-    r->add<nn::UViTOptions>(
-        "uvit", "U-ViT: time, label and text as tokens beside the patches, pre-norm blocks with long skips",
-        [](const nn::UViTOptions& o) -> BackbonePtr {
-          auto m = nn::UViT(o).ptr();
-          m->set_config({{"architecture", "uvit"}, {"fields", to_json(o)}});
-          return m;
-        });
-    r->add<nn::HybridDiTOptions>(
-        "hybrid_dit", "HybridSSMAttentionDiT: SimpleDiT whose blocks mix by attention or a bidirectional S5 scan",
-        [](const nn::HybridDiTOptions& o) -> BackbonePtr {
-          auto m = nn::HybridDiT(o).ptr();
-          m->set_config({{"architecture", "hybrid_dit"}, {"fields", to_json(o)}});
-          return m;
-        });
+        {Role::kLanguageModel,
+         {{{"vocab_size", 64}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 4}, {"num_kv_heads", 2},
+           {"max_seq_len", 32}},
+          {2, 12}}});
+    add_family<nn::VideoDiTOptions, nn::VideoDiT>(
+        *r, "video_dit", "video DiT [B, C, T, H, W]: factorised spatial then temporal attention per adaLN-Zero block",
+        {denoiser, {dit, {2, 1, 3, 8, 8}}});
+    add_family<nn::UNet3DOptions, nn::UNet3D>(
+        *r, "unet_3d", "the unet per frame plus zero-initialised temporal attention at every level; inflates a unet",
+        {denoiser, {with(unet, {{"temporal_heads", 2}}), {2, 1, 3, 8, 8}}});
+    add_family<nn::SimpleMMDiTOptions, nn::SimpleMMDiT>(
+        *r, "simple_mmdit", "SD3-style MM-DiT: image and text streams with their own weights, joint attention (needs text)",
+        {denoiser, {with(dit, {{"context_features", 8}}), {2, 1, 8, 8}, 8}});
+    add_family<nn::HierarchicalMMDiTOptions, nn::HierarchicalMMDiT>(
+        *r, "hierarchical_mmdit", "U-shaped MM-DiT stages with 2x2 patch merging, expansion and skip fusion (needs text)",
+        {denoiser,
+         {{{"base_patch_size", 2}, {"emb_features", {16, 32}}, {"num_layers", {2, 2}}, {"num_heads", {2, 2}},
+           {"mlp_ratio", 2}, {"in_channels", 1}, {"output_channels", 1}, {"num_classes", 3}, {"context_features", 8}},
+          {2, 1, 8, 8},
+          8}});
+    add_family<nn::SimpleDiTOptions, nn::SimpleUDiT>(
+        *r, "simple_udit", "SimpleDiT with U-Net long skips: down blocks, mid block, up blocks fusing [h, skip] by a dense layer",
+        {denoiser, {dit, {2, 1, 8, 8}}});
+    add_family<nn::UViTOptions, nn::UViT>(
+        *r, "uvit", "U-ViT: time, label and text as tokens beside the patches, pre-norm blocks with long skips",
+        {denoiser, {with(dit, {{"image_size", 8}}), {2, 1, 8, 8}}});
+    add_family<nn::HybridDiTOptions, nn::HybridDiT>(
+        *r, "hybrid_dit", "HybridSSMAttentionDiT: SimpleDiT whose blocks mix by attention or a bidirectional S5 scan",
+        {denoiser, {with(dit, {{"ssm_state_dim", 4}, {"num_layers", 4}}), {2, 1, 8, 8}}});
     return r;
   }();
   return *r;
+}
+
+const Family& family(const std::string& name) {
+  registry();  // fills the table
+  auto it = family_table().find(name);
+  DEW_CHECK(it != family_table().end(), "model \"", name, "\": not a registered family");
+  return it->second;
 }
 
 BackbonePtr build(const std::string& name, const json& fields) {

@@ -36,6 +36,26 @@ using BackbonePtr = std::shared_ptr<BackboneImpl>;
 
 namespace models {
 
+/// What a family's model is for: a denoiser (BackboneImpl::forward) or a causal language model
+/// (CausalTransformerImpl::forward_tokens).
+enum class Role { kDenoiser, kLanguageModel };
+
+/// A tiny configuration of a family and the inputs it takes, for the shared family test suite.
+struct TinyConfig {
+  json fields;                 // a few thousand parameters
+  std::vector<int64_t> input;  // denoisers: [B, C, H, W] or [B, C, T, H, W]; language models: [B, S]
+  int64_t context = 0;         // denoisers: width of a text context (0: none)
+};
+
+/// A registered family beside its registry entry.
+struct Family {
+  Role role = Role::kDenoiser;
+  TinyConfig tiny;
+};
+
+/// The family registered as `name` (dew::Error when there is none).
+const Family& family(const std::string& name);
+
 /// Every registered model architecture.
 Registry<BackboneImpl>& registry();
 /// Builds architecture `name` from its fields and records {architecture, fields} as its config.
