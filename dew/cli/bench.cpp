@@ -712,8 +712,18 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (const auto* c : cases) {
     // The parent builds the model once for its complete field set (defaults included) and parameter
     // count, which the peer receives so it builds, and checks, the same model.
-    auto model = models::build(c->arch, c == &lm_case() ? lm_fields(seq_len) : c->fields);
-    Row row{c, model->config().at("fields").dump(), 0, {}};
+    std::shared_ptr<torch::nn::Module> model;
+    json config;
+    if (c == &lm_case()) {
+      auto lm = models::build_language_model({{"architecture", c->arch}, {"fields", lm_fields(seq_len)}});
+      config = lm->config();
+      model = lm.ptr();
+    } else {
+      auto denoiser = models::build(c->arch, c->fields);
+      config = denoiser->config();
+      model = denoiser;
+    }
+    Row row{c, config.at("fields").dump(), 0, {}};
     for (const auto& p : model->parameters()) row.params += p.numel();
     for (int64_t intra : threads)
       for (int64_t blas : blas_threads) row.configs.push_back({intra, blas, {}, {}});

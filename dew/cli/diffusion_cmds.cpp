@@ -12,6 +12,7 @@
 #include "dew/core/threads.h"
 #include "dew/metrics/fashion_classifier.h"
 #include "dew/metrics/metrics.h"
+#include "dew/nn/backbones/causal_transformer.h"
 #include "dew/runs/diffusion_run.h"
 
 namespace fs = std::filesystem;
@@ -219,7 +220,7 @@ int cmd_eval(const std::vector<std::string>& args) {
 
 int cmd_models(const std::vector<std::string>& args) {
   DEW_CHECK(args.empty(), "models: takes no arguments");
-  std::cout << format_registry(models::registry());
+  std::cout << format_registry(models::registry()) << format_registry(models::language_models());
   return 0;
 }
 

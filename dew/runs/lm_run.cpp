@@ -52,7 +52,7 @@ json lm_defaults() {
 }
 
 std::string lm_help(const json&) {
-  return "model fields (causal_transformer):\n" + format_fields(models::registry().info("causal_transformer").fields, "  ") +
+  return "model fields (causal_transformer):\n" + format_fields(models::language_models().info("causal_transformer").fields, "  ") +
          "\ndata sources:\n" + format_registry(data::lm_datasets()) + "objective fields:\n" +
          format_fields(fields_of<LMObjectiveOptions>(), "  ");
 }
@@ -71,9 +71,7 @@ Built build_lm(json& r, const c10::Device& device) {
   DEW_CHECK(fields["vocab_size"].is_number_integer() && fields["vocab_size"].get<int64_t>() >= lm->vocab_size,
             "model.fields.vocab_size: must be >= the data's vocab_size ", lm->vocab_size, ", got ",
             fields["vocab_size"].dump());
-  const auto fields_in = r["model"]["fields"];
-  nn::CausalTransformer model(from_json<nn::CausalTransformerOptions>(fields_in, "model.fields"));
-  model->set_config({{"architecture", "causal_transformer"}, {"fields", to_json(model->options)}});
+  auto model = models::build_language_model(r["model"]);
   lo.seed = r["seed"].get<int64_t>();
   Built b;
   b.loader = std::make_shared<data::DataLoader>(lm->windows, lo, lm->transform);
@@ -115,8 +113,7 @@ LMRun open_lm_run(const std::string& run_dir, const OpenOptions& o) {
   const json derived = r.value("derived", json::object());
   out.tokenizer = derived.value("tokenizer", json());
   out.eos_id = derived.value("eos_id", int64_t(-1));
-  nn::CausalTransformerOptions opts = from_json<nn::CausalTransformerOptions>(r["model"]["fields"], "model.fields");
-  out.model = nn::CausalTransformer(opts);
+  out.model = models::build_language_model(r["model"]);
   out.options = out.model->options;
   out.model->to(device);
   out.step = load_run_weights(*out.model, run_dir, o);

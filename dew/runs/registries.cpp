@@ -8,13 +8,14 @@
 #include "dew/metrics/metrics.h"
 #include "dew/objectives/registry.h"
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/text_encoder.h"
 #include "dew/sampling/solvers.h"
 
 namespace dew {
 
 std::vector<const RegistryBase*> all_registries() {
-  return {&models::registry(), &data::datasets(), &diffusion::presets(), &diffusion::schedules(), &diffusion::transforms(), &diffusion::weightings(),
+  return {&models::registry(), &models::language_models(), &data::datasets(), &diffusion::presets(), &diffusion::schedules(), &diffusion::transforms(), &diffusion::weightings(),
           &sampling::solvers(), &objectives(), &metrics::registry(), &data::tokenizers(), &data::lm_datasets(),
           &text_encoders::registry()};
 }

@@ -192,11 +192,15 @@ TEST(CausalTransformer, BadOptionsAndInputsNameTheField) {
             std::string::npos);
   EXPECT_NE(error_of([&] { m->forward_tokens(torch::zeros({1, 65}, torch::kLong)); }).find("max_seq_len"),
             std::string::npos);
-  auto built = dew::models::build("causal_transformer", {{"vocab_size", 11}, {"num_layers", 1}, {"emb_features", 16},
-                                                         {"num_heads", 2}});
+  auto built = dew::models::build_language_model(
+      {{"architecture", "causal_transformer"},
+       {"fields", {{"vocab_size", 11}, {"num_layers", 1}, {"emb_features", 16}, {"num_heads", 2}}}});
   EXPECT_EQ(built->config()["fields"]["vocab_size"], 11);
-  EXPECT_NE(error_of([&] { built->forward(at::zeros({1}), at::zeros({1}), {}); }).find("forward_tokens"),
+  // A language model is no denoiser: it is not in the denoiser registry at all.
+  EXPECT_NE(error_of([] { dew::models::build("causal_transformer", {}); }).find("unknown model \"causal_transformer\""),
             std::string::npos);
-  EXPECT_NE(error_of([] { dew::models::build("causal_transformer", {{"rope_thta", 1}}); }).find("rope_theta"),
+  EXPECT_NE(error_of([] {
+              dew::models::build_language_model({{"architecture", "causal_transformer"}, {"fields", {{"rope_thta", 1}}}});
+            }).find("rope_theta"),
             std::string::npos);
 }

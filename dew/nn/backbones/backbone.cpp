@@ -1,5 +1,7 @@
 #include "dew/nn/backbones/backbone.h"
 
+#include <algorithm>
+
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/backbones/hierarchical_mmdit.h"
 #include "dew/nn/backbones/hybrid_dit.h"
@@ -10,15 +12,26 @@
 #include "dew/nn/backbones/unet_3d.h"
 #include "dew/nn/backbones/uvit.h"
 #include "dew/nn/backbones/video_dit.h"
+#include "dew/nn/text_encoder.h"
+
+namespace dew {
+
+void Conditioning::check_inputs(const std::string& family, bool takes_pooled,
+                                const std::vector<std::string>& accepted) const {
+  DEW_CHECK(takes_pooled || !pooled.defined(), family, ": takes no pooled text conditioning");
+  for (const auto& kv : extra) {
+    if (std::find(accepted.begin(), accepted.end(), kv.first) != accepted.end()) continue;
+    std::string list;
+    for (const auto& a : accepted) list += (list.empty() ? "" : ", ") + a;
+    fail(family, ": unknown conditioning input \"", kv.first, "\"; accepted: ", list.empty() ? "none" : list);
+  }
+}
+
+}  // namespace dew
 
 namespace dew::models {
 
 namespace {
-
-std::map<std::string, Family>& family_table() {
-  static auto* t = new std::map<std::string, Family>();
-  return *t;
-}
 
 // One family: its registry entry (the module built from its options, recording the full field set, defaults
 // included, so run.json rebuilds the same model even if defaults change later) and its tiny configuration.
@@ -29,7 +42,14 @@ void add_family(Registry<BackboneImpl>& r, const std::string& name, const std::s
     m->set_config({{"architecture", name}, {"fields", to_json(o)}});
     return m;
   });
-  family_table()[name] = std::move(family);
+  add_family_info(name, std::move(family));
+}
+
+template <class Options, class Module>
+void add_language_model(Registry<nn::CausalTransformerImpl>& r, const std::string& name, const std::string& doc,
+                        TinyConfig tiny) {
+  r.add<Options>(name, doc, [](const Options& o) { return Module(o).ptr(); });
+  add_family_info(name, {Role::kLanguageModel, std::move(tiny)});
 }
 
 json with(json base, const json& extra) {
@@ -56,13 +76,6 @@ Registry<BackboneImpl>& registry() {
     add_family<nn::UnetOptions, nn::Unet>(
         *r, "unet", "U-Net of GroupNorm residual blocks with time injection and self/cross-attention stages",
         {denoiser, {unet, {2, 1, 8, 8}}});
-    add_family<nn::CausalTransformerOptions, nn::CausalTransformer>(
-        *r, "causal_transformer",
-        "decoder-only language model (Llama/Qwen3/Gemma3 features, HF parameter names); forward_tokens(ids)",
-        {Role::kLanguageModel,
-         {{{"vocab_size", 64}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 4}, {"num_kv_heads", 2},
-           {"max_seq_len", 32}},
-          {2, 12}}});
     add_family<nn::VideoDiTOptions, nn::VideoDiT>(
         *r, "video_dit", "video DiT [B, C, T, H, W]: factorised spatial then temporal attention per adaLN-Zero block",
         {denoiser, {dit, {2, 1, 3, 8, 8}}});
@@ -93,11 +106,36 @@ Registry<BackboneImpl>& registry() {
   return *r;
 }
 
+Registry<nn::CausalTransformerImpl>& language_models() {
+  static auto* r = [] {
+    auto* r = new Registry<nn::CausalTransformerImpl>("language_model");
+    add_language_model<nn::CausalTransformerOptions, nn::CausalTransformer>(
+        *r, "causal_transformer",
+        "decoder-only language model (Llama/Qwen3/Gemma3 features, HF parameter names); forward_tokens(ids)",
+        {{{"vocab_size", 64}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 4}, {"num_kv_heads", 2},
+          {"max_seq_len", 32}},
+         {2, 12}});
+    return r;
+  }();
+  return *r;
+}
+
+nn::CausalTransformer build_language_model(const json& record) {
+  DEW_CHECK(record.is_object() && record.contains("architecture") && record["architecture"].is_string(),
+            "model record: expected {\"architecture\": NAME, \"fields\": {...}}, got ", record.dump());
+  const json fields = record.value("fields", json::object());
+  return nn::CausalTransformer(language_models().build(record["architecture"].get<std::string>(),
+                                                       fields.is_null() ? json::object() : fields));
+}
+
 const Family& family(const std::string& name) {
-  registry();  // fills the table
-  auto it = family_table().find(name);
-  DEW_CHECK(it != family_table().end(), "model \"", name, "\": not a registered family");
-  return it->second;
+  // Every registry records its families when it is first built.
+  registry();
+  language_models();
+  text_encoders::registry();
+  const Family* f = find_family_info(name);
+  DEW_CHECK(f, "model \"", name, "\": not a registered family");
+  return *f;
 }
 
 BackbonePtr build(const std::string& name, const json& fields) {

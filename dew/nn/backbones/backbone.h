@@ -5,7 +5,12 @@
 #pragma once
 #include <torch/nn/module.h>
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "dew/core/registry.h"
+#include "dew/nn/family.h"
 
 namespace dew {
 
@@ -14,6 +19,14 @@ struct Conditioning {
   at::Tensor labels;        // [B] int64 class ids; the value num_classes is the null (unconditional) class
   at::Tensor context;       // [B, L, D_text] text features
   at::Tensor context_mask;  // [B, L] bool, true = real token
+  at::Tensor pooled;        // [B, P] pooled text (SD3 / Flux / SDXL text_embeds)
+  /// Family-specific inputs by the reference's argument name, e.g. "time_ids" [B, 6] (SDXL), "guidance" [B]
+  /// (Flux), "img_ids" / "txt_ids" [S, 3], "img_shapes", "mask" / "masked_image_latents" (inpainting). A
+  /// family reads the names it documents and refuses others (check_inputs).
+  std::map<std::string, at::Tensor> extra;
+  /// dew::Error naming `family` when `pooled` is given to a family that takes none, or an `extra` key is not
+  /// in `accepted`: an input a model would ignore is refused, not dropped.
+  void check_inputs(const std::string& family, bool takes_pooled, const std::vector<std::string>& accepted = {}) const;
 };
 
 /// Base of diffusion backbones: F = forward(x_t * c_in, model_time, conditioning).
@@ -36,27 +49,10 @@ using BackbonePtr = std::shared_ptr<BackboneImpl>;
 
 namespace models {
 
-/// What a family's model is for: a denoiser (BackboneImpl::forward) or a causal language model
-/// (CausalTransformerImpl::forward_tokens).
-enum class Role { kDenoiser, kLanguageModel };
-
-/// A tiny configuration of a family and the inputs it takes, for the shared family test suite.
-struct TinyConfig {
-  json fields;                 // a few thousand parameters
-  std::vector<int64_t> input;  // denoisers: [B, C, H, W] or [B, C, T, H, W]; language models: [B, S]
-  int64_t context = 0;         // denoisers: width of a text context (0: none)
-};
-
-/// A registered family beside its registry entry.
-struct Family {
-  Role role = Role::kDenoiser;
-  TinyConfig tiny;
-};
-
-/// The family registered as `name` (dew::Error when there is none).
+/// The family registered as `name` in any of the model registries (dew::Error when there is none).
 const Family& family(const std::string& name);
 
-/// Every registered model architecture.
+/// Every registered denoiser architecture.
 Registry<BackboneImpl>& registry();
 /// Builds architecture `name` from its fields and records {architecture, fields} as its config.
 BackbonePtr build(const std::string& name, const json& fields);

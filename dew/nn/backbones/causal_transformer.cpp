@@ -356,9 +356,8 @@ Tensor CausalTransformerImpl::forward_tokens(const Tensor& ids, const Tensor& po
   return logits(hidden_states(ids, positions, segment_ids, attention_mask, cache));
 }
 
-Tensor CausalTransformerImpl::forward(const Tensor&, const Tensor&, const Conditioning&) {
-  fail("causal_transformer is a language model: it takes token ids through forward_tokens(ids [B, S]), not the "
-       "diffusion forward(x, time, conditioning)");
+json CausalTransformerImpl::config() const {
+  return {{"architecture", "causal_transformer"}, {"fields", to_json(options)}};
 }
 
 }  // namespace dew::nn

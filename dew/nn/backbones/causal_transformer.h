@@ -23,6 +23,7 @@
 #include <optional>
 
 #include "dew/nn/attention.h"
+#include "dew/core/registry.h"
 #include "dew/nn/backbones/backbone.h"
 
 namespace dew::nn {
@@ -218,7 +219,7 @@ TORCH_MODULE(DecoderLayer);
 /// The language model. Parameters (Hugging Face decoder names; independent of dtype, attention_impl and
 /// remat): embed_tokens.weight [V, D], layers.N.* (DecoderLayer), norm.weight [D], lm_head.weight [V, D]
 /// (absent when tie_embeddings).
-class CausalTransformerImpl : public BackboneImpl {
+class CausalTransformerImpl : public torch::nn::Module {
  public:
   explicit CausalTransformerImpl(CausalTransformerOptions options = {});
   void reset();
@@ -239,8 +240,8 @@ class CausalTransformerImpl : public BackboneImpl {
   /// The output projection [V, D]: lm_head.weight, or embed_tokens.weight when tied.
   const at::Tensor& head_weight() const { return options.tie_embeddings() ? embed_tokens->weight : lm_head->weight; }
 
-  /// A language model has no diffusion forward: dew::Error pointing at forward_tokens.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& time, const Conditioning& cond) override;
+  /// The {architecture: "causal_transformer", fields} record it was built from (every field resolved).
+  json config() const;
 
   CausalTransformerOptions options;
   torch::nn::Embedding embed_tokens{nullptr};
@@ -253,6 +254,20 @@ class CausalTransformerImpl : public BackboneImpl {
   at::ScalarType dtype_ = at::kFloat;
 };
 TORCH_MODULE(CausalTransformer);
+
+}  // namespace dew::nn
+
+namespace dew::models {
+
+/// The language-model families (the models registry's kind "language_model"; `dew models` lists them):
+/// causal_transformer.
+Registry<nn::CausalTransformerImpl>& language_models();
+/// Builds from a {"architecture": NAME, "fields": {...}} record (as stored in run.json).
+nn::CausalTransformer build_language_model(const json& record);
+
+}  // namespace dew::models
+
+namespace dew::nn {
 
 /// The attention mask of query tokens against keys: [B, 1, Sq, Sk] bool, true = attend. Query i of row b
 /// is key index offset + i; it sees key j when j <= offset + i, key_valid[b, j], key_seg[b, j] ==

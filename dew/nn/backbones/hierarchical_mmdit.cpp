@@ -125,6 +125,7 @@ void HierarchicalMMDiTImpl::reset_parameters() {
 }
 
 Tensor HierarchicalMMDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
+  cond.check_inputs("hierarchical_mmdit", /*takes_pooled=*/false);
   const auto& o = options;
   const int64_t S = stages(), p = o.base_patch_size(), unit = p << (S - 1);
   DEW_CHECK(x.dim() == 4 && x.size(1) == o.in_channels(), "hierarchical_mmdit: x must be [B, ", o.in_channels(),

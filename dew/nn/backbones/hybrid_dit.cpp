@@ -141,6 +141,7 @@ HybridDiTImpl::HybridDiTImpl(HybridDiTOptions options_)
 }
 
 Tensor HybridDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
+  cond.check_inputs("hybrid_dit", /*takes_pooled=*/false);
   Grid g;
   Tensor h = embed(x, g);
   const Tensor c = condition(time.to(x.device()), cond, x.size(0));  // [B, D]

@@ -220,6 +220,7 @@ void SimpleMMDiTImpl::reset_parameters() {
 }
 
 Tensor SimpleMMDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
+  cond.check_inputs("simple_mmdit", /*takes_pooled=*/false);
   const auto& o = options;
   const int64_t p = o.patch_size();
   check_patch_input(x, o.in_channels(), p, "simple_mmdit");

@@ -72,6 +72,7 @@ Tensor SimpleDiTImpl::output(const Tensor& h, const Tensor& c, const Grid& g) {
 }
 
 Tensor SimpleDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
+  cond.check_inputs("simple_dit", /*takes_pooled=*/false);
   Grid g;
   Tensor h = embed(x, g);
   const Tensor c = condition(time.to(x.device()), cond, x.size(0));  // [B, D]

@@ -52,6 +52,7 @@ void SimpleUDiTImpl::build_unet() {
 }
 
 Tensor SimpleUDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
+  cond.check_inputs("simple_udit", /*takes_pooled=*/false);
   Grid g;
   Tensor h = embed(x, g);
   const Tensor c = condition(time.to(x.device()), cond, x.size(0));  // [B, D]

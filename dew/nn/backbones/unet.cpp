@@ -202,6 +202,7 @@ Tensor UnetImpl::run_attention(UnetAttention block, const Tensor& h, const Condi
 }
 
 Tensor UnetImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
+  cond.check_inputs("unet", /*takes_pooled=*/false);
   return run(x, time, cond, {});
 }
 

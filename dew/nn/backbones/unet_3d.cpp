@@ -108,6 +108,7 @@ Tensor UNet3DImpl::run_temporal(TemporalBlock block, const Tensor& h, int64_t fr
 }
 
 Tensor UNet3DImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
+  cond.check_inputs("unet_3d", /*takes_pooled=*/false);
   const auto& o = options3d;
   DEW_CHECK(x.dim() == 5 && x.size(1) == o.in_channels() && x.size(2) > 0, "unet_3d: x must be [B, ", o.in_channels(),
             ", T, H, W] with T >= 1, got ", x.sizes());
@@ -127,7 +128,10 @@ Tensor UNet3DImpl::forward(const Tensor& x, const Tensor& time, const Conditioni
   // Frames folded into the batch, frame-minor: row b T + t is frame t of video b.
   Tensor frames = x.permute({0, 2, 1, 3, 4}).reshape({B * T, C, H, W});
   auto per_frame = [T](const Tensor& v) { return v.defined() ? v.repeat_interleave(T, 0) : v; };
-  Conditioning fc{per_frame(cond.labels), per_frame(cond.context), per_frame(cond.context_mask)};
+  Conditioning fc;
+  fc.labels = per_frame(cond.labels);
+  fc.context = per_frame(cond.context);
+  fc.context_mask = per_frame(cond.context_mask);
   Tensor ft = time.dim() == 0 ? time : time.repeat_interleave(T, 0);
 
   auto hook = [this, T](const Tensor& h, Site site, int64_t index) -> Tensor {

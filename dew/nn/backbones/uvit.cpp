@@ -236,6 +236,7 @@ Tensor UViTImpl::run_block(UViTBlock& block, const Tensor& h, const Tensor& key_
 }
 
 Tensor UViTImpl::forward(const Tensor& x, const Tensor& time_in, const Conditioning& cond) {
+  cond.check_inputs("uvit", /*takes_pooled=*/false);
   const auto& o = options;
   const int64_t p = o.patch_size();
   DEW_CHECK(x.dim() == 4 && x.size(1) == o.in_channels(), "uvit: x must be [B, ", o.in_channels(), ", H, W], got ",

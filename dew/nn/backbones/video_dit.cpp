@@ -101,6 +101,7 @@ Tensor VideoDiTImpl::condition(const Tensor& time, const Conditioning& cond, int
 }
 
 Tensor VideoDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
+  cond.check_inputs("video_dit", /*takes_pooled=*/false);
   const auto& o = options;
   const int64_t p = o.patch_size(), D = o.emb_features();
   DEW_CHECK(x.dim() == 5 && x.size(1) == o.in_channels() && x.size(2) > 0, "video_dit: x must be [B, ",
