@@ -1,5 +1,7 @@
 #include "dew/nn/text_encoder.h"
 
+#include "dew/nn/family.h"
+
 #include <torch/nn/init.h>
 
 #include "dew/core/error.h"
@@ -36,6 +38,17 @@ Registry<TextEncoderImpl>& registry() {
           m->set_config({{"architecture", "clip_text"}, {"fields", to_json(o)}});
           return m;
         });
+    // Tiny configurations for the shared family suite: 3 captions of up to 12 tokens.
+    using models::Role;
+    models::add_family_info("byte_text_encoder",
+                            {Role::kTextEncoder,
+                             {{{"features", 16}, {"num_layers", 1}, {"num_heads", 2}, {"max_length", 12}}, {3, 12}}});
+    models::add_family_info("clip_text", {Role::kTextEncoder,
+                                          {{{"vocab_size", 40}, {"hidden_size", 16}, {"intermediate_size", 32},
+                                            {"num_hidden_layers", 2}, {"num_attention_heads", 2},
+                                            {"max_position_embeddings", 12}, {"eos_token_id", 39},
+                                            {"bos_token_id", 38}, {"pad_token_id", 0}},
+                                           {3, 12}}});
     return r;
   }();
   return *r;

@@ -11,6 +11,7 @@
 #include "dew/core/rng.h"
 #include "dew/nn/attention.h"
 #include "dew/nn/backbones/causal_transformer.h"
+#include "dew/nn/text_encoder.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/training/trainer.h"
 #include "tests/nn/backbone_checks.h"
@@ -28,9 +29,17 @@ struct Tiny {
   int64_t context = 0;
 };
 
+// Every family name: the denoisers', the language models' and the text encoders' registries.
+std::vector<std::string> family_names() {
+  auto names = dew::models::registry().names();
+  for (const auto& n : dew::models::language_models().names()) names.push_back(n);
+  for (const auto& n : dew::text_encoders::registry().names()) names.push_back(n);
+  return names;
+}
+
 std::vector<Tiny> tiny_models(dew::models::Role role = dew::models::Role::kDenoiser) {
   std::vector<Tiny> out;
-  for (const auto& name : dew::models::registry().names()) {
+  for (const auto& name : family_names()) {
     const auto& f = dew::models::family(name);
     if (f.role == role) out.push_back({name, f.tiny.fields, f.tiny.input, f.tiny.context});
   }
@@ -56,12 +65,17 @@ dew::Conditioning conditioning(const Tiny& t) {
 TEST(AllBackbones, EveryFamilyHasATinyConfigurationThatBuilds) {
   // The suite runs what the registry holds: a family without a tiny configuration fails here.
   size_t denoisers = 0;
-  for (const auto& name : dew::models::registry().names()) {
+  for (const auto& name : family_names()) {
     SCOPED_TRACE(name);
     const dew::models::Family* f = nullptr;
     EXPECT_EQ(dew::test::error_of([&] { f = &dew::models::family(name); }), "");
     if (!f) continue;
-    EXPECT_NO_THROW(dew::models::build(name, f->tiny.fields));
+    if (f->role == dew::models::Role::kDenoiser)
+      EXPECT_NO_THROW(dew::models::build(name, f->tiny.fields));
+    else if (f->role == dew::models::Role::kLanguageModel)
+      EXPECT_NO_THROW(dew::models::build_language_model({{"architecture", name}, {"fields", f->tiny.fields}}));
+    else
+      EXPECT_NO_THROW(dew::text_encoders::build(name, f->tiny.fields));
     EXPECT_FALSE(f->tiny.input.empty());
     denoisers += f->role == dew::models::Role::kDenoiser;
   }
@@ -251,9 +265,9 @@ TEST(AllBackbones, LanguageModelsTrainAndLoadTheirOwnCheckpoint) {
   ASSERT_FALSE(lms.empty());
   for (const auto& t : lms) {
     SCOPED_TRACE(t.arch);
-    auto o = dew::from_json<dew::nn::CausalTransformerOptions>(t.fields);
     torch::manual_seed(12);
-    dew::nn::CausalTransformer m(o);
+    auto m = dew::models::build_language_model({{"architecture", t.arch}, {"fields", t.fields}});
+    const auto& o = m->options;
     const at::Tensor ids = torch::randint(0, o.vocab_size(), {t.input[0], t.input[1]});
     const at::Tensor logits = m->forward_tokens(ids);
     ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{t.input[0], t.input[1], o.vocab_size()}));
@@ -265,10 +279,60 @@ TEST(AllBackbones, LanguageModelsTrainAndLoadTheirOwnCheckpoint) {
     const std::string file = dir.file(t.arch + ".safetensors");
     dew::io::save_safetensors(file, dew::training::module_state(*m));
     torch::manual_seed(13);
-    dew::nn::CausalTransformer back(o);
+    auto back = dew::models::build_language_model(m->config());
     dew::io::load_weights(*back, dew::io::WeightSource::open(file));
     torch::NoGradGuard ng;
     EXPECT_TRUE(back->forward_tokens(ids).equal(m->forward_tokens(ids)));
+  }
+}
+
+TEST(AllBackbones, ConditioningInputsAFamilyDoesNotTakeAreRefused) {
+  for (const auto& t : tiny_models()) {
+    SCOPED_TRACE(t.arch);
+    auto m = dew::models::build(t.arch, t.fields);
+    auto batch = dew::test::fixed_batch(t.input, 14);
+    batch.cond = conditioning(t);
+    batch.cond.extra["guidance"] = torch::ones({t.input[0]});
+    EXPECT_NE(dew::test::error_of([&] { m->forward(batch.x_t, batch.t, batch.cond); })
+                  .find(t.arch + ": unknown conditioning input \"guidance\""),
+              std::string::npos);
+    batch.cond.extra.clear();
+    batch.cond.pooled = torch::ones({t.input[0], 4});
+    EXPECT_NE(dew::test::error_of([&] { m->forward(batch.x_t, batch.t, batch.cond); }).find("takes no pooled"),
+              std::string::npos);
+  }
+}
+
+TEST(AllBackbones, TextEncodersEncodeTrainAndLoadTheirOwnCheckpoint) {
+  dew::test::TempDir dir("all_text_encoders");
+  const auto encoders = tiny_models(dew::models::Role::kTextEncoder);
+  ASSERT_GE(encoders.size(), 2u);
+  for (const auto& t : encoders) {
+    SCOPED_TRACE(t.arch);
+    torch::manual_seed(15);
+    auto enc = dew::text_encoders::build(t.arch, t.fields);
+    {
+      torch::NoGradGuard ng;  // off the initialisation, so the round trip below tells weights apart
+      for (auto& p : enc->parameters()) p.add_(torch::randn_like(p) * 0.05);
+    }
+    const int64_t B = t.input[0], L = t.input[1], D = enc->features();
+    at::Tensor ids = torch::randint(1, 30, {B, L});
+    at::Tensor mask = torch::ones({B, L}, at::kBool);
+    mask[B - 1].slice(0, L / 2).fill_(false);  // the last caption is padded
+    ids.masked_fill_(mask.logical_not(), 0);
+    auto e = enc->forward(ids, mask);
+    ASSERT_EQ(e.context.sizes(), (std::vector<int64_t>{B, L, D}));
+    ASSERT_EQ(e.mask.sizes(), (std::vector<int64_t>{B, L}));
+    ASSERT_EQ(e.pooled.sizes(), (std::vector<int64_t>{B, D}));
+    ((e.context * torch::randn_like(e.context)).sum() + (e.pooled * torch::randn_like(e.pooled)).sum()).backward();
+    for (const auto& kv : enc->named_parameters()) {
+      ASSERT_TRUE(kv.value().grad().defined()) << kv.key();
+      EXPECT_GT(kv.value().grad().abs().max().item<double>(), 0.0) << kv.key();
+    }
+    auto back = dew::text_encoders::build(enc->config());
+    dew::io::load_weights(*back, dew::io::WeightSource::of_tensors(dew::training::module_state(*enc), t.arch));
+    torch::NoGradGuard ng;
+    EXPECT_TRUE(back->forward(ids, mask).context.equal(enc->forward(ids, mask).context));
   }
 }
 

@@ -1,0 +1,38 @@
+// Model families (docs/architecture.md): every registered model — denoisers (models::registry()),
+// language models (models::language_models()) and text encoders (text_encoders::registry()) — also
+// records its role and a tiny configuration here, which the shared family suite
+// (tests/nn/test_all_backbones.cpp) runs for every family. models::family(name) (backbone.h) looks a
+// family up after every registry has been filled.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dew/core/options.h"
+
+namespace dew::models {
+
+/// What a family's model is for: a denoiser (BackboneImpl::forward), a causal language model
+/// (CausalTransformerImpl::forward_tokens) or a text encoder (TextEncoderImpl::encode).
+enum class Role { kDenoiser, kLanguageModel, kTextEncoder };
+
+/// A tiny configuration of a family and the inputs it takes, for the shared family test suite.
+struct TinyConfig {
+  json fields;                 // a few thousand parameters
+  std::vector<int64_t> input;  // denoisers: [B, C, H, W] or [B, C, T, H, W]; language models: [B, S];
+                               // text encoders: [B] (the number of captions)
+  int64_t context = 0;         // denoisers: width of a text context (0: none)
+};
+
+/// A registered family beside its registry entry.
+struct Family {
+  Role role = Role::kDenoiser;
+  TinyConfig tiny;
+};
+
+/// Records a family (called where its registry entry is added).
+void add_family_info(const std::string& name, Family family);
+/// The family recorded as `name`, or null.
+const Family* find_family_info(const std::string& name);
+
+}  // namespace dew::models

@@ -1,0 +1,48 @@
+// The model roles besides the denoiser (backbone.h), the causal language model (causal_transformer.h) and
+// the text encoder (text_encoder.h): the autoencoder of latent diffusion and the encoder of token subsets
+// (JEPA). Families implementing them register like every other (docs/architecture.md).
+//
+//   DiagonalGaussian q = vae->encode(x);                       // x: [B, 3, H, W] in [-1, 1]
+//   at::Tensor z = vae->scaling_factor() * (q.sample(gen) - vae->shift_factor());   // what the denoiser sees
+//   at::Tensor x_hat = vae->decode(z / vae->scaling_factor() + vae->shift_factor());
+#pragma once
+#include <ATen/core/Generator.h>
+#include <torch/nn/module.h>
+
+namespace dew {
+
+/// A diagonal Gaussian over latents (diffusers' DiagonalGaussianDistribution): mean and log-variance of
+/// one shape, e.g. [B, c, h, w]; the log-variance is clamped to [-30, 20] as diffusers does.
+struct DiagonalGaussian {
+  at::Tensor mean;
+  at::Tensor logvar;
+  DiagonalGaussian(at::Tensor mean, at::Tensor logvar);
+  /// exp(logvar / 2).
+  at::Tensor std() const;
+  /// mean + std * eps, eps ~ N(0, 1) drawn on the CPU from `gen` and moved to mean's device.
+  at::Tensor sample(at::Generator gen) const;
+  /// KL(q || N(0, I)) per row: 0.5 sum over non-batch dims of (mean^2 + var - 1 - logvar). [B]
+  at::Tensor kl() const;
+};
+
+/// An autoencoder: images <-> latents.
+class AutoencoderImpl : public torch::nn::Module {
+ public:
+  /// x: [B, C, H, W] in [-1, 1] -> the posterior over latents [B, c, h, w].
+  virtual DiagonalGaussian encode(const at::Tensor& x) = 0;
+  /// z: [B, c, h, w] -> [B, C, H, W].
+  virtual at::Tensor decode(const at::Tensor& z) = 0;
+  /// The denoiser sees scaling_factor * (z - shift_factor) (SD 0.18215; SDXL 0.13025; SD3/Flux with a shift).
+  virtual double scaling_factor() const = 0;
+  virtual double shift_factor() const { return 0.0; }
+};
+
+/// An encoder of token subsets (JEPA's context and target encoders).
+class TokenEncoderImpl : public torch::nn::Module {
+ public:
+  /// x: [B, C, H, W] (or [B, C, T, H, W]); keep: [B, K] int64 token indices (undefined = every token)
+  /// -> features of the kept tokens [B, K, D].
+  virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& keep) = 0;
+};
+
+}  // namespace dew
