@@ -45,16 +45,6 @@ json read_json(const fs::path& path, const std::string& what) {
   return j;
 }
 
-/// Reads config[key] as T, or `fallback` when absent or null; a value of the wrong type names the field.
-template <class T>
-T field(const json& config, const char* key, T fallback) {
-  auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return fallback;
-  T out{};
-  options_detail::from_value(*it, out, std::string("config.json ") + key);
-  return out;
-}
-
 }  // namespace
 
 std::string infer_family(const nn::CausalTransformerOptions& o) {
@@ -147,62 +137,6 @@ json hf_config(const nn::CausalTransformerOptions& o, const std::string& family,
   return c;
 }
 
-nn::CausalTransformerOptions options_from_hf_config(const json& c) {
-  std::string type = field<std::string>(c, "model_type", "");
-  DEW_CHECK(type == "llama" || type == "qwen3" || type == "gemma3_text", "import: config.json model_type \"", type,
-            "\" is not supported; accepted: llama, qwen3, gemma3_text");
-  auto refuse = [&](const std::string& what) { fail("import: ", type, " config.json: ", what, " is not supported"); };
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) refuse("rope_scaling " + c["rope_scaling"].dump());
-  if (field<double>(c, "partial_rotary_factor", 1.0) != 1.0) refuse("partial_rotary_factor != 1");
-  if (field<bool>(c, "mlp_bias", false)) refuse("mlp_bias = true");
-  bool gemma = type == "gemma3_text";
-  nn::CausalTransformerOptions o;
-  o.vocab_size(field<int64_t>(c, "vocab_size", 0));
-  o.emb_features(field<int64_t>(c, "hidden_size", 0));
-  o.num_layers(field<int64_t>(c, "num_hidden_layers", 0));
-  o.num_heads(field<int64_t>(c, "num_attention_heads", 0));
-  DEW_CHECK(o.vocab_size() > 0 && o.emb_features() > 0 && o.num_layers() > 0 && o.num_heads() > 0,
-            "import: config.json needs positive vocab_size, hidden_size, num_hidden_layers and num_attention_heads");
-  o.num_kv_heads(field<int64_t>(c, "num_key_value_heads", o.num_heads()));
-  int64_t default_head = type == "qwen3" ? 128 : gemma ? 256 : o.emb_features() / o.num_heads();
-  o.head_dim(field<int64_t>(c, "head_dim", default_head));
-  o.mlp_features(field<int64_t>(c, "intermediate_size", 0));
-  o.max_seq_len(field<int64_t>(c, "max_position_embeddings", gemma ? 131072 : type == "qwen3" ? 32768 : 2048));
-  o.rope_theta(field<double>(c, "rope_theta", gemma ? 1e6 : 1e4));
-  o.norm_eps(field<double>(c, "rms_norm_eps", 1e-6));
-  o.attention_bias(field<bool>(c, "attention_bias", false));
-  o.tie_embeddings(field<bool>(c, "tie_word_embeddings", gemma));
-  o.init_std(field<double>(c, "initializer_range", 0.02));
-  std::string act = field<std::string>(c, gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
-  if (act == "silu") o.mlp("swiglu");
-  else if (act == "gelu_pytorch_tanh" || act == "gelu_new") o.mlp("geglu");
-  else refuse(str(gemma ? "hidden_activation" : "hidden_act", " \"", act, "\" (accepted: silu, gelu_pytorch_tanh)"));
-  if (!gemma) {
-    o.qk_norm(type == "qwen3");
-    if (field<bool>(c, "use_sliding_window", false)) refuse("use_sliding_window = true");
-    return o;
-  }
-  o.qk_norm(true).sandwich_norms(true).scale_offset(1.0);
-  o.embedding_scale(std::sqrt(static_cast<double>(o.emb_features())));
-  int64_t scalar = field<int64_t>(c, "query_pre_attn_scalar", 256);
-  if (scalar != o.head_size()) refuse(str("query_pre_attn_scalar ", scalar, " != head_dim ", o.head_size()));
-  if (c.contains("attn_logit_softcapping") && !c["attn_logit_softcapping"].is_null()) refuse("attn_logit_softcapping");
-  o.final_logit_softcap(field<double>(c, "final_logit_softcapping", 0.0));
-  o.sliding_window(field<int64_t>(c, "sliding_window", 4096));
-  o.sliding_rope_theta(field<double>(c, "rope_local_base_freq", 1e4));
-  auto types = field<std::vector<std::string>>(c, "layer_types", {});
-  if (types.empty()) {
-    int64_t period = field<int64_t>(c, "sliding_window_pattern", 6);
-    DEW_CHECK(period > 0, "import: config.json sliding_window_pattern must be > 0, got ", period);
-    for (int64_t i = 0; i < o.num_layers(); ++i)
-      types.push_back((i + 1) % period == 0 ? "full_attention" : "sliding_attention");
-  }
-  DEW_CHECK(static_cast<int64_t>(types.size()) == o.num_layers(), "import: config.json layer_types has ", types.size(),
-            " entries for ", o.num_layers(), " layers");
-  o.layer_types(types);
-  return o;
-}
-
 void save_hf_layout(const std::map<std::string, at::Tensor>& params, const json& config, const std::string& dir) {
   fs::create_directories(dir);
   io::save_safetensors((fs::path(dir) / "model.safetensors").string(), params, {{"format", "pt"}});
@@ -242,7 +176,7 @@ nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
   bool dew_layout = config.value("architecture", "") == "causal_transformer";
   nn::CausalTransformerOptions options =
       dew_layout ? from_json<nn::CausalTransformerOptions>(config.value("fields", json::object()), "config.json fields")
-                 : options_from_hf_config(config);
+                 : nn::options_from_hf_config(config);
   nn::CausalTransformer model(options);
 
   // model.safetensors or its shard index; transformers names carry "model." before the decoder's.

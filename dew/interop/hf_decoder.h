@@ -45,11 +45,6 @@ void check_family(const nn::CausalTransformerOptions& options, const std::string
 json hf_config(const nn::CausalTransformerOptions& options, const std::string& family, int64_t bos_id = -1,
                int64_t eos_id = -1, int64_t pad_id = -1);
 
-/// The CausalTransformer options of an HF config.json of a supported family; unsupported model types
-/// and settings (rope_scaling, a query_pre_attn_scalar other than head_dim, attention softcapping, ...)
-/// are a dew::Error naming the field.
-nn::CausalTransformerOptions options_from_hf_config(const json& config);
-
 /// Writes dir/model.safetensors (the tensors as given, names unchanged) and dir/config.json (`config`
 /// as given), creating dir.
 void save_hf_layout(const std::map<std::string, at::Tensor>& params, const json& config, const std::string& dir);

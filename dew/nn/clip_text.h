@@ -172,6 +172,12 @@ TORCH_MODULE(ClipText);
 /// exact shape and no other tensor may be left over; floating dtypes are converted to the parameters'. Errors
 /// name the file and the offending tensors. (io::load_weights with clip_text_key_map().)
 void load_clip_text_weights(ClipTextImpl& model, const std::string& path);
+/// ClipText's options from a transformers CLIPTextConfig config.json (model_type "clip_text_model"), or a
+/// CLIPConfig's "text_config"; a projection head (CLIPTextModelWithProjection) or an activation other than
+/// quick_gelu / gelu is refused by name. Keys without a ClipText counterpart (dropout rates, the
+/// initializer, projection_dim of a plain text model) do not change the forward and are not read.
+ClipTextOptions clip_text_options_from_hf(const json& config);
+
 /// The key map of CLIPTextModel checkpoints onto ClipText; `whole_clip` (a CLIPModel file, with a vision
 /// tower) also skips the vision tower, the projections and the logit scale.
 io::KeyMap clip_text_key_map(bool whole_clip);

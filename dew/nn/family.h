@@ -5,7 +5,9 @@
 // family up after every registry has been filled.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dew/core/options.h"
@@ -26,8 +28,15 @@ struct TinyConfig {
 
 /// A registered family beside its registry entry.
 struct Family {
+  Family() = default;
+  Family(Role r, TinyConfig t, std::function<json(const json&)> from = nullptr)
+      : role(r), tiny(std::move(t)), from_reference_config(std::move(from)) {}
   Role role = Role::kDenoiser;
   TinyConfig tiny;
+  /// Imported families: the reference's config.json (transformers / diffusers keys, `_`-prefixed
+  /// bookkeeping already removed) -> this family's fields; unsupported settings are a dew::Error naming
+  /// them. Null for dew's own families.
+  std::function<json(const json& reference_config)> from_reference_config;
 };
 
 /// Records a family (called where its registry entry is added).

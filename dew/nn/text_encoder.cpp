@@ -48,7 +48,8 @@ Registry<TextEncoderImpl>& registry() {
                                             {"num_hidden_layers", 2}, {"num_attention_heads", 2},
                                             {"max_position_embeddings", 12}, {"eos_token_id", 39},
                                             {"bos_token_id", 38}, {"pad_token_id", 0}},
-                                           {3, 12}}});
+                                           {3, 12}},
+                                          [](const json& c) { return to_json(nn::clip_text_options_from_hf(c)); }});
     return r;
   }();
   return *r;

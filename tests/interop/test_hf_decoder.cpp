@@ -263,7 +263,7 @@ TEST(HfDecoder, ReadsHandWrittenConfigsAndRefusesUnsupportedOnes) {
             {"num_hidden_layers", 4}, {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"head_dim", 8},
             {"query_pre_attn_scalar", 8}, {"sliding_window_pattern", 2}, {"sliding_window", 16},
             {"rope_scaling", nullptr}};
-  auto o = dew::interop::options_from_hf_config(g);
+  auto o = dew::nn::options_from_hf_config(g);
   EXPECT_EQ(o.layer_types(), (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention",
                                                        "full_attention"}));
   EXPECT_EQ(o.mlp(), "geglu");
@@ -272,7 +272,7 @@ TEST(HfDecoder, ReadsHandWrittenConfigsAndRefusesUnsupportedOnes) {
   EXPECT_EQ(o.sliding_rope_theta(), 1e4);
   EXPECT_TRUE(o.tie_embeddings());
   auto bad = [&](json c, const std::string& what) {
-    std::string msg = dew::test::error_of([&] { dew::interop::options_from_hf_config(c); });
+    std::string msg = dew::test::error_of([&] { dew::nn::options_from_hf_config(c); });
     EXPECT_NE(msg.find(what), std::string::npos) << msg;
   };
   bad(json{{"model_type", "mistral"}}, "model_type \"mistral\" is not supported");

@@ -179,6 +179,27 @@ TEST(AllBackbones, ScanOrdersAreEquivariantWhereTheDesignSaysSo) {
   }
 }
 
+TEST(AllBackbones, TheRecordRebuildsTheSameModel) {
+  // run.json's {architecture, fields} record: every field with its default, and it rebuilds the same tree
+  // and, with the same weights, the same function.
+  for (const auto& t : tiny_models()) {
+    SCOPED_TRACE(t.arch);
+    auto m = dew::models::build(t.arch, t.fields);
+    const json rec = m->config();
+    EXPECT_EQ(rec["architecture"], t.arch);
+    EXPECT_EQ(rec["fields"].size(), dew::models::registry().info(t.arch).fields.size());
+    auto again = dew::models::build(json::parse(rec.dump()));
+    EXPECT_EQ(again->config(), rec);
+    EXPECT_EQ(dew::test::param_shapes(*m), dew::test::param_shapes(*again));
+    dew::test::randomize(*m, 0.05);
+    dew::test::copy_parameters(*m, *again);
+    auto batch = dew::test::fixed_batch(t.input, 16);
+    batch.cond = conditioning(t);
+    torch::NoGradGuard ng;
+    EXPECT_TRUE(m->forward(batch.x_t, batch.t, batch.cond).equal(again->forward(batch.x_t, batch.t, batch.cond)));
+  }
+}
+
 TEST(AllBackbones, GradientsReachEveryParameter) {
   for (const auto& t : tiny_models()) {
     SCOPED_TRACE(t.arch);

@@ -47,9 +47,9 @@ void add_family(Registry<BackboneImpl>& r, const std::string& name, const std::s
 
 template <class Options, class Module>
 void add_language_model(Registry<nn::CausalTransformerImpl>& r, const std::string& name, const std::string& doc,
-                        TinyConfig tiny) {
+                        Family family) {
   r.add<Options>(name, doc, [](const Options& o) { return Module(o).ptr(); });
-  add_family_info(name, {Role::kLanguageModel, std::move(tiny)});
+  add_family_info(name, std::move(family));
 }
 
 json with(json base, const json& extra) {
@@ -112,9 +112,11 @@ Registry<nn::CausalTransformerImpl>& language_models() {
     add_language_model<nn::CausalTransformerOptions, nn::CausalTransformer>(
         *r, "causal_transformer",
         "decoder-only language model (Llama/Qwen3/Gemma3 features, HF parameter names); forward_tokens(ids)",
-        {{{"vocab_size", 64}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 4}, {"num_kv_heads", 2},
-          {"max_seq_len", 32}},
-         {2, 12}});
+        {Role::kLanguageModel,
+         {{{"vocab_size", 64}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 4}, {"num_kv_heads", 2},
+           {"max_seq_len", 32}},
+          {2, 12}},
+         [](const json& c) { return to_json(nn::options_from_hf_config(c)); }});
     return r;
   }();
   return *r;
@@ -136,6 +138,16 @@ const Family& family(const std::string& name) {
   const Family* f = find_family_info(name);
   DEW_CHECK(f, "model \"", name, "\": not a registered family");
   return *f;
+}
+
+json fields_from_reference_config(const std::string& name, const json& config) {
+  const Family& f = family(name);
+  DEW_CHECK(f.from_reference_config, "model \"", name, "\": a dew family, built from its own fields (no reference config.json)");
+  DEW_CHECK(config.is_object(), "model \"", name, "\": config.json must be an object, got ", config.dump());
+  json c = json::object();
+  for (auto it = config.begin(); it != config.end(); ++it)
+    if (it.key().rfind('_', 0) != 0) c[it.key()] = it.value();
+  return f.from_reference_config(c);
 }
 
 BackbonePtr build(const std::string& name, const json& fields) {

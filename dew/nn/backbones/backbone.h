@@ -51,6 +51,10 @@ namespace models {
 
 /// The family registered as `name` in any of the model registries (dew::Error when there is none).
 const Family& family(const std::string& name);
+/// An imported family's fields from its reference config.json: keys starting with "_" (diffusers' and
+/// transformers' bookkeeping) are dropped, then the family translates; a family that imports nothing, or
+/// an unsupported setting, is a dew::Error naming it.
+json fields_from_reference_config(const std::string& name, const json& config);
 
 /// Every registered denoiser architecture.
 Registry<BackboneImpl>& registry();

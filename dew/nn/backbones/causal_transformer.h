@@ -269,6 +269,11 @@ nn::CausalTransformer build_language_model(const json& record);
 
 namespace dew::nn {
 
+/// The CausalTransformer options of an HF config.json of a supported family; unsupported model types
+/// and settings (rope_scaling, a query_pre_attn_scalar other than head_dim, attention softcapping, ...)
+/// are a dew::Error naming the field. (The family's config.json translation: models::fields_from_reference_config.)
+CausalTransformerOptions options_from_hf_config(const json& config);
+
 /// The attention mask of query tokens against keys: [B, 1, Sq, Sk] bool, true = attend. Query i of row b
 /// is key index offset + i; it sees key j when j <= offset + i, key_valid[b, j], key_seg[b, j] ==
 /// q_seg[b, i] and (window > 0) q_pos[b, i] - key_pos[b, j] < window. q_*: [B, Sq]; key_*: [B, Sk].

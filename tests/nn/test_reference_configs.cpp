@@ -1,0 +1,75 @@
+// Imported families are built from their reference config.json (transformers keys): bookkeeping keys
+// starting with "_" are dropped, unsupported settings are refused by name, dew's own families import none.
+#include <gtest/gtest.h>
+
+#include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/causal_transformer.h"
+#include "dew/nn/text_encoder.h"
+#include "tests/test_util.h"
+
+using dew::json;
+using dew::test::error_of;
+
+TEST(ReferenceConfigs, ALlamaConfigBuildsTheCausalTransformer) {
+  // The keys of a transformers LlamaConfig.save_pretrained (a small one), bookkeeping included.
+  const json config = {{"_name_or_path", "tiny-llama"}, {"_attn_implementation_autoset", true},
+                       {"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 96},
+                       {"hidden_size", 32}, {"intermediate_size", 64}, {"num_hidden_layers", 2},
+                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"max_position_embeddings", 128},
+                       {"rope_theta", 500000.0}, {"rms_norm_eps", 1e-5}, {"hidden_act", "silu"},
+                       {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"transformers_version", "4.46.0"}};
+  const json fields = dew::models::fields_from_reference_config("causal_transformer", config);
+  EXPECT_EQ(fields["vocab_size"], 96);
+  EXPECT_EQ(fields["emb_features"], 32);
+  EXPECT_EQ(fields["num_kv_heads"], 2);
+  EXPECT_EQ(fields["head_dim"], 8);
+  EXPECT_EQ(fields["mlp"], "swiglu");
+  EXPECT_EQ(fields["rope_theta"], 500000.0);
+  EXPECT_EQ(fields["tie_embeddings"], false);
+  EXPECT_EQ(fields["qk_norm"], false);
+  auto lm = dew::models::build_language_model({{"architecture", "causal_transformer"}, {"fields", fields}});
+  EXPECT_EQ(lm->options.mlp_features(), 64);
+  json scaled = config;
+  scaled["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  EXPECT_NE(error_of([&] { dew::models::fields_from_reference_config("causal_transformer", scaled); })
+                .find("rope_scaling"),
+            std::string::npos);
+}
+
+TEST(ReferenceConfigs, ACLIPTextConfigBuildsClipText) {
+  // openai/clip-vit-base-patch32's text_config values inside a CLIPConfig.
+  const json config = {{"_name_or_path", "openai/clip-vit-base-patch32"}, {"model_type", "clip"},
+                       {"projection_dim", 512},
+                       {"text_config",
+                        {{"model_type", "clip_text_model"}, {"vocab_size", 49408}, {"hidden_size", 512},
+                         {"intermediate_size", 2048}, {"num_hidden_layers", 12}, {"num_attention_heads", 8},
+                         {"max_position_embeddings", 77}, {"hidden_act", "quick_gelu"}, {"layer_norm_eps", 1e-5},
+                         {"bos_token_id", 0}, {"eos_token_id", 2}, {"pad_token_id", 1}, {"dropout", 0.0},
+                         {"initializer_factor", 1.0}}}};
+  const json fields = dew::models::fields_from_reference_config("clip_text", config);
+  EXPECT_EQ(fields["hidden_size"], 512);
+  EXPECT_EQ(fields["eos_token_id"], 2);  // OpenAI's configs: pooled at argmax(ids)
+  EXPECT_EQ(fields["hidden_act"], "quick_gelu");
+  json relu = config;
+  relu["text_config"]["hidden_act"] = "relu";
+  EXPECT_NE(error_of([&] { dew::models::fields_from_reference_config("clip_text", relu); }).find("hidden_act"),
+            std::string::npos);
+  json projected = config["text_config"];
+  projected["architectures"] = {"CLIPTextModelWithProjection"};
+  EXPECT_NE(error_of([&] { dew::models::fields_from_reference_config("clip_text", projected); })
+                .find("CLIPTextModelWithProjection"),
+            std::string::npos);
+  json vision = config["text_config"];
+  vision["model_type"] = "clip_vision_model";
+  EXPECT_NE(error_of([&] { dew::models::fields_from_reference_config("clip_text", vision); }).find("clip_vision_model"),
+            std::string::npos);
+}
+
+TEST(ReferenceConfigs, DewFamiliesImportNoConfig) {
+  EXPECT_NE(error_of([] { dew::models::fields_from_reference_config("unet", json::object()); })
+                .find("a dew family"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { dew::models::fields_from_reference_config("nonesuch", json::object()); })
+                .find("not a registered family"),
+            std::string::npos);
+}
