@@ -179,11 +179,9 @@ nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
                  : nn::options_from_hf_config(config);
   nn::CausalTransformer model(options);
 
-  // model.safetensors or its shard index; transformers names carry "model." before the decoder's.
-  io::KeyMap map;
-  map.skip(R"(.*rotary_emb\.inv_freq)");  // a buffer older checkpoints carry
-  if (options.tie_embeddings()) map.skip(R"(lm_head\.weight)");  // saved by some tied checkpoints
-  if (!dew_layout) map.prefix("model.", "");
+  // model.safetensors or its shard index; transformers names carry "model." before the decoder's (a
+  // save_hf_layout folder holds dew's own names).
+  io::KeyMap map = dew_layout ? io::KeyMap() : nn::hf_decoder_key_map(options);
   io::LoadOptions lo;
   lo.require_buffers = false;  // the RoPE tables are computed, not stored
   io::load_weights(*model, io::WeightSource::open(root.string()), map, lo);

@@ -497,14 +497,16 @@ io::KeyMap clip_text_key_map(bool whole_clip) {
   return map;
 }
 
+bool is_whole_clip(const io::WeightSource& source) {
+  const auto names = source.names();
+  return std::any_of(names.begin(), names.end(), [](const std::string& n) { return n.rfind("vision_model.", 0) == 0; });
+}
+
 void load_clip_text_weights(ClipTextImpl& model, const std::string& path) {
   const auto source = io::WeightSource::open(path);
-  const auto names = source.names();
-  const bool whole_clip = std::any_of(names.begin(), names.end(),
-                                      [](const std::string& n) { return n.rfind("vision_model.", 0) == 0; });
   io::LoadOptions o;
   o.require_buffers = false;
-  io::load_weights(model, source, clip_text_key_map(whole_clip), o);
+  io::load_weights(model, source, clip_text_key_map(is_whole_clip(source)), o);
 }
 
 void save_clip_text_weights(const ClipTextImpl& model, const std::string& path) {

@@ -181,6 +181,8 @@ ClipTextOptions clip_text_options_from_hf(const json& config);
 /// The key map of CLIPTextModel checkpoints onto ClipText; `whole_clip` (a CLIPModel file, with a vision
 /// tower) also skips the vision tower, the projections and the logit scale.
 io::KeyMap clip_text_key_map(bool whole_clip);
+/// Whether a checkpoint is a whole CLIPModel (it holds a vision tower).
+bool is_whole_clip(const io::WeightSource& source);
 /// Writes the parameters under their CLIPTextModel names (float32) to `path`.
 void save_clip_text_weights(const ClipTextImpl& model, const std::string& path);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dew/core/options.h"
+#include "dew/io/weights.h"
 
 namespace dew::models {
 
@@ -24,6 +25,7 @@ struct TinyConfig {
   std::vector<int64_t> input;  // denoisers: [B, C, H, W] or [B, C, T, H, W]; language models: [B, S];
                                // text encoders: [B] (the number of captions)
   int64_t context = 0;         // denoisers: width of a text context (0: none)
+  bool zero_output_at_init = true;  // denoisers: the output is exactly zero before training (zero-initialised heads)
 };
 
 /// A registered family beside its registry entry.
@@ -37,6 +39,9 @@ struct Family {
   /// bookkeeping already removed) -> this family's fields; unsupported settings are a dew::Error naming
   /// them. Null for dew's own families.
   std::function<json(const json& reference_config)> from_reference_config;
+  /// Imported families: the key map from the reference checkpoint's names to the module's, for a model of
+  /// `fields` and the checkpoint `source` (models::load_reference_weights). Null for dew's own families.
+  std::function<io::KeyMap(const json& fields, const io::WeightSource& source)> reference_key_map;
 };
 
 /// Records a family (called where its registry entry is added).

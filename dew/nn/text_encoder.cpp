@@ -43,13 +43,16 @@ Registry<TextEncoderImpl>& registry() {
     models::add_family_info("byte_text_encoder",
                             {Role::kTextEncoder,
                              {{{"features", 16}, {"num_layers", 1}, {"num_heads", 2}, {"max_length", 12}}, {3, 12}}});
-    models::add_family_info("clip_text", {Role::kTextEncoder,
-                                          {{{"vocab_size", 40}, {"hidden_size", 16}, {"intermediate_size", 32},
-                                            {"num_hidden_layers", 2}, {"num_attention_heads", 2},
-                                            {"max_position_embeddings", 12}, {"eos_token_id", 39},
-                                            {"bos_token_id", 38}, {"pad_token_id", 0}},
-                                           {3, 12}},
-                                          [](const json& c) { return to_json(nn::clip_text_options_from_hf(c)); }});
+    models::Family clip(Role::kTextEncoder,
+                        {{{"vocab_size", 40}, {"hidden_size", 16}, {"intermediate_size", 32}, {"num_hidden_layers", 2},
+                          {"num_attention_heads", 2}, {"max_position_embeddings", 12}, {"eos_token_id", 39},
+                          {"bos_token_id", 38}, {"pad_token_id", 0}},
+                         {3, 12}},
+                        [](const json& c) { return to_json(nn::clip_text_options_from_hf(c)); });
+    clip.reference_key_map = [](const json&, const io::WeightSource& source) {
+      return nn::clip_text_key_map(nn::is_whole_clip(source));
+    };
+    models::add_family_info("clip_text", std::move(clip));
     return r;
   }();
   return *r;

@@ -200,6 +200,23 @@ TEST(AllBackbones, TheRecordRebuildsTheSameModel) {
   }
 }
 
+TEST(AllBackbones, OutputsAreExactlyZeroAtInitWhereTheFamilyPromises) {
+  // Zero-initialised output heads (adaLN-Zero's final layer, the unets' conv_out): a fresh model predicts 0.
+  size_t checked = 0;
+  for (const auto& name : dew::models::registry().names()) {
+    const auto& f = dew::models::family(name);
+    if (!f.tiny.zero_output_at_init) continue;
+    SCOPED_TRACE(name);
+    auto m = dew::models::build(name, f.tiny.fields);
+    auto batch = dew::test::fixed_batch(f.tiny.input, 17);
+    batch.cond = conditioning({name, f.tiny.fields, f.tiny.input, f.tiny.context});
+    torch::NoGradGuard ng;
+    EXPECT_EQ(m->forward(batch.x_t, batch.t, batch.cond).abs().max().item<double>(), 0.0);
+    ++checked;
+  }
+  EXPECT_GE(checked, 9u);
+}
+
 TEST(AllBackbones, GradientsReachEveryParameter) {
   for (const auto& t : tiny_models()) {
     SCOPED_TRACE(t.arch);

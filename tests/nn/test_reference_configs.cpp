@@ -5,6 +5,7 @@
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/text_encoder.h"
+#include "dew/io/safetensors.h"
 #include "tests/test_util.h"
 
 using dew::json;
@@ -62,6 +63,44 @@ TEST(ReferenceConfigs, ACLIPTextConfigBuildsClipText) {
   json vision = config["text_config"];
   vision["model_type"] = "clip_vision_model";
   EXPECT_NE(error_of([&] { dew::models::fields_from_reference_config("clip_text", vision); }).find("clip_vision_model"),
+            std::string::npos);
+}
+
+TEST(ReferenceConfigs, ReferenceCheckpointsLoadThroughTheFamilyKeyMap) {
+  dew::test::TempDir dir("reference_weights");
+  // A transformers decoder checkpoint: "model." before every decoder name, lm_head at the top, plus an old
+  // rotary buffer; loaded through causal_transformer's key map.
+  const json fields = {{"vocab_size", 50}, {"emb_features", 16}, {"num_layers", 1}, {"num_heads", 2},
+                       {"tie_embeddings", false}, {"max_seq_len", 16}};
+  torch::manual_seed(21);
+  auto source_model = dew::models::build_language_model({{"architecture", "causal_transformer"}, {"fields", fields}});
+  std::map<std::string, at::Tensor> hf;
+  for (const auto& kv : source_model->named_parameters())
+    hf[kv.key().rfind("lm_head.", 0) == 0 ? kv.key() : "model." + kv.key()] = kv.value().detach().to(at::kBFloat16);
+  hf["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch::ones({4});
+  dew::io::save_safetensors(dir.file("model.safetensors"), hf);
+  auto lm = dew::models::build_language_model({{"architecture", "causal_transformer"}, {"fields", fields}});
+  auto report = dew::models::load_reference_weights(*lm, "causal_transformer", fields, dir.path.string());
+  EXPECT_EQ(report.skipped, std::vector<std::string>({"model.layers.0.self_attn.rotary_emb.inv_freq"}));
+  for (const auto& kv : source_model->named_parameters())
+    EXPECT_TRUE(lm->named_parameters()[kv.key()].equal(kv.value().detach().to(at::kBFloat16).to(at::kFloat)))
+        << kv.key();
+
+  // A whole CLIPModel file: its text tower loads, the vision tower and projections are skipped.
+  const json clip_fields = dew::models::family("clip_text").tiny.fields;
+  auto clip_source = dew::text_encoders::build("clip_text", clip_fields);
+  std::map<std::string, at::Tensor> whole;
+  for (const auto& kv : clip_source->named_parameters()) whole[kv.key()] = kv.value().detach() + 0.5;
+  whole["vision_model.embeddings.class_embedding"] = torch::zeros({8});
+  whole["text_projection.weight"] = torch::zeros({16, 16});
+  dew::io::save_safetensors(dir.file("clip.safetensors"), whole);
+  auto clip = dew::text_encoders::build("clip_text", clip_fields);
+  report = dew::models::load_reference_weights(*clip, "clip_text", clip_fields, dir.file("clip.safetensors"));
+  EXPECT_EQ(report.skipped.size(), 2u);
+  for (const auto& kv : clip_source->named_parameters())
+    EXPECT_TRUE(clip->named_parameters()[kv.key()].equal(kv.value().detach() + 0.5)) << kv.key();
+  EXPECT_NE(error_of([&] { dew::models::load_reference_weights(*clip, "unet", {}, dir.file("clip.safetensors")); })
+                .find("no reference checkpoint layout"),
             std::string::npos);
 }
 

@@ -56,24 +56,47 @@ pid_t spawn_dew(const std::string& args) {
   return pid;
 }
 
-// Kills `args` with SIGKILL at `kills` moments drawn uniformly from (0.05 s, span) after each start (a
-// process that ends first is simply done), checking after each that the latest checkpoint loads; then reruns it to the
-// end. Returns the number of kills that hit a running process.
-int kill_and_rerun(const std::string& args, const std::string& dir, double span_s, int kills, uint32_t seed) {
+// Kills `args` with SIGKILL `kills` times, rerunning it after each kill, then reruns it to the end. Every
+// third kill lands at a random moment of start-up (before the first step can finish); the others wait until
+// the run has written 1 to 3 more checkpoints and then kill within the next 15 ms (mid-step or mid-write),
+// so the kills depend on the run's progress, not on this machine's speed. After each kill the latest
+// checkpoint must load. Returns the number of kills that hit a running process.
+int kill_and_rerun(const std::string& args, const std::string& dir, int64_t checkpoint_every, int kills,
+                   uint32_t seed) {
   std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> at(0.05, span_s);
+  std::uniform_real_distribution<double> startup(0.0, 0.4), settle(0.0, 0.015);
+  std::uniform_int_distribution<int> advance(1, 3);
   int hit = 0;
   for (int k = 0; k < kills; ++k) {
     SCOPED_TRACE("kill " + std::to_string(k));
+    auto steps = dew::training::list_checkpoints(dir);
+    const int64_t before = steps.empty() ? 0 : steps.back();
     const pid_t pid = spawn_dew(args);
-    std::this_thread::sleep_for(std::chrono::duration<double>(at(rng)));
     int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == 0) {
+    bool ended = false;
+    if (k % 3 == 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(startup(rng)));
+    } else {
+      // Wait (bounded) until the latest checkpoint is `advance` checkpoints past the one the run resumed from.
+      const int64_t want = before + advance(rng) * checkpoint_every;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (std::chrono::steady_clock::now() < deadline) {
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+          ended = true;
+          break;
+        }
+        auto now = dew::training::list_checkpoints(dir);
+        if (!now.empty() && now.back() >= want) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      std::this_thread::sleep_for(std::chrono::duration<double>(settle(rng)));
+    }
+    if (!ended && waitpid(pid, &status, WNOHANG) == 0) {
       ::kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
       ++hit;
     }
-    auto steps = dew::training::list_checkpoints(dir);
+    steps = dew::training::list_checkpoints(dir);
     if (!steps.empty()) {
       auto c = dew::training::load_checkpoint(dir, steps.back());  // throws on a torn checkpoint
       EXPECT_EQ(c.step, steps.back());
@@ -83,13 +106,6 @@ int kill_and_rerun(const std::string& args, const std::string& dir, double span_
   auto r = run(args);
   EXPECT_EQ(r.code, 0) << r.output;
   return hit;
-}
-
-double seconds_of(const std::string& args) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto r = run(args);
-  EXPECT_EQ(r.code, 0) << r.output;
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 std::string lm_command(const std::string& tokens) {
@@ -143,10 +159,11 @@ TEST(RunReproducibility, DiffusionKilledAtRandomMomentsEndsBitForBit) {
   dew::test::TempDir tmp("kill_diffusion");
   // A checkpoint every step: much of the run is spent writing checkpoints, so kills land inside writes too.
   const std::string cmd = kDiffusion + " --trainer.steps 160 --trainer.checkpoint_every 1";
-  const double full = seconds_of(cmd + " --run " + tmp.file("whole"));
-  // Each kill takes a bite of at most a quarter of the run: start-up, steps and checkpoint writes.
-  const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), full / 4, 12, 20261201);
-  EXPECT_GE(hit, 6) << "most kills should land in a running process (run takes " << full << " s)";
+  auto r = run(cmd + " --run " + tmp.file("whole"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  // 12 kills advance the run by at most 8 x 3 checkpoints of its 160: every kill finds it running.
+  const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), 1, 12, 20261201);
+  EXPECT_EQ(hit, 12);
   expect_same_checkpoint(tmp.file("whole"), tmp.file("killed"), 160);
 }
 
@@ -154,9 +171,11 @@ TEST(RunReproducibility, LanguageModelKilledAtRandomMomentsEndsBitForBit) {
   dew::test::TempDir tmp("kill_lm");
   // Dropout on: its draws must come from the run's seed and step, not the process.
   const std::string cmd = lm_command(dew::test::write_tiny_tokens(tmp.file("tokens"))) + " --trainer.steps 160 --trainer.checkpoint_every 3";
-  const double full = seconds_of(cmd + " --run " + tmp.file("whole"));
-  const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), full / 4, 12, 7);
-  EXPECT_GE(hit, 6) << "most kills should land in a running process (run takes " << full << " s)";
+  auto r = run(cmd + " --run " + tmp.file("whole"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  // 12 kills advance the run by at most 8 x 3 checkpoints (72 steps) of its 160.
+  const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), 3, 12, 7);
+  EXPECT_EQ(hit, 12);
   expect_same_checkpoint(tmp.file("whole"), tmp.file("killed"), 160);
 }
 

@@ -47,8 +47,10 @@ void add_family(Registry<BackboneImpl>& r, const std::string& name, const std::s
 
 template <class Options, class Module>
 void add_language_model(Registry<nn::CausalTransformerImpl>& r, const std::string& name, const std::string& doc,
-                        Family family) {
+                        Family family,
+                        std::function<io::KeyMap(const json&, const io::WeightSource&)> reference_key_map) {
   r.add<Options>(name, doc, [](const Options& o) { return Module(o).ptr(); });
+  family.reference_key_map = std::move(reference_key_map);
   add_family_info(name, std::move(family));
 }
 
@@ -116,7 +118,10 @@ Registry<nn::CausalTransformerImpl>& language_models() {
          {{{"vocab_size", 64}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 4}, {"num_kv_heads", 2},
            {"max_seq_len", 32}},
           {2, 12}},
-         [](const json& c) { return to_json(nn::options_from_hf_config(c)); }});
+         [](const json& c) { return to_json(nn::options_from_hf_config(c)); }},
+        [](const json& fields, const io::WeightSource&) {
+          return nn::hf_decoder_key_map(from_json<nn::CausalTransformerOptions>(fields));
+        });
     return r;
   }();
   return *r;
@@ -148,6 +153,16 @@ json fields_from_reference_config(const std::string& name, const json& config) {
   for (auto it = config.begin(); it != config.end(); ++it)
     if (it.key().rfind('_', 0) != 0) c[it.key()] = it.value();
   return f.from_reference_config(c);
+}
+
+io::LoadReport load_reference_weights(torch::nn::Module& module, const std::string& name, const json& fields,
+                                      const std::string& path) {
+  const Family& f = family(name);
+  DEW_CHECK(f.reference_key_map, "model \"", name, "\": a dew family, with no reference checkpoint layout");
+  const auto source = io::WeightSource::open(path);
+  io::LoadOptions o;
+  o.require_buffers = false;
+  return io::load_weights(module, source, f.reference_key_map(fields, source), o);
 }
 
 BackbonePtr build(const std::string& name, const json& fields) {

@@ -55,6 +55,10 @@ const Family& family(const std::string& name);
 /// transformers' bookkeeping) are dropped, then the family translates; a family that imports nothing, or
 /// an unsupported setting, is a dew::Error naming it.
 json fields_from_reference_config(const std::string& name, const json& config);
+/// Loads an imported family's reference checkpoint (a file, an index or a folder) into `module`, a model
+/// of `fields`, through the family's key map; buffers the checkpoint lacks keep their values.
+io::LoadReport load_reference_weights(torch::nn::Module& module, const std::string& name, const json& fields,
+                                      const std::string& path);
 
 /// Every registered denoiser architecture.
 Registry<BackboneImpl>& registry();

@@ -430,4 +430,12 @@ CausalTransformerOptions options_from_hf_config(const json& c) {
   return o;
 }
 
+io::KeyMap hf_decoder_key_map(const CausalTransformerOptions& options) {
+  io::KeyMap map;
+  map.skip(R"(.*rotary_emb\.inv_freq)");                        // a buffer older checkpoints carry
+  if (options.tie_embeddings()) map.skip(R"(lm_head\.weight)");  // saved by some tied checkpoints
+  map.prefix("model.", "");
+  return map;
+}
+
 }  // namespace dew::nn

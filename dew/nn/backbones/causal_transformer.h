@@ -273,6 +273,9 @@ namespace dew::nn {
 /// and settings (rope_scaling, a query_pre_attn_scalar other than head_dim, attention softcapping, ...)
 /// are a dew::Error naming the field. (The family's config.json translation: models::fields_from_reference_config.)
 CausalTransformerOptions options_from_hf_config(const json& config);
+/// The key map of a transformers decoder checkpoint (model.* names, lm_head) onto CausalTransformer: the
+/// "model." prefix dropped, old rotary_emb.inv_freq buffers and (tied models) a saved lm_head skipped.
+io::KeyMap hf_decoder_key_map(const CausalTransformerOptions& options);
 
 /// The attention mask of query tokens against keys: [B, 1, Sq, Sk] bool, true = attend. Query i of row b
 /// is key index offset + i; it sees key j when j <= offset + i, key_valid[b, j], key_seg[b, j] ==
