@@ -101,8 +101,7 @@ TextEncoderPtr build_text_encoder(const json& record) {
 // .safetensors file, strictly; a unet_3d takes a 2D unet's weights through its inflation key map
 // (temporal blocks stay at their zero initialisation).
 void init_model_from(BackboneImpl& model, const std::string& arch, const std::string& source) {
-  const auto weights = fs::is_directory(source) ? io::WeightSource::of_tensors(run_weights(source, OpenOptions{}), source)
-                                                : io::WeightSource::open(source);
+  const auto weights = fs::is_directory(source) ? run_weight_source(source, OpenOptions{}) : io::WeightSource::open(source);
   io::KeyMap map;
   io::LoadOptions lo;
   if (arch == "unet_3d") {

@@ -179,11 +179,17 @@ training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o
   return std::move(ck.model);
 }
 
-int64_t load_run_weights(torch::nn::Module& module, const std::string& run_dir, const OpenOptions& o) {
+io::WeightSource run_weight_source(const std::string& run_dir, const OpenOptions& o, int64_t* step_out) {
   int64_t step = 0;
   auto weights = run_weights(run_dir, o, &step);
-  io::load_weights(module, io::WeightSource::of_tensors(
-                               std::move(weights), run_dir + " step_" + std::to_string(step) + " (" + o.weights + " weights)"));
+  if (step_out) *step_out = step;
+  return io::WeightSource::of_tensors(std::move(weights),
+                                      run_dir + " step_" + std::to_string(step) + " (" + o.weights + " weights)");
+}
+
+int64_t load_run_weights(torch::nn::Module& module, const std::string& run_dir, const OpenOptions& o) {
+  int64_t step = 0;
+  io::load_weights(module, run_weight_source(run_dir, o, &step));
   return step;
 }
 

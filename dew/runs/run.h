@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dew/core/options.h"
+#include "dew/io/weights.h"
 #include "dew/training/trainer.h"
 
 namespace dew {
@@ -122,6 +123,9 @@ struct OpenOptions {
 /// The weights of one checkpoint of RUN by module path: its live state (parameters and buffers), with, for
 /// "ema", the EMA averages in place of the parameters the run averaged. `step` (optional) receives the step.
 training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o, int64_t* step = nullptr);
+
+/// run_weights() as a weight source (io::load_weights), described as "RUN step_N (ema weights)".
+io::WeightSource run_weight_source(const std::string& run_dir, const OpenOptions& o, int64_t* step = nullptr);
 
 /// Loads run_weights() into `module` strictly (every parameter and buffer present, shapes checked); returns
 /// the step loaded.
