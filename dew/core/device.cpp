@@ -1,7 +1,6 @@
 #include "dew/core/device.h"
 
 #include <ATen/Context.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 
 #include "dew/core/error.h"
 
@@ -9,7 +8,7 @@ namespace dew {
 
 namespace {
 
-int64_t cuda_count() { return at::hasCUDA() ? at::detail::getCUDAHooks().getNumGPUs() : 0; }
+int64_t cuda_count() { return at::hasCUDA() ? int64_t(at::getNumGPUs()) : 0; }
 
 }  // namespace
 

@@ -2,7 +2,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
-#include <ATen/detail/CUDAHooksInterface.h>
 
 #include <mutex>
 
@@ -36,10 +35,10 @@ DefaultGeneratorScope::DefaultGeneratorScope(uint64_t seed, uint64_t step, std::
     saved_ = cpu.get_state();
     cpu.set_current_seed(s);
   }
+  // at::getNumGPUs and Context::defaultGenerator are the same calls in LibTorch 1.13 and 2.x.
   if (at::hasCUDA()) {
-    const auto& hooks = at::detail::getCUDAHooks();
-    for (int64_t i = 0; i < hooks.getNumGPUs(); ++i) {
-      auto g = hooks.getDefaultCUDAGenerator(i);
+    for (size_t i = 0; i < at::getNumGPUs(); ++i) {
+      auto g = at::globalContext().defaultGenerator(at::Device(at::kCUDA, c10::DeviceIndex(i)));
       std::lock_guard<std::mutex> lock(g.mutex());
       g.set_current_seed(s);
     }
