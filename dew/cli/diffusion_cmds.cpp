@@ -21,18 +21,6 @@ namespace dew::cli {
 
 namespace {
 
-// --weights ema|live, --step N (default: the latest), --device (default: auto) of sample and eval.
-runs::OpenOptions open_options(const Flags& f) {
-  runs::OpenOptions o;
-  o.weights = f.get("weights", "ema");
-  DEW_CHECK(o.weights == "ema" || o.weights == "live", "--weights: got \"", o.weights, "\", accepted: ema, live");
-  o.step = f.get_int("step", -1);
-  DEW_CHECK(o.step >= -1, "--step: expected a checkpoint's step, got ", o.step);
-  o.device = f.get("device", "auto");
-  parse_device(o.device);
-  return o;
-}
-
 std::string kind_list() {
   std::string out;
   for (const auto& k : runs::run_kinds()) out += (out.empty() ? "" : ", ") + k;

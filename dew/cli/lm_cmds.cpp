@@ -66,11 +66,7 @@ int cmd_generate(const std::vector<std::string>& args_in) {
   g.padding = f.get("padding", "left");
   g.stop = stops;
   sampling::validate(g);  // bad flag values fail before the model loads
-  runs::OpenOptions open;
-  open.weights = f.get("weights", "ema");
-  open.step = f.get_int("step", -1);
-  open.device = f.get("device", "auto");
-  auto run = runs::open_lm_run(f.positional[0], open);
+  auto run = runs::open_lm_run(f.positional[0], open_options(f));
   DEW_CHECK(!run.tokenizer.is_null(), f.positional[0], "/run.json: the run records no tokenizer");
   auto tok = data::load_tokenizer(run.tokenizer);
   if (!f.has("no-eos")) g.eos_id = run.eos_id;

@@ -2,6 +2,7 @@
 
 #include <fstream>
 
+#include "dew/core/device.h"
 #include "dew/runs/run.h"
 
 namespace dew::cli {
@@ -179,6 +180,17 @@ Flags parse_flags(const std::vector<std::string>& args, const std::vector<std::s
     f.values[key] = value;
   }
   return f;
+}
+
+runs::OpenOptions open_options(const Flags& f) {
+  runs::OpenOptions o;
+  o.weights = f.get("weights", "ema");
+  DEW_CHECK(o.weights == "ema" || o.weights == "live", "--weights: got \"", o.weights, "\", accepted: ema, live");
+  o.step = f.get_int("step", -1);
+  DEW_CHECK(o.step >= -1, "--step: expected a checkpoint's step, got ", o.step);
+  o.device = f.get("device", "auto");
+  parse_device(o.device);
+  return o;
 }
 
 }  // namespace dew::cli

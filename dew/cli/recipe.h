@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dew/core/options.h"
+#include "dew/runs/run.h"
 
 namespace dew::cli {
 
@@ -40,5 +41,9 @@ struct Flags {
 };
 Flags parse_flags(const std::vector<std::string>& args, const std::vector<std::string>& known,
                   const std::vector<std::string>& switches = {});
+
+/// --weights ema|live (default ema), --step N (default: the latest), --device (default: auto) of the
+/// commands that open a trained run; checked here, before the run is read.
+runs::OpenOptions open_options(const Flags& f);
 
 }  // namespace dew::cli

@@ -195,7 +195,7 @@ DiffusionRun open_diffusion_run(const std::string& run_dir, const OpenOptions& o
   out.dir = run_dir;
   out.record = read_record_of_kind(run_dir, "diffusion", "a diffusion run");
   const json& r = out.record;
-  const auto device = parse_device(o.device);
+  parse_device(o.device, "device");  // before the model is built
   const json derived = r.value("derived", json::object());
   DEW_CHECK(derived.contains("sample_shape") && derived["sample_shape"].is_array(), run_dir,
             "/run.json: missing sample_shape");
@@ -209,9 +209,7 @@ DiffusionRun open_diffusion_run(const std::string& run_dir, const OpenOptions& o
     out.text->class_names = out.class_names;
     out.text->caption_template = r["objective"].value("caption_template", out.text->caption_template);
   }
-  out.model->to(device);
-  out.step = load_run_weights(*out.model, run_dir, o);
-  out.model->eval();
+  out.step = place_and_load(*out.model, run_dir, o);
   out.process = std::make_shared<diffusion::DiffusionProcess>(*diffusion::presets().build(r["preset"]));
   out.num_classes = r["model"]["fields"].value("num_classes", int64_t(0));
   return out;

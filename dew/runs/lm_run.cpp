@@ -109,15 +109,13 @@ LMRun open_lm_run(const std::string& run_dir, const OpenOptions& o) {
   out.dir = run_dir;
   out.record = read_record_of_kind(run_dir, "lm", "a language-model run");
   const json& r = out.record;
-  const auto device = parse_device(o.device);
+  parse_device(o.device, "device");  // before the model is built
   const json derived = r.value("derived", json::object());
   out.tokenizer = derived.value("tokenizer", json());
   out.eos_id = derived.value("eos_id", int64_t(-1));
   out.model = models::build_language_model(r["model"]);
   out.options = out.model->options;
-  out.model->to(device);
-  out.step = load_run_weights(*out.model, run_dir, o);
-  out.model->eval();
+  out.step = place_and_load(*out.model, run_dir, o);
   return out;
 }
 

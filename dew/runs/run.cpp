@@ -187,6 +187,13 @@ io::WeightSource run_weight_source(const std::string& run_dir, const OpenOptions
                                       run_dir + " step_" + std::to_string(step) + " (" + o.weights + " weights)");
 }
 
+int64_t place_and_load(torch::nn::Module& module, const std::string& run_dir, const OpenOptions& o) {
+  module.to(parse_device(o.device, "device"));
+  const int64_t step = load_run_weights(module, run_dir, o);
+  module.eval();
+  return step;
+}
+
 int64_t load_run_weights(torch::nn::Module& module, const std::string& run_dir, const OpenOptions& o) {
   int64_t step = 0;
   io::load_weights(module, run_weight_source(run_dir, o, &step));

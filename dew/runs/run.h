@@ -127,6 +127,10 @@ training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o
 /// run_weights() as a weight source (io::load_weights), described as "RUN step_N (ema weights)".
 io::WeightSource run_weight_source(const std::string& run_dir, const OpenOptions& o, int64_t* step = nullptr);
 
+/// What every open_*_run ends with: `module` moved to o.device, run_weights() loaded strictly, eval mode.
+/// Returns the step loaded.
+int64_t place_and_load(torch::nn::Module& module, const std::string& run_dir, const OpenOptions& o);
+
 /// Loads run_weights() into `module` strictly (every parameter and buffer present, shapes checked); returns
 /// the step loaded.
 int64_t load_run_weights(torch::nn::Module& module, const std::string& run_dir, const OpenOptions& o);
