@@ -39,7 +39,9 @@
 #include "dew/diffusion/process.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
+#include "dew/objectives/jepa.h"
 #include "dew/objectives/lm.h"
+#include "dew/core/rng.h"
 #include "dew/sampling/generate.h"
 #include "dew/training/optim.h"
 
@@ -85,8 +87,9 @@ const char* kBenchUsage =
     "                  implements simple_dit, unet, simple_mmdit and hybrid_dit. lm: the causal_transformer language model (byte vocab 257, width 256, 4\n"
     "                  layers, 4 heads): a training step (forward, cross entropy, backward, AdamW, EMA)\n"
     "                  in tokens/s, and greedy KV-cache generation in ms/token (batch 1, prompt 32\n"
-    "                  tokens, 64 new tokens), against bench/lm_peer.py\n"
-    "  --all           every model above, lm included\n"
+    "                  tokens, 64 new tokens), against bench/lm_peer.py. jepa: a JEPA training step\n"
+    "                  (`dew train jepa`'s models and step) against bench/jepa_peer.py\n"
+    "  --all           every model above, lm and jepa included\n"
     "  --steps N       timed steps per configuration, median reported (default 20)\n"
     "  --warmup W      untimed steps first (default 5)\n"
     "  --batch B       batch size (default 32; lm: 4)\n"
@@ -100,6 +103,7 @@ const char* kBenchUsage =
     "  --no-peer       C++ only\n"
     "  --peer FILE     the Python peer (default: bench/peer.py next to the build directory)\n"
     "  --lm-peer FILE  the language model's Python peer (default: bench/lm_peer.py, found the same way)\n"
+    "  --jepa-peer FILE  the JEPA step's Python peer (default: bench/jepa_peer.py, found the same way)\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
     "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"
     "                  kernels, Python does not, so --peer-coretype SkylakeX compares like with like)\n"
@@ -185,6 +189,20 @@ json lm_fields(int64_t seq_len) {
   return f;
 }
 
+// The JEPA step: `dew train jepa`'s default models on Fashion-MNIST-shaped images (the encoder's fields
+// here, the predictor's in jepa_predictor_fields).
+const BenchCase& jepa_case() {
+  static const BenchCase c{"jepa", "jepa_encoder",
+                           "1x28x28, patch 4 (49 tokens); encoder width 192, 6 layers, 3 heads; predictor 96, 4 layers, 3 heads",
+                           {{"image_size", kImage}, {"patch_size", 4}, {"in_channels", 1}, {"emb_features", 192},
+                            {"num_layers", 6}, {"num_heads", 3}}};
+  return c;
+}
+json jepa_predictor_fields() {
+  return {{"image_size", kImage}, {"patch_size", 4}, {"encoder_features", 192}, {"emb_features", 96},
+          {"num_layers", 4}, {"num_heads", 3}};
+}
+
 const BenchCase& find_case(const std::string& name) {
   std::string names;
   for (const auto& c : bench_cases()) {
@@ -192,7 +210,8 @@ const BenchCase& find_case(const std::string& name) {
     names += (names.empty() ? "" : ", ") + c.name;
   }
   if (name == lm_case().name) return lm_case();
-  fail("bench: unknown model \"", name, "\"; accepted: ", names, ", ", lm_case().name);
+  if (name == jepa_case().name) return jepa_case();
+  fail("bench: unknown model \"", name, "\"; accepted: ", names, ", ", lm_case().name, ", ", jepa_case().name);
 }
 
 std::vector<std::string> split_list(const std::string& s, const std::string& flag) {
@@ -426,6 +445,58 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   return 0;
 }
 
+// Runs warmup + steps JEPA training steps as `dew train jepa` takes them (JEPAObjective: masks drawn each
+// step, the target encoder's forward without gradients, context encoder, predictor, MSE; backward; AdamW;
+// the EMA that is the target encoder) and prints one JSON line (the keys of run_one).
+int run_one_jepa(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const c10::Device& device) {
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto now = [&] { return synced_now(device); };
+  at::set_num_threads(int(threads));
+  at::manual_seed(0);
+  auto encoder = models::build_token_encoder({{"architecture", "jepa_encoder"}, {"fields", jepa_case().fields}});
+  auto predictor = models::build_token_predictor({{"architecture", "jepa_predictor"}, {"fields", jepa_predictor_fields()}});
+  encoder->to(device);
+  predictor->to(device);
+  JEPAObjective objective(encoder, predictor, JEPAObjectiveOptions{});
+  objective.module().train();
+  training::NamedTensors params;
+  int64_t nparams = 0;
+  for (const auto& kv : objective.module().named_parameters()) {
+    params.emplace_back(kv.key(), kv.value());
+    nparams += kv.value().numel();
+  }
+  training::OptimOptions oo;
+  oo.lr = kLr;
+  training::Optimizer opt(params, oo);
+  training::EMA ema(params, objective.ema(), warmup + steps);
+  objective.bind_ema(ema.averages());
+  auto data_gen = at::detail::createCPUGenerator(1);
+  data::Batch b{{"image", at::randint(0, 256, {batch, 1, kImage, kImage}, data_gen).to(at::kByte)}};
+  std::vector<double> total, fwd, bwd, upd;
+  double loss_value = 0;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    const auto t0 = now();
+    auto out = objective.loss(b, i, rng::generator(0, uint64_t(i), "objective"));
+    const auto t1 = now();
+    out.loss.backward();
+    const auto t2 = now();
+    opt.step(kLr);
+    ema.update(params, i);
+    opt.zero_grad();
+    const auto t3 = now();
+    loss_value = out.loss.item<double>();
+    if (i < warmup) continue;
+    total.push_back(secs(t3 - t0));
+    fwd.push_back(secs(t1 - t0));
+    bwd.push_back(secs(t2 - t1));
+    upd.push_back(secs(t3 - t2));
+  }
+  DEW_CHECK(std::isfinite(loss_value), "bench jepa: non-finite loss ", loss_value);
+  std::cout << step_result(total, fwd, bwd, upd, batch, nparams, loss_value).dump() << std::endl;
+  return 0;
+}
+
 // ---- the parent: child processes and the report ----
 
 struct ChildResult {
@@ -626,7 +697,7 @@ std::string find_peer(const Flags& f, const fs::path& exe, const std::string& fl
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
-                               "one", "peer-coretype", "seq-len", "lm-peer", "profile", "device"},
+                               "one", "peer-coretype", "seq-len", "lm-peer", "jepa-peer", "profile", "device"},
                               {"no-peer", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -651,6 +722,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     DEW_CHECK(threads.size() == 1, "--one: needs exactly one --threads value, got \"", f.get("threads", ""), "\"");
     const BenchCase& c = find_case(f.get("one", ""));
     if (&c == &lm_case()) return run_one_lm(lm_batch, seq_len, warmup, steps, threads[0], device);
+    if (&c == &jepa_case()) return run_one_jepa(batch, warmup, steps, threads[0], device);
     return run_one(c, batch, warmup, steps, threads[0], f.get("profile", ""), device);
   }
 
@@ -658,27 +730,29 @@ int cmd_bench(const std::vector<std::string>& args) {
   DEW_CHECK(!(f.has("all") && f.has("models")), "--all and --models: give one of them");
   std::string all_names;
   for (const auto& c : bench_cases()) all_names += (all_names.empty() ? "" : ",") + c.name;
-  all_names += "," + lm_case().name;
-  bool any_diffusion = false, any_lm = false;
+  all_names += "," + lm_case().name + "," + jepa_case().name;
+  bool any_diffusion = false, any_lm = false, any_jepa = false;
   for (const auto& name : split_list(f.get("models", f.has("all") ? all_names : "simple_dit,unet,unet_attn"), "models")) {
     const BenchCase* c = &find_case(name);
     DEW_CHECK(std::find(cases.begin(), cases.end(), c) == cases.end(), "--models: \"", name, "\" is listed twice");
     cases.push_back(c);
-    (c == &lm_case() ? any_lm : any_diffusion) = true;
+    (c == &lm_case() ? any_lm : c == &jepa_case() ? any_jepa : any_diffusion) = true;
   }
   DEW_CHECK(any_lm || !f.has("seq-len"), "--seq-len: only the language model uses it; add lm to --models");
 
   const fs::path exe = fs::read_symlink("/proc/self/exe");
-  std::string peer, lm_peer, python_torch, peer_note, lm_peer_note;
+  std::string peer, lm_peer, jepa_peer, python_torch, peer_note, lm_peer_note;
   if (!f.has("no-peer")) {
     if (any_diffusion) peer = find_peer(f, exe, "peer", "peer.py");
     if (any_lm) lm_peer = find_peer(f, exe, "lm-peer", "lm_peer.py");
+    if (any_jepa) jepa_peer = find_peer(f, exe, "jepa-peer", "jepa_peer.py");
     auto probe = run_child({kPython, "-c", "import torch; print(torch.__version__)"}, {}, /*quiet=*/true);
     if (probe.exit_code != 0) {
       peer_note = std::string("Python peer skipped: ") + kPython + " with torch is not available; C++ side only.";
       lm_peer_note = peer_note;
       peer.clear();
       lm_peer.clear();
+      jepa_peer.clear();
     } else {
       if (any_diffusion && peer.empty())
         peer_note = "Python peer skipped: bench/peer.py not found (pass --peer FILE); C++ side only.";
@@ -718,6 +792,13 @@ int cmd_bench(const std::vector<std::string>& args) {
       auto lm = models::build_language_model({{"architecture", c->arch}, {"fields", lm_fields(seq_len)}});
       config = lm->config();
       model = lm.ptr();
+    } else if (c == &jepa_case()) {
+      auto enc = models::build_token_encoder({{"architecture", c->arch}, {"fields", c->fields}});
+      auto pred = models::build_token_predictor({{"architecture", "jepa_predictor"}, {"fields", jepa_predictor_fields()}});
+      model = std::make_shared<torch::nn::Module>();
+      model->register_module("encoder", enc);
+      model->register_module("predictor", pred);
+      config = {{"fields", {{"encoder", enc->config()["fields"]}, {"predictor", pred->config()["fields"]}}}};
     } else {
       auto denoiser = models::build(c->arch, c->fields);
       config = denoiser->config();
@@ -741,15 +822,17 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (int64_t round = 1; round <= rounds; ++round) {
     for (auto& row : rows) {
       const std::string& name = row.c->name;
-      const bool lm = row.c == &lm_case();
+      const bool lm = row.c == &lm_case(), jepa = row.c == &jepa_case();
       for (auto& cfg : row.configs) {
         auto cpp_argv = std::vector<std::string>{exe.string(), "bench", "--one", name};
         for (auto& a : common(cfg.intra, lm)) cpp_argv.push_back(a);
         cfg.cpp.push_back(measure(cpp_argv, cfg.intra, cfg.blas, name + " C++"));
         progress(round, name + "  C++   ", cfg.cpp.back());
-        if ((lm ? lm_peer : peer).empty() || !row.c->peer) continue;
+        if ((lm ? lm_peer : jepa ? jepa_peer : peer).empty() || !row.c->peer) continue;
         auto py_argv =
-            lm ? std::vector<std::string>{kPython, lm_peer, "--config", row.fields, "--params",
+            jepa ? std::vector<std::string>{kPython, jepa_peer, "--config", row.fields, "--params",
+                                            std::to_string(row.params)}
+            : lm ? std::vector<std::string>{kPython, lm_peer, "--config", row.fields, "--params",
                                           std::to_string(row.params), "--prompt-len", std::to_string(kLmPrompt),
                                           "--new-tokens", std::to_string(kLmNewTokens), "--gen-reps",
                                           std::to_string(kLmGenReps)}
@@ -766,9 +849,12 @@ int cmd_bench(const std::vector<std::string>& args) {
 
   std::vector<const Row*> drows;  // the diffusion models
   const Row* lrow = nullptr;      // the language model
+  const Row* jrow = nullptr;      // the JEPA step
   for (const auto& r : rows) {
     if (r.c == &lm_case())
       lrow = &r;
+    else if (r.c == &jepa_case())
+      jrow = &r;
     else
       drows.push_back(&r);
   }
@@ -933,6 +1019,42 @@ int cmd_bench(const std::vector<std::string>& args) {
       md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " | "
          << rounds_cell(cfg.cpp, gen, 2) << " |";
       if (with_peer) md << " " << rounds_cell(cfg.py) << " | " << rounds_cell(cfg.py, gen, 2) << " |";
+      md << "\n";
+    }
+  }
+
+  if (jrow) {
+    const bool with_peer = !jepa_peer.empty();
+    const Row& r = *jrow;
+    if (!drows.empty() || lrow) md << "\n";
+    md << "## dew bench: a JEPA training step on the CPU\n\n"
+       << "Models: jepa_encoder + jepa_predictor, " << r.c->size << ", " << grouped(r.params)
+       << " parameters. Step (`dew train jepa`'s): I-JEPA multi-block masks drawn, the target encoder's "
+       << "LayerNorm'd features at the 4 target blocks without gradients, the context encoder on the context block, "
+       << "the predictor, MSE; backward; AdamW (lr " << kLr << ", weight decay 0.01 on matrices); the target "
+       << "encoder's momentum update (C++: the trainer's fp32 EMA the objective reads; Python: "
+       << "bench/jepa_peer.py, I-JEPA's modules and its per-parameter update). Batch " << batch << "; " << warmup
+       << " warm-up + " << steps << " timed steps, median; " << rounds << " round(s) per side"
+       << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported.\n\n"
+       << machine(r, with_peer);
+    std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
+    if (with_peer) sides.push_back({"Python", &Config::py});
+    md << "| side | best config | ms/step | samples/s | forward ms | backward ms | optimizer ms | peak MB |\n"
+       << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides) {
+      const auto& m = fastest(r.configs, member);
+      md << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
+         << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.opt, 1) << " | "
+         << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md << "\nSpeed-up (Python ms/step / C++ ms/step): "
+         << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+    md << "\nEvery configuration (each round's median, fastest first):\n\n| intra | blas | C++ ms/step |"
+       << (with_peer ? " Python ms/step |" : "") << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
+    for (const auto& cfg : r.configs) {
+      md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
+      if (with_peer) md << " " << rounds_cell(cfg.py) << " |";
       md << "\n";
     }
   }

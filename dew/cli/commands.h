@@ -11,13 +11,17 @@ int run(const std::vector<std::string>& args);
 
 /// `dew list [KIND]`: every registry (or one) with entries, fields and defaults.
 int cmd_list(const std::vector<std::string>& args);
-/// `dew train KIND [--config FILE] [--a.b value ...]` (KIND: diffusion, lm).
+/// `dew train KIND [--config FILE] [--a.b value ...]` (KIND: diffusion, lm, jepa).
 int cmd_train(const std::vector<std::string>& args);
 /// `dew sample RUN [--solver S --steps N --guidance G --labels all|0,3 --count N --seed S --weights ema|live --out F]`.
 int cmd_sample(const std::vector<std::string>& args);
 /// `dew eval RUN [--solvers a,b --steps N --guidance G --count N]`: classifier accuracy of conditional
 /// samples and the Frechet distance of classifier features to the test set; `dew eval --classifier`.
 int cmd_eval(const std::vector<std::string>& args);
+/// `dew eval RUN` of a JEPA run [--train-items N --test-items N --knn-k K --probe-epochs E --probe-lr LR
+/// --pool mean|tokens --no-baselines --weights ema|live --step N --device D]: linear and kNN probes of the frozen encoder, the
+/// encoder at its initialisation and the raw pixels.
+int cmd_eval_jepa(const std::vector<std::string>& args);
 /// `dew bench [--models a,b --steps N --warmup W --batch B --threads 1,2 --blas-threads 1,2 --no-peer --out F]`:
 /// a full training step of the small CPU models timed in C++ and in Python eager, with the speed-up.
 int cmd_bench(const std::vector<std::string>& args);

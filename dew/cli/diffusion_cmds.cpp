@@ -138,6 +138,10 @@ int cmd_sample(const std::vector<std::string>& args) {
 }
 
 int cmd_eval(const std::vector<std::string>& args) {
+  // A JEPA run is probed, not sampled.
+  if (!args.empty() && args[0].rfind("--", 0) != 0 && fs::exists(fs::path(args[0]) / "run.json") &&
+      runs::read_record(args[0]).value("kind", "") == "jepa")
+    return cmd_eval_jepa(args);
   auto f = parse_flags(args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step",
                               "device"},
                        {"classifier"});

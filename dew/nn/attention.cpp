@@ -61,7 +61,8 @@ Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, co
   // Scaling q ([S, D]) is cheaper than scaling the scores ([S, S]).
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));  // [B, H, Sq, Sk]
-  if (force_fp32_for_softmax) scores = scores.to(at::kFloat);
+  // Half-precision scores are upcast; float32 and float64 keep their precision.
+  if (force_fp32_for_softmax && at::elementSize(scores.scalar_type()) < 4) scores = scores.to(at::kFloat);
   if (mask.defined()) scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
   Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
   return at::matmul(probs, v);  // [B, H, Sq, D]

@@ -16,14 +16,16 @@
 namespace dew::models {
 
 /// What a family's model is for: a denoiser (BackboneImpl::forward), a causal language model
-/// (CausalTransformerImpl::forward_tokens) or a text encoder (TextEncoderImpl::encode).
-enum class Role { kDenoiser, kLanguageModel, kTextEncoder };
+/// (CausalTransformerImpl::forward_tokens), a text encoder (TextEncoderImpl::encode), an encoder of token
+/// subsets (TokenEncoderImpl::forward) or a predictor of hidden tokens (TokenPredictorImpl::forward).
+enum class Role { kDenoiser, kLanguageModel, kTextEncoder, kTokenEncoder, kTokenPredictor };
 
 /// A tiny configuration of a family and the inputs it takes, for the shared family test suite.
 struct TinyConfig {
   json fields;                 // a few thousand parameters
-  std::vector<int64_t> input;  // denoisers: [B, C, H, W] or [B, C, T, H, W]; language models: [B, S];
-                               // text encoders: [B] (the number of captions)
+  std::vector<int64_t> input;  // denoisers and token encoders: [B, C, H, W] or [B, C, T, H, W]; language
+                               // models: [B, S]; text encoders: [B] (the number of captions); token
+                               // predictors: [M, B, Kc, Kt] (target blocks, batch, context and target tokens)
   int64_t context = 0;         // denoisers: width of a text context (0: none)
   bool zero_output_at_init = true;  // denoisers: the output is exactly zero before training (zero-initialised heads)
 };

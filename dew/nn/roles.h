@@ -9,6 +9,8 @@
 #include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
 
+#include <nlohmann/json.hpp>
+
 namespace dew {
 
 /// A diagonal Gaussian over latents (diffusers' DiagonalGaussianDistribution): mean and log-variance of
@@ -37,12 +39,42 @@ class AutoencoderImpl : public torch::nn::Module {
   virtual double shift_factor() const { return 0.0; }
 };
 
+/// The token grid of an encoder: frames (1 for images) x rows x columns, tokens in raster order (t, h, w).
+struct TokenGrid {
+  int64_t t = 1, h = 1, w = 1;
+  int64_t tokens() const { return t * h * w; }
+};
+
 /// An encoder of token subsets (JEPA's context and target encoders).
 class TokenEncoderImpl : public torch::nn::Module {
  public:
   /// x: [B, C, H, W] (or [B, C, T, H, W]); keep: [B, K] int64 token indices (undefined = every token)
   /// -> features of the kept tokens [B, K, D].
-  virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& keep) = 0;
+  virtual at::Tensor forward(const at::Tensor& x, const at::Tensor& keep = {}) = 0;
+  /// The token grid of one input.
+  virtual TokenGrid grid() const = 0;
+  /// Feature width D.
+  virtual int64_t features() const = 0;
+  /// The {architecture, fields} record that rebuilds this encoder.
+  const nlohmann::json& config() const { return config_; }
+  void set_config(nlohmann::json c) { config_ = std::move(c); }
+
+ private:
+  nlohmann::json config_;
+};
+
+/// A predictor of the features of hidden tokens from the visible ones (JEPA's predictor).
+class TokenPredictorImpl : public torch::nn::Module {
+ public:
+  /// context: [B, Kc, D] encoder features of the visible tokens at indices context_idx [B, Kc] int64;
+  /// targets: [M, B, Kt] int64 indices of M target blocks -> predicted features [M * B, Kt, D], block-major
+  /// (row m * B + b is block m of item b), as I-JEPA concatenates its target masks.
+  virtual at::Tensor forward(const at::Tensor& context, const at::Tensor& context_idx, const at::Tensor& targets) = 0;
+  const nlohmann::json& config() const { return config_; }
+  void set_config(nlohmann::json c) { config_ = std::move(c); }
+
+ private:
+  nlohmann::json config_;
 };
 
 }  // namespace dew

@@ -26,6 +26,9 @@ class Objective {
   virtual std::map<std::string, double> validate(int64_t step, const std::string& run_dir) { return {}; }
   /// Which parameters the trainer averages and with what decay (a constant, a ramp, 1.0 = frozen copy).
   virtual training::EmaSpec ema() const = 0;
+  /// Called once by the trainer with its EMA averages (parameter name -> tensor, updated in place after every
+  /// step), for objectives whose loss reads them (JEPA's target encoder).
+  virtual void bind_ema(const std::map<std::string, at::Tensor>& averages) {}
   /// The batch fields the loss reads.
   virtual std::vector<std::string> batch_fields() const = 0;
 };

@@ -6,5 +6,6 @@ namespace dew::runs {
 
 RunKind diffusion_kind();
 RunKind lm_kind();
+RunKind jepa_kind();
 
 }  // namespace dew::runs

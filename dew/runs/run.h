@@ -74,7 +74,7 @@ struct RunKind {
   std::function<Built(json& recipe, const c10::Device& device)> build;
 };
 
-/// The registered kinds: diffusion, lm.
+/// The registered kinds: diffusion, lm, jepa.
 const RunKind& run_kind(const std::string& name);
 std::vector<std::string> run_kinds();
 

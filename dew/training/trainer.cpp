@@ -123,6 +123,7 @@ Trainer::Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loade
   DEW_CHECK(!params_.empty(), "objective ", obj_->name(), " has no trainable parameters");
   opt_ = std::make_unique<Optimizer>(params_, oo_);
   ema_ = std::make_unique<EMA>(params_, obj_->ema(), to_.steps);
+  obj_->bind_ema(ema_->averages());
 }
 
 void Trainer::restore(const Checkpoint& c) {

@@ -5,6 +5,7 @@
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/backbones/hierarchical_mmdit.h"
 #include "dew/nn/backbones/hybrid_dit.h"
+#include "dew/nn/backbones/jepa.h"
 #include "dew/nn/backbones/mmdit.h"
 #include "dew/nn/backbones/simple_dit.h"
 #include "dew/nn/backbones/simple_udit.h"
@@ -135,10 +136,69 @@ nn::CausalTransformer build_language_model(const json& record) {
                                                        fields.is_null() ? json::object() : fields));
 }
 
+namespace {
+
+template <class Base, class Options, class Module>
+void add_token_family(Registry<Base>& r, const std::string& name, const std::string& doc, Family family) {
+  r.template add<Options>(name, doc, [name](const Options& o) -> std::shared_ptr<Base> {
+    auto m = Module(o).ptr();
+    m->set_config({{"architecture", name}, {"fields", to_json(o)}});
+    return m;
+  });
+  add_family_info(name, std::move(family));
+}
+
+template <class Base>
+std::shared_ptr<Base> build_record(Registry<Base>& r, const json& record) {
+  DEW_CHECK(record.is_object() && record.contains("architecture") && record["architecture"].is_string(),
+            "model record: expected {\"architecture\": NAME, \"fields\": {...}}, got ", record.dump());
+  const json fields = record.value("fields", json::object());
+  return r.build(record["architecture"].get<std::string>(), fields.is_null() ? json::object() : fields);
+}
+
+}  // namespace
+
+Registry<TokenEncoderImpl>& token_encoders() {
+  static auto* r = [] {
+    auto* r = new Registry<TokenEncoderImpl>("encoder");
+    const json tiny = {{"image_size", 8}, {"patch_size", 2}, {"in_channels", 1}, {"emb_features", 16},
+                       {"num_layers", 2}, {"num_heads", 2}};
+    add_token_family<TokenEncoderImpl, nn::JepaEncoderOptions, nn::JepaEncoder>(
+        *r, "jepa_encoder", "I-JEPA ViT encoder: patches + fixed 2D sin-cos positions, pre-norm blocks, final LayerNorm",
+        {Role::kTokenEncoder, {tiny, {2, 1, 8, 8}}});
+    add_token_family<TokenEncoderImpl, nn::JepaVideoEncoderOptions, nn::JepaEncoder>(
+        *r, "jepa_video_encoder", "V-JEPA ViT encoder: tubelets (frames x patch x patch) + fixed 3D sin-cos positions",
+        {Role::kTokenEncoder, {with(tiny, {{"frames", 4}, {"emb_features", 32}}), {2, 1, 4, 8, 8}}});
+    return r;
+  }();
+  return *r;
+}
+
+Registry<TokenPredictorImpl>& token_predictors() {
+  static auto* r = [] {
+    auto* r = new Registry<TokenPredictorImpl>("predictor");
+    add_token_family<TokenPredictorImpl, nn::JepaPredictorOptions, nn::JepaPredictor>(
+        *r, "jepa_predictor", "JEPA predictor: context features + mask tokens at the target positions -> target features",
+        {Role::kTokenPredictor,
+         {{{"image_size", 8}, {"patch_size", 2}, {"encoder_features", 16}, {"emb_features", 8}, {"num_layers", 2},
+           {"num_heads", 2}},
+          {2, 2, 5, 3}}});
+    return r;
+  }();
+  return *r;
+}
+
+std::shared_ptr<TokenEncoderImpl> build_token_encoder(const json& record) { return build_record(token_encoders(), record); }
+std::shared_ptr<TokenPredictorImpl> build_token_predictor(const json& record) {
+  return build_record(token_predictors(), record);
+}
+
 const Family& family(const std::string& name) {
   // Every registry records its families when it is first built.
   registry();
   language_models();
+  token_encoders();
+  token_predictors();
   text_encoders::registry();
   const Family* f = find_family_info(name);
   DEW_CHECK(f, "model \"", name, "\": not a registered family");

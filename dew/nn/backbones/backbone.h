@@ -14,6 +14,9 @@
 
 namespace dew {
 
+class TokenEncoderImpl;
+class TokenPredictorImpl;
+
 /// Conditioning inputs of a diffusion backbone. Undefined tensors mean "absent".
 struct Conditioning {
   at::Tensor labels;        // [B] int64 class ids; the value num_classes is the null (unconditional) class
@@ -66,6 +69,14 @@ Registry<BackboneImpl>& registry();
 BackbonePtr build(const std::string& name, const json& fields);
 /// Builds from a {"architecture": NAME, "fields": {...}} record (as stored in run.json).
 BackbonePtr build(const json& record);
+
+/// The encoders of token subsets (jepa_encoder, jepa_video_encoder) and the predictors (jepa_predictor).
+Registry<TokenEncoderImpl>& token_encoders();
+Registry<TokenPredictorImpl>& token_predictors();
+/// Builds from an {"architecture": NAME, "fields": {...}} record; the module's config() is the record
+/// with every field resolved.
+std::shared_ptr<TokenEncoderImpl> build_token_encoder(const json& record);
+std::shared_ptr<TokenPredictorImpl> build_token_predictor(const json& record);
 
 }  // namespace models
 }  // namespace dew

@@ -1,0 +1,42 @@
+// Probes of frozen features (SPEC sections 11 and 12): a linear probe (softmax regression on standardised
+// features) and a cosine kNN classifier, and the collapse statistics of a representation.
+//
+//   double lin = dew::metrics::linear_probe_accuracy(train_f, train_y, test_f, test_y, 10);  // f: [N, D]
+//   double knn = dew::metrics::knn_accuracy(train_f, train_y, test_f, test_y, 10, 20);
+//   auto s = dew::metrics::representation_stats(features);   // s.std -> 0 when the features collapse
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace dew::metrics {
+
+struct LinearProbeOptions {
+  double lr = 1e-2;            // AdamW learning rate (constant)
+  double weight_decay = 1e-4;  // AdamW decoupled weight decay on the weight matrix
+  int64_t epochs = 30;         // passes over the training features
+  int64_t batch_size = 256;    // mini-batch rows
+  uint64_t seed = 0;           // the shuffles derive from it
+};
+
+/// Accuracy on (test_x, test_y) of a softmax regression fitted to (train_x, train_y): features [N, D]
+/// standardised by the training mean and std, labels int64 [N] in [0, classes), zero-initialised weights,
+/// AdamW with cross entropy over shuffled mini-batches. dew::Error on mismatched shapes or labels.
+double linear_probe_accuracy(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
+                             const at::Tensor& test_y, int64_t classes, const LinearProbeOptions& o = {});
+
+/// Accuracy of the k-nearest-neighbour vote under cosine similarity: each test row takes the majority class
+/// of its k most similar training rows (a tie goes to the class with the larger summed similarity).
+double knn_accuracy(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
+                    const at::Tensor& test_y, int64_t classes, int64_t k = 20);
+
+/// Collapse statistics of features [N, D] (N >= 2), float64 with unbiased (N - 1) moments:
+///   std         = mean over dimensions of the standard deviation over rows (0 for a collapsed representation)
+///   cov_offdiag = sum of the squared off-diagonal covariances / D (VICReg's covariance term)
+struct ReprStats {
+  double std = 0;
+  double cov_offdiag = 0;
+};
+ReprStats representation_stats(const at::Tensor& features);
+
+}  // namespace dew::metrics

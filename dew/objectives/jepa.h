@@ -1,0 +1,101 @@
+// JEPAObjective (SPEC section 11): I-JEPA / V-JEPA feature prediction. The context encoder sees the visible
+// tokens, the predictor predicts the target encoder's LayerNorm'd (no affine) features at the hidden
+// target blocks, and the target encoder is the trainer's EMA of the context encoder (momentum 0.996 -> 1.0
+// linear over the run), never trained by gradients.
+//
+//   auto obj = std::make_shared<dew::JEPAObjective>(encoder, predictor, dew::JEPAObjectiveOptions{});
+//   auto out = obj->loss(batch, step, gen);   // batch: {"image": uint8 [B, C, H, W] or [B, C, T, H, W]}
+//   // out.metrics: repr_std, repr_cov_offdiag, context_tokens, target_tokens
+#pragma once
+#include "dew/data/dataset.h"
+#include "dew/data/masks.h"
+#include "dew/metrics/probes.h"
+#include "dew/nn/roles.h"
+#include "dew/objectives/objective.h"
+
+namespace dew {
+
+struct JEPAObjectiveOptions {
+  std::string loss = "mse";      // mse (SPEC) | smooth_l1 (I-JEPA) | l1 (V-JEPA)
+  double momentum = 0.996;       // EMA momentum of the target encoder at the first step
+  double final_momentum = 1.0;   // ... at the last step (linear in between)
+  data::MultiBlockOptions masks;  // images
+  data::TubeOptions tubes;        // video
+  int64_t probe_train = 2000;    // validation: training items the quick probes fit on (0 = no probe)
+  int64_t probe_test = 1000;     // validation: test items they score
+  int64_t knn_k = 20;            // neighbours of the kNN probe
+  int64_t probe_epochs = 30;     // epochs of the linear probe
+  std::string probe_pool = "mean";  // mean | tokens (see feature_pools)
+  template <class V> void visit(V& v) {
+    v.choice("loss", loss, {"mse", "smooth_l1", "l1"}, "distance to the target features");
+    v("momentum", momentum, "target-encoder EMA momentum at the first step");
+    v("final_momentum", final_momentum, "target-encoder EMA momentum at the last step");
+    v("masks", masks, "multi-block masks of images (I-JEPA)");
+    v("tubes", tubes, "multi-block tube masks of video (V-JEPA)");
+    v("probe_train", probe_train, "validation probe: training items (0 = no probe)");
+    v("probe_test", probe_test, "validation probe: test items");
+    v("knn_k", knn_k, "neighbours of the kNN probe");
+    v("probe_epochs", probe_epochs, "epochs of the linear probe");
+    v.choice("probe_pool", probe_pool, {"mean", "tokens"}, "probe features: the token mean or every token");
+  }
+};
+
+/// The distance of predictions to targets, averaged over every element: mse, smooth_l1 (beta 1) or l1.
+at::Tensor jepa_distance(const at::Tensor& prediction, const at::Tensor& target, const std::string& loss);
+
+/// How token features become one vector per item: "mean" (over tokens, [N, D]) or "tokens" (every token's
+/// features in raster order, concatenated: [N, tokens * D]).
+const std::vector<std::string>& feature_pools();
+
+/// Encoder features of images or clips (uint8, as the datasets hold them), pooled by `pool`, computed in
+/// batches of `batch` on the encoder's device without gradients: float32 on the CPU.
+at::Tensor pooled_features(TokenEncoderImpl& encoder, const at::Tensor& images, const std::string& pool = "mean",
+                           int64_t batch = 256);
+
+/// The probes of frozen features: linear-probe and kNN accuracy.
+struct ProbeResult {
+  double linear = 0;
+  double knn = 0;
+};
+/// Fits on `train` ("image", "label"), scores on `test`; features from pooled_features(encoder, pool) or,
+/// with a null encoder, the flattened pixels in [-1, 1].
+ProbeResult probe(TokenEncoderImpl* encoder, const data::TensorDataset& train, const data::TensorDataset& test,
+                  int64_t classes, int64_t knn_k, const metrics::LinearProbeOptions& linear,
+                  const std::string& pool = "mean");
+
+class JEPAObjective : public Objective {
+ public:
+  /// `probe_train` / `probe_test` (optional) are the sets validation probes on.
+  JEPAObjective(std::shared_ptr<TokenEncoderImpl> encoder, std::shared_ptr<TokenPredictorImpl> predictor,
+                JEPAObjectiveOptions options, data::DatasetPtr probe_train = nullptr,
+                data::DatasetPtr probe_test = nullptr, int64_t classes = 0);
+  std::string name() const override { return "jepa"; }
+  /// "encoder" and "predictor".
+  torch::nn::Module& module() override { return *root_; }
+  /// batch: "image" uint8. Metrics: repr_std and repr_cov_offdiag of the target features (every token of the
+  /// batch), context_tokens, target_tokens (per item).
+  LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
+  /// With the EMA (the target encoder) swapped in: val/linear_acc and val/knn_acc of quick probes.
+  std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
+  /// EmaSpec::ramp(momentum, final_momentum) over the encoder's parameters.
+  training::EmaSpec ema() const override;
+  void bind_ema(const std::map<std::string, at::Tensor>& averages) override { averages_ = &averages; }
+  std::vector<std::string> batch_fields() const override { return {"image"}; }
+  /// The loss of images or clips x (float, model range, on the encoder's device) under given masks.
+  LossOutput loss_of(const at::Tensor& x, const data::Masks& masks);
+  /// The masks of a batch of `batch` items drawn from `gen`.
+  data::Masks draw_masks(int64_t batch, at::Generator gen) const;
+  TokenEncoderImpl& target_encoder() { return *target_; }
+
+ private:
+  std::shared_ptr<TokenEncoderImpl> encoder_, target_;
+  std::shared_ptr<TokenPredictorImpl> predictor_;
+  std::shared_ptr<torch::nn::Module> root_;
+  JEPAObjectiveOptions o_;
+  data::DatasetPtr probe_train_, probe_test_;
+  int64_t classes_ = 0;
+  bool video_ = false;
+  const std::map<std::string, at::Tensor>* averages_ = nullptr;
+};
+
+}  // namespace dew

@@ -1,0 +1,248 @@
+// The `jepa` run kind and the opening and probing of a trained JEPA run.
+#include "dew/runs/jepa_run.h"
+
+#include <filesystem>
+
+#include "dew/core/device.h"
+#include "dew/core/log.h"
+#include "dew/core/rng.h"
+#include "dew/core/threads.h"
+#include "dew/data/dataset.h"
+#include "dew/nn/backbones/backbone.h"
+#include "dew/objectives/jepa.h"
+#include "dew/objectives/registry.h"
+#include "dew/runs/kinds.h"
+#include "dew/training/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace dew::runs {
+
+namespace {
+
+// Sized by measured runs on a 2-core CPU (docs/jepa.md): 15 minutes of training on Fashion-MNIST.
+json jepa_defaults() {
+  data::LoaderOptions lo;
+  lo.batch_size = 64;
+  lo.num_workers = 1;
+  lo.drop_last = true;
+  training::OptimOptions oo;
+  oo.lr = 1e-3;  // I-JEPA's peak lr; its weight decay 0.04
+  oo.weight_decay = 0.04;
+  oo.warmup_steps = 200;
+  oo.grad_clip = 0;  // I-JEPA clips nothing
+  training::TrainerOptions to;
+  to.steps = 3000;
+  to.log_every = 50;
+  to.val_every = 1000;
+  to.checkpoint_every = 500;
+  to.time_limit_minutes = 15;
+  to.best_metric = "val/linear_acc";
+  to.best_mode_max = true;
+  json r = to_json(RunOptions{});
+  r["run"] = "runs/jepa_fashion";
+  r.update(json{
+      // "auto": jepa_encoder for images, jepa_video_encoder for clips. image_size, in_channels and frames
+      // come from the data unless given.
+      {"model",
+       {{"architecture", "auto"},
+        {"fields", {{"patch_size", 4}, {"emb_features", 192}, {"num_layers", 6}, {"num_heads", 3}}}}},
+      // The grid fields and encoder_features are the encoder's.
+      {"predictor",
+       {{"architecture", "jepa_predictor"}, {"fields", {{"emb_features", 96}, {"num_layers", 4}, {"num_heads", 3}}}}},
+      {"data", {{"name", "fashion_mnist"}, {"split", "train"}}},
+      // The held-out set validation and `dew eval` score the probes on; null = the data with split "test".
+      {"test_data", nullptr},
+      {"loader", to_json(lo)},
+      {"optim", to_json(oo)},
+      {"trainer", to_json(to)},
+      {"objective", to_json(JEPAObjectiveOptions{})},
+  });
+  return r;
+}
+
+json data_spec(const json& d) { return d.is_string() ? json{{"name", d}} : d; }
+
+// The held-out split of the run's data: test_data, or the data with split "test" when its source has
+// splits; null when there is none.
+json test_spec(const json& r) {
+  if (!r.value("test_data", json()).is_null()) return data_spec(r["test_data"]);
+  json t = data_spec(r["data"]);
+  const std::string name = t.value("name", "");
+  if (!data::datasets().contains(name)) return nullptr;
+  for (const auto& f : data::datasets().info(name).fields)
+    if (f.name == "split") {
+      t["split"] = "test";
+      return t;
+    }
+  return nullptr;
+}
+
+std::string registry_names(const RegistryBase& reg) {
+  std::string s;
+  for (const auto& e : reg.entries()) s += (s.empty() ? "" : ", ") + e.name;
+  return s;
+}
+
+// Resolves "auto" and the data-dependent fields of the encoder, then the predictor's grid fields.
+void complete_models(json& r, const data::TensorDataset& ds) {
+  DEW_CHECK(ds.contains("image"), "data: dataset ", ds.name(), " has no \"image\" field");
+  const auto s = ds.field("image").sizes();
+  const bool video = s.size() == 5;
+  DEW_CHECK(s.size() == 4 || video, "data: JEPA trains on images [N, C, H, W] or clips [N, C, T, H, W], got ", s);
+  DEW_CHECK(s[s.size() - 1] == s[s.size() - 2], "data: JEPA encoders take square inputs, got ", s[s.size() - 2], " x ",
+            s[s.size() - 1]);
+  json& m = r["model"];
+  DEW_CHECK(m.is_object() && m.value("architecture", json()).is_string(),
+            "model: expected {\"architecture\": NAME, \"fields\": {...}}, got ", m.dump());
+  if (m["architecture"] == "auto") m["architecture"] = video ? "jepa_video_encoder" : "jepa_encoder";
+  const std::string arch = m["architecture"];
+  DEW_CHECK(models::token_encoders().contains(arch), "model.architecture: unknown \"", arch,
+            "\"; accepted: auto, ", registry_names(models::token_encoders()));
+  DEW_CHECK((arch == "jepa_video_encoder") == video, "model.architecture: ", arch, " does not take ",
+            video ? "clips" : "images", " (dataset ", ds.name(), " holds ", s, ")");
+  json& f = m["fields"];
+  if (!f.is_object()) f = json::object();
+  if (!f.contains("image_size")) f["image_size"] = s.back();
+  if (!f.contains("in_channels")) f["in_channels"] = s[1];
+  if (video && !f.contains("frames")) f["frames"] = s[2];
+  json& p = r["predictor"];
+  DEW_CHECK(p.is_object() && p.value("architecture", json()).is_string(),
+            "predictor: expected {\"architecture\": NAME, \"fields\": {...}}, got ", p.dump());
+  DEW_CHECK(models::token_predictors().contains(p["architecture"].get<std::string>()), "predictor.architecture: unknown ",
+            p["architecture"].dump(), "; accepted: ", registry_names(models::token_predictors()));
+  if (!p["fields"].is_object()) p["fields"] = json::object();
+}
+
+std::string jepa_help(const json&) {
+  return "encoder fields (jepa_encoder; jepa_video_encoder adds frames, tubelet_size):\n" +
+         format_fields(models::token_encoders().info("jepa_video_encoder").fields, "  ") + "\npredictor fields:\n" +
+         format_fields(models::token_predictors().info("jepa_predictor").fields, "  ") + "\nobjective fields:\n" +
+         format_fields(fields_of<JEPAObjectiveOptions>(), "  ");
+}
+
+Built build_jepa(json& r, const c10::Device& device) {
+  set_threads(r["threads"].get<int64_t>(), workload_of("jepa_encoder"));
+  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
+  auto obj_opts = from_json<JEPAObjectiveOptions>(r["objective"], "objective");
+  r["data"] = data_spec(r["data"]);
+  auto train = data::datasets().build(r["data"]);
+  complete_models(r, *train);
+  // The encoder first: its initial weights are the first draws of the run's (seed, "init") generators,
+  // which initial_jepa_encoder() replays.
+  auto encoder = models::build_token_encoder(r["model"]);
+  r["model"] = encoder->config();
+  json& pf = r["predictor"]["fields"];
+  const json& ef = r["model"]["fields"];
+  for (const char* k : {"image_size", "patch_size", "frames", "tubelet_size"})
+    if (!pf.contains(k) && ef.contains(k)) pf[k] = ef[k];
+  if (!pf.contains("encoder_features")) pf["encoder_features"] = encoder->features();
+  auto predictor = models::build_token_predictor(r["predictor"]);
+  r["predictor"] = predictor->config();
+  data::DatasetPtr test;
+  const int64_t classes = int64_t(train->class_names().size());
+  const json held_out = test_spec(r);
+  if (obj_opts.probe_train > 0 && train->contains("label") && classes >= 2) {
+    if (held_out.is_null())
+      log::warn("no validation probe: dataset ", train->name(), " has no test split (give --test_data)");
+    else
+      test = data::datasets().build(held_out);
+  }
+  encoder->to(device);
+  predictor->to(device);
+  Built b;
+  b.objective = std::make_shared<JEPAObjective>(encoder, predictor, obj_opts, test ? train : nullptr, test, classes);
+  lo.seed = r["seed"].get<int64_t>();
+  b.loader = std::make_shared<data::DataLoader>(train, lo);
+  b.derived = {{"class_names", train->class_names()}, {"test_data", held_out}};
+  b.summary = "training " + r["model"]["architecture"].get<std::string>() + " (" +
+              std::to_string(parameter_count(*encoder)) + " parameters) with jepa_predictor (" +
+              std::to_string(parameter_count(*predictor)) + ") on " + train->name() + " (" +
+              std::to_string(train->size()) + " items), " + std::to_string(encoder->grid().tokens()) +
+              " tokens, batch " + std::to_string(lo.batch_size);
+  return b;
+}
+
+// The "encoder." part of a run's weights, as the encoder's own names.
+io::WeightSource encoder_weights(const std::string& run_dir, const OpenOptions& o, int64_t* step) {
+  training::TensorMap all = run_weights(run_dir, o, step), enc;
+  for (auto& [k, v] : all)
+    if (k.rfind("encoder.", 0) == 0) enc[k.substr(8)] = v;
+  return io::WeightSource::of_tensors(std::move(enc), run_dir + " step_" + std::to_string(*step) + " (" + o.weights +
+                                                          " encoder weights)");
+}
+
+}  // namespace
+
+RunKind jepa_kind() {
+  RunKind k;
+  k.name = "jepa";
+  k.doc = "I-JEPA / V-JEPA representation learning (default: Fashion-MNIST images; --data moving_fashion_mnist for video)";
+  k.defaults = jepa_defaults;
+  k.open_keys = {"model.fields", "predictor.fields", "data", "test_data"};
+  k.identity = {"model", "predictor", "seed", "data"};
+  k.help = jepa_help;
+  k.build = build_jepa;
+  return k;
+}
+
+JEPARun open_jepa_run(const std::string& run_dir, const OpenOptions& o) {
+  JEPARun out;
+  out.dir = run_dir;
+  out.record = read_record_of_kind(run_dir, "jepa", "a JEPA run");
+  const auto device = parse_device(o.device, "device");  // before the model is built
+  out.encoder = models::build_token_encoder(out.record["model"]);
+  out.encoder->to(device);
+  io::load_weights(*out.encoder, encoder_weights(run_dir, o, &out.step));
+  out.encoder->eval();
+  return out;
+}
+
+std::shared_ptr<TokenEncoderImpl> initial_jepa_encoder(const json& record) {
+  rng::DefaultGeneratorScope init(record.value("seed", uint64_t(0)), 0, "init");
+  return models::build_token_encoder(record.at("model"));
+}
+
+std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOptions& p, const OpenOptions& o) {
+  DEW_CHECK(p.train_items >= 0 && p.test_items >= 0, "probe: train_items and test_items must be >= 0, got ",
+            p.train_items, " and ", p.test_items);
+  DEW_CHECK(p.knn_k >= 1, "probe: knn_k must be >= 1, got ", p.knn_k);
+  DEW_CHECK(p.pool == "mean" || p.pool == "tokens", "probe: pool must be mean or tokens, got \"", p.pool, "\"");
+  JEPARun run = open_jepa_run(run_dir, o);
+  const json& r = run.record;
+  auto train = data::datasets().build(r["data"]);
+  const json held_out = test_spec(r);
+  DEW_CHECK(!held_out.is_null(), "probe: ", run_dir, " trained on ", r["data"].dump(),
+            ", which has no test split; rerun with --test_data to name a held-out set");
+  auto test = data::datasets().build(held_out);
+  const int64_t classes = int64_t(train->class_names().size());
+  DEW_CHECK(train->contains("label") && classes >= 2, "probe: dataset ", train->name(), " has no class labels");
+  const auto first = [](const data::DatasetPtr& d, int64_t n) {
+    if (n == 0 || n >= d->size()) return *d;
+    return data::TensorDataset({{"image", d->field("image").slice(0, 0, n)}, {"label", d->field("label").slice(0, 0, n)}},
+                               d->name());
+  };
+  const data::TensorDataset tr = first(train, p.train_items), te = first(test, p.test_items);
+  std::vector<ProbeRow> rows;
+  auto add = [&](const std::string& name, TokenEncoderImpl* enc) {
+    log::info("probing ", name, " features: ", tr.size(), " training / ", te.size(), " test items");
+    const ProbeResult res = probe(enc, tr, te, classes, p.knn_k, p.linear, p.pool);
+    rows.push_back({name, res.linear, res.knn});
+  };
+  add("trained (" + o.weights + ", step " + std::to_string(run.step) + ")", run.encoder.get());
+  if (p.baselines) {
+    auto init = initial_jepa_encoder(r);
+    init->to(parse_device(o.device, "device"));
+    add("initialisation", init.get());
+    add("pixels", nullptr);
+  }
+  json out = {{"run", run_dir}, {"step", run.step}, {"weights", o.weights}, {"pool", p.pool}, {"train_items", tr.size()},
+              {"test_items", te.size()}, {"knn_k", p.knn_k}, {"rows", json::array()}};
+  for (const auto& row : rows) out["rows"].push_back({{"features", row.features}, {"linear", row.linear}, {"knn", row.knn}});
+  const fs::path dir = fs::path(run_dir) / "eval";
+  fs::create_directories(dir);
+  training::write_file_atomic((dir / ("probes_step_" + std::to_string(run.step) + ".json")).string(), out.dump(2));
+  return rows;
+}
+
+}  // namespace dew::runs

@@ -1,0 +1,49 @@
+// JEPA runs: the `jepa` run kind (an I-JEPA image or V-JEPA video encoder with its predictor) and the
+// opening and probing of a trained run.
+//
+//   auto run = dew::runs::open_jepa_run("runs/jepa_fashion");      // the target encoder (EMA), latest step
+//   auto f = dew::pooled_features(*run.encoder, images);              // [N, D]
+//   auto report = dew::runs::probe_jepa_run("runs/jepa_fashion", {}); // trained vs initial vs pixels
+#pragma once
+#include "dew/metrics/probes.h"
+#include "dew/nn/roles.h"
+#include "dew/runs/run.h"
+
+namespace dew::runs {
+
+/// A trained JEPA run rebuilt from RUN/run.json and one checkpoint.
+struct JEPARun {
+  std::string dir;
+  json record;                                // run.json (current shape)
+  std::shared_ptr<TokenEncoderImpl> encoder;  // "ema": the target encoder; "live": the context encoder
+  int64_t step = 0;
+};
+
+/// Opens RUN (dew::Error when it is not a JEPA run or holds no such checkpoint).
+JEPARun open_jepa_run(const std::string& run_dir, const OpenOptions& o = {});
+
+/// The run's encoder as it was before the first step: rebuilt from run.json under the run's (seed, "init")
+/// generators, which give every fresh run its initial weights.
+std::shared_ptr<TokenEncoderImpl> initial_jepa_encoder(const json& record);
+
+struct ProbeOptions {
+  int64_t train_items = 10000;  // items of the training split the probes fit on (0 = all)
+  int64_t test_items = 0;       // items of the test split they score (0 = all)
+  int64_t knn_k = 20;
+  metrics::LinearProbeOptions linear;
+  bool baselines = true;        // also the encoder at its initialisation and the raw pixels
+  std::string pool = "mean";    // mean | tokens (dew::feature_pools)
+};
+
+/// Probe accuracies of one feature source.
+struct ProbeRow {
+  std::string features;  // "trained (ema, step N)", "initialisation", "pixels"
+  double linear = 0;
+  double knn = 0;
+};
+
+/// Linear and kNN probes of the run's frozen encoder features on the run's data (the training split) and its
+/// test split, with the baselines; writes RUN/eval/probes_step_N.json.
+std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOptions& p, const OpenOptions& o = {});
+
+}  // namespace dew::runs

@@ -1,0 +1,54 @@
+// Reading the committed golden files (tests/golden/, made by the reference code) and the comparison rule
+// rms(ours - f64 truth) <= 2 rms(reference_f32 - f64 truth), per tensor.
+#pragma once
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+
+#include <map>
+#include <string>
+
+#include "dew/io/safetensors.h"
+
+namespace dew::test {
+
+/// Tensors of tests/golden/NAME.
+inline std::map<std::string, at::Tensor> golden(const std::string& name) {
+  return io::load_safetensors(std::string(DEW_SOURCE_DIR) + "/tests/golden/" + name);
+}
+
+inline double rms(const at::Tensor& x) { return x.to(at::kDouble).pow(2).mean().sqrt().item<double>(); }
+
+/// The golden rule for one tensor: ours (any dtype) against the reference's float32 and float64 results.
+/// Prints the max difference. A reference whose f32 equals its f64 exactly gets a floor of 1e-7 rms.
+inline void expect_golden(const std::string& what, const at::Tensor& ours, const at::Tensor& ref_f32,
+                          const at::Tensor& ref_f64) {
+  ASSERT_EQ(ours.sizes(), ref_f64.sizes()) << what;
+  const at::Tensor truth = ref_f64.to(at::kDouble);
+  const double err = rms(ours.detach().cpu().to(at::kDouble) - truth);
+  const double ref = std::max(rms(ref_f32.to(at::kDouble) - truth), 1e-7 * std::max(1.0, rms(truth)));
+  const double maxd = (ours.detach().cpu().to(at::kDouble) - truth).abs().max().item<double>();
+  std::printf("  %-40s rms %.3e (reference f32 %.3e), max |diff| %.3e\n", what.c_str(), err, ref, maxd);
+  EXPECT_LE(err, 2 * ref) << what << ": max |diff| " << maxd;
+}
+
+/// Float64 agreement: ours run in float64 against the reference's float64 result (relative to its scale).
+inline void expect_close_f64(const std::string& what, const at::Tensor& ours, const at::Tensor& ref_f64,
+                             double rel = 1e-10) {
+  ASSERT_EQ(ours.sizes(), ref_f64.sizes()) << what;
+  const at::Tensor d = ours.detach().cpu().to(at::kDouble) - ref_f64.to(at::kDouble);
+  const double maxd = d.abs().max().item<double>(), scale = std::max(1e-30, ref_f64.abs().max().item<double>());
+  std::printf("  %-40s float64 max |diff| %.3e (scale %.3e)\n", what.c_str(), maxd, scale);
+  EXPECT_LE(maxd, rel * scale) << what;
+}
+
+/// The "w.PREFIX..." weights of a golden file, as module names without the prefix.
+inline std::map<std::string, at::Tensor> golden_weights(const std::map<std::string, at::Tensor>& g,
+                                                        const std::string& prefix = "w.") {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [k, v] : g)
+    if (k.rfind(prefix, 0) == 0) out[k.substr(prefix.size())] = v;
+  return out;
+}
+
+}  // namespace dew::test

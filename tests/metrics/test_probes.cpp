@@ -1,0 +1,78 @@
+// Probes and collapse statistics: separable data is classified perfectly, random labels at chance, and the
+// statistics equal their hand-computed values.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "dew/metrics/probes.h"
+#include "tests/test_util.h"
+
+namespace {
+
+// Four well separated Gaussian clusters in 8 dimensions (class k centred at 6 e_k).
+std::pair<at::Tensor, at::Tensor> clusters(int64_t n, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Tensor y = at::randint(0, 4, {n}, gen, at::kLong);
+  at::Tensor x = at::randn({n, 8}, gen, at::kFloat);
+  x.scatter_add_(1, y.unsqueeze(1), at::full({n, 1}, 6.0f));
+  return {x, y};
+}
+
+TEST(Probes, SeparableClassesAreClassifiedPerfectly) {
+  auto [xtr, ytr] = clusters(400, 1);
+  auto [xte, yte] = clusters(200, 2);
+  EXPECT_EQ(dew::metrics::linear_probe_accuracy(xtr, ytr, xte, yte, 4), 1.0);
+  EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, yte, 4, 20), 1.0);
+}
+
+TEST(Probes, RandomLabelsScoreAtChance) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  at::Tensor xtr = at::randn({2000, 16}, gen), xte = at::randn({2000, 16}, gen);
+  at::Tensor ytr = at::randint(0, 4, {2000}, gen, at::kLong), yte = at::randint(0, 4, {2000}, gen, at::kLong);
+  // chance is 0.25; 2000 test rows give a standard error of about 0.01
+  EXPECT_NEAR(dew::metrics::linear_probe_accuracy(xtr, ytr, xte, yte, 4), 0.25, 0.04);
+  EXPECT_NEAR(dew::metrics::knn_accuracy(xtr, ytr, xte, yte, 4, 20), 0.25, 0.04);
+}
+
+TEST(Probes, KnnVotesByCosineSimilarity) {
+  // Scale does not matter under cosine similarity: the query 100 (1, 0.1) is nearest in angle to the two
+  // class-1 rows along (1, 0), though the class-0 rows are nearer in Euclidean distance.
+  at::Tensor xtr = torch::tensor({{10.f, 0.f}, {20.f, 0.5f}, {90.f, 60.f}, {100.f, 80.f}});
+  at::Tensor ytr = torch::tensor({1, 1, 0, 0}, at::kLong);
+  at::Tensor xte = torch::tensor({{100.f, 10.f}});
+  EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, torch::tensor({1}, at::kLong), 2, 2), 1.0);
+  EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, torch::tensor({0}, at::kLong), 2, 2), 0.0);
+}
+
+TEST(Probes, RepresentationStatisticsOfKnownMatrices) {
+  // Columns (1, -1, 1, -1) and (2, 2, -2, -2): stds 2/sqrt(3) * (1, 2), covariance 0 between them.
+  at::Tensor f = torch::tensor({{1., 2.}, {-1., 2.}, {1., -2.}, {-1., -2.}});
+  auto s = dew::metrics::representation_stats(f);
+  EXPECT_NEAR(s.std, (std::sqrt(4.0 / 3.0) + std::sqrt(16.0 / 3.0)) / 2.0, 1e-12);
+  EXPECT_NEAR(s.cov_offdiag, 0.0, 1e-12);
+  // Perfectly correlated columns x and 3x, x = (0, 1, 2): var(x) = 1, cov = 3; off-diagonal sum 2 * 9 over D = 2.
+  at::Tensor g = torch::tensor({{0., 0.}, {1., 3.}, {2., 6.}});
+  s = dew::metrics::representation_stats(g);
+  EXPECT_NEAR(s.std, (1.0 + 3.0) / 2.0, 1e-12);
+  EXPECT_NEAR(s.cov_offdiag, 9.0, 1e-12);
+  // A collapsed representation: every row the same.
+  s = dew::metrics::representation_stats(torch::ones({10, 5}));
+  EXPECT_EQ(s.std, 0.0);
+  EXPECT_EQ(s.cov_offdiag, 0.0);
+}
+
+TEST(Probes, BadInputsAreRefused) {
+  at::Tensor x = torch::randn({10, 3});
+  at::Tensor y = torch::zeros({10}, at::kLong);
+  EXPECT_NE(dew::test::error_of([&] { dew::metrics::knn_accuracy(x, y, x, y, 2, 11); }).find("k must be in [1, 10]"),
+            std::string::npos);
+  EXPECT_NE(dew::test::error_of([&] { dew::metrics::linear_probe_accuracy(x, y + 5, x, y, 2); })
+                .find("labels must be in [0, 2)"),
+            std::string::npos);
+  EXPECT_NE(dew::test::error_of([&] { dew::metrics::knn_accuracy(x, y, torch::randn({4, 2}), y.slice(0, 0, 4), 2, 3); })
+                .find("differ in width"),
+            std::string::npos);
+}
+
+}  // namespace
