@@ -193,14 +193,14 @@ json lm_fields(int64_t seq_len) {
 // here, the predictor's in jepa_predictor_fields).
 const BenchCase& jepa_case() {
   static const BenchCase c{"jepa", "jepa_encoder",
-                           "1x28x28, patch 4 (49 tokens); encoder width 192, 6 layers, 3 heads; predictor 96, 4 layers, 3 heads",
-                           {{"image_size", kImage}, {"patch_size", 4}, {"in_channels", 1}, {"emb_features", 192},
-                            {"num_layers", 6}, {"num_heads", 3}}};
+                           "1x28x28, patch 4 (49 tokens); encoder width 128, 4 layers, 4 heads; predictor 64, 4 layers, 4 heads",
+                           {{"image_size", kImage}, {"patch_size", 4}, {"in_channels", 1}, {"emb_features", 128},
+                            {"num_layers", 4}, {"num_heads", 4}}};
   return c;
 }
 json jepa_predictor_fields() {
-  return {{"image_size", kImage}, {"patch_size", 4}, {"encoder_features", 192}, {"emb_features", 96},
-          {"num_layers", 4}, {"num_heads", 3}};
+  return {{"image_size", kImage}, {"patch_size", 4}, {"encoder_features", 128}, {"emb_features", 64},
+          {"num_layers", 4}, {"num_heads", 4}};
 }
 
 const BenchCase& find_case(const std::string& name) {
@@ -356,6 +356,54 @@ int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, in
   return 0;
 }
 
+// Per-step seconds of an objective's training steps and the last loss.
+struct StepTimes {
+  std::vector<double> total, fwd, bwd, upd;
+  double loss = 0;
+  int64_t params = 0;
+};
+
+// warmup + steps training steps of `objective` on one fixed batch, as the trainer takes them: the loss
+// (forward; the generator of step i from (0, i, "objective")), backward, AdamW (lr kLr), the EMA of
+// `ema_spec`, zero_grad. The warm-up steps are not timed.
+StepTimes time_objective_steps(Objective& objective, const data::Batch& batch, const training::EmaSpec& ema_spec,
+                               int64_t warmup, int64_t steps, const c10::Device& device, const std::string& what) {
+  auto secs = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto now = [&] { return synced_now(device); };
+  objective.module().train();
+  StepTimes t;
+  training::NamedTensors params;
+  for (const auto& kv : objective.module().named_parameters()) {
+    if (!kv.value().requires_grad()) continue;
+    params.emplace_back(kv.key(), kv.value());
+    t.params += kv.value().numel();
+  }
+  training::OptimOptions oo;
+  oo.lr = kLr;
+  training::Optimizer opt(params, oo);
+  training::EMA ema(params, ema_spec, warmup + steps);
+  objective.bind_ema(ema.averages());
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    const auto t0 = now();
+    auto out = objective.loss(batch, i, rng::generator(0, uint64_t(i), "objective"));
+    const auto t1 = now();
+    out.loss.backward();
+    const auto t2 = now();
+    opt.step(kLr);
+    ema.update(params, i);
+    opt.zero_grad();
+    const auto t3 = now();
+    t.loss = out.loss.item<double>();
+    if (i < warmup) continue;
+    t.total.push_back(secs(t3 - t0));
+    t.fwd.push_back(secs(t1 - t0));
+    t.bwd.push_back(secs(t2 - t1));
+    t.upd.push_back(secs(t3 - t2));
+  }
+  DEW_CHECK(std::isfinite(t.loss), "bench ", what, ": non-finite loss ", t.loss);
+  return t;
+}
+
 // Runs warmup + steps language-model training steps, then 1 + kLmGenReps greedy generations, and prints
 // one JSON line (the keys of run_one plus tokens_per_s, gen_ms_per_token and prefill_ms; as bench/lm_peer.py).
 int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, int64_t threads,
@@ -367,17 +415,6 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   at::manual_seed(0);
   nn::CausalTransformer model(from_json<nn::CausalTransformerOptions>(lm_fields(seq_len), "bench lm"));
   model->to(device);
-  model->train();
-  training::NamedTensors params;
-  int64_t nparams = 0;
-  for (const auto& kv : model->named_parameters()) {
-    params.emplace_back(kv.key(), kv.value());
-    nparams += kv.value().numel();
-  }
-  training::OptimOptions oo;
-  oo.lr = kLr;
-  training::Optimizer opt(params, oo);
-  training::EMA ema(params, training::EmaSpec{kEmaDecay});
   // The objective of `dew train lm`: chunked fp32 cross entropy (one chunk at this vocabulary), no data
   // (no validation), no samples.
   LMObjectiveOptions lo;
@@ -390,28 +427,7 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   const int64_t vocab = model->options.vocab_size();
   data::Batch batch_data{{"tokens", at::randint(0, vocab, {batch, seq_len + 1}, data_gen)}};
   const at::Tensor prompt_ids = at::randint(0, vocab, {kLmPrompt}, data_gen);
-  auto step_gen = at::detail::createCPUGenerator(2);
-
-  std::vector<double> total, fwd, bwd, upd;
-  double loss_value = 0;
-  for (int64_t i = 0; i < warmup + steps; ++i) {
-    const auto t0 = now();
-    auto out = objective.loss(batch_data, i, step_gen);
-    const auto t1 = now();
-    out.loss.backward();
-    const auto t2 = now();
-    opt.step(kLr);
-    ema.update(params, i);
-    opt.zero_grad();
-    const auto t3 = now();
-    loss_value = out.loss.item<double>();
-    if (i < warmup) continue;
-    total.push_back(secs(t3 - t0));
-    fwd.push_back(secs(t1 - t0));
-    bwd.push_back(secs(t2 - t1));
-    upd.push_back(secs(t3 - t2));
-  }
-  DEW_CHECK(std::isfinite(loss_value), "bench lm: non-finite loss ", loss_value);
+  const StepTimes t = time_objective_steps(objective, batch_data, training::EmaSpec{kEmaDecay}, warmup, steps, device, "lm");
 
   // Generation as `dew generate` runs it: prefill, then one token per forward with the KV cache.
   const std::vector<int64_t> prompt(prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + kLmPrompt);
@@ -436,7 +452,7 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
     gen.push_back(secs(t1 - t0));
     prefill.push_back(secs(t3 - t2));
   }
-  json out = step_result(total, fwd, bwd, upd, batch, nparams, loss_value);
+  json out = step_result(t.total, t.fwd, t.bwd, t.upd, batch, t.params, t.loss);
   const double ms = out["ms_per_step"];
   out["tokens_per_s"] = double(batch * seq_len) / (ms / 1e3);
   out["gen_ms_per_token"] = median(gen) * 1e3 / double(kLmNewTokens);
@@ -449,9 +465,6 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
 // step, the target encoder's forward without gradients, context encoder, predictor, MSE; backward; AdamW;
 // the EMA that is the target encoder) and prints one JSON line (the keys of run_one).
 int run_one_jepa(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const c10::Device& device) {
-  using clock = std::chrono::steady_clock;
-  auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  auto now = [&] { return synced_now(device); };
   at::set_num_threads(int(threads));
   at::manual_seed(0);
   auto encoder = models::build_token_encoder({{"architecture", "jepa_encoder"}, {"fields", jepa_case().fields}});
@@ -459,41 +472,10 @@ int run_one_jepa(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, 
   encoder->to(device);
   predictor->to(device);
   JEPAObjective objective(encoder, predictor, JEPAObjectiveOptions{});
-  objective.module().train();
-  training::NamedTensors params;
-  int64_t nparams = 0;
-  for (const auto& kv : objective.module().named_parameters()) {
-    params.emplace_back(kv.key(), kv.value());
-    nparams += kv.value().numel();
-  }
-  training::OptimOptions oo;
-  oo.lr = kLr;
-  training::Optimizer opt(params, oo);
-  training::EMA ema(params, objective.ema(), warmup + steps);
-  objective.bind_ema(ema.averages());
   auto data_gen = at::detail::createCPUGenerator(1);
   data::Batch b{{"image", at::randint(0, 256, {batch, 1, kImage, kImage}, data_gen).to(at::kByte)}};
-  std::vector<double> total, fwd, bwd, upd;
-  double loss_value = 0;
-  for (int64_t i = 0; i < warmup + steps; ++i) {
-    const auto t0 = now();
-    auto out = objective.loss(b, i, rng::generator(0, uint64_t(i), "objective"));
-    const auto t1 = now();
-    out.loss.backward();
-    const auto t2 = now();
-    opt.step(kLr);
-    ema.update(params, i);
-    opt.zero_grad();
-    const auto t3 = now();
-    loss_value = out.loss.item<double>();
-    if (i < warmup) continue;
-    total.push_back(secs(t3 - t0));
-    fwd.push_back(secs(t1 - t0));
-    bwd.push_back(secs(t2 - t1));
-    upd.push_back(secs(t3 - t2));
-  }
-  DEW_CHECK(std::isfinite(loss_value), "bench jepa: non-finite loss ", loss_value);
-  std::cout << step_result(total, fwd, bwd, upd, batch, nparams, loss_value).dump() << std::endl;
+  const StepTimes t = time_objective_steps(objective, b, objective.ema(), warmup, steps, device, "jepa");
+  std::cout << step_result(t.total, t.fwd, t.bwd, t.upd, batch, t.params, t.loss).dump() << std::endl;
   return 0;
 }
 

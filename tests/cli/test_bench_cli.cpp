@@ -47,17 +47,17 @@ TEST(BenchCli, LmChildPrintsOneResultLine) {
 TEST(BenchCli, JepaChildMatchesThePythonPeersModel) {
   // The child of `dew bench --models jepa`, at its smallest, and bench/jepa_peer.py on the same fields: the
   // two count the same parameters (the peer refuses to run otherwise), computed by hand here:
-  // encoder = patch conv 16*192 + 192, 6 blocks of (2 LayerNorms 4*192, qkv 192*576 + 576, proj 192*192 + 192,
-  // MLP 192*768 + 768 + 768*192 + 192), final norm 2*192; predictor = embed 192*96 + 96, mask token 96,
-  // 4 blocks at width 96, norm 2*96, projection 96*192 + 192.
+  // encoder = patch conv 16*128 + 128, 4 blocks of (2 LayerNorms 4*128, qkv 128*384 + 384, proj 128*128 + 128,
+  // MLP 128*512 + 512 + 512*128 + 128), final norm 2*128; predictor = embed 128*64 + 64, mask token 64,
+  // 4 blocks at width 64, norm 2*64, projection 64*128 + 128.
   auto r = run("bench --one jepa --threads 1 --steps 1 --warmup 0 --batch 2");
   ASSERT_EQ(r.code, 0) << r.output;
   std::string line = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
   line = line.substr(line.rfind('\n') == std::string::npos ? 0 : line.rfind('\n') + 1);
   auto j = dew::json::parse(line);
   auto block = [](int64_t d) { return 4 * d + d * 3 * d + 3 * d + d * d + d + d * 4 * d + 4 * d + 4 * d * d + d; };
-  const int64_t encoder = 16 * 192 + 192 + 6 * block(192) + 2 * 192;
-  const int64_t predictor = 192 * 96 + 96 + 96 + 4 * block(96) + 2 * 96 + 96 * 192 + 192;
+  const int64_t encoder = 16 * 128 + 128 + 4 * block(128) + 2 * 128;
+  const int64_t predictor = 128 * 64 + 64 + 64 + 4 * block(64) + 2 * 64 + 64 * 128 + 128;
   EXPECT_EQ(j.at("params").get<int64_t>(), encoder + predictor);
   EXPECT_GT(j.at("ms_per_step").get<double>(), 0.0);
   EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));

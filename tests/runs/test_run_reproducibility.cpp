@@ -108,6 +108,13 @@ int kill_and_rerun(const std::string& args, const std::string& dir, int64_t chec
   return hit;
 }
 
+// A JEPA run on 16 x 16 blobs (8 x 8 tokens): masks, the EMA target encoder and the predictor.
+const std::string kJepa =
+    "train jepa --data '{\"name\":\"gaussian_blobs\",\"count\":64,\"size\":16,\"classes\":4}'"
+    " --model.fields '{\"patch_size\":2,\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"
+    " --predictor.fields '{\"emb_features\":8,\"num_layers\":1,\"num_heads\":2}'"
+    " --loader.batch_size 8 --trainer.log_every 2 --trainer.time_limit_minutes 0 --objective.probe_train 0";
+
 std::string lm_command(const std::string& tokens) {
   return "train lm --data.name tokens --data.dir " + tokens +
          " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64,\"dropout\":0.1}'"
@@ -153,6 +160,20 @@ TEST(RunReproducibility, LanguageModelSameCommandSameBits) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_FALSE(read_bytes(tmp.path / "a/checkpoints/step_6/model.safetensors") ==
                read_bytes(tmp.path / "seed7/checkpoints/step_6/model.safetensors"));
+}
+
+TEST(RunReproducibility, JepaSameCommandSameBitsAndKilledRunsEndBitForBit) {
+  dew::test::TempDir tmp("repro_jepa");
+  const std::string cmd = kJepa + " --trainer.steps 60 --trainer.checkpoint_every 2";
+  for (const char* dir : {"a", "b"}) {
+    auto r = run(cmd + " --run " + tmp.file(dir));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  expect_same_checkpoint(tmp.file("a"), tmp.file("b"), 60);
+  // Masks come from (seed, step): a killed run rerun draws the same ones and ends on the same bits.
+  const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), 2, 6, 11);
+  EXPECT_GE(hit, 4);
+  expect_same_checkpoint(tmp.file("a"), tmp.file("killed"), 60);
 }
 
 TEST(RunReproducibility, DiffusionKilledAtRandomMomentsEndsBitForBit) {
