@@ -206,11 +206,20 @@ at::Tensor JepaPredictorImpl::forward(const at::Tensor& context, const at::Tenso
             "jepa_predictor: context_idx must be [", b, ", ", context.size(1), "], got ", context_idx.sizes());
   DEW_CHECK(targets.dim() == 3 && targets.size(1) == b && targets.size(0) >= 1 && targets.size(2) >= 1,
             "jepa_predictor: targets must be [M, ", b, ", Kt] with M, Kt >= 1, got ", targets.sizes());
-  const int64_t m = targets.size(0), kc = context.size(1), kt = targets.size(2);
-  const at::Tensor pos = predictor_pos_embed.to(context.dtype()).expand({b, -1, -1});
-  at::Tensor x = predictor_embed->forward(context) + gather_tokens(pos, context_idx);  // [B, Kc, P]
+  const int64_t m = targets.size(0), kc = context.size(1), kt = targets.size(2), n = grid_.tokens();
+  for (const at::Tensor* idx : {&context_idx, &targets}) {
+    DEW_CHECK(idx->scalar_type() == at::kLong, "jepa_predictor: token indices must be int64, got ", idx->scalar_type());
+    const auto lo = idx->min().item<int64_t>(), hi = idx->max().item<int64_t>();
+    DEW_CHECK(lo >= 0 && hi < n, "jepa_predictor: token indices must be in [0, ", n, "), got [", lo, ", ", hi, "]");
+  }
+  // Rows of the position table at the indices (the same values I-JEPA gathers from its batch-repeated table).
+  const at::Tensor table = predictor_pos_embed[0].to(context.dtype());  // [N, P]
+  const auto rows = [&](const at::Tensor& idx) {
+    return table.index_select(0, idx.reshape({-1}).to(table.device())).view({idx.size(0), idx.size(1), -1});
+  };
+  at::Tensor x = predictor_embed->forward(context) + rows(context_idx);  // [B, Kc, P]
   // Block m of item b sits at row m * B + b, as I-JEPA's apply_masks concatenates its masks.
-  const at::Tensor tpos = gather_tokens(pos.repeat({m, 1, 1}), targets.reshape({m * b, kt}));  // [M B, Kt, P]
+  const at::Tensor tpos = rows(targets.reshape({m * b, kt}));  // [M B, Kt, P]
   at::Tensor h = at::cat({x.repeat({m, 1, 1}), mask_token.to(context.dtype()) + tpos}, 1);
   for (const auto& blk : *predictor_blocks) h = blk->as<ViTBlockImpl>()->forward(h);
   h = predictor_norm->forward(h).slice(1, kc);
