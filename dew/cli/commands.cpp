@@ -14,9 +14,14 @@ const char* kUsage =
     "commands:\n"
     "  train diffusion [--config F] [--a.b v]   train (dew train diffusion --help lists every field)\n"
     "  train lm [--config F] [--a.b v]          train a language model (default: bytes of the fortunes corpus)\n"
+    "  train sft|dpo|grpo [--a.b v]             post-train a language model (docs/post_training.md)\n"
+    "  train jepa [--a.b v]                     train a JEPA image or video encoder (docs/jepa.md)\n"
     "  sample RUN [flags]   sample a trained run to a PNG grid\n"
     "  generate RUN --prompt TEXT [flags]   continue prompts with a trained language model (dew generate --help)\n"
-    "  eval RUN [flags]     classifier accuracy and Frechet distance of a Fashion-MNIST run's samples\n"
+    "  eval RUN [flags]     a diffusion run: classifier accuracy and Frechet distance; a JEPA run: probes;\n"
+    "                       a language-model run: --prompts F scored by rewards\n"
+    "  pairs RUN --prompts F --out F   DPO pairs from a policy's own samples (dew pairs --help)\n"
+    "  task sums --out DIR  the post-training demo's task (sums of two 2-digit numbers)\n"
     "  bench [flags]        time a training step of the small CPU models, C++ vs Python eager\n"
     "  tokenize --input F|DIR --out DIR [flags]   text -> token files (dew tokenize --help)\n"
     "  export RUN DEST [flags]   a language-model run as a Hugging Face folder (dew export --help)\n"
@@ -55,11 +60,13 @@ int run(const std::vector<std::string>& args) {
   if (cmd == "generate") return cmd_generate(rest);
   if (cmd == "tokenize") return cmd_tokenize(rest);
   if (cmd == "export") return cmd_export(rest);
+  if (cmd == "pairs") return cmd_pairs(rest);
+  if (cmd == "task") return cmd_task(rest);
   if (cmd == "version" || cmd == "--version") {
     std::cout << "dew " << DEW_VERSION << "\n";
     return 0;
   }
-  fail("unknown command \"", cmd, "\"; accepted: train, sample, generate, eval, bench, tokenize, export, models, list, version (dew --help)");
+  fail("unknown command \"", cmd, "\"; accepted: train, sample, generate, eval, pairs, task, bench, tokenize, export, models, list, version (dew --help)");
 }
 
 }  // namespace dew::cli

@@ -22,6 +22,15 @@ int cmd_eval(const std::vector<std::string>& args);
 /// --pool mean|tokens --no-baselines --weights ema|live --step N --device D]: linear and kNN probes of the frozen encoder, the
 /// encoder at its initialisation and the raw pixels.
 int cmd_eval_jepa(const std::vector<std::string>& args);
+
+/// `dew eval RUN --prompts F` on a language-model run (lm, sft, dpo, grpo): rewards of greedy completions.
+int cmd_eval_policy(const std::vector<std::string>& args);
+
+/// `dew pairs RUN --prompts F --out F`: DPO pairs from a policy's own samples.
+int cmd_pairs(const std::vector<std::string>& args);
+
+/// `dew task sums --out DIR`: the post-training demo's data.
+int cmd_task(const std::vector<std::string>& args);
 /// `dew bench [--models a,b --steps N --warmup W --batch B --threads 1,2 --blas-threads 1,2 --no-peer --out F]`:
 /// a full training step of the small CPU models timed in C++ and in Python eager, with the speed-up.
 int cmd_bench(const std::vector<std::string>& args);

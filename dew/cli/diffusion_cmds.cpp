@@ -14,6 +14,7 @@
 #include "dew/metrics/metrics.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/runs/diffusion_run.h"
+#include "dew/runs/post_training_run.h"
 
 namespace fs = std::filesystem;
 
@@ -138,10 +139,13 @@ int cmd_sample(const std::vector<std::string>& args) {
 }
 
 int cmd_eval(const std::vector<std::string>& args) {
-  // A JEPA run is probed, not sampled.
-  if (!args.empty() && args[0].rfind("--", 0) != 0 && fs::exists(fs::path(args[0]) / "run.json") &&
-      runs::read_record(args[0]).value("kind", "") == "jepa")
-    return cmd_eval_jepa(args);
+  // A JEPA run is probed, a language-model run scored on prompts; a diffusion run is sampled.
+  if (!args.empty() && args[0].rfind("--", 0) != 0 && fs::exists(fs::path(args[0]) / "run.json")) {
+    const std::string kind = runs::read_record(args[0]).value("kind", "");
+    if (kind == "jepa") return cmd_eval_jepa(args);
+    const auto& lm = runs::language_model_kinds();
+    if (std::find(lm.begin(), lm.end(), kind) != lm.end()) return cmd_eval_policy(args);
+  }
   auto f = parse_flags(args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step",
                               "device"},
                        {"classifier"});

@@ -3,6 +3,7 @@
 
 #include "dew/cli/commands.h"
 #include "dew/cli/recipe.h"
+#include "dew/data/chat.h"
 #include "dew/data/tokenizer.h"
 #include "dew/interop/hf_decoder.h"
 #include "dew/runs/lm_run.h"
@@ -15,8 +16,9 @@ const char* kExportUsage =
     "usage: dew export RUN DEST [--ema] [--family auto|llama|qwen3|gemma3_text] [--tokenizer SPEC]\n"
     "\n"
     "Writes RUN's latest checkpoint as a transformers folder: config.json, generation_config.json,\n"
-    "model.safetensors and the tokenizer's files. --ema exports the EMA weights; --family picks the\n"
-    "target (auto: from the model's features); --tokenizer overrides the run's tokenizer record.\n";
+    "model.safetensors and the tokenizer's files (with the chat template of an sft, dpo or grpo run in\n"
+    "tokenizer_config.json). --ema exports the EMA weights; --family picks the target (auto: from the\n"
+    "model's features); --tokenizer overrides the run's tokenizer record.\n";
 
 }  // namespace
 
@@ -44,6 +46,9 @@ int cmd_export(const std::vector<std::string>& args) {
   const auto& options = run.options;
   const int64_t step = run.step;
   interop::save_pretrained_decoder(model, dest, tok.get(), family);
+  // A post-trained run's chat template goes with it, so the folder renders chats as the run did.
+  const std::string templ = run.record.value("derived", json::object()).value("chat_template", "");
+  if (!templ.empty()) interop::add_chat_template(dest, data::chat_template_jinja(data::parse_chat_template(templ)));
   std::cout << "exported " << run_dir << " step " << step << (ema ? " (ema)" : "") << " as "
             << (family == "auto" ? interop::infer_family(options) : family) << " to " << dest << "\n";
   return 0;

@@ -1,5 +1,6 @@
 #include "dew/cli/recipe.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "dew/core/device.h"
@@ -97,6 +98,8 @@ RecipeArgs parse_recipe_args(const json& defaults, const std::vector<std::string
         DEW_CHECK(i + 1 < args.size(), a, ": expected a value");
         value = args[++i];
       }
+      // Recipe keys are snake_case; --reward-command reads as --reward_command.
+      std::replace(key.begin(), key.end(), '-', '_');
       overrides.emplace_back(key, value);
     } else {
       out.positional.push_back(a);
@@ -185,7 +188,8 @@ Flags parse_flags(const std::vector<std::string>& args, const std::vector<std::s
 runs::OpenOptions open_options(const Flags& f) {
   runs::OpenOptions o;
   o.weights = f.get("weights", "ema");
-  DEW_CHECK(o.weights == "ema" || o.weights == "live", "--weights: got \"", o.weights, "\", accepted: ema, live");
+  DEW_CHECK(o.weights == "ema" || o.weights == "live" || o.weights == "reference", "--weights: got \"", o.weights,
+            "\", accepted: ema, live, reference (dpo and grpo runs)");
   o.step = f.get_int("step", -1);
   DEW_CHECK(o.step >= -1, "--step: expected a checkpoint's step, got ", o.step);
   o.device = f.get("device", "auto");

@@ -170,6 +170,13 @@ void save_pretrained_decoder(nn::CausalTransformer& model, const std::string& di
   if (tokenizer) tokenizer->save(dir);
 }
 
+void add_chat_template(const std::string& dir, const std::string& jinja) {
+  const fs::path path = fs::path(dir) / "tokenizer_config.json";
+  json config = fs::exists(path) ? read_json(path, "export") : json::object();
+  config["chat_template"] = jinja;
+  write_json(path, config);
+}
+
 nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
   fs::path root(dir);
   json config = read_json(root / "config.json", "import");

@@ -55,6 +55,9 @@ void save_hf_layout(const std::map<std::string, at::Tensor>& params, const json&
 void save_pretrained_decoder(nn::CausalTransformer& model, const std::string& dir,
                              const data::Tokenizer* tokenizer = nullptr, const std::string& family = "auto");
 
+/// Sets "chat_template" in dir/tokenizer_config.json (created when missing) to `jinja`, as transformers reads it.
+void add_chat_template(const std::string& dir, const std::string& jinja);
+
 /// Reads a checkpoint folder written by save_pretrained_decoder or transformers (llama, qwen3,
 /// gemma3_text; model.safetensors or sharded with model.safetensors.index.json; bf16/fp16 widened to
 /// float32), or one written by save_hf_layout from a causal_transformer record

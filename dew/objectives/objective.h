@@ -29,6 +29,13 @@ class Objective {
   /// Called once by the trainer with its EMA averages (parameter name -> tensor, updated in place after every
   /// step), for objectives whose loss reads them (JEPA's target encoder).
   virtual void bind_ema(const std::map<std::string, at::Tensor>& averages) {}
+  /// Called by the trainer once before its first step, with the step it starts from (0, or the checkpoint's
+  /// when it resumes) and the run directory (for objectives that write files as they train: GRPO's rollouts).
+  virtual void begin(int64_t step, const std::string& run_dir) {}
+  /// Tensors the loss carries from step to step (GRPO's rollout buffer), saved in every checkpoint as
+  /// objective.safetensors and handed back by load_state() when the run resumes, so it continues bit for bit.
+  virtual std::map<std::string, at::Tensor> state() const { return {}; }
+  virtual void load_state(const std::map<std::string, at::Tensor>& state) {}
   /// The batch fields the loss reads.
   virtual std::vector<std::string> batch_fields() const = 0;
 };

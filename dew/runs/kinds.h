@@ -7,5 +7,8 @@ namespace dew::runs {
 RunKind diffusion_kind();
 RunKind lm_kind();
 RunKind jepa_kind();
+RunKind sft_kind();
+RunKind dpo_kind();
+RunKind grpo_kind();
 
 }  // namespace dew::runs

@@ -8,6 +8,7 @@
 #include "dew/objectives/lm.h"
 #include "dew/objectives/registry.h"
 #include "dew/runs/kinds.h"
+#include "dew/runs/post_training_run.h"
 
 namespace dew::runs {
 
@@ -107,7 +108,14 @@ RunKind lm_kind() {
 LMRun open_lm_run(const std::string& run_dir, const OpenOptions& o) {
   LMRun out;
   out.dir = run_dir;
-  out.record = read_record_of_kind(run_dir, "lm", "a language-model run");
+  out.record = read_record(run_dir);
+  const std::string kind = out.record.value("kind", "");
+  const auto& kinds = language_model_kinds();
+  DEW_CHECK(std::find(kinds.begin(), kinds.end(), kind) != kinds.end(), run_dir,
+            "/run.json: not a language-model run (kind ", out.record.value("kind", json("missing")).dump(),
+            "; accepted: lm, sft, dpo, grpo)");
+  DEW_CHECK(out.record.contains("model") && out.record["model"].is_object(), run_dir,
+            "/run.json: missing the model record {architecture, fields}");
   const json& r = out.record;
   parse_device(o.device, "device");  // before the model is built
   const json derived = r.value("derived", json::object());

@@ -9,7 +9,7 @@
 
 namespace dew::runs {
 
-/// A trained language-model run rebuilt from RUN/run.json and one checkpoint.
+/// A trained language-model run (lm, sft, dpo, grpo) rebuilt from RUN/run.json and one checkpoint.
 struct LMRun {
   std::string dir;
   json record;                           // run.json (current shape)
@@ -20,7 +20,7 @@ struct LMRun {
   int64_t step = 0;                      // the checkpoint's step
 };
 
-/// Opens RUN (dew::Error when it is not an LM run or holds no such checkpoint).
+/// Opens RUN, a run of kind lm, sft, dpo or grpo (dew::Error when it is not, or holds no such checkpoint).
 LMRun open_lm_run(const std::string& run_dir, const OpenOptions& o = {});
 
 }  // namespace dew::runs

@@ -19,7 +19,7 @@ namespace {
 const std::map<std::string, RunKind>& kinds_map() {
   static const auto* m = [] {
     auto* m = new std::map<std::string, RunKind>();
-    for (auto k : {diffusion_kind(), lm_kind(), jepa_kind()}) (*m)[k.name] = std::move(k);
+    for (auto k : {diffusion_kind(), lm_kind(), jepa_kind(), sft_kind(), dpo_kind(), grpo_kind()}) (*m)[k.name] = std::move(k);
     return m;
   }();
   return *m;
@@ -152,7 +152,8 @@ training::TrainResult train(PreparedRun& p) {
 }
 
 training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o, int64_t* step_out) {
-  DEW_CHECK(o.weights == "ema" || o.weights == "live", "weights: got \"", o.weights, "\", accepted: ema, live");
+  DEW_CHECK(o.weights == "ema" || o.weights == "live" || o.weights == "reference", "weights: got \"", o.weights,
+            "\", accepted: ema, live, reference");
   int64_t step = o.step;
   if (step < 0) {
     step = training::latest_checkpoint(run_dir);
@@ -165,7 +166,10 @@ training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o
     }
   }
   auto ck = training::load_checkpoint(run_dir, step, /*load_optimizer=*/false);
-  if (o.weights == "ema") {
+  const bool reference = ck.state.value("ema_role", "average") == "reference";
+  DEW_CHECK(o.weights != "reference" || reference, "weights: ", run_dir, " step_", step,
+            " holds no frozen reference model (only dpo and grpo runs have one); accepted: ema, live");
+  if (o.weights == "reference" || (o.weights == "ema" && !reference)) {
     for (const auto& [name, avg] : ck.ema) {
       auto it = ck.model.find(name);
       DEW_CHECK(it != ck.model.end(), run_dir, " step_", step, "/ema.safetensors: \"", name,

@@ -115,13 +115,17 @@ int64_t parameter_count(torch::nn::Module& m);
 
 /// Which weights to open, from which checkpoint, where.
 struct OpenOptions {
-  std::string weights = "ema";  // ema | live
+  /// ema | live | reference. In a post-training run (sft, dpo, grpo) the EMA is the frozen starting model:
+  /// there "ema" opens the trained (live) weights and "reference" the frozen ones.
+  std::string weights = "ema";
   int64_t step = -1;            // a checkpoint's step (-1 = the latest)
   std::string device = "cpu";   // auto | cpu | cuda | cuda:N
 };
 
 /// The weights of one checkpoint of RUN by module path: its live state (parameters and buffers), with, for
-/// "ema", the EMA averages in place of the parameters the run averaged. `step` (optional) receives the step.
+/// "ema", the EMA averages in place of the parameters the run averaged (the live ones where the EMA is a
+/// frozen reference), for "reference", the frozen reference (dew::Error for a run without one). `step`
+/// (optional) receives the step.
 training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o, int64_t* step = nullptr);
 
 /// run_weights() as a weight source (io::load_weights), described as "RUN step_N (ema weights)".

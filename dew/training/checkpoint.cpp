@@ -50,6 +50,7 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& c, int
   io::save_safetensors((tmp / "model.safetensors").string(), c.model, {{"format", "dew"}});
   io::save_safetensors((tmp / "ema.safetensors").string(), c.ema, {{"format", "dew"}});
   io::save_safetensors((tmp / "optimizer.safetensors").string(), c.optimizer, {{"format", "dew"}});
+  if (!c.objective.empty()) io::save_safetensors((tmp / "objective.safetensors").string(), c.objective, {{"format", "dew"}});
   json state = c.state;
   state["step"] = c.step;
   state["format"] = kCheckpointFormat;
@@ -120,6 +121,8 @@ Checkpoint load_checkpoint(const std::string& run_dir, int64_t step, bool load_o
   c.model = io::load_safetensors((dir / "model.safetensors").string());
   c.ema = io::load_safetensors((dir / "ema.safetensors").string());
   if (load_optimizer) c.optimizer = io::load_safetensors((dir / "optimizer.safetensors").string());
+  if (load_optimizer && fs::exists(dir / "objective.safetensors"))
+    c.objective = io::load_safetensors((dir / "objective.safetensors").string());
   return c;
 }
 

@@ -1,5 +1,6 @@
 // Run directories and checkpoints (SPEC section 8):
-//   RUN/run.json, RUN/metrics.jsonl, RUN/checkpoints/step_N/{model,ema,optimizer}.safetensors + state.json,
+//   RUN/run.json, RUN/metrics.jsonl, RUN/checkpoints/step_N/{model,ema,optimizer[,objective]}.safetensors +
+//   state.json,
 //   RUN/samples/step_N.png.
 // A checkpoint is written to a temporary directory and renamed into place, so a crash never leaves a torn
 // checkpoint; the latest N and the best are kept.
@@ -20,6 +21,7 @@ struct Checkpoint {
   TensorMap model;      // parameters and buffers, by module path
   TensorMap ema;        // fp32 averages of the parameters
   TensorMap optimizer;  // Optimizer::state_dict()
+  TensorMap objective;  // Objective::state() (objective.safetensors, written when not empty)
   json state;           // step, data position, best metric, counters, format
 };
 

@@ -77,10 +77,19 @@ struct EmaSpec {
   double decay = 0.999;       // the constant decay, or the ramp's first value
   double final_decay = -1;    // >= 0: the ramp's value at the last step
   std::vector<std::string> prefixes;  // parameters averaged: names starting with one of these (empty = all trainable)
+  /// The copy is the frozen reference of post-training (decay 1.0), not an average: validation runs the live
+  /// weights, and opening the run's "ema" weights gives the trained ones (see runs::OpenOptions).
+  bool reference = false;
   static EmaSpec ramp(double from, double to) {
     EmaSpec s;
     s.decay = from;
     s.final_decay = to;
+    return s;
+  }
+  /// A frozen copy of the starting weights: the reference model of DPO and GRPO.
+  static EmaSpec frozen_reference() {
+    EmaSpec s(1.0);
+    s.reference = true;
     return s;
   }
   /// The decay applied after optimizer step `step` (0-based) of a run of `total_steps`.

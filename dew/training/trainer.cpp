@@ -85,8 +85,12 @@ void validate(const TrainerOptions& o) {
 }
 
 void truncate_metrics(const std::string& run_dir, int64_t step) {
+  truncate_jsonl((std::filesystem::path(run_dir) / "metrics.jsonl").string(), step);
+}
+
+void truncate_jsonl(const std::string& path_in, int64_t step) {
   namespace fs = std::filesystem;
-  const fs::path path = fs::path(run_dir) / "metrics.jsonl";
+  const fs::path path = path_in;
   if (!fs::exists(path)) return;
   std::string kept;
   if (step > 0) {
@@ -141,6 +145,7 @@ void Trainer::restore(const Checkpoint& c) {
   bad_consecutive_ = c.state.value("bad_loss_steps_consecutive", int64_t(0));
   best_ = c.state.contains("best") ? c.state["best"] : json(nullptr);
   if (c.state.contains("data")) loader_->load_state(c.state["data"]);
+  obj_->load_state(c.objective);
 }
 
 std::string Trainer::save() {
@@ -149,7 +154,9 @@ std::string Trainer::save() {
   c.model = module_state(obj_->module());
   c.ema = ema_->averages();
   c.optimizer = opt_->state_dict();
+  c.objective = obj_->state();
   c.state = {{"data", loader_->state()},
+             {"ema_role", ema_->spec().reference ? "reference" : "average"},
              {"seed", seed_},
              {"bad_loss_steps_total", bad_total_},
              {"bad_loss_steps_consecutive", bad_consecutive_},
@@ -167,6 +174,7 @@ TrainResult Trainer::fit() {
   }
   // What a killed process logged past its last checkpoint is logged again by this one.
   truncate_metrics(run_dir_, step_);
+  obj_->begin(step_, run_dir_);
   const c10::Device device = params_.front().second.device();
   TrainResult res;
   SignalScope signals;
@@ -179,17 +187,19 @@ TrainResult Trainer::fit() {
   int64_t window_steps = 0;
   std::map<std::string, double> window_metrics;
 
+  // Validation runs the EMA weights, except where the EMA is a frozen reference (post-training).
+  const bool swap = !ema_->spec().reference;
   auto run_validation = [&] {
-    ema_->swap_into(params_);
+    if (swap) ema_->swap_into(params_);
     std::map<std::string, double> v;
     try {
       torch::NoGradGuard ng;
       v = obj_->validate(step_, run_dir_);
     } catch (...) {
-      ema_->swap_into(params_);
+      if (swap) ema_->swap_into(params_);
       throw;
     }
-    ema_->swap_into(params_);
+    if (swap) ema_->swap_into(params_);
     json line = {{"step", step_}, {"time", elapsed()}};
     for (auto& [k, x] : v) line[k] = x;
     metrics << line.dump() << "\n" << std::flush;

@@ -85,6 +85,10 @@ class Trainer {
 /// its checkpoint; a fresh run, step 0, starts an empty file).
 void truncate_metrics(const std::string& run_dir, int64_t step);
 
+/// The same for any JSON-lines file of step-stamped objects (GRPO's rollouts.jsonl); a missing file is left
+/// missing.
+void truncate_jsonl(const std::string& path, int64_t step);
+
 /// Model state of a module: parameters and buffers by path (what model.safetensors holds).
 TensorMap module_state(torch::nn::Module& m);
 

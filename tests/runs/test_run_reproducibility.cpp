@@ -45,6 +45,11 @@ void expect_same_checkpoint(const std::string& a, const std::string& b, int64_t 
     ASSERT_TRUE(fs::exists(pb)) << pb;
     EXPECT_TRUE(read_bytes(pa) == read_bytes(pb)) << pa << " and " << pb << " differ";
   }
+  // The objective's state (GRPO's rollout buffer), where it has one.
+  const auto oa = fs::path(a) / "checkpoints" / ("step_" + std::to_string(step)) / "objective.safetensors";
+  const auto ob = fs::path(b) / "checkpoints" / ("step_" + std::to_string(step)) / "objective.safetensors";
+  EXPECT_EQ(fs::exists(oa), fs::exists(ob)) << oa;
+  if (fs::exists(oa)) EXPECT_TRUE(read_bytes(oa) == read_bytes(ob)) << oa << " and " << ob << " differ";
 }
 
 // Starts `dew ARGS` (through the shell, which execs it) with its output discarded; returns the pid.
@@ -174,6 +179,37 @@ TEST(RunReproducibility, JepaSameCommandSameBitsAndKilledRunsEndBitForBit) {
   const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), 2, 6, 11);
   EXPECT_GE(hit, 4);
   expect_same_checkpoint(tmp.file("a"), tmp.file("killed"), 60);
+}
+
+TEST(RunReproducibility, GrpoSameCommandSameBitsAndKilledRunsEndBitForBit) {
+  dew::test::TempDir tmp("repro_grpo");
+  auto r = run("task sums --digits 1 --test 20 --out " + tmp.file("sums"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("train sft --data " + tmp.file("sums/sft.jsonl") +
+          " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":48}'"
+          " --trainer.steps 4 --trainer.val_every 0 --eval.prompts '' --loader.batch_size 8 --run " + tmp.file("sft"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  // Rollouts sample from (seed, step); the buffer of a rollout that feeds two updates is checkpointed, so a
+  // kill between them resumes from it. A format reward a random model meets about half the time gives the
+  // advantages something to push.
+  const std::string cmd = "train grpo --init_from " + tmp.file("sft") + " --prompts " + tmp.file("sums/train_prompts.jsonl") +
+                          " --reward format --reward_options.format '[\\s\\S]*[0-4][\\s\\S]*' --eval.prompts ''"
+                          " --loader.batch_size 2 --objective.group_size 3 --objective.max_new_tokens 4"
+                          " --objective.mini_batches 2 --trainer.log_every 2 --trainer.time_limit_minutes 0"
+                          " --trainer.steps 40 --trainer.checkpoint_every 1";
+  for (const char* dir : {"a", "b"}) {
+    r = run(cmd + " --run " + tmp.file(dir));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  expect_same_checkpoint(tmp.file("a"), tmp.file("b"), 40);
+  EXPECT_FALSE(read_bytes(tmp.path / "a/checkpoints/step_40/model.safetensors") ==
+               read_bytes(tmp.path / "sft/checkpoints/step_4/model.safetensors"))
+      << "the policy never moved: the test would not see a wrong resume";
+  const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), 1, 6, 17);
+  EXPECT_GE(hit, 3);
+  expect_same_checkpoint(tmp.file("a"), tmp.file("killed"), 40);
+  // The rollout log of the killed run holds each rollout once, as the whole run's does.
+  EXPECT_EQ(read_bytes(tmp.path / "a/rollouts.jsonl"), read_bytes(tmp.path / "killed/rollouts.jsonl"));
 }
 
 TEST(RunReproducibility, DiffusionKilledAtRandomMomentsEndsBitForBit) {

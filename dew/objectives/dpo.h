@@ -1,0 +1,53 @@
+// DPOObjective (SPEC section 10): direct preference optimisation of a causal_transformer against its frozen
+// starting weights (the reference), TRL's sigmoid loss with beta and label smoothing
+// (post_training::dpo_loss), the reference log-probs computed per batch without gradient or once for the
+// whole dataset.
+//
+//   auto rows = dew::data::preference_rows("pairs.jsonl", fmt, model->options.max_seq_len());
+//   auto obj = std::make_shared<dew::DPOObjective>(model, dew::DPOObjectiveOptions{}, rows, evaluator);
+//   // batch: ids [B, 2, L], completion_mask [B, 2, L], index [B]; metrics: rewards/chosen, rewards/rejected,
+//   //        rewards/accuracies, rewards/margins, logps/chosen, logps/rejected
+#pragma once
+#include "dew/objectives/objective.h"
+#include "dew/objectives/policy.h"
+#include "dew/objectives/rollouts.h"
+
+namespace dew {
+
+struct DPOObjectiveOptions {
+  double beta = 0.1;                       // strength of the KL constraint to the reference
+  double label_smoothing = 0.0;            // cDPO: the assumed probability that a pair's label is flipped
+  std::string reference_logps = "batch";   // batch: reference forward per batch; precompute: once, at the start
+  template <class V> void visit(V& v) {
+    v("beta", beta, "DPO beta (the implicit KL constraint to the reference)");
+    v("label_smoothing", label_smoothing, "cDPO label smoothing in [0, 0.5)");
+    v.choice("reference_logps", reference_logps, {"batch", "precompute"},
+             "reference log-probs: per batch without gradient, or precomputed once for the dataset");
+  }
+};
+
+class DPOObjective : public Objective {
+ public:
+  /// rows: preference_rows of the training file (read by "precompute"); eval: held-out prompts (null = none).
+  DPOObjective(nn::CausalTransformer model, DPOObjectiveOptions o, data::Batch rows,
+               std::shared_ptr<post_training::ChatEvaluator> eval);
+  std::string name() const override { return "dpo"; }
+  torch::nn::Module& module() override { return *model_; }
+  LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
+  std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
+  training::EmaSpec ema() const override { return training::EmaSpec::frozen_reference(); }
+  void bind_ema(const std::map<std::string, at::Tensor>& averages) override { reference_.bind(averages); }
+  std::vector<std::string> batch_fields() const override { return {"ids", "completion_mask", "index"}; }
+
+ private:
+  // Summed reference log-probs [n, 2] of rows ids [n, 2, L] (no gradient).
+  at::Tensor reference_logps(const at::Tensor& ids, const at::Tensor& mask);
+  nn::CausalTransformer model_;
+  DPOObjectiveOptions o_;
+  data::Batch rows_;
+  std::shared_ptr<post_training::ChatEvaluator> eval_;
+  post_training::FrozenReference reference_;
+  at::Tensor precomputed_;  // [N, 2] for "precompute", filled on the first loss
+};
+
+}  // namespace dew

@@ -1,0 +1,39 @@
+#include "dew/objectives/policy.h"
+
+#include <ATen/ATen.h>
+
+#include "dew/core/error.h"
+
+namespace dew::post_training {
+
+at::Tensor token_logps(nn::CausalTransformerImpl& model, const at::Tensor& ids) {
+  DEW_CHECK(ids.dim() == 2 && ids.size(1) >= 2, "token_logps: ids must be [N, L >= 2], got ", ids.sizes());
+  const at::Tensor x = ids.to(model.head_weight().device());
+  const at::Tensor logits = model.forward_tokens(x.narrow(1, 0, x.size(1) - 1)).to(at::kFloat);  // [N, L - 1, V]
+  const at::Tensor picked = logits.gather(-1, x.narrow(1, 1, x.size(1) - 1).unsqueeze(-1)).squeeze(-1);
+  const at::Tensor lp = picked - at::logsumexp(logits, -1);
+  return at::cat({at::zeros({x.size(0), 1}, lp.options()), lp}, 1);
+}
+
+FrozenReference::FrozenReference(const nn::CausalTransformer& policy) {
+  model_ = nn::CausalTransformer(policy->options);
+  model_->to(policy->head_weight().device(), policy->head_weight().scalar_type());
+  for (auto& p : model_->parameters()) p.set_requires_grad(false);
+  model_->eval();
+}
+
+nn::CausalTransformerImpl& FrozenReference::model() {
+  if (!loaded_) {
+    DEW_CHECK(averages_, "frozen reference: the trainer did not bind its EMA (the reference weights)");
+    at::NoGradGuard ng;
+    for (const auto& kv : model_->named_parameters()) {
+      auto it = averages_->find(kv.key());
+      DEW_CHECK(it != averages_->end(), "frozen reference: the EMA holds no \"", kv.key(), "\"");
+      kv.value().copy_(it->second);
+    }
+    loaded_ = true;
+  }
+  return *model_;
+}
+
+}  // namespace dew::post_training

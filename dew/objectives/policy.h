@@ -1,0 +1,38 @@
+// What DPO and GRPO share about the model they train (SPEC section 10): per-token log-probs of token rows,
+// and the frozen reference model, which is the trainer's EMA with EmaSpec::frozen_reference() (a copy of the
+// starting weights, checkpointed with the run) held in a second model of the same architecture.
+//
+//   auto logp = dew::post_training::token_logps(*policy, ids);   // ids [N, L] -> [N, L], column 0 = 0
+//   dew::post_training::FrozenReference ref(policy);             // in the objective's constructor
+//   ref.bind(averages);                                           // Objective::bind_ema
+//   at::Tensor ref_logp = dew::post_training::token_logps(ref.model(), ids);   // no gradient
+#pragma once
+#include <map>
+#include <string>
+
+#include "dew/nn/backbones/causal_transformer.h"
+
+namespace dew::post_training {
+
+/// log p(ids[:, t] | ids[:, :t]) for t >= 1 under `model` (column 0, which has no context, is 0):
+/// ids int64 [N, L] -> float32 [N, L], differentiable unless grad mode is off. Right padding is harmless
+/// (causal attention); the caller masks it.
+at::Tensor token_logps(nn::CausalTransformerImpl& model, const at::Tensor& ids);
+
+/// A frozen copy of a policy's starting weights, read from the trainer's reference EMA.
+class FrozenReference {
+ public:
+  explicit FrozenReference(const nn::CausalTransformer& policy);
+  /// The trainer's EMA averages (parameter name -> tensor): the reference weights.
+  void bind(const std::map<std::string, at::Tensor>& averages) { averages_ = &averages; }
+  /// The reference model, the averages copied in on the first call (the trainer restores a checkpoint's
+  /// averages after bind and before the first loss; they never change after).
+  nn::CausalTransformerImpl& model();
+
+ private:
+  nn::CausalTransformer model_{nullptr};
+  const std::map<std::string, at::Tensor>* averages_ = nullptr;
+  bool loaded_ = false;
+};
+
+}  // namespace dew::post_training

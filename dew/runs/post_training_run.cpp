@@ -1,0 +1,347 @@
+// The `sft`, `dpo` and `grpo` run kinds.
+#include "dew/runs/post_training_run.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "dew/core/device.h"
+#include "dew/core/log.h"
+#include "dew/core/threads.h"
+#include "dew/interop/hf_decoder.h"
+#include "dew/objectives/dpo.h"
+#include "dew/objectives/grpo.h"
+#include "dew/objectives/sft.h"
+#include "dew/runs/kinds.h"
+
+namespace fs = std::filesystem;
+
+namespace dew::runs {
+
+namespace {
+
+// Whether a model folder ships a chat template (chat_template.jinja or tokenizer_config.json's).
+bool has_chat_template(const fs::path& dir) {
+  if (fs::exists(dir / "chat_template.jinja")) return true;
+  std::ifstream f(dir / "tokenizer_config.json");
+  if (!f.good()) return false;
+  try {
+    const json c = json::parse(f);
+    return c.contains("chat_template") && !c["chat_template"].is_null();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+data::ChatTemplate template_for(const std::string& asked, const data::Tokenizer& tok, const std::string& what) {
+  if (asked != "auto") return data::parse_chat_template(asked);
+  DEW_CHECK(tok.name() == "byte", "chat_template: ", what, " records no chat template and its tokenizer is ", tok.name(),
+            "; pass --chat_template NAME (llama3, llama3.1, qwen2.5, qwen3, gemma3, plain)");
+  return data::ChatTemplate::plain;  // Dew's template for byte models
+}
+
+// The recipe fields every post-training kind has (each adds its data fields).
+json post_training_defaults(const std::string& run, training::TrainerOptions to, training::OptimOptions oo,
+                            data::LoaderOptions lo, const json& objective) {
+  // The fresh model: a byte-level causal_transformer sized for the sums task (docs/post_training.md).
+  json r = to_json(RunOptions{});
+  r["run"] = run;
+  post_training::EvalOptions eval;
+  eval.max_new_tokens = 8;
+  eval.count = 500;
+  r.update(json{
+      {"init_from", ""},
+      {"model",
+       {{"architecture", "causal_transformer"},
+        {"fields", {{"emb_features", 128}, {"num_layers", 4}, {"num_heads", 4}, {"max_seq_len", 64}}}}},
+      {"tokenizer", "byte"},
+      {"chat_template", "auto"},
+      {"eval", to_json(eval)},
+      {"loader", to_json(lo)},
+      {"optim", to_json(oo)},
+      {"trainer", to_json(to)},
+      {"objective", objective},
+  });
+  return r;
+}
+
+std::string post_training_help(const std::string& objective_fields) {
+  return "model fields (causal_transformer, used when init_from is empty):\n" +
+         format_fields(models::language_models().info("causal_transformer").fields, "  ") +
+         "\neval fields:\n" + format_fields(fields_of<post_training::EvalOptions>(), "  ") + "\nobjective fields:\n" +
+         objective_fields;
+}
+
+std::string data_path(const json& r, const char* key, const char* what) {
+  DEW_CHECK(r.contains(key) && r[key].is_string() && !r[key].get<std::string>().empty(), key, ": expected ", what,
+            " (--", key, " FILE)");
+  const std::string p = r[key];
+  DEW_CHECK(fs::is_regular_file(p), key, ": ", p, " is not a file");
+  return p;
+}
+
+std::shared_ptr<post_training::ChatEvaluator> evaluator(const json& r, const Policy& p,
+                                                        const post_training::RewardOptions& ro = {}) {
+  auto eo = from_json<post_training::EvalOptions>(r["eval"], "eval");
+  if (!eo.prompts.empty()) DEW_CHECK(fs::is_regular_file(eo.prompts), "eval.prompts: ", eo.prompts, " is not a file");
+  return std::make_shared<post_training::ChatEvaluator>(eo, p.format, p.model->options.max_seq_len(), ro);
+}
+
+Built finish(Built b, json& r, const Policy& p, const std::string& what) {
+  r["model"] = p.model->config();
+  b.derived = {{"tokenizer", p.tokenizer_spec},
+               {"eos_id", p.format.tokenizer->eos_id()},
+               {"chat_template", data::chat_template_name(p.format.templ)},
+               {"init", p.source}};
+  b.init_weights = p.init;
+  b.preview = ".txt";
+  b.summary = "training causal_transformer (" + std::to_string(parameter_count(*p.model.ptr())) + " parameters, from " +
+              (p.source.value("kind", "none") == "none" ? std::string("its initialisation")
+                                                         : p.source["init_from"].get<std::string>()) +
+              ") on " + what;
+  return b;
+}
+
+Built build_sft(json& r, const c10::Device& device) {
+  set_threads(r["threads"].get<int64_t>(), workload_of("causal_transformer"));
+  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
+  auto oo = from_json<SFTObjectiveOptions>(r["objective"], "objective");
+  const std::string train = data_path(r, "data", "a chat JSON-lines file");
+  const std::string val = r.value("val_data", "");
+  if (!val.empty()) DEW_CHECK(fs::is_regular_file(val), "val_data: ", val, " is not a file");
+  Policy p = resolve_policy(r, device);
+  const int64_t max_len = p.model->options.max_seq_len() + 1;
+  data::Batch rows = data::sft_rows(train, p.format, max_len, oo.pack);
+  data::Batch val_rows;
+  if (!val.empty()) {
+    val_rows = data::sft_rows(val, p.format, max_len, oo.pack, rows.at("tokens").size(1));
+    if (val_rows.at("tokens").size(1) > rows.at("tokens").size(1))  // the longer of the two sets the rows' length
+      rows = data::sft_rows(train, p.format, max_len, oo.pack, val_rows.at("tokens").size(1));
+  }
+  const int64_t n = rows.at("tokens").size(0), len = rows.at("tokens").size(1);
+  auto eval = evaluator(r, p);
+  Built b;
+  b.objective = std::make_shared<SFTObjective>(p.model, len - 1, oo, val_rows, eval);
+  lo.seed = r["seed"].get<int64_t>();
+  b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(rows, "sft"), lo);
+  return finish(std::move(b), r, p,
+                train + " (" + std::to_string(n) + (oo.pack ? " packed rows" : " conversations") + " of " +
+                    std::to_string(len) + " tokens), batch " + std::to_string(lo.batch_size));
+}
+
+Built build_dpo(json& r, const c10::Device& device) {
+  set_threads(r["threads"].get<int64_t>(), workload_of("causal_transformer"));
+  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
+  auto oo = from_json<DPOObjectiveOptions>(r["objective"], "objective");
+  const std::string train = data_path(r, "data", "a JSON-lines file of {prompt, chosen, rejected}");
+  Policy p = resolve_policy(r, device);
+  data::Batch rows = data::preference_rows(train, p.format, p.model->options.max_seq_len());
+  const int64_t n = rows.at("ids").size(0);
+  Built b;
+  b.objective = std::make_shared<DPOObjective>(p.model, oo, rows, evaluator(r, p));
+  lo.seed = r["seed"].get<int64_t>();
+  b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(rows, "dpo"), lo);
+  return finish(std::move(b), r, p,
+                train + " (" + std::to_string(n) + " pairs), beta " + std::to_string(oo.beta) + ", batch " +
+                    std::to_string(lo.batch_size));
+}
+
+Built build_grpo(json& r, const c10::Device& device) {
+  set_threads(r["threads"].get<int64_t>(), workload_of("causal_transformer"));
+  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
+  auto oo = from_json<GRPOObjectiveOptions>(r["objective"], "objective");
+  auto ro = from_json<post_training::RewardOptions>(r["reward_options"], "reward_options");
+  DEW_CHECK(r["reward"].is_string() && r["reward_command"].is_string(),
+            "reward and reward_command: expected strings (e.g. --reward exact, --reward-command \"python3 score.py\")");
+  const std::string prompts_file = data_path(r, "prompts", "a JSON-lines file of {\"prompt\", ...}");
+  // Every reward is checked (names, regexes) before the model is built.
+  auto rewards = post_training::make_rewards(r["reward"].get<std::string>(), r["reward_command"].get<std::string>(), ro);
+  Policy p = resolve_policy(r, device);
+  auto prompts = data::read_prompts(prompts_file, p.format, p.model->options.max_seq_len());
+  const int64_t n = int64_t(prompts.size());
+  DEW_CHECK(n >= lo.batch_size, "loader.batch_size: ", lo.batch_size, " prompts per rollout, but ", prompts_file,
+            " holds ", n);
+  Built b;
+  b.objective = std::make_shared<GRPOObjective>(p.model, oo, p.format, std::move(prompts), rewards, evaluator(r, p, ro));
+  lo.seed = r["seed"].get<int64_t>();
+  lo.drop_last = true;  // every rollout holds batch_size prompts
+  data::Batch index = {{"index", at::arange(n, at::kLong)}};
+  b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(index, "prompts"), lo);
+  std::string names;
+  for (const auto& rw : rewards) names += (names.empty() ? "" : ", ") + rw->name();
+  return finish(std::move(b), r, p,
+                prompts_file + " (" + std::to_string(n) + " prompts), " + std::to_string(lo.batch_size) + " x " +
+                    std::to_string(oo.group_size) + " completions per rollout, rewards " + names);
+}
+
+training::TrainerOptions trainer_options(int64_t steps, int64_t val_every) {
+  training::TrainerOptions to;
+  to.steps = steps;
+  to.log_every = 10;
+  to.val_every = val_every;
+  to.checkpoint_every = val_every;
+  to.time_limit_minutes = 15;
+  to.best_metric = "val/reward";
+  to.best_mode_max = true;
+  return to;
+}
+
+data::LoaderOptions loader_options(int64_t batch) {
+  data::LoaderOptions lo;
+  lo.batch_size = batch;
+  lo.num_workers = 1;
+  lo.drop_last = true;
+  return lo;
+}
+
+}  // namespace
+
+const std::vector<std::string>& language_model_kinds() {
+  static const std::vector<std::string> k = {"lm", "sft", "dpo", "grpo"};
+  return k;
+}
+
+Policy resolve_policy(json& r, const c10::Device& device) {
+  DEW_CHECK(r["init_from"].is_string(), "init_from: expected a run directory or a Hugging Face folder, got ",
+            r["init_from"].dump());
+  DEW_CHECK(r["chat_template"].is_string(), "chat_template: expected a name, got ", r["chat_template"].dump());
+  const std::string from = r["init_from"], asked = r["chat_template"];
+  if (asked != "auto") data::parse_chat_template(asked);  // a wrong name fails before anything loads
+  Policy p;
+  p.source = {{"init_from", from}, {"kind", "none"}};
+  if (from.empty()) {
+    DEW_CHECK(r["model"].is_object() && r["model"].value("architecture", json()) == "causal_transformer",
+              "model.architecture: post-training trains a \"causal_transformer\", got ",
+              r["model"].value("architecture", json()).dump());
+    auto tok = data::load_tokenizer(r["tokenizer"]);
+    json& fields = r["model"]["fields"];
+    if (!fields.is_object()) fields = json::object();
+    if (!fields.contains("vocab_size")) fields["vocab_size"] = tok->vocab_size();
+    p.model = models::build_language_model(r["model"]);
+    p.tokenizer_spec = tok->spec();
+    p.format = {tok, template_for(asked, *tok, "a fresh model")};
+  } else if (fs::is_regular_file(fs::path(from) / "run.json")) {
+    const json rec = read_record(from);
+    const std::string kind = rec.value("kind", "");
+    DEW_CHECK(std::find(language_model_kinds().begin(), language_model_kinds().end(), kind) != language_model_kinds().end(),
+              "init_from: ", from, " is a ", kind, " run; a policy starts from a language-model run (lm, sft, dpo, grpo)");
+    const json derived = rec.value("derived", json::object());
+    DEW_CHECK(!derived.value("tokenizer", json()).is_null(), "init_from: ", from, "/run.json records no tokenizer");
+    const int64_t step = training::latest_checkpoint(from);  // fixed now: the run may go on training
+    p.model = models::build_language_model(rec.at("model"));
+    p.tokenizer_spec = derived["tokenizer"];
+    auto tok = data::load_tokenizer(p.tokenizer_spec);
+    const std::string recorded = derived.value("chat_template", "");
+    p.format = {tok, asked == "auto" && !recorded.empty() ? data::parse_chat_template(recorded)
+                                                          : template_for(asked, *tok, from)};
+    p.source = {{"init_from", from}, {"kind", "run"}, {"step", step}};
+    auto model = p.model;
+    p.init = [model, from, step]() mutable {
+      OpenOptions o;
+      o.step = step;
+      io::load_weights(*model, run_weight_source(from, o));
+      log::info("init_from ", from, " step ", step);
+    };
+  } else if (fs::is_regular_file(fs::path(from) / "config.json")) {
+    p.model = interop::load_pretrained_decoder(from);  // weights too: a folder holds one set
+    p.model->train();
+    auto tok = data::load_tokenizer(from);
+    p.tokenizer_spec = tok->spec();
+    data::ChatTemplate t;
+    if (asked == "auto" && has_chat_template(from))
+      t = data::recognise_chat_template(from);
+    else
+      t = template_for(asked, *tok, from);
+    p.format = {tok, t};
+    p.source = {{"init_from", from}, {"kind", "hf"}};
+  } else {
+    fail("init_from: ", from, " is neither a dew run (run.json) nor a Hugging Face folder (config.json)");
+  }
+  DEW_CHECK(p.format.tokenizer->vocab_size() <= p.model->options.vocab_size(), "tokenizer: its vocabulary of ",
+            p.format.tokenizer->vocab_size(), " ids exceeds the model's vocab_size ", p.model->options.vocab_size());
+  p.model->to(device);
+  return p;
+}
+
+data::ChatFormat chat_format_of(const json& record, const std::string& run_dir) {
+  const json derived = record.value("derived", json::object());
+  DEW_CHECK(!derived.value("tokenizer", json()).is_null(), run_dir, "/run.json: the run records no tokenizer");
+  auto tok = data::load_tokenizer(derived["tokenizer"]);
+  const std::string recorded = derived.value("chat_template", "");
+  return {tok, recorded.empty() ? template_for("auto", *tok, run_dir) : data::parse_chat_template(recorded)};
+}
+
+RunKind sft_kind() {
+  RunKind k;
+  k.name = "sft";
+  k.doc = "supervised fine-tuning of a causal language model on chat data (loss on assistant tokens)";
+  k.defaults = [] {
+    training::OptimOptions oo;
+    oo.lr = 1e-3;
+    oo.warmup_steps = 50;
+    oo.weight_decay = 0.1;
+    oo.beta2 = 0.95;
+    json r = post_training_defaults("runs/sft", trainer_options(1000, 250), oo, loader_options(64),
+                                    to_json(SFTObjectiveOptions{}));
+    r["data"] = "";
+    r["val_data"] = "";
+    return r;
+  };
+  k.open_keys = {"model.fields"};
+  k.identity = {"model", "seed", "data", "init_from"};
+  k.help = [](const json&) { return post_training_help(format_fields(fields_of<SFTObjectiveOptions>(), "  ")); };
+  k.build = build_sft;
+  return k;
+}
+
+RunKind dpo_kind() {
+  RunKind k;
+  k.name = "dpo";
+  k.doc = "direct preference optimisation of a causal language model against its frozen starting weights";
+  k.defaults = [] {
+    training::OptimOptions oo;
+    oo.lr = 1e-4;
+    oo.warmup_steps = 10;
+    oo.weight_decay = 0.0;
+    oo.schedule = "constant";
+    json r = post_training_defaults("runs/dpo", trainer_options(300, 100), oo, loader_options(32),
+                                    to_json(DPOObjectiveOptions{}));
+    r["data"] = "";
+    return r;
+  };
+  k.open_keys = {"model.fields"};
+  k.identity = {"model", "seed", "data", "init_from"};
+  k.help = [](const json&) { return post_training_help(format_fields(fields_of<DPOObjectiveOptions>(), "  ")); };
+  k.build = build_dpo;
+  return k;
+}
+
+RunKind grpo_kind() {
+  RunKind k;
+  k.name = "grpo";
+  k.doc = "group-relative policy optimisation of a causal language model on prompts with rewards";
+  k.defaults = [] {
+    training::OptimOptions oo;
+    oo.lr = 1e-4;
+    oo.warmup_steps = 0;
+    oo.weight_decay = 0.0;
+    oo.schedule = "constant";
+    GRPOObjectiveOptions go;
+    go.max_new_tokens = 8;
+    json r = post_training_defaults("runs/grpo", trainer_options(400, 100), oo, loader_options(16), to_json(go));
+    r["prompts"] = "";
+    r["reward"] = "exact";
+    r["reward_command"] = "";
+    r["reward_options"] = to_json(post_training::RewardOptions{});
+    return r;
+  };
+  k.open_keys = {"model.fields"};
+  k.identity = {"model", "seed", "prompts", "init_from", "reward", "reward_command"};
+  k.help = [](const json&) {
+    return post_training_help(format_fields(fields_of<GRPOObjectiveOptions>(), "  ")) + "reward_options fields:\n" +
+           format_fields(fields_of<post_training::RewardOptions>(), "  ");
+  };
+  k.build = build_grpo;
+  return k;
+}
+
+}  // namespace dew::runs
