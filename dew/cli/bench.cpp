@@ -1,11 +1,14 @@
 // `dew bench`: one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) of the
 // small CPU models, timed in C++ and, in the same invocation, in Python PyTorch eager (bench/peer.py),
 // with the speed-up of the C++ side. `--models lm` times the causal_transformer language model instead
-// (a training step with cross entropy, and greedy KV-cache generation) against bench/lm_peer.py.
+// (a training step with cross entropy, and greedy KV-cache generation) against bench/lm_peer.py; `--models
+// jepa`, `dpo` and `grpo_rollout` time `dew train jepa`'s step, `dew train dpo`'s step and GRPO's batched
+// sampling rollouts against bench/jepa_peer.py, bench/dpo_peer.py and bench/grpo_rollout_peer.py.
 //
 //   dew bench                                   # every diffusion model, intra-op {1,2} x OpenBLAS {1,2} threads
 //   dew bench --models unet --steps 10 --threads 1 --blas-threads 1 --out bench.md
 //   dew bench --models lm --rounds 1            # the language model
+//   dew bench --models dpo,grpo_rollout         # post-training: a DPO step, a GRPO rollout
 //
 // Every (model, side, thread configuration) runs in a fresh child process (the dew binary re-executed
 // with the hidden `--one MODEL`, or the Python peer), so each peak RSS belongs to one configuration and
@@ -39,6 +42,7 @@
 #include "dew/diffusion/process.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
+#include "dew/objectives/dpo.h"
 #include "dew/objectives/jepa.h"
 #include "dew/objectives/lm.h"
 #include "dew/core/rng.h"
@@ -69,12 +73,21 @@ constexpr int64_t kImage = 28;  // input side in pixels (Fashion-MNIST)
 constexpr int64_t kLmPrompt = 32;
 constexpr int64_t kLmNewTokens = 64;
 constexpr int64_t kLmGenReps = 5;
+// Post-training (`dew train dpo` / `grpo`'s default byte model): DPO pairs of kDpoLen tokens whose last
+// kDpoCompletion are the completion; GRPO rollouts of kGrpoPrompts prompts of kGrpoPromptLen tokens, each
+// sampled kGrpoGroup times (temperature 1, no EOS) for kGrpoNewTokens tokens. The peers get the same values.
+constexpr int64_t kDpoLen = 48;
+constexpr int64_t kDpoCompletion = 10;
+constexpr int64_t kGrpoPrompts = 16;
+constexpr int64_t kGrpoGroup = 8;
+constexpr int64_t kGrpoPromptLen = 36;
+constexpr int64_t kGrpoNewTokens = 16;
 
 const char* kBenchUsage =
-    "usage: dew bench [--models simple_dit,unet,unet_attn,lm | --all] [--steps N] [--warmup W] [--batch B]\n"
-    "                 [--seq-len S] [--threads 1,2] [--blas-threads 1,2] [--rounds R] [--no-peer]\n"
-    "                 [--peer FILE] [--lm-peer FILE] [--peer-coretype CORE] [--peer-malloc-like-dew]\n"
-    "                 [--out FILE.md]\n"
+    "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout | --all] [--steps N]\n"
+    "                 [--warmup W] [--batch B] [--seq-len S] [--threads 1,2] [--blas-threads 1,2] [--rounds R]\n"
+    "                 [--no-peer] [--peer FILE] [--lm-peer FILE] [--jepa-peer FILE] [--dpo-peer FILE]\n"
+    "                 [--grpo-rollout-peer FILE] [--peer-coretype CORE] [--peer-malloc-like-dew] [--out FILE.md]\n"
     "\n"
     "Times one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) per model,\n"
     "in C++ and in Python PyTorch eager (bench/peer.py run by /usr/bin/python3), for every combination of\n"
@@ -88,11 +101,16 @@ const char* kBenchUsage =
     "                  layers, 4 heads): a training step (forward, cross entropy, backward, AdamW, EMA)\n"
     "                  in tokens/s, and greedy KV-cache generation in ms/token (batch 1, prompt 32\n"
     "                  tokens, 64 new tokens), against bench/lm_peer.py. jepa: a JEPA training step\n"
-    "                  (`dew train jepa`'s models and step) against bench/jepa_peer.py\n"
-    "  --all           every model above, lm and jepa included\n"
-    "  --steps N       timed steps per configuration, median reported (default 20)\n"
+    "                  (`dew train jepa`'s models and step) against bench/jepa_peer.py. dpo: a DPO training\n"
+    "                  step (DPOObjective on `dew train dpo`'s default byte causal_transformer: width 128,\n"
+    "                  4 layers, 4 heads; 48-token pairs, the last 10 tokens the completion) against\n"
+    "                  bench/dpo_peer.py (TRL's step). grpo_rollout: a GRPO rollout on that model (16 prompts\n"
+    "                  of 36 tokens x group 8 = 128 rows, 16 tokens each sampled at temperature 1 with the\n"
+    "                  batched KV-cache generator) in generated tokens/s, against bench/grpo_rollout_peer.py\n"
+    "  --all           every model above, lm, jepa, dpo and grpo_rollout included\n"
+    "  --steps N       timed steps (grpo_rollout: rollouts) per configuration, median reported (default 20)\n"
     "  --warmup W      untimed steps first (default 5)\n"
-    "  --batch B       batch size (default 32; lm: 4)\n"
+    "  --batch B       batch size (default 32; lm: 4; dpo: pairs; grpo_rollout: not used)\n"
     "  --seq-len S     lm: training tokens per row (default 256)\n"
     "  --threads L     LibTorch intra-op thread counts to try (default 1,2)\n"
     "  --blas-threads L  OPENBLAS_NUM_THREADS values to try (default 1,2)\n"
@@ -104,6 +122,8 @@ const char* kBenchUsage =
     "  --peer FILE     the Python peer (default: bench/peer.py next to the build directory)\n"
     "  --lm-peer FILE  the language model's Python peer (default: bench/lm_peer.py, found the same way)\n"
     "  --jepa-peer FILE  the JEPA step's Python peer (default: bench/jepa_peer.py, found the same way)\n"
+    "  --dpo-peer FILE  the DPO step's Python peer (default: bench/dpo_peer.py, found the same way)\n"
+    "  --grpo-rollout-peer FILE  the rollout's Python peer (default: bench/grpo_rollout_peer.py)\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
     "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"
     "                  kernels, Python does not, so --peer-coretype SkylakeX compares like with like)\n"
@@ -203,15 +223,40 @@ json jepa_predictor_fields() {
           {"num_layers", 4}, {"num_heads", 4}};
 }
 
+// Post-training: the fresh model of `dew train dpo` and `dew train grpo` (post_training_defaults: the byte
+// tokenizer's 257 ids, width 128, 4 layers, 4 heads, context 64; the other fields their defaults).
+const json& post_training_fields() {
+  static const json f = {{"vocab_size", 257}, {"emb_features", 128}, {"num_layers", 4}, {"num_heads", 4},
+                         {"max_seq_len", 64}};
+  return f;
+}
+const char* kPostTrainingSize = "byte vocab 257, width 128, 4 layers, 4 heads of 32, SwiGLU 384, qk-norm, tied head, context 64";
+const BenchCase& dpo_case() {
+  static const BenchCase c{"dpo", "causal_transformer", kPostTrainingSize, post_training_fields()};
+  return c;
+}
+const BenchCase& grpo_rollout_case() {
+  static const BenchCase c{"grpo_rollout", "causal_transformer", kPostTrainingSize, post_training_fields()};
+  return c;
+}
+
+// The cases beyond the diffusion table, in --all's order.
+const std::vector<const BenchCase*>& other_cases() {
+  static const std::vector<const BenchCase*> v = {&lm_case(), &jepa_case(), &dpo_case(), &grpo_rollout_case()};
+  return v;
+}
+
 const BenchCase& find_case(const std::string& name) {
   std::string names;
   for (const auto& c : bench_cases()) {
     if (c.name == name) return c;
     names += (names.empty() ? "" : ", ") + c.name;
   }
-  if (name == lm_case().name) return lm_case();
-  if (name == jepa_case().name) return jepa_case();
-  fail("bench: unknown model \"", name, "\"; accepted: ", names, ", ", lm_case().name, ", ", jepa_case().name);
+  for (const BenchCase* c : other_cases()) {
+    if (c->name == name) return *c;
+    names += ", " + c->name;
+  }
+  fail("bench: unknown model \"", name, "\"; accepted: ", names);
 }
 
 std::vector<std::string> split_list(const std::string& s, const std::string& flag) {
@@ -479,6 +524,95 @@ int run_one_jepa(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, 
   return 0;
 }
 
+// The byte causal_transformer of `dew train dpo` / `grpo` (post_training_fields), on `device`.
+nn::CausalTransformer post_training_model(const c10::Device& device) {
+  nn::CausalTransformer model(from_json<nn::CausalTransformerOptions>(post_training_fields(), "bench post-training"));
+  model->to(device);
+  return model;
+}
+
+// Runs warmup + steps DPO training steps as `dew train dpo` takes them (DPOObjective with its defaults: beta
+// 0.1, the reference's log-probs per batch: the frozen reference's forward on the 2B rows without gradient,
+// the policy's forward, the completion tokens' summed log-probs, the sigmoid loss and its metrics; backward;
+// AdamW; the trainer's EMA, which is the frozen reference and never moves) and prints one JSON line (the keys
+// of run_one plus tokens_per_s: policy tokens, 2 x batch x kDpoLen per step).
+int run_one_dpo(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const c10::Device& device) {
+  at::set_num_threads(int(threads));
+  at::manual_seed(0);
+  auto model = post_training_model(device);
+  // Fixed pairs stand in for the loader (preference_rows' layout): random bytes, a shared prompt, the last
+  // kDpoCompletion tokens of each row the chosen (row 0) or rejected (row 1) completion.
+  auto data_gen = at::detail::createCPUGenerator(1);
+  at::Tensor ids = at::randint(0, 256, {batch, 2, kDpoLen}, data_gen);
+  ids.select(1, 1).narrow(1, 0, kDpoLen - kDpoCompletion).copy_(ids.select(1, 0).narrow(1, 0, kDpoLen - kDpoCompletion));
+  at::Tensor mask = at::zeros({batch, 2, kDpoLen}, at::kBool);
+  mask.narrow(2, kDpoLen - kDpoCompletion, kDpoCompletion).fill_(true);
+  data::Batch rows{{"ids", ids}, {"completion_mask", mask}, {"index", at::arange(batch, at::kLong)}};
+  DPOObjective objective(model, DPOObjectiveOptions{}, rows, nullptr);
+  // time_objective_steps builds the trainer's EMA from objective.ema() (the frozen reference) and binds it.
+  const StepTimes t = time_objective_steps(objective, rows, objective.ema(), warmup, steps, device, "dpo");
+  json out = step_result(t.total, t.fwd, t.bwd, t.upd, batch, t.params, t.loss);
+  out["tokens_per_s"] = double(2 * batch * kDpoLen) / (out["ms_per_step"].get<double>() / 1e3);
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+// Runs warmup + steps GRPO rollouts' generation as GRPOObjective takes it (roll_out: every prompt repeated
+// group_size times, one generate_tokens call on all the rows: prefill, then one batched token per forward
+// with the KV cache, sampled at temperature 1 from a seeded generator; eos_id -1 here, so every row
+// generates kGrpoNewTokens tokens) and prints one JSON line: ms_per_step = ms per rollout, tokens_per_s =
+// generated tokens per second, prefill_ms = the prompts' forward alone (median).
+int run_one_grpo_rollout(int64_t warmup, int64_t steps, int64_t threads, const c10::Device& device) {
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto now = [&] { return synced_now(device); };
+  at::set_num_threads(int(threads));
+  at::manual_seed(0);
+  auto model = post_training_model(device);
+  int64_t nparams = 0;
+  for (const auto& p : model->parameters()) nparams += p.numel();
+  auto data_gen = at::detail::createCPUGenerator(1);
+  const at::Tensor prompt_ids = at::randint(0, 256, {kGrpoPrompts, kGrpoPromptLen}, data_gen);
+  std::vector<std::vector<int64_t>> rows;  // [prompt 0] x group, [prompt 1] x group, ... as GRPOObjective
+  for (int64_t i = 0; i < kGrpoPrompts; ++i) {
+    const int64_t* p = prompt_ids[i].data_ptr<int64_t>();
+    for (int64_t k = 0; k < kGrpoGroup; ++k) rows.emplace_back(p, p + kGrpoPromptLen);
+  }
+  const int64_t n = int64_t(rows.size());
+  const at::Tensor all_ids = prompt_ids.repeat_interleave(kGrpoGroup, 0).to(device);  // [n, P]
+  sampling::GenerationOptions go;  // GRPOObjectiveOptions' defaults: temperature 1, top-p 1, top-k 0
+  go.max_new_tokens = kGrpoNewTokens;
+  go.temperature = 1.0;
+  go.eos_id = -1;
+  std::vector<double> total, prefill;
+  for (int64_t r = 0; r < warmup + steps; ++r) {
+    go.seed = uint64_t(r);
+    const auto t0 = now();
+    auto res = sampling::generate_tokens(*model, rows, go);
+    const auto t1 = now();
+    for (int64_t i = 0; i < n; ++i)
+      DEW_CHECK(res.lengths.at(size_t(i)) == kGrpoNewTokens, "bench grpo_rollout: row ", i, " generated ",
+                res.lengths.at(size_t(i)), " tokens, expected ", kGrpoNewTokens);
+    // The prefill alone, as generate_tokens' first forward (all prompts the same length: no padding).
+    model->eval();
+    at::NoGradGuard ng;
+    nn::KVCache cache;
+    const auto t2 = now();
+    model->forward_tokens(all_ids, {}, {}, at::ones({n, kGrpoPromptLen}, at::TensorOptions().dtype(at::kBool).device(device)),
+                          &cache);
+    const auto t3 = now();
+    if (r < warmup) continue;
+    total.push_back(secs(t1 - t0));
+    prefill.push_back(secs(t3 - t2));
+  }
+  const std::vector<double> none(total.size(), 0.0);
+  json out = step_result(total, total, none, none, n, nparams, 0.0);
+  out["tokens_per_s"] = double(n * kGrpoNewTokens) / (out["ms_per_step"].get<double>() / 1e3);
+  out["prefill_ms"] = median(prefill) * 1e3;
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
 // ---- the parent: child processes and the report ----
 
 struct ChildResult {
@@ -679,7 +813,8 @@ std::string find_peer(const Flags& f, const fs::path& exe, const std::string& fl
 int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
-                               "one", "peer-coretype", "seq-len", "lm-peer", "jepa-peer", "profile", "device"},
+                               "one", "peer-coretype", "seq-len", "lm-peer", "jepa-peer", "dpo-peer", "grpo-rollout-peer",
+                               "profile", "device"},
                               {"no-peer", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -705,6 +840,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     const BenchCase& c = find_case(f.get("one", ""));
     if (&c == &lm_case()) return run_one_lm(lm_batch, seq_len, warmup, steps, threads[0], device);
     if (&c == &jepa_case()) return run_one_jepa(batch, warmup, steps, threads[0], device);
+    if (&c == &dpo_case()) return run_one_dpo(batch, warmup, steps, threads[0], device);
+    if (&c == &grpo_rollout_case()) return run_one_grpo_rollout(warmup, steps, threads[0], device);
     return run_one(c, batch, warmup, steps, threads[0], f.get("profile", ""), device);
   }
 
@@ -712,22 +849,28 @@ int cmd_bench(const std::vector<std::string>& args) {
   DEW_CHECK(!(f.has("all") && f.has("models")), "--all and --models: give one of them");
   std::string all_names;
   for (const auto& c : bench_cases()) all_names += (all_names.empty() ? "" : ",") + c.name;
-  all_names += "," + lm_case().name + "," + jepa_case().name;
-  bool any_diffusion = false, any_lm = false, any_jepa = false;
+  for (const BenchCase* c : other_cases()) all_names += "," + c->name;
+  bool any_diffusion = false, any_lm = false, any_jepa = false, any_dpo = false, any_rollout = false;
   for (const auto& name : split_list(f.get("models", f.has("all") ? all_names : "simple_dit,unet,unet_attn"), "models")) {
     const BenchCase* c = &find_case(name);
     DEW_CHECK(std::find(cases.begin(), cases.end(), c) == cases.end(), "--models: \"", name, "\" is listed twice");
     cases.push_back(c);
-    (c == &lm_case() ? any_lm : c == &jepa_case() ? any_jepa : any_diffusion) = true;
+    (c == &lm_case()             ? any_lm
+     : c == &jepa_case()         ? any_jepa
+     : c == &dpo_case()          ? any_dpo
+     : c == &grpo_rollout_case() ? any_rollout
+                                 : any_diffusion) = true;
   }
   DEW_CHECK(any_lm || !f.has("seq-len"), "--seq-len: only the language model uses it; add lm to --models");
 
   const fs::path exe = fs::read_symlink("/proc/self/exe");
-  std::string peer, lm_peer, jepa_peer, python_torch, peer_note, lm_peer_note;
+  std::string peer, lm_peer, jepa_peer, dpo_peer, rollout_peer, python_torch, peer_note, lm_peer_note;
   if (!f.has("no-peer")) {
     if (any_diffusion) peer = find_peer(f, exe, "peer", "peer.py");
     if (any_lm) lm_peer = find_peer(f, exe, "lm-peer", "lm_peer.py");
     if (any_jepa) jepa_peer = find_peer(f, exe, "jepa-peer", "jepa_peer.py");
+    if (any_dpo) dpo_peer = find_peer(f, exe, "dpo-peer", "dpo_peer.py");
+    if (any_rollout) rollout_peer = find_peer(f, exe, "grpo-rollout-peer", "grpo_rollout_peer.py");
     auto probe = run_child({kPython, "-c", "import torch; print(torch.__version__)"}, {}, /*quiet=*/true);
     if (probe.exit_code != 0) {
       peer_note = std::string("Python peer skipped: ") + kPython + " with torch is not available; C++ side only.";
@@ -735,6 +878,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       peer.clear();
       lm_peer.clear();
       jepa_peer.clear();
+      dpo_peer.clear();
+      rollout_peer.clear();
     } else {
       if (any_diffusion && peer.empty())
         peer_note = "Python peer skipped: bench/peer.py not found (pass --peer FILE); C++ side only.";
@@ -757,12 +902,44 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   if (f.has("peer-malloc-like-dew")) peer_env["GLIBC_TUNABLES"] = kKeepFreedMemoryTunables;
 
-  const auto common = [&](int64_t t, bool lm) {
-    std::vector<std::string> a{"--batch", std::to_string(lm ? lm_batch : batch), "--steps", std::to_string(steps),
-                               "--warmup", std::to_string(warmup), "--threads", std::to_string(t),
-                               "--device", device_name};
+  // The arguments both sides of case `c` get (a rollout's rows are fixed: no --batch).
+  const auto common = [&](int64_t t, const BenchCase* c) {
+    const bool lm = c == &lm_case();
+    std::vector<std::string> a{"--steps", std::to_string(steps), "--warmup", std::to_string(warmup), "--threads",
+                               std::to_string(t), "--device", device_name};
+    if (c != &grpo_rollout_case()) a.insert(a.begin(), {"--batch", std::to_string(lm ? lm_batch : batch)});
     if (lm) a.insert(a.end(), {"--seq-len", std::to_string(seq_len)});
     return a;
+  };
+  // The Python peer's command for row `r` without `common`; empty when it has none.
+  const auto peer_argv = [&](const Row& r) -> std::vector<std::string> {
+    const BenchCase* c = r.c;
+    const std::string n = std::to_string(r.params);
+    if (c == &lm_case())
+      return lm_peer.empty() ? std::vector<std::string>{}
+                             : std::vector<std::string>{kPython, lm_peer, "--config", r.fields, "--params", n,
+                                                        "--prompt-len", std::to_string(kLmPrompt), "--new-tokens",
+                                                        std::to_string(kLmNewTokens), "--gen-reps",
+                                                        std::to_string(kLmGenReps)};
+    if (c == &jepa_case())
+      return jepa_peer.empty() ? std::vector<std::string>{}
+                               : std::vector<std::string>{kPython, jepa_peer, "--config", r.fields, "--params", n};
+    if (c == &dpo_case())
+      return dpo_peer.empty() ? std::vector<std::string>{}
+                              : std::vector<std::string>{kPython, dpo_peer, "--config", r.fields, "--params", n,
+                                                         "--seq-len", std::to_string(kDpoLen), "--completion-len",
+                                                         std::to_string(kDpoCompletion)};
+    if (c == &grpo_rollout_case())
+      return rollout_peer.empty()
+                 ? std::vector<std::string>{}
+                 : std::vector<std::string>{kPython, rollout_peer, "--config", r.fields, "--params", n, "--prompts",
+                                            std::to_string(kGrpoPrompts), "--group", std::to_string(kGrpoGroup),
+                                            "--prompt-len", std::to_string(kGrpoPromptLen), "--new-tokens",
+                                            std::to_string(kGrpoNewTokens), "--temperature", "1.0"};
+    if (peer.empty() || !c->peer) return {};
+    return {kPython, peer, "--model", c->arch, "--config", r.fields, "--params", n, "--image",
+            std::to_string(c->item[1]) + "x" + std::to_string(c->item[2]), "--context-len",
+            std::to_string(c->context_len)};
   };
   std::vector<Row> rows;
   for (const auto* c : cases) {
@@ -770,8 +947,9 @@ int cmd_bench(const std::vector<std::string>& args) {
     // count, which the peer receives so it builds, and checks, the same model.
     std::shared_ptr<torch::nn::Module> model;
     json config;
-    if (c == &lm_case()) {
-      auto lm = models::build_language_model({{"architecture", c->arch}, {"fields", lm_fields(seq_len)}});
+    if (c == &lm_case() || c == &dpo_case() || c == &grpo_rollout_case()) {
+      auto lm = models::build_language_model(
+          {{"architecture", c->arch}, {"fields", c == &lm_case() ? lm_fields(seq_len) : c->fields}});
       config = lm->config();
       model = lm.ptr();
     } else if (c == &jepa_case()) {
@@ -796,6 +974,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     std::cerr << "bench: round " << round << "/" << rounds << "  " << what << "  " << config_name(m) << ": "
               << fixed(m.ms, 1) << " ms/step";
     if (m.gen_ms_per_token > 0) std::cerr << ", generation " << fixed(m.gen_ms_per_token, 2) << " ms/token";
+    if (m.prefill_ms > 0 && m.gen_ms_per_token == 0) std::cerr << ", " << fixed(m.tokens_per_s, 0) << " generated tokens/s";
     std::cerr << "\n";
   };
   const std::string load_before = load_average();
@@ -804,25 +983,14 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (int64_t round = 1; round <= rounds; ++round) {
     for (auto& row : rows) {
       const std::string& name = row.c->name;
-      const bool lm = row.c == &lm_case(), jepa = row.c == &jepa_case();
       for (auto& cfg : row.configs) {
         auto cpp_argv = std::vector<std::string>{exe.string(), "bench", "--one", name};
-        for (auto& a : common(cfg.intra, lm)) cpp_argv.push_back(a);
+        for (auto& a : common(cfg.intra, row.c)) cpp_argv.push_back(a);
         cfg.cpp.push_back(measure(cpp_argv, cfg.intra, cfg.blas, name + " C++"));
         progress(round, name + "  C++   ", cfg.cpp.back());
-        if ((lm ? lm_peer : jepa ? jepa_peer : peer).empty() || !row.c->peer) continue;
-        auto py_argv =
-            jepa ? std::vector<std::string>{kPython, jepa_peer, "--config", row.fields, "--params",
-                                            std::to_string(row.params)}
-            : lm ? std::vector<std::string>{kPython, lm_peer, "--config", row.fields, "--params",
-                                          std::to_string(row.params), "--prompt-len", std::to_string(kLmPrompt),
-                                          "--new-tokens", std::to_string(kLmNewTokens), "--gen-reps",
-                                          std::to_string(kLmGenReps)}
-               : std::vector<std::string>{kPython, peer, "--model", row.c->arch, "--config", row.fields,
-                                          "--params", std::to_string(row.params), "--image",
-                                          std::to_string(row.c->item[1]) + "x" + std::to_string(row.c->item[2]),
-                                          "--context-len", std::to_string(row.c->context_len)};
-        for (auto& a : common(cfg.intra, lm)) py_argv.push_back(a);
+        auto py_argv = peer_argv(row);
+        if (py_argv.empty()) continue;
+        for (auto& a : common(cfg.intra, row.c)) py_argv.push_back(a);
         cfg.py.push_back(measure(py_argv, cfg.intra, cfg.blas, name + " Python", peer_env, peer_unset));
         progress(round, name + "  Python", cfg.py.back());
       }
@@ -832,11 +1000,17 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::vector<const Row*> drows;  // the diffusion models
   const Row* lrow = nullptr;      // the language model
   const Row* jrow = nullptr;      // the JEPA step
+  const Row* dpo_row = nullptr;   // the DPO step
+  const Row* rollout_row = nullptr;  // the GRPO rollout
   for (const auto& r : rows) {
     if (r.c == &lm_case())
       lrow = &r;
     else if (r.c == &jepa_case())
       jrow = &r;
+    else if (r.c == &dpo_case())
+      dpo_row = &r;
+    else if (r.c == &grpo_rollout_case())
+      rollout_row = &r;
     else
       drows.push_back(&r);
   }
@@ -884,6 +1058,30 @@ int cmd_bench(const std::vector<std::string>& args) {
     return s;
   };
   std::ostringstream md;
+  // A training step's tables (the JEPA and DPO steps): each side's fastest run, the speed-up, every
+  // configuration. `per_s` names samples_per_s (batch rows per second).
+  auto step_tables = [&](const Row& r, bool with_peer, const std::string& per_s) {
+    std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
+    if (with_peer) sides.push_back({"Python", &Config::py});
+    md << "| side | best config | ms/step | " << per_s << " | forward ms | backward ms | optimizer ms | peak MB |\n"
+       << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides) {
+      const auto& m = fastest(r.configs, member);
+      md << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
+         << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.opt, 1) << " | "
+         << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md << "\nSpeed-up (Python ms/step / C++ ms/step): "
+         << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+    md << "\nEvery configuration (each round's median, fastest first):\n\n| intra | blas | C++ ms/step |"
+       << (with_peer ? " Python ms/step |" : "") << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
+    for (const auto& cfg : r.configs) {
+      md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
+      if (with_peer) md << " " << rounds_cell(cfg.py) << " |";
+      md << "\n";
+    }
+  };
 
   if (!drows.empty()) {
     const bool with_peer = !peer.empty();
@@ -1019,21 +1217,60 @@ int cmd_bench(const std::vector<std::string>& args) {
        << " warm-up + " << steps << " timed steps, median; " << rounds << " round(s) per side"
        << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported.\n\n"
        << machine(r, with_peer);
+    step_tables(r, with_peer, "samples/s");
+  }
+
+  if (dpo_row) {
+    const bool with_peer = !dpo_peer.empty();
+    const Row& r = *dpo_row;
+    if (!drows.empty() || lrow || jrow) md << "\n";
+    md << "## dew bench: a DPO training step on the CPU\n\n"
+       << "Model: causal_transformer, " << r.c->size << " (`dew train dpo`'s fresh model), " << grouped(r.params)
+       << " parameters. Step (`dew train dpo`'s, beta 0.1, reference log-probs per batch): " << batch
+       << " pairs of " << kDpoLen << " tokens, chosen and rejected sharing a " << kDpoLen - kDpoCompletion
+       << "-token prompt and differing in the last " << kDpoCompletion << " (the completion mask); the frozen "
+       << "reference's forward on the " << 2 * batch << " rows without gradient, the policy's forward, each row's "
+       << "summed completion log-probs, the sigmoid loss -logsigmoid(beta * (chosen - rejected log-ratio)) and its "
+       << "reward metrics; backward; AdamW (lr " << kLr << ", weight decay 0.01 on matrices). C++: DPOObjective "
+       << "with the trainer's EMA as its reference (a frozen copy, never updated); Python: bench/dpo_peer.py, "
+       << "TRL's step (concatenated chosen + rejected forward, a deepcopy as the reference). " << warmup
+       << " warm-up + " << steps << " timed steps, median; " << rounds << " round(s) per side"
+       << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported.\n\n"
+       << machine(r, with_peer);
+    step_tables(r, with_peer, "pairs/s");
+  }
+
+  if (rollout_row) {
+    const bool with_peer = !rollout_peer.empty();
+    const Row& r = *rollout_row;
+    const int64_t n = kGrpoPrompts * kGrpoGroup;
+    if (!drows.empty() || lrow || jrow || dpo_row) md << "\n";
+    md << "## dew bench: a GRPO rollout (batched sampling with a KV cache) on the CPU\n\n"
+       << "Model: causal_transformer, " << r.c->size << " (`dew train grpo`'s fresh model), " << grouped(r.params)
+       << " parameters. Rollout (GRPOObjective's generation): " << kGrpoPrompts << " prompts of " << kGrpoPromptLen
+       << " tokens x group " << kGrpoGroup << " = " << n << " rows in one batch; prefill, then "
+       << kGrpoNewTokens - 1 << " single-token forwards with the KV cache, each row sampling " << kGrpoNewTokens
+       << " tokens at temperature 1 (no EOS, so every row generates all of them) and keeping their log-probs. "
+       << "C++: sampling::generate_tokens; Python: bench/grpo_rollout_peer.py, torch.multinomial of "
+       << "softmax(logits / T), the cache as tensors concatenated per step. " << warmup << " warm-up + " << steps
+       << " timed rollouts, median; " << rounds << " round(s) per side"
+       << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported.\n\n"
+       << machine(r, with_peer);
     std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
     if (with_peer) sides.push_back({"Python", &Config::py});
-    md << "| side | best config | ms/step | samples/s | forward ms | backward ms | optimizer ms | peak MB |\n"
-       << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    md << "| side | best config | ms/rollout | generated tokens/s | prefill ms | peak MB |\n"
+       << "|---|---|---:|---:|---:|---:|\n";
     for (const auto& [side, member] : sides) {
       const auto& m = fastest(r.configs, member);
-      md << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
-         << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.opt, 1) << " | "
-         << fixed(m.peak_mb, 0) << " |\n";
+      md << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.tokens_per_s, 0)
+         << " | " << fixed(m.prefill_ms, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
     }
     if (with_peer)
-      md << "\nSpeed-up (Python ms/step / C++ ms/step): "
-         << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
-    md << "\nEvery configuration (each round's median, fastest first):\n\n| intra | blas | C++ ms/step |"
-       << (with_peer ? " Python ms/step |" : "") << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
+      md << "\nSpeed-up (C++ tokens/s / Python tokens/s, higher is better for C++): "
+         << fixed(fastest(r.configs, &Config::cpp).tokens_per_s / fastest(r.configs, &Config::py).tokens_per_s, 2)
+         << "x\n";
+    md << "\nEvery configuration (ms/rollout, each round's median, fastest first):\n\n| intra | blas | C++ ms/rollout |"
+       << (with_peer ? " Python ms/rollout |" : "") << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
     for (const auto& cfg : r.configs) {
       md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
       if (with_peer) md << " " << rounds_cell(cfg.py) << " |";

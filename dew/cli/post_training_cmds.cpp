@@ -59,6 +59,11 @@ OpenedPolicy open_policy(const Flags& f) {
   return p;
 }
 
+// `text` with each invalid UTF-8 sequence replaced by U+FFFD (a sampled completion may hold any bytes).
+std::string valid_utf8(const std::string& text) {
+  return json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace)).get<std::string>();
+}
+
 std::string required(const Flags& f, const char* name) {
   DEW_CHECK(f.has(name) && !f.get(name, "").empty(), "--", name, ": required");
   return f.get(name, "");
@@ -124,6 +129,7 @@ int cmd_pairs(const std::vector<std::string>& args) {
     for (int64_t k = 0; k < samples; ++k) rows.push_back(&pr);
   }
   auto r = post_training::roll_out(*p.run.model, p.format, rows, g, rewards);
+  for (auto& c : r.completions) c.text = valid_utf8(c.text);
   // The chosen texts scored by the same rewards, so "below the chosen" compares like with like.
   std::vector<post_training::Completion> chosen_texts;
   std::vector<const data::Prompt*> chosen_rows;
@@ -149,16 +155,20 @@ int cmd_pairs(const std::vector<std::string>& args) {
       if (r.total[k] > r.total[best]) best = k;
     const double chosen_score = chosen_field.empty() ? r.total[best] : cr.total[i];
     const std::string chosen = chosen_field.empty() ? r.completions[best].text : chosen_texts[i].text;
-    // The rejected one: the first sample scoring below the chosen, preferring one that ended by itself.
+    // The rejected one: the first sample scoring below the chosen, preferring one that ended by itself, among
+    // those that are not blank and fit the model's context as `dew train dpo` will render them.
     size_t pick = std::string::npos;
     for (size_t k = first; k < first + size_t(samples); ++k) {
-      if (r.total[k] >= chosen_score || r.completions[k].text.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+      const std::string& text = r.completions[k].text;
+      if (r.total[k] >= chosen_score || text.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+      const auto ids = data::completion_ids(prompts[i], json(text), p.format, "rejected", prompts[i].where);
+      if (int64_t(prompts[i].ids.size() + ids.size()) > p.run.options.max_seq_len()) continue;
       if (pick == std::string::npos || (r.completions[pick].finish == "length" && r.completions[k].finish != "length"))
         pick = k;
     }
     if (pick != std::string::npos) {
       const json pair = {{"prompt", prompts[i].record["prompt"]}, {"chosen", chosen}, {"rejected", r.completions[pick].text}};
-      o << pair.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";  // invalid UTF-8 bytes as U+FFFD
+      o << pair.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
       ++written;
     }
   }

@@ -46,7 +46,7 @@ json post_training_defaults(const std::string& run, training::TrainerOptions to,
   json r = to_json(RunOptions{});
   r["run"] = run;
   post_training::EvalOptions eval;
-  eval.max_new_tokens = 8;
+  eval.max_new_tokens = 12;  // a sum and the end-of-turn marker
   eval.count = 500;
   r.update(json{
       {"init_from", ""},
@@ -154,6 +154,12 @@ Built build_grpo(json& r, const c10::Device& device) {
             "reward and reward_command: expected strings (e.g. --reward exact, --reward-command \"python3 score.py\")");
   const std::string prompts_file = data_path(r, "prompts", "a JSON-lines file of {\"prompt\", ...}");
   // Every reward is checked (names, regexes) before the model is built.
+  DEW_CHECK(!r["reward"].get<std::string>().empty() || !r["reward_command"].get<std::string>().empty(),
+            "reward: none given; pass --reward NAME[,NAME] (", [] {
+              std::string s;
+              for (const auto& n : post_training::builtin_rewards()) s += (s.empty() ? "" : ", ") + n;
+              return s;
+            }(), ") or --reward-command CMD");
   auto rewards = post_training::make_rewards(r["reward"].get<std::string>(), r["reward_command"].get<std::string>(), ro);
   Policy p = resolve_policy(r, device);
   auto prompts = data::read_prompts(prompts_file, p.format, p.model->options.max_seq_len());
@@ -320,16 +326,18 @@ RunKind grpo_kind() {
   k.name = "grpo";
   k.doc = "group-relative policy optimisation of a causal language model on prompts with rewards";
   k.defaults = [] {
+    // Measured on the sums task (docs/post_training.md): lr 1e-4 without warm-up first loses half the SFT
+    // model's accuracy; 3e-5 after 50 warm-up steps gains 35 points in 1200 steps (8.5 minutes here).
     training::OptimOptions oo;
-    oo.lr = 1e-4;
-    oo.warmup_steps = 0;
+    oo.lr = 3e-5;
+    oo.warmup_steps = 50;
     oo.weight_decay = 0.0;
     oo.schedule = "constant";
     GRPOObjectiveOptions go;
-    go.max_new_tokens = 8;
-    json r = post_training_defaults("runs/grpo", trainer_options(400, 100), oo, loader_options(16), to_json(go));
+    go.max_new_tokens = 12;
+    json r = post_training_defaults("runs/grpo", trainer_options(1200, 100), oo, loader_options(16), to_json(go));
     r["prompts"] = "";
-    r["reward"] = "exact";
+    r["reward"] = "";  // --reward exact,format,length and/or --reward-command CMD: at least one
     r["reward_command"] = "";
     r["reward_options"] = to_json(post_training::RewardOptions{});
     return r;

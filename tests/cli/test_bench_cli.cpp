@@ -1,9 +1,11 @@
 // `dew bench --models lm`: argument validation (one-line errors, exit 2) and the measured child's result
-// line. No timing is asserted: the machine is shared.
+// line; `--models jepa`, `dpo` and `grpo_rollout`: the children and, for the post-training two, a whole run
+// against the Python peer. No timing is asserted: the machine is shared.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "dew/core/options.h"
 #include "tests/test_util.h"
@@ -18,6 +20,20 @@ void one_line_error(const dew::test::CliResult& r, const std::string& needle) {
   EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
 }
 
+// The result line (the last line of stdout) of a `dew bench --one` child.
+dew::json result_line(const dew::test::CliResult& r) {
+  std::string line = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
+  line = line.substr(line.rfind('\n') == std::string::npos ? 0 : line.rfind('\n') + 1);
+  return dew::json::parse(line);
+}
+
+bool have_python_torch() { return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0; }
+
+// The post-training model (`dew train dpo`'s byte causal_transformer: vocab 257, width 128, 4 layers, 4 heads
+// of 32, SwiGLU 384, qk-norm, tied head), counted by hand: embedding 257*128 + 4 * (attention 4*128*128 +
+// MLP 3*128*384 + norms 2*128 + 2*32) + final norm 128.
+constexpr int64_t kPostTrainingParams = 257 * 128 + 4 * (4 * 128 * 128 + 3 * 128 * 384 + 2 * 128 + 2 * 32) + 128;
+
 }  // namespace
 
 TEST(BenchCli, LmArgumentsAreValidated) {
@@ -31,9 +47,7 @@ TEST(BenchCli, LmChildPrintsOneResultLine) {
   // The child a `dew bench --models lm` run starts per configuration, at its smallest.
   auto r = run("bench --one lm --threads 1 --steps 1 --warmup 0 --batch 1 --seq-len 8");
   ASSERT_EQ(r.code, 0) << r.output;
-  std::string line = r.output.substr(0, r.output.find_last_not_of('\n') + 1);  // the result is the last line
-  line = line.substr(line.rfind('\n') == std::string::npos ? 0 : line.rfind('\n') + 1);
-  auto j = dew::json::parse(line);
+  auto j = result_line(r);
   // byte vocab 257, width 256, 4 layers, 4 heads, SwiGLU 704, qk-norm, tied head, counted by hand:
   // embedding 257*256 + 4 * (attention 4*256*256 + MLP 3*256*704 + norms 2*256 + 2*64) + final norm 256.
   EXPECT_EQ(j.at("params").get<int64_t>(), 257 * 256 + 4 * (4 * 256 * 256 + 3 * 256 * 704 + 2 * 256 + 2 * 64) + 256);
@@ -52,13 +66,46 @@ TEST(BenchCli, JepaChildMatchesThePythonPeersModel) {
   // 4 blocks at width 64, norm 2*64, projection 64*128 + 128.
   auto r = run("bench --one jepa --threads 1 --steps 1 --warmup 0 --batch 2");
   ASSERT_EQ(r.code, 0) << r.output;
-  std::string line = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
-  line = line.substr(line.rfind('\n') == std::string::npos ? 0 : line.rfind('\n') + 1);
-  auto j = dew::json::parse(line);
+  auto j = result_line(r);
   auto block = [](int64_t d) { return 4 * d + d * 3 * d + 3 * d + d * d + d + d * 4 * d + 4 * d + 4 * d * d + d; };
   const int64_t encoder = 16 * 128 + 128 + 4 * block(128) + 2 * 128;
   const int64_t predictor = 128 * 64 + 64 + 64 + 4 * block(64) + 2 * 64 + 64 * 128 + 128;
   EXPECT_EQ(j.at("params").get<int64_t>(), encoder + predictor);
   EXPECT_GT(j.at("ms_per_step").get<double>(), 0.0);
   EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+}
+
+TEST(BenchCli, DpoRunsBothSidesAndPrintsTheRatio) {
+  // The child (DPOObjective's step on the post-training model) at its smallest, then one whole run against
+  // bench/dpo_peer.py, which refuses to run unless it builds a model of the same parameter count.
+  auto r = run("bench --one dpo --threads 1 --steps 1 --warmup 0 --batch 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = result_line(r);
+  EXPECT_EQ(j.at("params").get<int64_t>(), kPostTrainingParams);
+  // 2 pairs of 48 tokens: 192 policy tokens per step.
+  EXPECT_NEAR(j.at("tokens_per_s").get<double>() * j.at("ms_per_step").get<double>(), 192000.0, 1e-6 * 192000.0);
+  EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+  if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
+  r = run("bench --models dpo --steps 1 --warmup 0 --batch 2 --threads 1 --blas-threads 1 --rounds 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("## dew bench: a DPO training step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Speed-up (Python ms/step / C++ ms/step): "), std::string::npos) << r.output;
+}
+
+TEST(BenchCli, GrpoRolloutRunsBothSidesAndPrintsTheRatio) {
+  // One rollout (128 rows x 16 sampled tokens) per side: the child's numbers, then the whole run against
+  // bench/grpo_rollout_peer.py.
+  auto r = run("bench --one grpo_rollout --threads 1 --steps 1 --warmup 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = result_line(r);
+  EXPECT_EQ(j.at("params").get<int64_t>(), kPostTrainingParams);
+  // 16 prompts x group 8 = 128 rows, 16 new tokens each: 2048 generated tokens per rollout.
+  EXPECT_NEAR(j.at("tokens_per_s").get<double>() * j.at("ms_per_step").get<double>(), 2048000.0, 1e-6 * 2048000.0);
+  EXPECT_GT(j.at("prefill_ms").get<double>(), 0.0);
+  if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
+  r = run("bench --models grpo_rollout --steps 1 --warmup 0 --threads 1 --blas-threads 1 --rounds 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("## dew bench: a GRPO rollout"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Speed-up (C++ tokens/s / Python tokens/s, higher is better for C++): "), std::string::npos)
+      << r.output;
 }

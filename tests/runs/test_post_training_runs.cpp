@@ -122,12 +122,15 @@ TEST(PostTrainingRuns, BadInputIsOneLineAndLeavesTheRunAsItWas) {
       {"train grpo --init_from " + tmp.file("sft") + " --prompts " + tmp.file("sums/train_prompts.jsonl") +
            " --reward exactly --run " + tmp.file("sft"),
        "exactly"},
-      {"train grpo --init_from " + tmp.file("nowhere") + " --prompts " + tmp.file("sums/train_prompts.jsonl") + " --run " +
-           tmp.file("sft"),
+      {"train grpo --init_from " + tmp.file("sft") + " --prompts " + tmp.file("sums/train_prompts.jsonl") + " --run " +
+           tmp.file("x"),
+       "reward: none given; pass --reward NAME[,NAME] (exact, format, length) or --reward-command CMD"},
+      {"train grpo --init_from " + tmp.file("nowhere") + " --prompts " + tmp.file("sums/train_prompts.jsonl") +
+           " --reward exact --run " + tmp.file("sft"),
        "is neither a dew run (run.json) nor a Hugging Face folder"},
       {"train sft --data " + tmp.file("sums/sft.jsonl") + " --chat_template chatml --run " + tmp.file("sft"), "chatml"},
       {"train grpo --init_from " + tmp.file("sft") + " --prompts " + tmp.file("sums/train_prompts.jsonl") +
-           " --objective.group_size 1 --run " + tmp.file("x"),
+           " --reward exact --objective.group_size 1 --run " + tmp.file("x"),
        "objective.group_size: must be >= 2"},
       {"eval " + tmp.file("sft") + " --prompts " + tmp.file("missing.jsonl"), "missing.jsonl is not a file"},
   };
