@@ -26,6 +26,7 @@ DPOObjective::DPOObjective(nn::CausalTransformer model, DPOObjectiveOptions o, d
   DEW_CHECK(o_.beta > 0, "objective.beta: must be > 0, got ", o_.beta);
   DEW_CHECK(o_.label_smoothing >= 0 && o_.label_smoothing < 0.5, "objective.label_smoothing: must be in [0, 0.5), got ",
             o_.label_smoothing);
+  DEW_CHECK(o_.sft_weight >= 0, "objective.sft_weight: must be >= 0, got ", o_.sft_weight);
   DEW_CHECK(o_.reference_logps == "batch" || o_.reference_logps == "precompute", "objective.reference_logps: got \"",
             o_.reference_logps, "\", accepted: batch, precompute");
 }
@@ -65,6 +66,15 @@ LossOutput DPOObjective::loss(const data::Batch& batch, int64_t step, at::Genera
   const at::Tensor logits = model_->forward_tokens(ids.reshape({2 * n, len})).to(at::kFloat).view({n, 2, len, -1});
   const at::Tensor policy = post_training::sequence_logps(logits, ids, mask);  // [n, 2]
   auto d = post_training::dpo_loss_from_logps(policy, ref, o_.beta, o_.label_smoothing);
+  if (o_.sft_weight > 0) {
+    // TRL's "sft" loss: cross entropy of the chosen completion tokens, a mean over all of them in the batch.
+    const at::Tensor lc = logits.select(1, 0).narrow(1, 0, len - 1);
+    const at::Tensor keep = mask.select(1, 0).narrow(1, 1, len - 1).reshape({-1}).nonzero().squeeze(1);
+    const at::Tensor ce = at::cross_entropy_loss(lc.reshape({-1, lc.size(-1)}).index_select(0, keep),
+                                            ids.select(1, 0).narrow(1, 1, len - 1).reshape({-1}).index_select(0, keep));
+    d.loss = d.loss + o_.sft_weight * ce;
+    d.metrics["sft_loss"] = ce.item<double>();
+  }
   return {d.loss, d.metrics};
 }
 

@@ -1,12 +1,13 @@
 // DPOObjective (SPEC section 10): direct preference optimisation of a causal_transformer against its frozen
 // starting weights (the reference), TRL's sigmoid loss with beta and label smoothing
 // (post_training::dpo_loss), the reference log-probs computed per batch without gradient or once for the
-// whole dataset.
+// whole dataset, and optionally TRL's "sft" term (RPO, Pang et al. 2024): the token-mean cross entropy of the
+// chosen completions, which keeps their likelihood from falling with the rejected ones'.
 //
 //   auto rows = dew::data::preference_rows("pairs.jsonl", fmt, model->options.max_seq_len());
 //   auto obj = std::make_shared<dew::DPOObjective>(model, dew::DPOObjectiveOptions{}, rows, evaluator);
 //   // batch: ids [B, 2, L], completion_mask [B, 2, L], index [B]; metrics: rewards/chosen, rewards/rejected,
-//   //        rewards/accuracies, rewards/margins, logps/chosen, logps/rejected
+//   //        rewards/accuracies, rewards/margins, logps/chosen, logps/rejected (+ sft_loss)
 #pragma once
 #include "dew/objectives/objective.h"
 #include "dew/objectives/policy.h"
@@ -18,11 +19,14 @@ struct DPOObjectiveOptions {
   double beta = 0.1;                       // strength of the KL constraint to the reference
   double label_smoothing = 0.0;            // cDPO: the assumed probability that a pair's label is flipped
   std::string reference_logps = "batch";   // batch: reference forward per batch; precompute: once, at the start
+  double sft_weight = 0.0;                 // + this x the chosen completions' token-mean cross entropy (RPO)
   template <class V> void visit(V& v) {
     v("beta", beta, "DPO beta (the implicit KL constraint to the reference)");
     v("label_smoothing", label_smoothing, "cDPO label smoothing in [0, 0.5)");
     v.choice("reference_logps", reference_logps, {"batch", "precompute"},
              "reference log-probs: per batch without gradient, or precomputed once for the dataset");
+    v("sft_weight", sft_weight,
+      "weight of the chosen completions' cross entropy added to the loss (TRL loss_type [sigmoid, sft], RPO; 0 = off)");
   }
 };
 

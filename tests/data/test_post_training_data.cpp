@@ -15,7 +15,7 @@ using dew::data::ChatTemplate;
 
 namespace {
 
-ChatFormat byte_plain() { return {dew::data::load_tokenizer("byte"), ChatTemplate::plain}; }
+ChatFormat byte_plain() { return {dew::data::load_tokenizer("byte"), ChatTemplate::plain, {}}; }
 
 std::string write(const dew::test::TempDir& d, const std::string& name, const std::string& text) {
   std::ofstream(d.file(name), std::ios::binary) << text;

@@ -25,7 +25,7 @@ dew::nn::CausalTransformer tiny_model(uint64_t seed = 1) {
   return dew::nn::CausalTransformer(o);
 }
 
-dew::data::ChatFormat byte_plain() { return {dew::data::load_tokenizer("byte"), dew::data::ChatTemplate::plain}; }
+dew::data::ChatFormat byte_plain() { return {dew::data::load_tokenizer("byte"), dew::data::ChatTemplate::plain, {}}; }
 
 std::string write(const dew::test::TempDir& d, const std::string& name, const std::string& text) {
   std::ofstream(d.file(name), std::ios::binary) << text;
@@ -73,6 +73,25 @@ TEST(DpoObjective, AtTheStartTheLossIsLog2AndItsGradientTheClosedForm) {
     worst = std::max(worst, (got[i] - want).abs().max().item<double>() / (want.abs().max().item<double>() + 1e-12));
   }
   EXPECT_LT(worst, 1e-4) << "largest relative gradient difference";
+}
+
+TEST(DpoObjective, TheSftTermAddsTheChosenTokensMeanNegativeLogLikelihood) {
+  dew::test::TempDir d("dpo_sft");
+  auto rows = dew::data::preference_rows(write(d, "p.jsonl", kPairs), byte_plain(), 64);
+  auto model = tiny_model();
+  dew::DPOObjectiveOptions o;
+  o.sft_weight = 0.5;
+  auto obj = std::make_shared<dew::DPOObjective>(model, o, rows, nullptr);
+  dew::training::EMA ema(trainable(*model), obj->ema());
+  obj->bind_ema(ema.averages());
+  auto out = obj->loss(rows, 0, dew::rng::generator(0, 0, "t"));
+  // The chosen rows' completion tokens: their mean -log p, from per-token log-probs.
+  at::NoGradGuard ng;
+  const at::Tensor chosen = rows.at("ids").select(1, 0), mask = rows.at("completion_mask").select(1, 0);
+  const at::Tensor lp = dew::post_training::token_logps(*model, chosen);
+  const double nll = -(lp * mask.to(at::kFloat)).sum().item<double>() / mask.narrow(1, 1, mask.size(1) - 1).sum().item<double>();
+  EXPECT_NEAR(out.metrics.at("sft_loss"), nll, 1e-5);
+  EXPECT_NEAR(out.loss.item<double>(), std::log(2.0) + 0.5 * nll, 1e-5);
 }
 
 TEST(DpoObjective, TheReferenceStaysFrozenAndPrecomputingGivesTheSameLoss) {
