@@ -41,6 +41,10 @@ class DPOObjective : public Objective {
   std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
   training::EmaSpec ema() const override { return training::EmaSpec::frozen_reference(); }
   void bind_ema(const std::map<std::string, at::Tensor>& averages) override { reference_.bind(averages); }
+  /// A reference other than the starting weights (see FrozenReference::set).
+  void set_reference(const std::map<std::string, at::Tensor>& weights, const std::string& what) {
+    reference_.set(weights, what);
+  }
   std::vector<std::string> batch_fields() const override { return {"ids", "completion_mask", "index"}; }
 
  private:

@@ -60,6 +60,10 @@ class GRPOObjective : public Objective {
   std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
   training::EmaSpec ema() const override { return training::EmaSpec::frozen_reference(); }
   void bind_ema(const std::map<std::string, at::Tensor>& averages) override { reference_.bind(averages); }
+  /// A reference other than the starting weights (see FrozenReference::set).
+  void set_reference(const std::map<std::string, at::Tensor>& weights, const std::string& what) {
+    reference_.set(weights, what);
+  }
   void begin(int64_t step, const std::string& run_dir) override;
   std::map<std::string, at::Tensor> state() const override { return buffer_; }
   void load_state(const std::map<std::string, at::Tensor>& state) override;

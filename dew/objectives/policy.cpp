@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "dew/core/error.h"
+#include "dew/io/weights.h"
 
 namespace dew::post_training {
 
@@ -20,6 +21,23 @@ FrozenReference::FrozenReference(const nn::CausalTransformer& policy) {
   model_->to(policy->head_weight().device(), policy->head_weight().scalar_type());
   for (auto& p : model_->parameters()) p.set_requires_grad(false);
   model_->eval();
+}
+
+void FrozenReference::set(const std::map<std::string, at::Tensor>& weights, const std::string& what) {
+  io::load_weights(*model_, io::WeightSource::of_tensors(weights, what));
+  for (auto& p : model_->parameters()) p.set_requires_grad(false);
+  set_ = true;
+}
+
+void FrozenReference::bind(const std::map<std::string, at::Tensor>& averages) {
+  averages_ = &averages;
+  if (!set_) return;
+  at::NoGradGuard ng;
+  for (const auto& kv : model_->named_parameters()) {
+    auto it = averages.find(kv.key());
+    DEW_CHECK(it != averages.end(), "frozen reference: the EMA holds no \"", kv.key(), "\"");
+    it->second.copy_(kv.value());
+  }
 }
 
 nn::CausalTransformerImpl& FrozenReference::model() {

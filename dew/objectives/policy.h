@@ -23,8 +23,12 @@ at::Tensor token_logps(nn::CausalTransformerImpl& model, const at::Tensor& ids);
 class FrozenReference {
  public:
   explicit FrozenReference(const nn::CausalTransformer& policy);
-  /// The trainer's EMA averages (parameter name -> tensor): the reference weights.
-  void bind(const std::map<std::string, at::Tensor>& averages) { averages_ = &averages; }
+  /// The trainer's EMA averages (parameter name -> tensor): the reference weights. After set(), the set
+  /// weights are copied into them, so checkpoints hold the reference that was used.
+  void bind(const std::map<std::string, at::Tensor>& averages);
+  /// Other reference weights (`--reference DIR`), before the trainer binds: every parameter and buffer of the
+  /// architecture, by name (dew::Error naming a missing or mis-shaped tensor). `what` names the source.
+  void set(const std::map<std::string, at::Tensor>& weights, const std::string& what);
   /// The reference model, the averages copied in on the first call (the trainer restores a checkpoint's
   /// averages after bind and before the first loss; they never change after).
   nn::CausalTransformerImpl& model();
@@ -33,6 +37,7 @@ class FrozenReference {
   nn::CausalTransformer model_{nullptr};
   const std::map<std::string, at::Tensor>* averages_ = nullptr;
   bool loaded_ = false;
+  bool set_ = false;  // set() gave the weights: bind() writes them into the averages
 };
 
 }  // namespace dew::post_training

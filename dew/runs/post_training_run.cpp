@@ -12,6 +12,7 @@
 #include "dew/objectives/grpo.h"
 #include "dew/objectives/sft.h"
 #include "dew/runs/kinds.h"
+#include "dew/training/trainer.h"
 
 namespace fs = std::filesystem;
 
@@ -86,6 +87,29 @@ std::shared_ptr<post_training::ChatEvaluator> evaluator(const json& r, const Pol
   return std::make_shared<post_training::ChatEvaluator>(eo, p.format, p.model->options.max_seq_len(), ro);
 }
 
+// recipe.reference: empty (the frozen reference is the starting weights: the trainer's reference EMA), or a
+// language-model run (its latest checkpoint) or a Hugging Face folder whose weights `set` receives.
+json resolve_reference(const json& r, const std::function<void(const training::TensorMap&, const std::string&)>& set) {
+  DEW_CHECK(r["reference"].is_string(), "reference: expected a run directory or a Hugging Face folder, got ",
+            r["reference"].dump());
+  const std::string dir = r["reference"];
+  if (dir.empty()) return json::object({{"reference", "starting weights"}});
+  if (fs::is_regular_file(fs::path(dir) / "run.json")) {
+    const std::string kind = read_record(dir).value("kind", "");
+    DEW_CHECK(std::find(language_model_kinds().begin(), language_model_kinds().end(), kind) != language_model_kinds().end(),
+              "reference: ", dir, " is a ", kind, " run; the reference is a language-model run (lm, sft, dpo, grpo)");
+    OpenOptions o;
+    o.step = training::latest_checkpoint(dir);
+    set(run_weights(dir, o), dir + " step_" + std::to_string(o.step));
+    return {{"reference", dir}, {"step", o.step}};
+  }
+  DEW_CHECK(fs::is_regular_file(fs::path(dir) / "config.json"), "reference: ", dir,
+            " is neither a dew run (run.json) nor a Hugging Face folder (config.json)");
+  auto model = interop::load_pretrained_decoder(dir);
+  set(training::module_state(*model), dir);
+  return {{"reference", dir}};
+}
+
 Built finish(Built b, json& r, const Policy& p, const std::string& what) {
   r["model"] = p.model->config();
   b.derived = {{"tokenizer", p.tokenizer_spec},
@@ -137,12 +161,16 @@ Built build_dpo(json& r, const c10::Device& device) {
   data::Batch rows = data::preference_rows(train, p.format, p.model->options.max_seq_len());
   const int64_t n = rows.at("ids").size(0);
   Built b;
-  b.objective = std::make_shared<DPOObjective>(p.model, oo, rows, evaluator(r, p));
+  auto obj = std::make_shared<DPOObjective>(p.model, oo, rows, evaluator(r, p));
+  const json ref = resolve_reference(r, [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
+  b.objective = obj;
   lo.seed = r["seed"].get<int64_t>();
   b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(rows, "dpo"), lo);
-  return finish(std::move(b), r, p,
-                train + " (" + std::to_string(n) + " pairs), beta " + std::to_string(oo.beta) + ", batch " +
-                    std::to_string(lo.batch_size));
+  b = finish(std::move(b), r, p,
+             train + " (" + std::to_string(n) + " pairs), beta " + std::to_string(oo.beta) + ", batch " +
+                 std::to_string(lo.batch_size));
+  b.derived["reference"] = ref;
+  return b;
 }
 
 Built build_grpo(json& r, const c10::Device& device) {
@@ -152,6 +180,8 @@ Built build_grpo(json& r, const c10::Device& device) {
   auto ro = from_json<post_training::RewardOptions>(r["reward_options"], "reward_options");
   DEW_CHECK(r["reward"].is_string() && r["reward_command"].is_string(),
             "reward and reward_command: expected strings (e.g. --reward exact, --reward-command \"python3 score.py\")");
+  DEW_CHECK(r["trainer"].value("accumulation", int64_t(1)) == 1, "trainer.accumulation: grpo takes one mini-batch of a "
+            "rollout per step (use objective.mini_batches and loader.batch_size), got ", r["trainer"]["accumulation"].dump());
   const std::string prompts_file = data_path(r, "prompts", "a JSON-lines file of {\"prompt\", ...}");
   // Every reward is checked (names, regexes) before the model is built.
   DEW_CHECK(!r["reward"].get<std::string>().empty() || !r["reward_command"].get<std::string>().empty(),
@@ -167,16 +197,20 @@ Built build_grpo(json& r, const c10::Device& device) {
   DEW_CHECK(n >= lo.batch_size, "loader.batch_size: ", lo.batch_size, " prompts per rollout, but ", prompts_file,
             " holds ", n);
   Built b;
-  b.objective = std::make_shared<GRPOObjective>(p.model, oo, p.format, std::move(prompts), rewards, evaluator(r, p, ro));
+  auto obj = std::make_shared<GRPOObjective>(p.model, oo, p.format, std::move(prompts), rewards, evaluator(r, p, ro));
+  const json ref = resolve_reference(r, [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
+  b.objective = obj;
   lo.seed = r["seed"].get<int64_t>();
   lo.drop_last = true;  // every rollout holds batch_size prompts
   data::Batch index = {{"index", at::arange(n, at::kLong)}};
   b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(index, "prompts"), lo);
   std::string names;
   for (const auto& rw : rewards) names += (names.empty() ? "" : ", ") + rw->name();
-  return finish(std::move(b), r, p,
-                prompts_file + " (" + std::to_string(n) + " prompts), " + std::to_string(lo.batch_size) + " x " +
-                    std::to_string(oo.group_size) + " completions per rollout, rewards " + names);
+  b = finish(std::move(b), r, p,
+             prompts_file + " (" + std::to_string(n) + " prompts), " + std::to_string(lo.batch_size) + " x " +
+                 std::to_string(oo.group_size) + " completions per rollout, rewards " + names);
+  b.derived["reference"] = ref;
+  return b;
 }
 
 training::TrainerOptions trainer_options(int64_t steps, int64_t val_every) {
@@ -315,10 +349,11 @@ RunKind dpo_kind() {
     json r = post_training_defaults("runs/dpo", trainer_options(300, 100), oo, loader_options(32),
                                     to_json(DPOObjectiveOptions{}));
     r["data"] = "";
+    r["reference"] = "";  // the frozen reference: empty = the starting weights, or a run / Hugging Face folder
     return r;
   };
   k.open_keys = {"model.fields"};
-  k.identity = {"model", "seed", "data", "init_from"};
+  k.identity = {"model", "seed", "data", "init_from", "reference"};
   k.help = [](const json&) { return post_training_help(format_fields(fields_of<DPOObjectiveOptions>(), "  ")); };
   k.build = build_dpo;
   return k;
@@ -343,10 +378,11 @@ RunKind grpo_kind() {
     r["reward"] = "";  // --reward exact,format,length and/or --reward-command CMD: at least one
     r["reward_command"] = "";
     r["reward_options"] = to_json(post_training::RewardOptions{});
+    r["reference"] = "";
     return r;
   };
   k.open_keys = {"model.fields"};
-  k.identity = {"model", "seed", "prompts", "init_from", "reward", "reward_command"};
+  k.identity = {"model", "seed", "prompts", "init_from", "reference", "reward", "reward_command"};
   k.help = [](const json&) {
     return post_training_help(format_fields(fields_of<GRPOObjectiveOptions>(), "  ")) + "reward_options fields:\n" +
            format_fields(fields_of<post_training::RewardOptions>(), "  ");

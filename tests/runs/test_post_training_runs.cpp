@@ -84,6 +84,18 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
                         "train/reward/exact", "train/reward/length_std", "train/completion_length"})
     EXPECT_NE(metrics.find(k), std::string::npos) << k;
 
+  // --reference: another run's weights as the frozen reference, held in the run's checkpoints.
+  r = run("train dpo --init_from " + tmp.file("sft") + " --reference " + tmp.file("grpo") + " --data " + tmp.file("pairs.jsonl") +
+          " --eval.prompts '' --trainer.steps 2 --loader.batch_size 8 --run " + tmp.file("dpo_ref"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  {
+    dew::runs::OpenOptions ref, live;
+    ref.weights = "reference";
+    live.weights = "live";
+    auto a = dew::runs::run_weights(tmp.file("dpo_ref"), ref), b = dew::runs::run_weights(tmp.file("grpo"), live);
+    for (const auto& [k, v] : b) EXPECT_TRUE(a.at(k).equal(v)) << k;
+  }
+
   // Out through dew export, back in from the Hugging Face folder (its chat template is recognised).
   r = run("export " + tmp.file("grpo") + " " + tmp.file("hf") + " --family qwen3");
   ASSERT_EQ(r.code, 0) << r.output;
