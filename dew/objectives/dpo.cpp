@@ -4,7 +4,6 @@
 
 #include "dew/core/error.h"
 #include "dew/objectives/post_training.h"
-#include "dew/objectives/sft.h"
 
 namespace dew {
 
@@ -22,7 +21,7 @@ int64_t used_length(const at::Tensor& ids, const at::Tensor& mask) {
 
 DPOObjective::DPOObjective(nn::CausalTransformer model, DPOObjectiveOptions o, data::Batch rows,
                            std::shared_ptr<post_training::ChatEvaluator> eval)
-    : model_(std::move(model)), o_(std::move(o)), rows_(std::move(rows)), eval_(std::move(eval)), reference_(model_) {
+    : ReferencePolicyObjective(std::move(model), std::move(eval)), o_(std::move(o)), rows_(std::move(rows)) {
   DEW_CHECK(o_.beta > 0, "objective.beta: must be > 0, got ", o_.beta);
   DEW_CHECK(o_.label_smoothing >= 0 && o_.label_smoothing < 0.5, "objective.label_smoothing: must be in [0, 0.5), got ",
             o_.label_smoothing);
@@ -76,10 +75,6 @@ LossOutput DPOObjective::loss(const data::Batch& batch, int64_t step, at::Genera
     d.metrics["sft_loss"] = ce.item<double>();
   }
   return {d.loss, d.metrics};
-}
-
-std::map<std::string, double> DPOObjective::validate(int64_t step, const std::string& run_dir) {
-  return evaluate_prompts(eval_.get(), *model_, step, run_dir);
 }
 
 }  // namespace dew

@@ -9,7 +9,6 @@
 //   // batch: ids [B, 2, L], completion_mask [B, 2, L], index [B]; metrics: rewards/chosen, rewards/rejected,
 //   //        rewards/accuracies, rewards/margins, logps/chosen, logps/rejected (+ sft_loss)
 #pragma once
-#include "dew/objectives/objective.h"
 #include "dew/objectives/policy.h"
 #include "dew/objectives/rollouts.h"
 
@@ -30,31 +29,20 @@ struct DPOObjectiveOptions {
   }
 };
 
-class DPOObjective : public Objective {
+class DPOObjective : public ReferencePolicyObjective {
  public:
   /// rows: preference_rows of the training file (read by "precompute"); eval: held-out prompts (null = none).
   DPOObjective(nn::CausalTransformer model, DPOObjectiveOptions o, data::Batch rows,
                std::shared_ptr<post_training::ChatEvaluator> eval);
   std::string name() const override { return "dpo"; }
-  torch::nn::Module& module() override { return *model_; }
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
-  std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
-  training::EmaSpec ema() const override { return training::EmaSpec::frozen_reference(); }
-  void bind_ema(const std::map<std::string, at::Tensor>& averages) override { reference_.bind(averages); }
-  /// A reference other than the starting weights (see FrozenReference::set).
-  void set_reference(const std::map<std::string, at::Tensor>& weights, const std::string& what) {
-    reference_.set(weights, what);
-  }
   std::vector<std::string> batch_fields() const override { return {"ids", "completion_mask", "index"}; }
 
  private:
   // Summed reference log-probs [n, 2] of rows ids [n, 2, L] (no gradient).
   at::Tensor reference_logps(const at::Tensor& ids, const at::Tensor& mask);
-  nn::CausalTransformer model_;
   DPOObjectiveOptions o_;
   data::Batch rows_;
-  std::shared_ptr<post_training::ChatEvaluator> eval_;
-  post_training::FrozenReference reference_;
   at::Tensor precomputed_;  // [N, 2] for "precompute", filled on the first loss
 };
 

@@ -8,7 +8,6 @@
 
 #include "dew/core/error.h"
 #include "dew/objectives/post_training.h"
-#include "dew/objectives/sft.h"
 #include "dew/training/trainer.h"
 
 namespace fs = std::filesystem;
@@ -36,13 +35,11 @@ double std_of(const std::vector<double>& v) {
 GRPOObjective::GRPOObjective(nn::CausalTransformer model, GRPOObjectiveOptions o, data::ChatFormat fmt,
                              std::vector<data::Prompt> prompts, std::vector<post_training::RewardPtr> rewards,
                              std::shared_ptr<post_training::ChatEvaluator> eval)
-    : model_(std::move(model)),
+    : ReferencePolicyObjective(std::move(model), std::move(eval)),
       o_(std::move(o)),
       fmt_(std::move(fmt)),
       prompts_(std::move(prompts)),
-      rewards_(std::move(rewards)),
-      eval_(std::move(eval)),
-      reference_(model_) {
+      rewards_(std::move(rewards)) {
   DEW_CHECK(o_.group_size >= 2, "objective.group_size: must be >= 2 (advantages compare completions of a prompt), got ",
             o_.group_size);
   DEW_CHECK(o_.max_new_tokens > 0, "objective.max_new_tokens: must be > 0, got ", o_.max_new_tokens);
@@ -193,10 +190,6 @@ LossOutput GRPOObjective::loss(const data::Batch& batch, int64_t step, at::Gener
             " statistics, the rewards make ", metric_names_.size(), " (a checkpoint of other rewards?)");
   for (size_t i = 0; i < metric_names_.size(); ++i) metrics[metric_names_[i]] = values[int64_t(i)].item<double>();
   return {loss, metrics};
-}
-
-std::map<std::string, double> GRPOObjective::validate(int64_t step, const std::string& run_dir) {
-  return evaluate_prompts(eval_.get(), *model_, step, run_dir);
 }
 
 }  // namespace dew

@@ -9,7 +9,6 @@
 //   batch: {"index": int64 [P]} (rows of the prompt list); metrics: pg_loss, pg_clipfrac, pg_clipfrac_lower,
 //   ppo_kl, kl, reward, reward/NAME, reward/NAME_std, completion_length
 #pragma once
-#include "dew/objectives/objective.h"
 #include "dew/objectives/policy.h"
 #include "dew/objectives/rollouts.h"
 
@@ -49,21 +48,13 @@ struct GRPOObjectiveOptions {
   }
 };
 
-class GRPOObjective : public Objective {
+class GRPOObjective : public ReferencePolicyObjective {
  public:
   /// prompts: the training prompts (the loader's "index" picks rows); rewards: what scores a completion.
   GRPOObjective(nn::CausalTransformer model, GRPOObjectiveOptions o, data::ChatFormat fmt, std::vector<data::Prompt> prompts,
                 std::vector<post_training::RewardPtr> rewards, std::shared_ptr<post_training::ChatEvaluator> eval);
   std::string name() const override { return "grpo"; }
-  torch::nn::Module& module() override { return *model_; }
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
-  std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
-  training::EmaSpec ema() const override { return training::EmaSpec::frozen_reference(); }
-  void bind_ema(const std::map<std::string, at::Tensor>& averages) override { reference_.bind(averages); }
-  /// A reference other than the starting weights (see FrozenReference::set).
-  void set_reference(const std::map<std::string, at::Tensor>& weights, const std::string& what) {
-    reference_.set(weights, what);
-  }
   void begin(int64_t step, const std::string& run_dir) override;
   std::map<std::string, at::Tensor> state() const override { return buffer_; }
   void load_state(const std::map<std::string, at::Tensor>& state) override;
@@ -73,13 +64,10 @@ class GRPOObjective : public Objective {
 
  private:
   void roll_out(const at::Tensor& index, int64_t step, at::Generator& gen);
-  nn::CausalTransformer model_;
   GRPOObjectiveOptions o_;
   data::ChatFormat fmt_;
   std::vector<data::Prompt> prompts_;
   std::vector<post_training::RewardPtr> rewards_;
-  std::shared_ptr<post_training::ChatEvaluator> eval_;
-  post_training::FrozenReference reference_;
   std::string rollouts_path_;
   // The current rollout: ids, response_mask, old_logp, ref_logp, advantages [N, L]; step [1] (the step it
   // was made at); metrics [K] with their names in metric_names_ (stable order of reward names).

@@ -4,6 +4,7 @@
 
 #include "dew/core/error.h"
 #include "dew/io/weights.h"
+#include "dew/objectives/sft.h"
 
 namespace dew::post_training {
 
@@ -55,3 +56,11 @@ nn::CausalTransformerImpl& FrozenReference::model() {
 }
 
 }  // namespace dew::post_training
+
+namespace dew {
+
+std::map<std::string, double> ReferencePolicyObjective::validate(int64_t step, const std::string& run_dir) {
+  return evaluate_prompts(eval_.get(), *model_, step, run_dir);
+}
+
+}  // namespace dew

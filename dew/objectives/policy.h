@@ -11,6 +11,8 @@
 #include <string>
 
 #include "dew/nn/backbones/causal_transformer.h"
+#include "dew/objectives/objective.h"
+#include "dew/objectives/rollouts.h"
 
 namespace dew::post_training {
 
@@ -41,3 +43,30 @@ class FrozenReference {
 };
 
 }  // namespace dew::post_training
+
+namespace dew {
+
+/// What DPOObjective and GRPOObjective share: the policy being trained (the module), its frozen reference
+/// (the trainer's reference EMA, or set_reference's weights) and the held-out prompt evaluation run at
+/// validation.
+class ReferencePolicyObjective : public Objective {
+ public:
+  torch::nn::Module& module() override { return *model_; }
+  training::EmaSpec ema() const override { return training::EmaSpec::frozen_reference(); }
+  void bind_ema(const std::map<std::string, at::Tensor>& averages) override { reference_.bind(averages); }
+  /// val/reward/NAME, val/reward, val/completion_length of the held-out prompts (none without an evaluator).
+  std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
+  /// A reference other than the starting weights (see FrozenReference::set), before training starts.
+  void set_reference(const std::map<std::string, at::Tensor>& weights, const std::string& what) {
+    reference_.set(weights, what);
+  }
+
+ protected:
+  ReferencePolicyObjective(nn::CausalTransformer model, std::shared_ptr<post_training::ChatEvaluator> eval)
+      : model_(std::move(model)), eval_(std::move(eval)), reference_(model_) {}
+  nn::CausalTransformer model_;
+  std::shared_ptr<post_training::ChatEvaluator> eval_;
+  post_training::FrozenReference reference_;
+};
+
+}  // namespace dew
