@@ -9,6 +9,7 @@
 
 #include "dew/io/safetensors.h"
 #include "dew/runs/run.h"
+#include "dew/training/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -83,6 +84,27 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   for (const char* k : {"train/pg_loss", "train/pg_clipfrac", "train/pg_clipfrac_lower", "train/ppo_kl", "train/kl",
                         "train/reward/exact", "train/reward/length_std", "train/completion_length"})
     EXPECT_NE(metrics.find(k), std::string::npos) << k;
+
+  // An external reward: one JSON line in, one number out per completion. A command that fails stops the run
+  // with one line; its checkpoints stay and the run resumes when the command works again.
+  const std::string cmd_grpo = "train grpo --init_from " + tmp.file("sft") + " --prompts " + sums +
+                               "/train_prompts.jsonl --loader.batch_size 2 --objective.group_size 2"
+                               " --objective.max_new_tokens 4 --trainer.val_every 0 --trainer.checkpoint_every 2"
+                               " --eval.prompts '' --run " + tmp.file("grpo_cmd");
+  // The scorer fails while a flag file exists (a crashed script, fixed later: the command line stays the same).
+  const std::string scorer = " --reward-command \"test -e " + tmp.file("broken") + " && exit 3; awk '{print length(\\$0) % 3}'\"";
+  r = run(cmd_grpo + " --trainer.steps 2" + scorer);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(slurp(tmp.path / "grpo_cmd/metrics.jsonl").find("train/reward/command"), std::string::npos);
+  std::ofstream(tmp.file("broken")) << "";
+  r = run(cmd_grpo + " --trainer.steps 4" + scorer);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("exit status 3"), std::string::npos) << r.output;
+  EXPECT_EQ(dew::training::latest_checkpoint(tmp.file("grpo_cmd")), 2);
+  fs::remove(tmp.file("broken"));
+  r = run(cmd_grpo + " --trainer.steps 4" + scorer);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(dew::training::latest_checkpoint(tmp.file("grpo_cmd")), 4);
 
   // --reference: another run's weights as the frozen reference, held in the run's checkpoints.
   r = run("train dpo --init_from " + tmp.file("sft") + " --reference " + tmp.file("grpo") + " --data " + tmp.file("pairs.jsonl") +
