@@ -110,9 +110,7 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
                            .squeeze(1);  // [B, V]
   std::vector<bool> done(static_cast<size_t>(b), false);
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
-    Tensor raw_lp = at::log_softmax(next_logits, -1);
     Tensor proc = process_logits(next_logits, seen, o);
-    Tensor proc_lp = at::log_softmax(proc, -1);
     Tensor tok;
     if (o.temperature == 0) {
       tok = proc.argmax(-1);  // [B]
@@ -120,18 +118,23 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
       tok = at::multinomial(at::softmax(proc, -1).cpu(), 1, /*replacement=*/false, gen).squeeze(1).to(device);
     }
     Tensor tok_col = tok.view({b, 1});
-    Tensor lp = proc_lp.gather(1, tok_col).squeeze(1).cpu();
-    Tensor rlp = raw_lp.gather(1, tok_col).squeeze(1).cpu();
-    Tensor tok_cpu = tok.cpu();
+    // log p of the chosen tokens only: logit - logsumexp, no [B, V] log-softmax.
+    const Tensor lp = (proc.gather(1, tok_col).squeeze(1) - at::logsumexp(proc, -1)).to(at::kDouble).cpu().contiguous();
+    const Tensor rlp = (next_logits.to(at::kFloat).gather(1, tok_col).squeeze(1) - at::logsumexp(next_logits.to(at::kFloat), -1))
+                           .to(at::kDouble).cpu().contiguous();
+    const Tensor tok_cpu = tok.cpu().contiguous();
+    const int64_t* tv = tok_cpu.data_ptr<int64_t>();
+    const double* lv = lp.data_ptr<double>();
+    const double* rv = rlp.data_ptr<double>();
     std::vector<int64_t> active(static_cast<size_t>(b), 0);
     for (int64_t i = 0; i < b; ++i) {
       active[size_t(i)] = !done[size_t(i)];
       if (done[size_t(i)]) continue;
-      const int64_t t = tok_cpu[i].item<int64_t>();
+      const int64_t t = tv[i];
       auto& row = out.tokens[size_t(i)];
       row.push_back(t);
-      out.logprobs[size_t(i)].push_back(lp[i].item<double>());
-      out.raw_logprobs[size_t(i)].push_back(rlp[i].item<double>());
+      out.logprobs[size_t(i)].push_back(lv[i]);
+      out.raw_logprobs[size_t(i)].push_back(rv[i]);
       if (o.eos_id >= 0 && t == o.eos_id) {
         done[size_t(i)] = true;
         out.finish_reason[size_t(i)] = "eos";
@@ -151,7 +154,7 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
     if (all_done || step + 1 == o.max_new_tokens) break;
     // Rows that finished earlier feed a masked token: nobody attends to it.
     Tensor step_mask = at::tensor(active, at::kLong).to(at::kBool).view({b, 1});
-    seen.scatter_(1, tok_col, true);
+    if (o.repetition_penalty != 1.0) seen.scatter_(1, tok_col, true);  // only the penalty reads it
     next_logits = model.forward_tokens(tok_col, {}, {}, step_mask.to(device), &cache).select(1, 0);
   }
   if (was_training) model.train();
