@@ -1,11 +1,17 @@
-// Micro-benchmarks of the fused CPU kernels (dew/nn/fused.h) against the ATen ops they replace, forward
-// plus backward, at the shapes of `dew bench`'s models: simple_dit's MLP activation (batch 32 x 49
-// tokens x 512) and the demo unet's GroupNorm + SiLU (32 x 32 x 28 x 28, 8 groups), NCHW and channels-last.
-//   build/dew_microbench --benchmark_filter=Fused
+// Micro-benchmarks of the fused CPU kernels (dew/nn/fused.h) against the ATen ops they replace, at the
+// shapes of `dew bench`'s models, each fused kernel once per instruction set it dispatches to (avx512,
+// avx2, base = SSE2; a set this CPU lacks is skipped with a message):
+//   GELU-tanh, GroupNorm + SiLU (NCHW, channels-last), attention   forward + backward
+//   row-parallel linear (simple_dit's MLP, 1568 x 128 -> 512)       forward + backward (dx, dW, db)
+//   channel shift (unet's time embedding added to 32 x 32 x 28 x 28) forward + backward
+//   Adam(W) update, EMA update, sum of squares (1M float32 parameters) one pass each
+// Args: intra-op threads (1, 2) and, for attention, tokens and head width.
+//   OPENBLAS_NUM_THREADS=1 build/dew_microbench --benchmark_filter=Fused
 #include <benchmark/benchmark.h>
 
 #include <torch/torch.h>
 
+#include "dew/core/error.h"
 #include "dew/nn/attention.h"
 #include "dew/nn/fused.h"
 
@@ -13,9 +19,23 @@ namespace {
 
 using at::Tensor;
 
+// Selects the kernels of `isa` ("" = ATen: nothing to select); false (the benchmark skipped) when this CPU
+// lacks it.
+bool use_isa(benchmark::State& state, const std::string& isa) {
+  if (isa.empty()) return true;
+  try {
+    dew::nn::set_fused_kernel_isa(isa);
+  } catch (const dew::Error& e) {
+    state.SkipWithError(e.what());
+    return false;
+  }
+  state.SetLabel(isa);
+  return true;
+}
+
 void run_step(benchmark::State& state, const Tensor& x0, const std::function<Tensor(const Tensor&)>& f) {
   Tensor x = x0.clone().requires_grad_();
-  Tensor g = torch::randn_like(x0);
+  Tensor g = torch::randn_like(f(x).detach());
   for (auto _ : state) {
     Tensor y = f(x);
     y.backward(g);
@@ -25,16 +45,20 @@ void run_step(benchmark::State& state, const Tensor& x0, const std::function<Ten
   state.SetItemsProcessed(state.iterations() * x0.numel());
 }
 
-void BM_FusedGeluTanh(benchmark::State& state, bool fused) {
+void BM_FusedGeluTanh(benchmark::State& state, std::string isa) {
+  if (!use_isa(state, isa)) return;
   at::set_num_threads(static_cast<int>(state.range(0)));
   torch::manual_seed(0);
+  const bool fused = !isa.empty();
   run_step(state, torch::randn({32 * 49, 512}),
            [fused](const Tensor& x) { return fused ? dew::nn::gelu_tanh(x) : at::gelu(x, "tanh"); });
 }
 
-void BM_FusedGroupNormSilu(benchmark::State& state, bool fused, bool channels_last) {
+void BM_FusedGroupNormSilu(benchmark::State& state, std::string isa, bool channels_last) {
+  if (!use_isa(state, isa)) return;
   at::set_num_threads(static_cast<int>(state.range(0)));
   torch::manual_seed(0);
+  const bool fused = !isa.empty();
   Tensor x = torch::randn({32, 32, 28, 28});
   if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
   Tensor w = torch::ones({32}).requires_grad_(), b = torch::zeros({32}).requires_grad_();
@@ -43,11 +67,18 @@ void BM_FusedGroupNormSilu(benchmark::State& state, bool fused, bool channels_la
   });
 }
 
+void BM_FusedGroupNormSiluNchw(benchmark::State& state, std::string isa) { BM_FusedGroupNormSilu(state, isa, false); }
+void BM_FusedGroupNormSiluChannelsLast(benchmark::State& state, std::string isa) {
+  BM_FusedGroupNormSilu(state, isa, true);
+}
+
 // softmax(q k^T / sqrt(D)) v, forward + backward for q, k, v: simple_dit's 32 x 4 heads x 49 tokens x 32
 // and the most keys it takes, 128 (head 16).
-void BM_FusedAttention(benchmark::State& state, bool fused) {
+void BM_FusedAttention(benchmark::State& state, std::string isa) {
+  if (!use_isa(state, isa)) return;
   at::set_num_threads(static_cast<int>(state.range(0)));
   const int64_t S = state.range(1), D = state.range(2);
+  const bool fused = !isa.empty();
   torch::manual_seed(0);
   Tensor qkv = torch::randn({32, S, 3, 4, D}).requires_grad_();
   Tensor g = torch::randn({32, 4, S, D});
@@ -60,13 +91,99 @@ void BM_FusedAttention(benchmark::State& state, bool fused) {
   }
 }
 
-BENCHMARK_CAPTURE(BM_FusedAttention, reference, false)->Args({1, 49, 32})->Args({2, 49, 32})->Args({1, 128, 16})->Args({2, 128, 16})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_FusedAttention, dew, true)->Args({1, 49, 32})->Args({2, 49, 32})->Args({1, 128, 16})->Args({2, 128, 16})->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_FusedGeluTanh, aten, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_FusedGeluTanh, dew, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_FusedGroupNormSilu, aten_nchw, false, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_FusedGroupNormSilu, dew_nchw, true, false)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_FusedGroupNormSilu, aten_nhwc, false, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_FusedGroupNormSilu, dew_nhwc, true, true)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+// simple_dit's MLP input projection (batch 32 x 49 tokens, width 128 -> 512), forward and backward with
+// the weight and bias gradients. The split is by threads, not ISA (the GEMMs are OpenBLAS's).
+void BM_FusedRowParallelLinear(benchmark::State& state, bool fused) {
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  torch::manual_seed(0);
+  Tensor w = (torch::randn({512, 128}) * 0.05).requires_grad_(), b = torch::zeros({512}).requires_grad_();
+  run_step(state, torch::randn({32 * 49, 128}), [=](const Tensor& x) {
+    return fused ? dew::nn::row_parallel_linear(x, w, b) : at::linear(x, w, b);
+  });
+  state.SetLabel(fused ? "row-split" : "aten");
+}
+
+// The demo unet's time-embedding shift, [32, 32] over 32 x 32 x 28 x 28, forward and backward.
+void BM_FusedChannelShift(benchmark::State& state, std::string isa) {
+  if (!use_isa(state, isa)) return;
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  torch::manual_seed(0);
+  const bool fused = !isa.empty();
+  Tensor shift = torch::randn({32, 32}).requires_grad_();
+  run_step(state, torch::randn({32, 32, 28, 28}), [=](const Tensor& x) {
+    return fused ? dew::nn::add_channel_shift(x, shift) : x + shift.view({32, 32, 1, 1});
+  });
+}
+
+constexpr int64_t kParameters = int64_t(1) << 20;  // about simple_dit's 0.8M, rounded up
+
+// One AdamW update of kParameters float32 values: the fused pass, or the ATen ops optim.cpp would run.
+void BM_FusedAdamW(benchmark::State& state, std::string isa) {
+  if (!use_isa(state, isa)) return;
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  torch::manual_seed(0);
+  Tensor p = torch::randn({kParameters}), g = torch::randn({kParameters}) * 1e-3;
+  Tensor m = torch::zeros({kParameters}), v = torch::zeros({kParameters});
+  dew::nn::AdamCoefficients c;
+  c.decay = 1 - 1e-3 * 0.01;
+  c.step = 1e-3;
+  c.bc2 = 0.5;
+  for (auto _ : state) {
+    if (!isa.empty()) {
+      DEW_CHECK(dew::nn::fused_adam_update(p, g, m, v, c), "fused adam did not apply");
+    } else {
+      m.mul_(c.beta1).add_(g, 1 - c.beta1);
+      v.mul_(c.beta2).addcmul_(g, g, 1 - c.beta2);
+      p.mul_(c.decay).addcdiv_(m, (v / c.bc2).sqrt_().add_(c.eps), -c.step);
+    }
+    benchmark::DoNotOptimize(p.data_ptr());
+  }
+  state.SetItemsProcessed(state.iterations() * kParameters);
+}
+
+void BM_FusedEma(benchmark::State& state, std::string isa) {
+  if (!use_isa(state, isa)) return;
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  torch::manual_seed(0);
+  Tensor avg = torch::randn({kParameters}), p = torch::randn({kParameters});
+  for (auto _ : state) {
+    if (!isa.empty()) DEW_CHECK(dew::nn::fused_ema_update(avg, p, 0.999), "fused ema did not apply");
+    else avg.mul_(0.999).add_(p, 0.001);
+    benchmark::DoNotOptimize(avg.data_ptr());
+  }
+  state.SetItemsProcessed(state.iterations() * kParameters);
+}
+
+// The gradient norm's sum of squares (accumulated in double) against ATen's.
+void BM_FusedSumOfSquares(benchmark::State& state, std::string isa) {
+  if (!use_isa(state, isa)) return;
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  torch::manual_seed(0);
+  Tensor g = torch::randn({kParameters});
+  for (auto _ : state) {
+    double s = !isa.empty() ? dew::nn::sum_of_squares(g) : g.to(at::kDouble).pow(2).sum().item<double>();
+    benchmark::DoNotOptimize(s);
+  }
+  state.SetItemsProcessed(state.iterations() * kParameters);
+}
+
+// Each fused benchmark for ATen ("aten", isa "") and every ISA.
+#define DEW_FUSED_ISAS(fn, args)                                                         \
+  BENCHMARK_CAPTURE(fn, aten, std::string()) args->Unit(benchmark::kMillisecond);        \
+  BENCHMARK_CAPTURE(fn, avx512, std::string("avx512")) args->Unit(benchmark::kMillisecond); \
+  BENCHMARK_CAPTURE(fn, avx2, std::string("avx2")) args->Unit(benchmark::kMillisecond);  \
+  BENCHMARK_CAPTURE(fn, base, std::string("base")) args->Unit(benchmark::kMillisecond)
+
+#define DEW_THREADS ->Arg(1)->Arg(2)
+DEW_FUSED_ISAS(BM_FusedAttention, ->Args({1, 49, 32})->Args({2, 49, 32})->Args({1, 128, 16})->Args({2, 128, 16}));
+DEW_FUSED_ISAS(BM_FusedGeluTanh, DEW_THREADS);
+DEW_FUSED_ISAS(BM_FusedGroupNormSiluNchw, DEW_THREADS);
+DEW_FUSED_ISAS(BM_FusedGroupNormSiluChannelsLast, DEW_THREADS);
+DEW_FUSED_ISAS(BM_FusedChannelShift, DEW_THREADS);
+DEW_FUSED_ISAS(BM_FusedAdamW, DEW_THREADS);
+DEW_FUSED_ISAS(BM_FusedEma, DEW_THREADS);
+DEW_FUSED_ISAS(BM_FusedSumOfSquares, DEW_THREADS);
+BENCHMARK_CAPTURE(BM_FusedRowParallelLinear, aten, false) DEW_THREADS->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_FusedRowParallelLinear, dew, true) DEW_THREADS->Unit(benchmark::kMillisecond);
 
 }  // namespace

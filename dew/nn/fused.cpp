@@ -35,9 +35,11 @@ namespace avx512 {
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#define DEW_FUSED_AVX2 1
 namespace avx2 {
 #include "dew/nn/fused_kernels.inc"
 }
+#undef DEW_FUSED_AVX2
 #pragma GCC pop_options
 #endif
 namespace base {
@@ -437,7 +439,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto& kern = active();
     const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
     float *op = o.data_ptr<float>(), *pp = p.data_ptr<float>();
-    const int64_t scratch = (D + 1) * kernels::base::padded(Sk);  // the kernels' transposed matrix + row
+    const int64_t scratch = (D + 1) * ((Sk + 15) / 16 * 16);  // transposed matrix + row, padded for any variant
     parallel(B * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> buf(scratch);
       for (int64_t bh = begin; bh < end; ++bh) {
@@ -468,7 +470,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
            dv = heads_last(B, H, Sk, D, q.options());
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     const auto& kern = active();
-    const int64_t scratch = (D + 1) * kernels::base::padded(Sk);  // the kernels' transposed matrix + row
+    const int64_t scratch = (D + 1) * ((Sk + 15) / 16 * 16);  // transposed matrix + row, padded for any variant
     parallel(B * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> buf(scratch);
       for (int64_t bh = begin; bh < end; ++bh) {
