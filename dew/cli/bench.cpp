@@ -43,6 +43,7 @@
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/objectives/dpo.h"
+#include "dew/nn/fused.h"
 #include "dew/objectives/jepa.h"
 #include "dew/objectives/lm.h"
 #include "dew/core/rng.h"
@@ -1034,6 +1035,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     const auto& probe_cfg = probe.configs.front();
     m << "; OpenBLAS kernels " << core_of(probe_cfg.cpp) << " (C++)";
     if (with_peer) m << ", " << core_of(probe_cfg.py) << " (Python)";
+    // The children inherit DEW_FUSED_ISA, so this process's choice is theirs.
+    m << "; dew's fused kernels " << nn::fused_kernel_isa() << (std::getenv("DEW_FUSED_ISA") ? " (DEW_FUSED_ISA)" : "");
     m << "; OPENBLAS_CORETYPE " << (by_dew ? std::string("set by dew for itself (") + by_dew + ")"
                                            : coretype ? std::string("set by the user (") + coretype + ")" : "unset");
     if (with_peer && f.has("peer-coretype")) m << ", " << f.get("peer-coretype", "") << " for Python (--peer-coretype)";

@@ -8,6 +8,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "dew/core/error.h"
@@ -94,8 +96,21 @@ KernelSet kernel_set(const std::string& isa) {
   return DEW_KERNEL_SET(base);
 }
 
+// The widest variant this CPU runs, or DEW_FUSED_ISA's (avx512 | avx2 | base; one this CPU lacks, or
+// another name, is ignored with a warning): how an AVX-512 machine measures what an AVX2 one runs.
+std::string default_isa() {
+  const std::string widest = cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "base";
+  const char* env = std::getenv("DEW_FUSED_ISA");
+  if (!env || !*env) return widest;
+  const std::string asked = env;
+  if ((asked == "avx512" || asked == "avx2" || asked == "base") && cpu_has(asked)) return asked;
+  std::fprintf(stderr, "[dew warn] DEW_FUSED_ISA=%s: not one of avx512, avx2, base that this CPU runs; using %s\n",
+               env, widest.c_str());
+  return widest;
+}
+
 KernelSet& active() {
-  static KernelSet k = kernel_set(cpu_has("avx512") ? "avx512" : cpu_has("avx2") ? "avx2" : "base");
+  static KernelSet k = kernel_set(default_isa());
   return k;
 }
 

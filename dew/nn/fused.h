@@ -79,8 +79,9 @@ double sum_of_squares(const Tensor& x);
 /// to the ATen composite.
 bool fused_kernels_apply(const Tensor& x);
 
-/// The instruction set the kernels run with: "avx512", "avx2" (with FMA) or "base" (SSE2), the widest
-/// this CPU supports unless set_fused_kernel_isa chose another.
+/// The instruction set the kernels run with: "avx512", "avx2" (with FMA) or "base" (SSE2): the widest this
+/// CPU supports, or the environment's DEW_FUSED_ISA (e.g. avx2 on an AVX-512 machine, to measure what an
+/// AVX2 one runs), unless set_fused_kernel_isa chose another.
 std::string fused_kernel_isa();
 /// Runs the kernels compiled for `isa` from now on (tests compare the variants); dew::Error for a name
 /// other than avx512, avx2, base, or one this CPU lacks.
