@@ -151,12 +151,14 @@ void GRPOObjective::roll_out(const at::Tensor& index, int64_t step, at::Generato
 
   if (!rollouts_path_.empty()) {
     std::ofstream f(rollouts_path_, std::ios::app | std::ios::binary);
+    const at::Tensor per_row = (adv.sum(1) / mask.sum(1)).to(at::kDouble).contiguous();  // constant over its tokens
+    const double* row_adv = per_row.data_ptr<double>();
     for (int64_t i = 0; i < n; ++i) {
       json rewards = json::object();
       for (const auto& [name, s] : r.scores) rewards[name] = s[size_t(i)];
       json line = {{"step", step + 1}, {"prompt", rows[i]->text}, {"completion", r.completions[i].text},
                    {"rewards", rewards}, {"reward", r.total[size_t(i)]},
-                   {"advantage", adv[i].sum().item<double>() / mask[i].sum().item<double>()},  // one per completion
+                   {"advantage", row_adv[i]},
                    {"finish", r.completions[i].finish}};
       // A sampled completion need not be valid UTF-8: invalid bytes are written as U+FFFD.
       f << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";

@@ -4,7 +4,6 @@
 
 #include "dew/core/error.h"
 #include "dew/io/weights.h"
-#include "dew/objectives/sft.h"
 
 namespace dew::post_training {
 
@@ -60,7 +59,7 @@ nn::CausalTransformerImpl& FrozenReference::model() {
 namespace dew {
 
 std::map<std::string, double> ReferencePolicyObjective::validate(int64_t step, const std::string& run_dir) {
-  return evaluate_prompts(eval_.get(), *model_, step, run_dir);
+  return eval_ ? eval_->validate(*model_, step, run_dir) : std::map<std::string, double>{};
 }
 
 }  // namespace dew

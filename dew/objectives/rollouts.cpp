@@ -128,4 +128,13 @@ std::map<std::string, double> ChatEvaluator::evaluate(nn::CausalTransformerImpl&
   return m;
 }
 
+std::map<std::string, double> ChatEvaluator::validate(nn::CausalTransformerImpl& model, int64_t step,
+                                                      const std::string& run_dir) {
+  std::map<std::string, double> out;
+  if (!enabled()) return out;
+  const std::string samples = (fs::path(run_dir) / "samples" / ("step_" + std::to_string(step) + ".txt")).string();
+  for (const auto& [k, v] : evaluate(model, samples)) out["val/" + k] = v;
+  return out;
+}
+
 }  // namespace dew::post_training

@@ -74,6 +74,9 @@ class ChatEvaluator {
   /// "reward/NAME" (mean score), "reward" (mean total) and "completion_length"; writes `o.samples`
   /// prompt, completion, reward blocks to samples_path when it is not empty.
   std::map<std::string, double> evaluate(nn::CausalTransformerImpl& model, const std::string& samples_path = "");
+  /// What an objective's validate() reports: evaluate()'s metrics prefixed "val/", the samples written to
+  /// RUN/samples/step_N.txt; nothing when not enabled().
+  std::map<std::string, double> validate(nn::CausalTransformerImpl& model, int64_t step, const std::string& run_dir);
 
  private:
   EvalOptions o_;

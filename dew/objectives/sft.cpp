@@ -1,9 +1,5 @@
 #include "dew/objectives/sft.h"
 
-#include <filesystem>
-
-namespace fs = std::filesystem;
-
 namespace dew {
 
 namespace {
@@ -18,15 +14,6 @@ LMObjectiveOptions lm_options(int64_t seq_len, const SFTObjectiveOptions& o) {
 }
 
 }  // namespace
-
-std::map<std::string, double> evaluate_prompts(post_training::ChatEvaluator* eval, nn::CausalTransformerImpl& model,
-                                               int64_t step, const std::string& run_dir) {
-  std::map<std::string, double> out;
-  if (!eval || !eval->enabled()) return out;
-  const std::string samples = (fs::path(run_dir) / "samples" / ("step_" + std::to_string(step) + ".txt")).string();
-  for (const auto& [k, v] : eval->evaluate(model, samples)) out["val/" + k] = v;
-  return out;
-}
 
 SFTObjective::SFTObjective(nn::CausalTransformer model, int64_t seq_len, const SFTObjectiveOptions& o,
                            data::Batch val_rows, std::shared_ptr<post_training::ChatEvaluator> eval)
@@ -48,7 +35,8 @@ std::map<std::string, double> SFTObjective::validate(int64_t step, const std::st
   std::map<std::string, double> out;
   if (!val_rows_.empty())
     for (const auto& [k, v] : evaluate(val_rows_)) out["val/" + k] = v;
-  for (const auto& kv : evaluate_prompts(eval_.get(), *model(), step, run_dir)) out.insert(kv);
+  if (eval_)
+    for (const auto& kv : eval_->validate(*model(), step, run_dir)) out.insert(kv);
   return out;
 }
 

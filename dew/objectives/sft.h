@@ -37,9 +37,4 @@ class SFTObjective : public LMObjective {
   std::shared_ptr<post_training::ChatEvaluator> eval_;
 };
 
-/// What validate() of the post-training objectives reports for the held-out prompts ("val/" prefixed), with
-/// the samples in RUN/samples/step_N.txt.
-std::map<std::string, double> evaluate_prompts(post_training::ChatEvaluator* eval, nn::CausalTransformerImpl& model,
-                                               int64_t step, const std::string& run_dir);
-
 }  // namespace dew
