@@ -15,19 +15,18 @@ fixed sin-cos pos_embed as the reference builds it (float64 numpy table cast to 
 model.eval() twice: in float32 ("*_f32") and as a .double() deep copy on the same inputs widened to
 float64 ("*_f64"). Weights and inputs are stored float32 (the f64 run uses exactly those values).
 
-Output: tests/golden/jepa/<case>.safetensors, written without the safetensors package (see write_st), and
-read back (read_st) to check the round trip. See tests/golden/jepa/README.md for the contents.
+Output: tests/golden/jepa/<case>.safetensors, written without the safetensors package (write_st of
+tests/golden/st_io.py), and read back (read_st) to check the round trip. See tests/golden/jepa/README.md for
+the contents.
 """
 import copy
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 from functools import partial
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -42,48 +41,10 @@ REPO_NAMES = {"ijepa": "facebookresearch/ijepa", "vjepa": "facebookresearch/jepa
 
 
 # ----------------------------------------------------------------------------------------------------
-# safetensors without the package
+# safetensors without the package: tests/golden/st_io.py (shared with sd_reference.py)
 # ----------------------------------------------------------------------------------------------------
-_DTYPES = {torch.float32: ("F32", "<f4"), torch.float64: ("F64", "<f8"), torch.int64: ("I64", "<i8")}
-_NP_FROM_NAME = {"F32": "<f4", "F64": "<f8", "I64": "<i8"}
-
-
-def write_st(path, tensors, metadata):
-    """tensors: list of (name, tensor) in file order; metadata: {str: str}."""
-    header, blobs, off = {}, [], 0
-    for name, t in tensors:
-        assert name not in header, name
-        dname, npd = _DTYPES[t.dtype]
-        b = t.detach().contiguous().cpu().numpy().astype(npd, copy=False).tobytes()
-        header[name] = {"dtype": dname, "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    header["__metadata__"] = metadata
-    h = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    h += b" " * ((-len(h)) % 8)  # pad with spaces so the data section starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
-def read_st(path):
-    """Returns ({name: tensor} in file order, metadata)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n].decode("utf-8"))
-    meta = header.pop("__metadata__", {})
-    data = raw[8 + n:]
-    out, end_max = {}, 0
-    for name, e in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-        b, e_ = e["data_offsets"]
-        arr = np.frombuffer(data[b:e_], dtype=_NP_FROM_NAME[e["dtype"]]).reshape(e["shape"])
-        out[name] = torch.from_numpy(arr.copy())
-        end_max = max(end_max, e_)
-    assert end_max == len(data), (path, end_max, len(data))
-    return out, meta
+sys.path.insert(0, HERE)
+from st_io import read_st, write_st  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------------
