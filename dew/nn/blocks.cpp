@@ -38,8 +38,13 @@ Tensor activation(const Tensor& x, const std::string& name) {
   fail("activation: got \"", name, "\", accepted: swish, silu, gelu, gelu_tanh, relu, mish");
 }
 
+namespace {
+// Normalisations run in float32 at least: half precision is upcast, float64 keeps its precision.
+at::ScalarType norm_dtype(const Tensor& x) { return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+}  // namespace
+
 Tensor layer_norm_fp32(const Tensor& x, double eps) {
-  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, {}, {}, eps).to(x.scalar_type());
+  return at::layer_norm(x.to(norm_dtype(x)), {x.size(-1)}, {}, {}, eps).to(x.scalar_type());
 }
 
 Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
@@ -64,7 +69,11 @@ Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer) {
 
 Tensor group_norm_fp32(const Tensor& x, const torch::nn::GroupNorm& layer) {
   const auto& o = layer->options;
-  return at::group_norm(x.to(at::kFloat), o.num_groups(), layer->weight, layer->bias, o.eps()).to(x.scalar_type());
+  const auto dt = norm_dtype(x);
+  const Tensor& w = layer->weight;
+  const Tensor& b = layer->bias;
+  return at::group_norm(x.to(dt), o.num_groups(), w.defined() ? w.to(dt) : w, b.defined() ? b.to(dt) : b, o.eps())
+      .to(x.scalar_type());
 }
 
 std::array<Tensor, 2> group_norm_act_and_input(const Tensor& x, const torch::nn::GroupNorm& layer,
@@ -222,7 +231,7 @@ Tensor FinalLayerImpl::forward(const Tensor& x, const Tensor& c) {
 
 ResBlockImpl::ResBlockImpl(ResBlockOptions options_) : options(std::move(options_)) {
   const auto& o = options;
-  DEW_CHECK(o.in_channels() > 0 && o.out_channels() > 0 && o.emb_features() > 0,
+  DEW_CHECK(o.in_channels() > 0 && o.out_channels() > 0 && o.emb_features() >= 0,
             "ResBlock: channels and emb_features must be > 0, got ", o.in_channels(), ", ", o.out_channels(), ", ",
             o.emb_features());
   DEW_CHECK(o.norm_groups() > 0 && o.in_channels() % o.norm_groups() == 0 && o.out_channels() % o.norm_groups() == 0,
@@ -239,7 +248,8 @@ void ResBlockImpl::reset() {
   auto conv3 = [](int64_t in, int64_t out) { return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1)); };
   norm1 = register_module("norm1", gn(o.in_channels()));
   conv1 = register_module("conv1", conv3(o.in_channels(), o.out_channels()));
-  time_emb_proj = register_module("time_emb_proj", torch::nn::Linear(o.emb_features(), o.out_channels()));
+  if (o.emb_features() > 0)
+    time_emb_proj = register_module("time_emb_proj", torch::nn::Linear(o.emb_features(), o.out_channels()));
   norm2 = register_module("norm2", gn(o.out_channels()));
   conv2 = register_module("conv2", conv3(o.out_channels(), o.out_channels()));
   if (o.in_channels() != o.out_channels())
@@ -249,6 +259,7 @@ void ResBlockImpl::reset() {
 
 void ResBlockImpl::reset_parameters() {
   // conv2 starts at zero (ADM's zero_module): the block starts as its skip path.
+  if (!options.zero_init()) return;
   torch::NoGradGuard no_grad;
   conv2->weight.zero_();
   conv2->bias.zero_();
@@ -256,14 +267,17 @@ void ResBlockImpl::reset_parameters() {
 
 Tensor ResBlockImpl::forward(const Tensor& x, const Tensor& temb) {
   const auto& o = options;
-  DEW_CHECK(x.dim() == 4 && x.size(1) == o.in_channels() && temb.dim() == 2 && temb.size(0) == x.size(0) &&
-                temb.size(1) == o.emb_features(),
-            "ResBlock: x must be [B, ", o.in_channels(), ", H, W] and temb [B, ", o.emb_features(), "], got ",
-            x.sizes(), " and ", temb.sizes());
+  const bool timed = o.emb_features() > 0;
+  DEW_CHECK(x.dim() == 4 && x.size(1) == o.in_channels() &&
+                (timed ? temb.defined() && temb.dim() == 2 && temb.size(0) == x.size(0) && temb.size(1) == o.emb_features()
+                       : !temb.defined()),
+            "ResBlock: x must be [B, ", o.in_channels(), ", H, W] and temb [B, ", o.emb_features(),
+            "] (none when emb_features is 0), got ", x.sizes(), " and ",
+            temb.defined() ? c10::str(temb.sizes()) : std::string("none"));
   // norm1 also passes x through for the skip path: its backward then sums x's two gradients in one pass
   const auto [a, skip] = group_norm_act_and_input(x, norm1, o.activation());
   Tensor h = conv(a, conv1);                                                                    // [B, out, H, W]
-  Tensor t = dense(activation(temb.to(x.scalar_type()), o.activation()), time_emb_proj);       // [B, out]
+  Tensor t = timed ? dense(activation(temb.to(x.scalar_type()), o.activation()), time_emb_proj) : Tensor();  // [B, out]
   // norm2 of h + t (t broadcast over the positions), with the addition folded into the norm's pass
   h = torch::dropout(group_norm_act(h, norm2, o.activation(), t), o.dropout(), is_training());
   h = conv(h, conv2);

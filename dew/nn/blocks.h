@@ -186,7 +186,7 @@ struct ResBlockOptions {
       : in_channels_(in_channels), out_channels_(out_channels), emb_features_(emb_features) {}
   TORCH_ARG(int64_t, in_channels);
   TORCH_ARG(int64_t, out_channels);
-  /// width of the time embedding injected after the first conv
+  /// width of the time embedding injected after the first conv; 0 = none (the autoencoder's blocks)
   TORCH_ARG(int64_t, emb_features);
   /// GroupNorm groups; must divide in_channels and out_channels
   TORCH_ARG(int64_t, norm_groups) = 8;
@@ -195,18 +195,22 @@ struct ResBlockOptions {
   TORCH_ARG(std::string, activation) = "swish";
   /// dropout before the second conv
   TORCH_ARG(double, dropout) = 0.0;
+  /// conv2 starts at zero (ADM), so the block starts as its skip path; false keeps PyTorch's default
+  /// initialisation, as diffusers' ResnetBlock2D does
+  TORCH_ARG(bool, zero_init) = true;
 };
 
 /// h = conv1(act(norm1(x))) + time_emb_proj(act(temb)); out = skip(x) + conv2(dropout(act(norm2(h)))).
-/// Parameters (diffusers names): norm1, conv1, time_emb_proj, norm2, conv2, conv_shortcut (1x1, only
-/// when in_channels != out_channels).
+/// Parameters (diffusers' ResnetBlock2D names): norm1, conv1, time_emb_proj (only when emb_features > 0),
+/// norm2, conv2, conv_shortcut (1x1, only when in_channels != out_channels).
 class ResBlockImpl : public torch::nn::Module {
  public:
   explicit ResBlockImpl(ResBlockOptions options);
   void reset();
   void reset_parameters();
-  /// x: [B, in, H, W]; temb: [B, emb_features] -> [B, out, H, W] in x's dtype.
-  Tensor forward(const Tensor& x, const Tensor& temb);
+  /// x: [B, in, H, W]; temb: [B, emb_features] (undefined when emb_features is 0) -> [B, out, H, W] in
+  /// x's dtype.
+  Tensor forward(const Tensor& x, const Tensor& temb = {});
 
   ResBlockOptions options;
   torch::nn::GroupNorm norm1{nullptr}, norm2{nullptr};

@@ -391,6 +391,9 @@ void ClipTextImpl::reset() {
   }
   final_layer_norm = text_model->register_module(
       "final_layer_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.layer_norm_eps())));
+  if (o.projection_dim() > 0)
+    text_projection = register_module(
+        "text_projection", torch::nn::Linear(torch::nn::LinearOptions(d, o.projection_dim()).bias(false)));
   reset_parameters();
 }
 
@@ -415,6 +418,7 @@ void ClipTextImpl::reset_parameters() {
   }
   final_layer_norm->weight.fill_(1.0);
   final_layer_norm->bias.zero_();
+  if (text_projection) text_projection->weight.normal_(0.0, out_std);
 }
 
 std::pair<Tensor, Tensor> ClipTextImpl::tokenize(const std::vector<std::string>& texts) const {
@@ -424,8 +428,12 @@ std::pair<Tensor, Tensor> ClipTextImpl::tokenize(const std::vector<std::string>&
   return tokenizer_->batch(texts, options.max_position_embeddings());
 }
 
-TextEncoding ClipTextImpl::forward(const Tensor& ids, const Tensor& mask_in) {
+TextEncoding ClipTextImpl::forward(const Tensor& ids, const Tensor& mask_in) { return forward_hidden(ids, mask_in, 0); }
+
+TextEncoding ClipTextImpl::forward_hidden(const Tensor& ids, const Tensor& mask_in, int64_t from_end) {
   const auto& o = options;
+  DEW_CHECK(from_end >= 0 && from_end < o.num_hidden_layers(), "clip_text: from_end must be in [0, ",
+            o.num_hidden_layers(), "), got ", from_end);
   DEW_CHECK(ids.defined(), "clip_text: ids are undefined");
   DEW_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "clip_text: ids must be [B, S] int64, got ", ids.sizes(),
             " ", ids.scalar_type());
@@ -447,12 +455,15 @@ TextEncoding ClipTextImpl::forward(const Tensor& ids, const Tensor& mask_in) {
   // Causal attention restricted to real keys, as CLIPTextTransformer's causal + padding masks.
   const Tensor causal = at::ones({s, s}, ids.options().dtype(at::kBool)).tril();
   const Tensor m4 = causal.view({1, 1, s, s}).logical_and(mask.view({b, 1, 1, s}));
-  for (auto& layer : layer_list) {
+  Tensor hidden;  // the state after layer L - from_end (from_end >= 1)
+  for (size_t i = 0; i < layer_list.size(); ++i) {
+    auto& layer = layer_list[i];
     if (o.remat()) {
       h = remat(*layer, [layer, m4](const std::vector<Tensor>& in) mutable { return layer(in[0], m4); }, {h});
     } else {
       h = layer(h, m4);
     }
+    if (from_end > 0 && int64_t(i) + 1 == o.num_hidden_layers() - from_end) hidden = h.to(at::kFloat);
   }
   Tensor out = at::layer_norm(h.to(at::kFloat), {d}, final_layer_norm->weight, final_layer_norm->bias,
                               o.layer_norm_eps());
@@ -460,9 +471,10 @@ TextEncoding ClipTextImpl::forward(const Tensor& ids, const Tensor& mask_in) {
   // argmax(ids) (the eot id is the largest); else at the first eos_token_id (position 0 when there is none).
   const Tensor index = o.eos_token_id() == 2 ? ids.argmax(-1) : ids.eq(o.eos_token_id()).to(at::kInt).argmax(-1);
   TextEncoding e;
-  e.context = out;
+  e.context = from_end > 0 ? hidden : out;
   e.mask = mask;
   e.pooled = out.gather(1, index.view({b, 1, 1}).expand({b, 1, d})).squeeze(1);
+  if (text_projection) e.pooled = at::linear(e.pooled, text_projection->weight);
   return e;
 }
 
@@ -476,11 +488,10 @@ ClipTextOptions clip_text_options_from_hf(const json& config_in) {
   const std::string type = c.value("model_type", std::string("clip_text_model"));
   DEW_CHECK(type == "clip_text_model", "clip_text config.json: model_type \"", type,
             "\" is not a CLIP text model (accepted: clip_text_model, or a CLIPConfig with text_config)");
+  json fields = json::object();
   if (c.contains("architectures") && c["architectures"].is_array())
     for (const auto& a : c["architectures"])
-      DEW_CHECK(a != "CLIPTextModelWithProjection", "clip_text config.json: architectures CLIPTextModelWithProjection ",
-                "(a text projection head) is not supported");
-  json fields = json::object();
+      if (a == "CLIPTextModelWithProjection") fields["projection_dim"] = c.value("projection_dim", int64_t(512));
   for (const char* k : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                         "max_position_embeddings", "hidden_act", "layer_norm_eps", "bos_token_id", "eos_token_id",
                         "pad_token_id"})
@@ -493,7 +504,7 @@ io::KeyMap clip_text_key_map(bool whole_clip) {
   // A whole CLIPModel file: the vision tower, both projections and the logit scale are not the text model's.
   if (whole_clip) map.skip(R"((vision_model\..*|visual_projection\..*|text_projection\..*|logit_scale))");
   map.skip(R"((text_model\.)?embeddings\.position_ids)");  // a buffer in older transformers files
-  map.regex(R"(^(?!text_model\.)(.*)$)", "text_model.$1");  // a bare CLIPTextTransformer file
+  map.regex(R"(^(?!text_model\.|text_projection\.)(.*)$)", "text_model.$1");  // a bare CLIPTextTransformer file
   return map;
 }
 

@@ -81,6 +81,9 @@ struct ClipTextOptions {
   TORCH_ARG(int64_t, eos_token_id) = 49407;
   /// HF config value; tokenize() pads with the tokenizer's pad token
   TORCH_ARG(int64_t, pad_token_id) = 1;
+  /// width of CLIPTextModelWithProjection's text_projection (bias-free); 0 = a plain CLIPTextModel.
+  /// With a projection, pooled is the projected vector (text_embeds: SDXL's text_encoder_2)
+  TORCH_ARG(int64_t, projection_dim) = 0;
   /// safetensors file loaded at build ("" = random initialisation)
   TORCH_ARG(std::string, weights) = "";
   /// tokenizer.json, vocab.json (merges.txt beside) or a folder of them ("" = tokenize() unavailable)
@@ -104,6 +107,7 @@ struct ClipTextOptions {
     v("bos_token_id", bos_token_id_, "HF config value (tokenize() uses the tokenizer's <|startoftext|>)");
     v("eos_token_id", eos_token_id_, "pooled at the first eos_token_id; 2 = at argmax(ids) (OpenAI configs)");
     v("pad_token_id", pad_token_id_, "HF config value (tokenize() pads with the tokenizer's pad token)");
+    v("projection_dim", projection_dim_, "text_projection width (CLIPTextModelWithProjection); 0 = none");
     v("weights", weights_, "safetensors file with CLIPTextModel names, loaded at build (\"\" = random init)");
     v("tokenizer", tokenizer_, "CLIP tokenizer: tokenizer.json, vocab.json + merges.txt, or their folder");
     v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
@@ -137,6 +141,7 @@ TORCH_MODULE(ClipEncoderLayer);
 ///   text_model.encoder.layers.N.layer_norm1.{weight,bias}, ....layer_norm2.{weight,bias} [D]
 ///   text_model.encoder.layers.N.mlp.fc1.{weight [I, D], bias [I]}, ....mlp.fc2.{weight [D, I], bias [D]}
 ///   text_model.final_layer_norm.{weight,bias} [D]
+///   text_projection.weight [projection_dim, D] (CLIPTextModelWithProjection only)
 class ClipTextImpl : public TextEncoderImpl {
  public:
   /// Builds, then loads `weights` and the `tokenizer` when set (errors name the file and the problem).
@@ -149,6 +154,10 @@ class ClipTextImpl : public TextEncoderImpl {
   /// ids: [B, S] int64 in [0, vocab_size), S <= max_position_embeddings; mask: [B, S] bool (undefined =
   /// all real). context = last_hidden_state (float32, not zeroed at padding), pooled as described above.
   TextEncoding forward(const at::Tensor& ids, const at::Tensor& mask) override;
+  /// forward with the context taken `from_end` layers before the end: 0 = last_hidden_state (after the
+  /// final LayerNorm), k >= 1 = transformers' hidden_states[-(k + 1)], the output of layer L - k without the
+  /// final norm (SDXL's prompt embeddings are hidden_states[-2], k = 1). pooled is unchanged.
+  TextEncoding forward_hidden(const at::Tensor& ids, const at::Tensor& mask, int64_t from_end);
   int64_t features() const override { return options.hidden_size(); }
   /// The tokenizer, or null when none is configured.
   const ClipTokenizer* clip_tokenizer() const { return tokenizer_.get(); }
@@ -159,6 +168,7 @@ class ClipTextImpl : public TextEncoderImpl {
   torch::nn::ModuleList layers{nullptr};
   std::vector<ClipEncoderLayer> layer_list;  // typed view of `layers`
   torch::nn::LayerNorm final_layer_norm{nullptr};
+  torch::nn::Linear text_projection{nullptr};  // projection_dim > 0 only
 
  private:
   at::ScalarType dtype_ = at::kFloat;
@@ -173,8 +183,8 @@ TORCH_MODULE(ClipText);
 /// name the file and the offending tensors. (io::load_weights with clip_text_key_map().)
 void load_clip_text_weights(ClipTextImpl& model, const std::string& path);
 /// ClipText's options from a transformers CLIPTextConfig config.json (model_type "clip_text_model"), or a
-/// CLIPConfig's "text_config"; a projection head (CLIPTextModelWithProjection) or an activation other than
-/// quick_gelu / gelu is refused by name. Keys without a ClipText counterpart (dropout rates, the
+/// CLIPConfig's "text_config"; architectures CLIPTextModelWithProjection sets projection_dim; an activation
+/// other than quick_gelu / gelu is refused by name. Keys without a ClipText counterpart (dropout rates, the
 /// initializer, projection_dim of a plain text model) do not change the forward and are not read.
 ClipTextOptions clip_text_options_from_hf(const json& config);
 

@@ -55,11 +55,12 @@ TEST(ReferenceConfigs, ACLIPTextConfigBuildsClipText) {
   relu["text_config"]["hidden_act"] = "relu";
   EXPECT_NE(error_of([&] { dew::models::fields_from_reference_config("clip_text", relu); }).find("hidden_act"),
             std::string::npos);
+  // SDXL's text_encoder_2: a CLIPTextModelWithProjection gets its bias-free text_projection.
   json projected = config["text_config"];
   projected["architectures"] = {"CLIPTextModelWithProjection"};
-  EXPECT_NE(error_of([&] { dew::models::fields_from_reference_config("clip_text", projected); })
-                .find("CLIPTextModelWithProjection"),
-            std::string::npos);
+  projected["projection_dim"] = 1280;
+  EXPECT_EQ(dew::models::fields_from_reference_config("clip_text", projected)["projection_dim"], 1280);
+  EXPECT_EQ(fields["projection_dim"], 0);
   json vision = config["text_config"];
   vision["model_type"] = "clip_vision_model";
   EXPECT_NE(error_of([&] { dew::models::fields_from_reference_config("clip_text", vision); }).find("clip_vision_model"),
