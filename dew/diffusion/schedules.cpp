@@ -44,13 +44,26 @@ class DiscreteSchedule : public Schedule {
   DiscreteOptions o_;
 };
 
-void check_discrete(const DiscreteOptions& o) {
+void check_discrete(const DiscreteOptions& o, bool takes_beta_range = false, const char* name = "") {
   DEW_CHECK(o.timesteps >= 2, "schedule.timesteps: must be >= 2, got ", o.timesteps);
   DEW_CHECK(o.beta_end > 0 && o.beta_end <= 1, "schedule.beta_end: must be in (0, 1], got ", o.beta_end);
   DEW_CHECK(o.p2_k >= 0, "schedule.p2_k: must be >= 0, got ", o.p2_k);
+  if (o.beta_range) {
+    DEW_CHECK(takes_beta_range, "schedule.beta_range: only linear and scaled_linear take a beta range; schedule ",
+              name, " got [", o.beta_range->first, ", ", o.beta_range->second, "]");
+    auto [b0, b1] = *o.beta_range;
+    DEW_CHECK(b0 > 0 && b0 <= b1 && b1 <= 1, "schedule.beta_range: need 0 < beta_start <= beta_end <= 1, got [", b0,
+              ", ", b1, "]");
+  }
 }
 
 Tensor alphabar_from_betas(const Tensor& beta) { return (1.0 - beta).cumprod(0); }
+
+// The discrete schedule from betas, rescaled to zero terminal SNR when asked.
+SchedulePtr discrete_from_betas(std::string name, Tensor beta, const DiscreteOptions& o) {
+  if (o.rescale_zero_snr) beta = rescale_zero_terminal_snr(beta);
+  return std::make_shared<DiscreteSchedule>(std::move(name), alphabar_from_betas(beta), o);
+}
 
 class SqrtSchedule : public Schedule {
  public:
@@ -190,26 +203,43 @@ Tensor Schedule::snr(const Tensor& t) const {
 }
 
 SchedulePtr make_linear(const DiscreteOptions& o) {
-  check_discrete(o);
+  check_discrete(o, true, "linear");
   const double s = 1000.0 / o.timesteps;
-  auto beta = at::linspace(s * 1e-4, s * 0.02, o.timesteps, kF64);
-  return std::make_shared<DiscreteSchedule>("linear", alphabar_from_betas(beta), o);
+  auto [b0, b1] = o.beta_range.value_or(std::pair<double, double>{s * 1e-4, s * 0.02});
+  return discrete_from_betas("linear", at::linspace(b0, b1, o.timesteps, kF64), o);
+}
+
+SchedulePtr make_scaled_linear(const DiscreteOptions& o) {
+  check_discrete(o, true, "scaled_linear");
+  auto [b0, b1] = o.beta_range.value_or(std::pair<double, double>{0.00085, 0.012});
+  return discrete_from_betas("scaled_linear", at::linspace(std::sqrt(b0), std::sqrt(b1), o.timesteps, kF64).square(),
+                             o);
 }
 
 SchedulePtr make_cosine(const DiscreteOptions& o) {
-  check_discrete(o);
+  check_discrete(o, false, "cosine");
   auto f = [](const Tensor& u) { return ((u + 0.008) / 1.008 * (M_PI / 2)).cos().square(); };
   auto i = at::arange(o.timesteps, kF64);
   auto beta = (1.0 - f((i + 1) / o.timesteps) / f(i / o.timesteps)).clamp_max(o.beta_end);
-  return std::make_shared<DiscreteSchedule>("cosine", alphabar_from_betas(beta), o);
+  return discrete_from_betas("cosine", beta, o);
 }
 
 SchedulePtr make_exp(const DiscreteOptions& o) {
-  check_discrete(o);
+  check_discrete(o, false, "exp");
   auto i = at::arange(o.timesteps, kF64);
   auto abar = [](const Tensor& u) { return (-12.0 * u).exp(); };
   auto beta = (1.0 - abar((i + 1) / o.timesteps) / abar(i / o.timesteps)).clamp_max(0.999);
-  return std::make_shared<DiscreteSchedule>("exp", alphabar_from_betas(beta), o);
+  return discrete_from_betas("exp", beta, o);
+}
+
+SchedulePtr make_discrete_from_betas(const std::string& name, const Tensor& betas, const DiscreteOptions& o) {
+  check_discrete(o, false, name.c_str());
+  DEW_CHECK(betas.dim() == 1 && betas.size(0) == o.timesteps, "schedule ", name, ": ", o.timesteps,
+            " betas expected (timesteps), got shape ", betas.sizes());
+  auto b = betas.to(at::kDouble);
+  DEW_CHECK(b.gt(0).all().item<bool>() && b.le(1).all().item<bool>(), "schedule ", name,
+            ": betas must lie in (0, 1], got min ", b.min().item<double>(), ", max ", b.max().item<double>());
+  return discrete_from_betas(name, b, o);
 }
 
 SchedulePtr make_sqrt() { return std::make_shared<SqrtSchedule>(); }
@@ -239,8 +269,19 @@ SchedulePtr make_flow(const FlowOptions& o) {
 
 Tensor alphas_cumprod(const Schedule& s) {
   auto d = dynamic_cast<const DiscreteSchedule*>(&s);
-  DEW_CHECK(d, "alphas_cumprod: schedule ", s.name(), " is not discrete (linear, cosine, exp)");
+  DEW_CHECK(d, "alphas_cumprod: schedule ", s.name(), " is not discrete (linear, scaled_linear, cosine, exp)");
   return d->alphabar();
+}
+
+Tensor rescale_zero_terminal_snr(const Tensor& betas) {
+  auto abar_sqrt = alphabar_from_betas(betas.to(at::kDouble)).sqrt();
+  const double first = abar_sqrt[0].item<double>(), last = abar_sqrt[-1].item<double>();
+  DEW_CHECK(first > last, "rescale_zero_snr: sqrt(alphabar) must decrease, got first ", first, ", last ", last);
+  abar_sqrt = (abar_sqrt - last) * (first / (first - last));
+  auto abar = abar_sqrt.square();
+  // Undo the cumprod: alpha_0 = alphabar_0, alpha_i = alphabar_i / alphabar_{i-1}.
+  auto alphas = at::cat({abar.slice(0, 0, 1), abar.slice(0, 1) / abar.slice(0, 0, -1)});
+  return 1.0 - alphas;
 }
 
 double flow_resolution_shift(int64_t height, int64_t width) {
@@ -264,8 +305,13 @@ Registry<Schedule>& schedules() {
       s->set_spec(spec);
       return s;
     };
-    r->add<DiscreteOptions>("linear", "DDPM linear betas linspace(1e-4 s, 0.02 s, T), s = 1000/T",
+    r->add<DiscreteOptions>("linear", "DDPM linear betas linspace(1e-4 s, 0.02 s, T), s = 1000/T, or beta_range",
                             [=](const DiscreteOptions& o) { return tag(make_linear(o), "linear", to_json(o)); });
+    r->add<DiscreteOptions>("scaled_linear",
+                            "Stable Diffusion betas linspace(sqrt(0.00085), sqrt(0.012), T)^2 (diffusers scaled_linear)",
+                            [=](const DiscreteOptions& o) {
+                              return tag(make_scaled_linear(o), "scaled_linear", to_json(o));
+                            });
     r->add<DiscreteOptions>("cosine", "improved-DDPM cosine alphabar, betas clipped at beta_end",
                             [=](const DiscreteOptions& o) { return tag(make_cosine(o), "cosine", to_json(o)); });
     r->add<DiscreteOptions>("exp", "alphabar(u) = exp(-12 u), betas clipped at 0.999",

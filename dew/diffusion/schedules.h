@@ -71,11 +71,20 @@ struct DiscreteOptions {
   double beta_end = 0.999;   // cosine only: upper clip of beta_i (1.0 = zero terminal SNR)
   double p2_k = 1.0;         // P2 weight (k + SNR)^-gamma
   double p2_gamma = 1.0;
+  /// linear / scaled_linear: (beta_start, beta_end) of diffusers' beta schedules, e.g. (0.00085, 0.012);
+  /// null: linear (1e-4 s, 0.02 s) with s = 1000/T, scaled_linear (0.00085, 0.012).
+  std::optional<std::pair<double, double>> beta_range;
+  bool rescale_zero_snr = false;  // zero terminal SNR rescale of the betas (diffusers rescale_betas_zero_snr)
   template <class V> void visit(V& v) {
     v("timesteps", timesteps, "number of discrete steps T");
     v("beta_end", beta_end, "cosine: upper clip of each beta_i (1.0 gives zero terminal SNR)");
     v("p2_k", p2_k, "P2 loss weight (k + SNR)^-gamma: k");
     v("p2_gamma", p2_gamma, "P2 loss weight (k + SNR)^-gamma: gamma");
+    v("beta_range", beta_range,
+      "linear, scaled_linear: [beta_start, beta_end] (null: linear [1e-4, 0.02] * 1000/T, scaled_linear "
+      "[0.00085, 0.012])");
+    v("rescale_zero_snr", rescale_zero_snr,
+      "rescale the betas to zero terminal SNR keeping alphabar_0 (Lin et al. 2024, algorithm 1)");
   }
 };
 
@@ -128,12 +137,14 @@ struct NoOptions {
   template <class V> void visit(V&) {}
 };
 
-/// The registry of schedules: linear, cosine, exp (discrete); sqrt, cosine_continuous, karras_ve,
-/// edm, flow (continuous).
+/// The registry of schedules: linear, scaled_linear, cosine, exp (discrete); sqrt, cosine_continuous,
+/// karras_ve, edm, flow (continuous).
 Registry<Schedule>& schedules();
 
 // ---- direct constructors (what the registry calls) ----
 SchedulePtr make_linear(const DiscreteOptions& o = {});
+/// diffusers' scaled_linear (Stable Diffusion): beta = linspace(sqrt(beta_start), sqrt(beta_end), T)^2.
+SchedulePtr make_scaled_linear(const DiscreteOptions& o = {});
 SchedulePtr make_cosine(const DiscreteOptions& o = {});
 SchedulePtr make_exp(const DiscreteOptions& o = {});
 SchedulePtr make_sqrt();
@@ -142,8 +153,17 @@ SchedulePtr make_karras_ve(const KarrasOptions& o = {});
 SchedulePtr make_edm(const EDMOptions& o = {});
 SchedulePtr make_flow(const FlowOptions& o = {});
 
+/// A discrete schedule from explicit betas (float64 [T], e.g. a checkpoint's trained betas); o.timesteps
+/// must equal T; o.rescale_zero_snr applies.
+SchedulePtr make_discrete_from_betas(const std::string& name, const Tensor& betas, const DiscreteOptions& o);
+
 /// alphabar_i of a discrete schedule, float64 [T] (alphabar = cumprod(1 - beta)).
 Tensor alphas_cumprod(const Schedule& s);
+
+/// Zero terminal SNR (Lin et al. 2024, "Common diffusion noise schedules and sample steps are flawed",
+/// algorithm 1; diffusers' rescale_zero_terminal_snr): sqrt(alphabar) is shifted so its last value is 0
+/// and scaled so its first is kept; returns the betas of the result (float64 [T], last beta 1).
+Tensor rescale_zero_terminal_snr(const Tensor& betas);
 
 /// Resolution-dependent flow shift: exp(mu), mu = 0.5 + (1.15 - 0.5)/(4096 - 256) (tokens - 256),
 /// tokens = (H/16)(W/16).

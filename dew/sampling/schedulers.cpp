@@ -1,0 +1,877 @@
+#include "dew/sampling/schedulers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace dew::sampling {
+
+using at::Tensor;
+using Vec = std::vector<double>;
+
+namespace {
+
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+
+Tensor f64(const Tensor& t) { return t.to(at::kDouble); }
+Tensor to_tensor(const Vec& v) { return at::tensor(at::ArrayRef<double>(v), kF64); }
+
+// ---- numpy's and torch's grids, reproduced exactly on float64 vectors ----
+
+// np.linspace(a, b, n): a + i (b - a)/(n - 1), the last value set to b.
+Vec np_linspace(double a, double b, int64_t n) {
+  Vec y(n, a);
+  if (n == 1) return y;
+  const double step = (b - a) / double(n - 1);
+  for (int64_t i = 0; i < n; ++i) y[i] = double(i) * step + a;
+  y[n - 1] = b;
+  return y;
+}
+
+// torch.linspace(a, b, n): the first half counts up from a, the second down from b.
+Vec torch_linspace(double a, double b, int64_t n) {
+  Vec y(n, a);
+  if (n == 1) return y;
+  const double step = (b - a) / double(n - 1);
+  const int64_t half = n / 2;
+  for (int64_t i = 0; i < n; ++i) y[i] = i < half ? a + step * double(i) : b - step * double(n - 1 - i);
+  return y;
+}
+
+// np.arange(start, stop, step) for floats: ceil((stop - start)/step) values start + i delta.
+Vec np_arange(double start, double stop, double step) {
+  const auto n = int64_t(std::ceil((stop - start) / step));
+  Vec y;
+  const double delta = (start + step) - start;
+  for (int64_t i = 0; i < n; ++i) y.push_back(start + double(i) * delta);
+  return y;
+}
+
+// np.round: half to even.
+Vec np_round(Vec v) {
+  for (auto& x : v) x = std::nearbyint(x);
+  return v;
+}
+
+// np.interp(x, arange(len(fp)), fp).
+Vec interp_index(const Vec& x, const Vec& fp) {
+  Vec y;
+  const auto n = int64_t(fp.size());
+  for (double v : x) {
+    if (v <= 0) { y.push_back(fp[0]); continue; }
+    if (v >= double(n - 1)) { y.push_back(fp[n - 1]); continue; }
+    const auto j = int64_t(std::floor(v));
+    y.push_back((fp[j + 1] - fp[j]) * (v - double(j)) + fp[j]);  // slope over a unit step
+  }
+  return y;
+}
+
+// The time of a sigma: linear interpolation of log(sigma) in the training table (diffusers _sigma_to_t).
+double sigma_to_t(double sigma, const Vec& log_sigmas) {
+  const double ls = std::log(std::max(sigma, 1e-10));
+  const auto n = int64_t(log_sigmas.size());
+  int64_t count = 0, best = -1, low = 0;  // argmax of cumsum(ls >= log_sigmas): its first maximum
+  for (int64_t j = 0; j < n; ++j) {
+    count += (ls - log_sigmas[j] >= 0);
+    if (count > best) best = count, low = j;
+  }
+  low = std::min(low, n - 2);
+  const double lo = log_sigmas[low], hi = log_sigmas[low + 1];
+  const double w = std::clamp((lo - ls) / (lo - hi), 0.0, 1.0);
+  return (1 - w) * double(low) + w * double(low + 1);
+}
+
+// Karras et al. 2022's rho = 7 grid from sigma_max to sigma_min in n points.
+Vec karras_sigmas(double sigma_min, double sigma_max, int64_t n) {
+  const double rho = 7.0, lo = std::pow(sigma_min, 1 / rho), hi = std::pow(sigma_max, 1 / rho);
+  Vec out;
+  for (double r : np_linspace(0, 1, n)) out.push_back(std::pow(hi + r * (lo - hi), rho));
+  return out;
+}
+
+// ---- reading scheduler_config.json ----
+
+class Reader {
+ public:
+  Reader(const json& cfg, std::string where, std::string cls) : cfg_(cfg), where_(std::move(where)), cls_(std::move(cls)) {}
+  const std::string& where() const { return where_; }
+  const std::string& cls() const { return cls_; }
+  /// The value of a key, or null when absent or null (diffusers treats null as "not set").
+  const json* find(const std::string& key) const {
+    auto it = cfg_.find(key);
+    return it == cfg_.end() || it->is_null() ? nullptr : &*it;
+  }
+  [[noreturn]] void bad(const std::string& key, const json& v, const std::string& accepted) const {
+    std::string shown = v.dump();
+    if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+    fail(where_, ": ", key, " = ", shown, " is not supported by ", cls_, " here; accepted: ", accepted);
+  }
+  double number(const std::string& key, double def) const {
+    const json* v = find(key);
+    if (!v) return def;
+    if (v->is_number()) return v->get<double>();
+    if (v->is_string()) {  // Python's json writes -Infinity / Infinity / NaN; from_file quotes them
+      const auto s = v->get<std::string>();
+      if (s == "-Infinity") return -std::numeric_limits<double>::infinity();
+      if (s == "Infinity") return std::numeric_limits<double>::infinity();
+      if (s == "NaN") return std::numeric_limits<double>::quiet_NaN();
+    }
+    bad(key, *v, "a number");
+  }
+  std::optional<double> optional_number(const std::string& key) const {
+    if (!find(key)) return std::nullopt;
+    return number(key, 0);
+  }
+  int64_t integer(const std::string& key, int64_t def) const {
+    const json* v = find(key);
+    if (!v) return def;
+    if (v->is_number_integer()) return v->get<int64_t>();
+    if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()) return int64_t(v->get<double>());
+    bad(key, *v, "an integer");
+  }
+  bool flag(const std::string& key, bool def) const {
+    const json* v = find(key);
+    if (!v) return def;
+    if (!v->is_boolean()) bad(key, *v, "true or false");
+    return v->get<bool>();
+  }
+  std::string choice(const std::string& key, const std::string& def, const std::vector<std::string>& ok) const {
+    const json* v = find(key);
+    if (!v) return def;
+    std::string list;
+    for (const auto& c : ok) list += (list.empty() ? "" : ", ") + c;
+    if (!v->is_string() || std::find(ok.begin(), ok.end(), v->get<std::string>()) == ok.end()) bad(key, *v, list);
+    return v->get<std::string>();
+  }
+  /// A boolean setting only `ok` is supported for (e.g. thresholding false).
+  void require_flag(const std::string& key, bool def, bool ok, const std::string& why = "") const {
+    if (flag(key, def) != ok) bad(key, *find(key), std::string(ok ? "true" : "false") + why);
+  }
+
+ private:
+  const json& cfg_;
+  std::string where_, cls_;
+};
+
+// The settings every class takes: the betas and the prediction type.
+struct Base {
+  int64_t T = 1000;
+  diffusion::SchedulePtr schedule;
+  Vec ac;  // alphabar, float64
+  std::string prediction;
+  std::string spacing;
+  int64_t offset = 0;
+};
+
+diffusion::SchedulePtr parse_betas(const Reader& r, int64_t T, bool rescale) {
+  diffusion::DiscreteOptions o;
+  o.timesteps = T;
+  o.rescale_zero_snr = rescale;
+  if (const json* tb = r.find("trained_betas")) {
+    if (!tb->is_array() || int64_t(tb->size()) != T) r.bad("trained_betas", *tb, str("a list of ", T, " numbers (num_train_timesteps)"));
+    Vec b;
+    for (const auto& e : *tb) {
+      if (!e.is_number()) r.bad("trained_betas", *tb, "a list of numbers");
+      b.push_back(e.get<double>());
+    }
+    return diffusion::make_discrete_from_betas("trained_betas", to_tensor(b), o);
+  }
+  const auto kind = r.choice("beta_schedule", "linear", {"linear", "scaled_linear", "squaredcos_cap_v2"});
+  diffusion::SchedulePtr s;
+  std::string name;
+  if (kind == "squaredcos_cap_v2") {
+    name = "cosine";  // max_beta 0.999, dew's cosine default
+    s = diffusion::make_cosine(o);
+  } else {
+    const double b0 = r.number("beta_start", 1e-4), b1 = r.number("beta_end", 0.02);
+    DEW_CHECK(b0 > 0 && b0 <= b1 && b1 <= 1, r.where(), ": beta_start, beta_end = ", b0, ", ", b1,
+              " are not supported; accepted: 0 < beta_start <= beta_end <= 1");
+    o.beta_range = std::make_pair(b0, b1);
+    name = kind;
+    s = kind == "linear" ? diffusion::make_linear(o) : diffusion::make_scaled_linear(o);
+  }
+  json spec = to_json(o);
+  spec["name"] = name;
+  s->set_spec(spec);
+  return s;
+}
+
+Base parse_base(const Reader& r, const std::vector<std::string>& predictions, const std::string& default_spacing,
+                bool takes_rescale, bool tiny_terminal_alphabar) {
+  Base b;
+  b.T = r.integer("num_train_timesteps", 1000);
+  if (b.T < 2) r.bad("num_train_timesteps", *r.find("num_train_timesteps"), "an integer >= 2");
+  const bool rescale = takes_rescale && r.flag("rescale_betas_zero_snr", false);
+  b.schedule = parse_betas(r, b.T, rescale);
+  auto ac = diffusion::alphas_cumprod(*b.schedule).contiguous();
+  b.ac.assign(ac.data_ptr<double>(), ac.data_ptr<double>() + ac.numel());
+  // Euler, Euler ancestral and DPM-Solver keep sigma finite at zero terminal SNR.
+  if (rescale && tiny_terminal_alphabar) b.ac.back() = std::ldexp(1.0, -24);
+  b.prediction = r.choice("prediction_type", "epsilon", predictions);
+  b.spacing = r.choice("timestep_spacing", default_spacing, {"leading", "trailing", "linspace"});
+  b.offset = r.integer("steps_offset", 0);
+  if (b.offset < 0) r.bad("steps_offset", *r.find("steps_offset"), "an integer >= 0");
+  return b;
+}
+
+// Descending inference timesteps of DDIM, Euler, Euler ancestral and LMS (round_linspace: DDIM rounds).
+Vec spaced_timesteps(const std::string& spacing, int64_t T, int64_t n, int64_t offset, bool round_linspace) {
+  Vec ts;
+  if (spacing == "linspace") {
+    ts = np_linspace(0, double(T - 1), n);
+    if (round_linspace) ts = np_round(ts);
+    std::reverse(ts.begin(), ts.end());
+  } else if (spacing == "leading") {
+    const int64_t ratio = T / n;
+    for (int64_t i = n - 1; i >= 0; --i) ts.push_back(double(i * ratio + offset));
+  } else {  // trailing
+    ts = np_round(np_arange(double(T), 0, -double(T) / double(n)));
+    for (auto& t : ts) t -= 1;
+  }
+  return ts;
+}
+
+void check_steps(const std::string& cls, int64_t n, int64_t T) {
+  DEW_CHECK(n >= 1 && n <= T, cls, ".set_timesteps: the number of steps must be in [1, num_train_timesteps = ", T,
+            "], got ", n);
+}
+
+// x0 from the model output at sigma (sigma = sqrt((1 - abar)/abar); the model saw x/sqrt(sigma^2 + 1)).
+Tensor x0_from_sigma(const std::string& pred, const Tensor& out, const Tensor& x, double sigma) {
+  if (pred == "epsilon") return x - sigma * out;
+  if (pred == "v_prediction") return out * (-sigma / std::sqrt(sigma * sigma + 1)) + x / (sigma * sigma + 1);
+  return out;  // sample
+}
+
+// ---- the classes ----
+
+/// What every class shares: the parsed betas, prediction type and spacing, moved into the Scheduler.
+class Common : public Scheduler {
+ protected:
+  Common(const Reader& r, Base b) : b_(std::move(b)) {
+    class_name_ = r.cls();
+    where_ = r.where();
+    prediction_type_ = b_.prediction;
+    schedule_ = b_.schedule;
+    alphas_cumprod_ = to_tensor(b_.ac);
+  }
+  Base b_;
+};
+
+/// DDIM (Song et al. 2021): x_prev = sqrt(abar_prev) x0 + sqrt(1 - abar_prev - std^2) eps + std z.
+class DDIM : public Common {
+ public:
+  explicit DDIM(const Reader& r) : Common(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "leading", true, false)) {
+    r.require_flag("thresholding", false, false, " (dynamic thresholding is not supported)");
+    clip_ = r.flag("clip_sample", true);
+    clip_range_ = r.number("clip_sample_range", 1.0);
+    final_ac_ = r.flag("set_alpha_to_one", true) ? 1.0 : b_.ac[0];
+  }
+  void set_timesteps(int64_t n) override {
+    check_steps(class_name_, n, b_.T);
+    auto ts = spaced_timesteps(b_.spacing, b_.T, n, b_.offset, true);
+    for (double t : ts)
+      DEW_CHECK(t >= 0 && t <= double(b_.T - 1), where_, ": timestep ", t, " (steps_offset ", b_.offset, ", ", n,
+                " steps) is outside [0, ", b_.T - 1, "]");
+    timesteps_ = to_tensor(ts);
+    ts_ = ts;
+    n_ = n;
+  }
+  void set_eta(double eta) override {
+    DEW_CHECK(eta >= 0, class_name_, ": eta must be >= 0, got ", eta);
+    eta_ = eta;
+  }
+  Tensor step(const Tensor& out, int64_t i, const Tensor& x_in, const NoiseSource& noise) override {
+    check_index(i);
+    const auto t = int64_t(ts_[i]), prev = t - b_.T / n_;
+    const double a = b_.ac[t], ap = prev >= 0 ? b_.ac[prev] : final_ac_;
+    auto x = f64(x_in), m = f64(out);
+    Tensor x0, eps;
+    if (prediction_type_ == "epsilon") {
+      x0 = (x - std::sqrt(1 - a) * m) / std::sqrt(a);
+      eps = m;
+    } else if (prediction_type_ == "sample") {
+      x0 = m;
+      eps = (x - std::sqrt(a) * x0) / std::sqrt(1 - a);
+    } else {
+      x0 = std::sqrt(a) * x - std::sqrt(1 - a) * m;
+      eps = std::sqrt(a) * m + std::sqrt(1 - a) * x;
+    }
+    if (clip_) x0 = x0.clamp(-clip_range_, clip_range_);
+    const double variance = (1 - ap) / (1 - a) * (1 - a / ap);
+    const double sd = eta_ * std::sqrt(variance);
+    auto x_prev = std::sqrt(ap) * x0 + std::sqrt(std::max(0.0, 1 - ap - sd * sd)) * eps;
+    if (eta_ > 0) x_prev = x_prev + sd * f64(noise(i, x_in));
+    return x_prev.to(x_in.scalar_type());
+  }
+
+ private:
+  bool clip_ = true;
+  double clip_range_ = 1, final_ac_ = 1, eta_ = 0;
+  Vec ts_;
+  int64_t n_ = 0;
+};
+
+/// PNDM (Liu et al. 2022): pseudo Runge-Kutta warm-up (unless skip_prk_steps), then linear multistep
+/// (55, -59, 37, -9)/24 on the model outputs, moved with the pseudo numerical transfer of the paper.
+class PNDM : public Common {
+ public:
+  explicit PNDM(const Reader& r) : Common(r, parse_base(r, {"epsilon", "v_prediction"}, "leading", false, false)) {
+    skip_prk_ = r.flag("skip_prk_steps", false);
+    final_ac_ = r.flag("set_alpha_to_one", false) ? 1.0 : b_.ac[0];
+  }
+  void set_timesteps(int64_t n) override {
+    check_steps(class_name_, n, b_.T);
+    DEW_CHECK(skip_prk_ || n >= 4, where_, ": skip_prk_steps false needs at least 4 steps, got ", n);
+    Vec base;  // ascending
+    if (b_.spacing == "linspace") {
+      base = np_round(np_linspace(0, double(b_.T - 1), n));
+    } else if (b_.spacing == "leading") {
+      for (int64_t i = 0; i < n; ++i) base.push_back(double(i * (b_.T / n) + b_.offset));
+    } else {
+      base = np_round(np_arange(double(b_.T), 0, -double(b_.T) / double(n)));
+      std::reverse(base.begin(), base.end());
+      for (auto& t : base) t -= 1;
+    }
+    prk_.clear();
+    Vec plms;
+    const auto m = int64_t(base.size());
+    if (skip_prk_) {
+      // base[:-1] + base[-2:-1] + base[-1:], reversed: the second timestep is taken twice.
+      for (int64_t j = 0; j < m - 1; ++j) plms.push_back(base[j]);
+      if (m >= 2) plms.push_back(base[m - 2]);
+      plms.push_back(base[m - 1]);
+      std::reverse(plms.begin(), plms.end());
+    } else {
+      const int64_t half = b_.T / n / 2;
+      Vec p;  // base[-4:].repeat(2) + tile([0, half], 4), minus its last, each repeated twice, ends dropped
+      for (int64_t j = m - 4; j < m; ++j) p.push_back(base[j]), p.push_back(base[j] + double(half));
+      p.pop_back();
+      Vec rep;
+      for (double v : p) rep.push_back(v), rep.push_back(v);
+      prk_.assign(rep.begin() + 1, rep.end() - 1);
+      std::reverse(prk_.begin(), prk_.end());
+      for (int64_t j = m - 4; j >= 0; --j) plms.push_back(base[j]);
+    }
+    Vec all = prk_;
+    all.insert(all.end(), plms.begin(), plms.end());
+    for (double t : all)
+      DEW_CHECK(t >= 0 && t <= double(b_.T - 1), where_, ": timestep ", t, " (steps_offset ", b_.offset, ", ", n,
+                " steps) is outside [0, ", b_.T - 1, "]");
+    ts_ = all;
+    timesteps_ = to_tensor(all);
+    n_ = n;
+    counter_ = 0;
+    ets_.clear();
+    cur_model_output_.reset();
+    cur_sample_.reset();
+  }
+  Tensor step(const Tensor& out, int64_t i, const Tensor& x_in, const NoiseSource&) override {
+    check_index(i);
+    DEW_CHECK(i == counter_, class_name_, ".step: steps must run in order after set_timesteps; expected step ",
+              counter_, ", got ", i);
+    const auto t = int64_t(ts_[i]);
+    auto m = f64(out), x = f64(x_in);
+    Tensor result = (counter_ < int64_t(prk_.size()) && !skip_prk_) ? step_prk(m, t, x) : step_plms(m, t, x);
+    ++counter_;
+    return result.to(x_in.scalar_type());
+  }
+
+ private:
+  Tensor step_prk(Tensor m, int64_t timestep, const Tensor& x) {
+    const int64_t diff = counter_ % 2 ? 0 : b_.T / n_ / 2;
+    const int64_t prev = timestep - diff;
+    const auto t = int64_t(prk_[counter_ / 4 * 4]);
+    const int64_t phase = counter_ % 4;
+    auto add = [&](double w) {
+      cur_model_output_ = cur_model_output_ ? *cur_model_output_ + w * m : w * m;
+    };
+    if (phase == 0) {
+      add(1.0 / 6);
+      ets_.push_back(m);
+      cur_sample_ = x;
+    } else if (phase == 1 || phase == 2) {
+      add(1.0 / 3);
+    } else {
+      m = (cur_model_output_ ? *cur_model_output_ : at::zeros_like(m)) + (1.0 / 6) * m;
+      cur_model_output_.reset();
+    }
+    const Tensor& from = cur_sample_ ? *cur_sample_ : x;
+    return prev_sample(from, t, prev, m);
+  }
+  Tensor step_plms(Tensor m, int64_t timestep, Tensor x) {
+    DEW_CHECK(skip_prk_ || ets_.size() >= 3, class_name_, ": the PLMS steps need the 12 pseudo Runge-Kutta steps first");
+    int64_t prev = timestep - b_.T / n_;
+    if (counter_ != 1) {
+      while (ets_.size() > 3) ets_.pop_front();
+      ets_.push_back(m);
+    } else {
+      prev = timestep;
+      timestep = timestep + b_.T / n_;
+    }
+    const auto k = ets_.size();
+    if (k == 1 && counter_ == 0) {
+      cur_sample_ = x;
+    } else if (k == 1 && counter_ == 1) {
+      m = (m + ets_.back()) / 2;
+      x = *cur_sample_;
+      cur_sample_.reset();
+    } else if (k == 2) {
+      m = (3 * ets_[1] - ets_[0]) / 2;
+    } else if (k == 3) {
+      m = (23 * ets_[2] - 16 * ets_[1] + 5 * ets_[0]) / 12;
+    } else {
+      m = (55 * ets_[3] - 59 * ets_[2] + 37 * ets_[1] - 9 * ets_[0]) / 24;
+    }
+    return prev_sample(x, timestep, prev, m);
+  }
+  // Formula (9) of the PNDM paper: x_prev from x_t and an eps estimate.
+  Tensor prev_sample(const Tensor& x, int64_t t, int64_t prev, Tensor m) const {
+    const double a = b_.ac[t], ap = prev >= 0 ? b_.ac[prev] : final_ac_;
+    if (prediction_type_ == "v_prediction") m = std::sqrt(a) * m + std::sqrt(1 - a) * x;
+    const double denom = a * std::sqrt(1 - ap) + std::sqrt(a * (1 - a) * ap);
+    return std::sqrt(ap / a) * x - ((ap - a) / denom) * m;
+  }
+  bool skip_prk_ = false;
+  double final_ac_ = 1;
+  Vec ts_, prk_;
+  int64_t n_ = 0, counter_ = 0;
+  std::deque<Tensor> ets_;  // oldest first
+  std::optional<Tensor> cur_model_output_, cur_sample_;
+};
+
+/// The k-diffusion family: a descending sigma grid (sigma = sqrt((1 - abar)/abar)) ending at 0, the model
+/// input x/sqrt(sigma^2 + 1) and initial noise sigma_max (or sqrt(sigma_max^2 + 1) for leading spacing).
+class SigmaScheduler : public Common {
+ public:
+  using Common::Common;
+  Tensor scale_model_input(const Tensor& x, int64_t i) const override {
+    check_index(i);
+    return x / std::sqrt(sigmas_[i] * sigmas_[i] + 1);
+  }
+
+ protected:
+  Vec train_sigmas() const {
+    Vec s;
+    for (double a : b_.ac) s.push_back(std::sqrt((1 - a) / a));
+    return s;
+  }
+  static Vec logs(const Vec& v) {
+    Vec out;
+    for (double x : v) out.push_back(std::log(x));
+    return out;
+  }
+  void finish(const Vec& ts, Vec sigmas) {
+    timesteps_ = to_tensor(ts);
+    sigmas_ = std::move(sigmas);
+    const double smax = *std::max_element(sigmas_.begin(), sigmas_.end());
+    init_noise_sigma_ = b_.spacing == "leading" ? std::sqrt(smax * smax + 1) : smax;
+    steps_taken_ = 0;
+  }
+  void check_order(int64_t i) {
+    DEW_CHECK(i == steps_taken_, class_name_, ".step: steps must run in order after set_timesteps; expected step ",
+              steps_taken_, ", got ", i);
+    ++steps_taken_;
+  }
+  Vec sigmas_;  // [num_steps + 1] (more for Euler's log_linear)
+  int64_t steps_taken_ = 0;
+};
+
+/// Euler (Karras et al. 2022, algorithm 2 without churn): x + (x - x0)/sigma (sigma_next - sigma).
+class Euler : public SigmaScheduler {
+ public:
+  explicit Euler(const Reader& r)
+      : SigmaScheduler(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "linspace", true, true)) {
+    interpolation_ = r.choice("interpolation_type", "linear", {"linear", "log_linear"});
+    karras_ = r.flag("use_karras_sigmas", false);
+    r.require_flag("use_exponential_sigmas", false, false, " (use_karras_sigmas is supported)");
+    r.require_flag("use_beta_sigmas", false, false, " (use_karras_sigmas is supported)");
+    sigma_min_ = r.optional_number("sigma_min");
+    sigma_max_ = r.optional_number("sigma_max");
+    continuous_ = r.choice("timestep_type", "discrete", {"discrete", "continuous"}) == "continuous";
+    final_ = r.choice("final_sigmas_type", "zero", {"zero", "sigma_min"});
+  }
+  void set_timesteps(int64_t n) override {
+    check_steps(class_name_, n, b_.T);
+    auto ts = spaced_timesteps(b_.spacing, b_.T, n, b_.offset, false);
+    const auto train = train_sigmas();
+    const auto log_train = logs(train);
+    Vec sig;
+    if (interpolation_ == "linear") {
+      sig = interp_index(ts, train);
+    } else {
+      for (double l : torch_linspace(std::log(train.back()), std::log(train.front()), n + 1)) sig.push_back(std::exp(l));
+    }
+    if (karras_) {
+      sig = karras_sigmas(sigma_min_.value_or(sig.back()), sigma_max_.value_or(sig.front()), n);
+      ts.clear();
+      for (double s : sig) ts.push_back(sigma_to_t(s, log_train));
+    }
+    sig.push_back(final_ == "zero" ? 0.0 : train.front());
+    if (continuous_ && b_.prediction == "v_prediction") {
+      ts.clear();
+      for (size_t j = 0; j + 1 < sig.size(); ++j) ts.push_back(0.25 * std::log(sig[j]));
+    }
+    finish(ts, sig);
+  }
+  Tensor step(const Tensor& out, int64_t i, const Tensor& x_in, const NoiseSource&) override {
+    check_index(i);
+    const double s = sigmas_[i], s_next = sigmas_[i + 1];
+    auto x = f64(x_in);
+    auto x0 = x0_from_sigma(prediction_type_, f64(out), x, s);
+    return (x + (x - x0) / s * (s_next - s)).to(x_in.scalar_type());
+  }
+
+ private:
+  std::string interpolation_, final_;
+  bool karras_ = false, continuous_ = false;
+  std::optional<double> sigma_min_, sigma_max_;
+};
+
+/// Euler ancestral (k-diffusion): Euler to sigma_down, then noise of std sigma_up.
+class EulerAncestral : public SigmaScheduler {
+ public:
+  explicit EulerAncestral(const Reader& r)
+      : SigmaScheduler(r, parse_base(r, {"epsilon", "v_prediction"}, "linspace", true, true)) {}
+  void set_timesteps(int64_t n) override {
+    check_steps(class_name_, n, b_.T);
+    auto ts = spaced_timesteps(b_.spacing, b_.T, n, b_.offset, false);
+    auto sig = interp_index(ts, train_sigmas());
+    sig.push_back(0.0);
+    finish(ts, sig);
+  }
+  Tensor step(const Tensor& out, int64_t i, const Tensor& x_in, const NoiseSource& noise) override {
+    check_index(i);
+    const double s = sigmas_[i], s_next = sigmas_[i + 1];
+    const double up = std::sqrt(std::max(0.0, s_next * s_next * (s * s - s_next * s_next) / (s * s)));
+    const double down = std::sqrt(std::max(0.0, s_next * s_next - up * up));
+    auto x = f64(x_in);
+    auto x0 = x0_from_sigma(prediction_type_, f64(out), x, s);
+    auto x_next = x + (x - x0) / s * (down - s);
+    if (up > 0) x_next = x_next + up * f64(noise(i, x_in));
+    return x_next.to(x_in.scalar_type());
+  }
+};
+
+/// Linear multistep (k-diffusion's sample_lms, order 4): integrates the Lagrange polynomial through the
+/// last derivatives (x - x0)/sigma over [sigma_i, sigma_{i+1}].
+class LMS : public SigmaScheduler {
+ public:
+  explicit LMS(const Reader& r)
+      : SigmaScheduler(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "linspace", false, false)) {
+    karras_ = r.flag("use_karras_sigmas", false);
+    r.require_flag("use_exponential_sigmas", false, false, " (use_karras_sigmas is supported)");
+    r.require_flag("use_beta_sigmas", false, false, " (use_karras_sigmas is supported)");
+  }
+  void set_timesteps(int64_t n) override {
+    check_steps(class_name_, n, b_.T);
+    auto ts = spaced_timesteps(b_.spacing, b_.T, n, b_.offset, false);
+    const auto train = train_sigmas();
+    auto sig = interp_index(ts, train);
+    if (karras_) {
+      sig = karras_sigmas(sig.back(), sig.front(), n);
+      ts.clear();
+      const auto log_train = logs(train);
+      for (double s : sig) ts.push_back(sigma_to_t(s, log_train));
+    }
+    sig.push_back(0.0);
+    finish(ts, sig);
+    derivatives_.clear();
+  }
+  Tensor step(const Tensor& out, int64_t i, const Tensor& x_in, const NoiseSource&) override {
+    check_index(i);
+    check_order(i);
+    const double s = sigmas_[i];
+    auto x = f64(x_in);
+    auto x0 = x0_from_sigma(prediction_type_, f64(out), x, s);
+    derivatives_.push_back((x - x0) / s);
+    if (derivatives_.size() > 4) derivatives_.pop_front();
+    const auto order = std::min<int64_t>(i + 1, 4);
+    Tensor x_next = x;
+    for (int64_t j = 0; j < order; ++j)  // derivatives_ newest last; coefficient j goes with the j-th newest
+      x_next = x_next + coefficient(order, i, j) * derivatives_[derivatives_.size() - 1 - j];
+    return x_next.to(x_in.scalar_type());
+  }
+
+ private:
+  // Integral over [sigma_i, sigma_{i+1}] of prod_{k != j} (tau - sigma_{i-k})/(sigma_{i-j} - sigma_{i-k});
+  // 3-point Gauss-Legendre is exact for these degree <= 3 polynomials.
+  double coefficient(int64_t order, int64_t i, int64_t j) const {
+    static const double nodes[3] = {-std::sqrt(0.6), 0.0, std::sqrt(0.6)};
+    static const double weights[3] = {5.0 / 9, 8.0 / 9, 5.0 / 9};
+    const double a = sigmas_[i], b = sigmas_[i + 1];
+    double sum = 0;
+    for (int q = 0; q < 3; ++q) {
+      const double tau = 0.5 * (a + b) + 0.5 * (b - a) * nodes[q];
+      double p = 1;
+      for (int64_t k = 0; k < order; ++k)
+        if (k != j) p *= (tau - sigmas_[i - k]) / (sigmas_[i - j] - sigmas_[i - k]);
+      sum += weights[q] * p;
+    }
+    return 0.5 * (b - a) * sum;
+  }
+  bool karras_ = false;
+  std::deque<Tensor> derivatives_;
+};
+
+/// DPM-Solver++ (Lu et al. 2022) multistep, orders 1-3, on data predictions in lambda = log(alpha/sigma);
+/// sde-dpmsolver++ adds the SDE noise. With solver_order 2 this is "DPM++ 2M" (with Karras sigmas,
+/// "DPM++ 2M Karras").
+class DPMSolver : public Common {
+ public:
+  explicit DPMSolver(const Reader& r)
+      : Common(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "linspace", true, true)) {
+    order_ = r.integer("solver_order", 2);
+    if (order_ < 1 || order_ > 3) r.bad("solver_order", *r.find("solver_order"), "1, 2 or 3");
+    r.require_flag("thresholding", false, false, " (dynamic thresholding is not supported)");
+    sde_ = r.choice("algorithm_type", "dpmsolver++", {"dpmsolver++", "sde-dpmsolver++"}) == "sde-dpmsolver++";
+    heun_ = r.choice("solver_type", "midpoint", {"midpoint", "heun"}) == "heun";
+    lower_order_final_ = r.flag("lower_order_final", true);
+    euler_at_final_ = r.flag("euler_at_final", false);
+    karras_ = r.flag("use_karras_sigmas", false);
+    for (const char* k : {"use_exponential_sigmas", "use_beta_sigmas", "use_lu_lambdas", "use_flow_sigmas"})
+      r.require_flag(k, false, false, " (use_karras_sigmas is supported)");
+    final_zero_ = r.choice("final_sigmas_type", "zero", {"zero", "sigma_min"}) == "zero";
+    lambda_min_clipped_ = r.number("lambda_min_clipped", -std::numeric_limits<double>::infinity());
+    if (const json* v = r.find("variance_type")) r.bad("variance_type", *v, "null (learned variances are not supported)");
+  }
+  void set_timesteps(int64_t n) override {
+    check_steps(class_name_, n, b_.T);
+    // Timesteps whose lambda is below lambda_min_clipped are left out (diffusers: searchsorted on flipped lambda).
+    int64_t clipped = 0;
+    for (double a : b_.ac) clipped += (0.5 * std::log(a) - 0.5 * std::log(1 - a)) < lambda_min_clipped_;
+    const int64_t last = b_.T - clipped;
+    Vec ts;
+    if (b_.spacing == "linspace") {
+      ts = np_round(np_linspace(0, double(last - 1), n + 1));
+      std::reverse(ts.begin(), ts.end());
+      ts.pop_back();
+    } else if (b_.spacing == "leading") {
+      const int64_t ratio = last / (n + 1);
+      for (int64_t i = n; i >= 1; --i) ts.push_back(double(i * ratio + b_.offset));
+    } else {
+      ts = np_round(np_arange(double(last), 0, -double(b_.T) / double(n)));
+      for (auto& t : ts) t -= 1;
+    }
+    Vec train;
+    for (double a : b_.ac) train.push_back(std::sqrt((1 - a) / a));
+    Vec sig;
+    if (karras_) {
+      Vec log_train;
+      for (double s : train) log_train.push_back(std::log(s));
+      sig = karras_sigmas(train.front(), train.back(), n);
+      ts.clear();
+      for (double s : sig) ts.push_back(sigma_to_t(s, log_train));
+      if (schedule_->name() != "cosine") ts = np_round(ts);
+    } else {
+      sig = interp_index(ts, train);
+    }
+    sig.push_back(final_zero_ ? 0.0 : train.front());
+    sigmas_ = sig;
+    for (auto& t : ts) t = std::trunc(t);  // diffusers stores int64 timesteps
+    timesteps_ = to_tensor(ts);
+    outputs_.clear();
+    lower_order_nums_ = 0;
+    steps_taken_ = 0;
+  }
+  Tensor step(const Tensor& out, int64_t i, const Tensor& x_in, const NoiseSource& noise) override {
+    check_index(i);
+    DEW_CHECK(i == steps_taken_, class_name_, ".step: steps must run in order after set_timesteps; expected step ",
+              steps_taken_, ", got ", i);
+    ++steps_taken_;
+    const auto N = num_steps();
+    const bool final_low = i == N - 1 && (euler_at_final_ || (lower_order_final_ && N < 15) || final_zero_);
+    const bool second_low = i == N - 2 && lower_order_final_ && N < 15;
+    auto x = f64(x_in), m = f64(out);
+    // The data prediction at sigma_i.
+    const auto [a0, s0] = alpha_sigma(sigmas_[i]);
+    Tensor x0 = prediction_type_ == "epsilon" ? (x - s0 * m) / a0
+                : prediction_type_ == "v_prediction" ? a0 * x - s0 * m
+                                                     : m;
+    outputs_.push_back(x0);
+    if (int64_t(outputs_.size()) > order_) outputs_.pop_front();
+    std::optional<Tensor> z;
+    if (sde_) z = f64(noise(i, x_in));
+    Tensor x_next;
+    if (order_ == 1 || lower_order_nums_ < 1 || final_low) {
+      x_next = first_order(x, i, z);
+    } else if (order_ == 2 || lower_order_nums_ < 2 || second_low) {
+      x_next = second_order(x, i, z);
+    } else {
+      x_next = third_order(x, i, z);
+    }
+    if (lower_order_nums_ < order_) ++lower_order_nums_;
+    return x_next.to(x_in.scalar_type());
+  }
+
+ private:
+  static std::pair<double, double> alpha_sigma(double sigma) {
+    const double a = 1 / std::sqrt(sigma * sigma + 1);
+    return {a, sigma * a};
+  }
+  static double lambda(double sigma) {
+    auto [a, s] = alpha_sigma(sigma);
+    return std::log(a) - std::log(s);
+  }
+  // The last k data predictions, newest first.
+  const Tensor& D(size_t k) const { return outputs_[outputs_.size() - 1 - k]; }
+  Tensor noise_term(double st, double h, const std::optional<Tensor>& z) const {
+    return st * std::sqrt(std::max(0.0, 1 - std::exp(-2 * h))) * *z;
+  }
+  Tensor first_order(const Tensor& x, int64_t i, const std::optional<Tensor>& z) const {
+    const auto [at_, st] = alpha_sigma(sigmas_[i + 1]);
+    const auto [as, ss] = alpha_sigma(sigmas_[i]);
+    const double h = lambda(sigmas_[i + 1]) - lambda(sigmas_[i]), e = std::exp(-h);
+    if (!sde_) return (st / ss) * x - (at_ * (e - 1)) * D(0);
+    return (st / ss * e) * x + (at_ * (1 - e * e)) * D(0) + noise_term(st, h, z);
+  }
+  Tensor second_order(const Tensor& x, int64_t i, const std::optional<Tensor>& z) const {
+    const auto [at_, st] = alpha_sigma(sigmas_[i + 1]);
+    const double ss0 = alpha_sigma(sigmas_[i]).second;
+    const double lt = lambda(sigmas_[i + 1]), l0 = lambda(sigmas_[i]), l1 = lambda(sigmas_[i - 1]);
+    const double h = lt - l0, h0 = l0 - l1, r0 = h0 / h, e = std::exp(-h);
+    const Tensor& d0 = D(0);
+    auto d1 = (1.0 / r0) * (D(0) - D(1));
+    if (!sde_) {
+      if (!heun_) return (st / ss0) * x - (at_ * (e - 1)) * d0 - 0.5 * (at_ * (e - 1)) * d1;
+      return (st / ss0) * x - (at_ * (e - 1)) * d0 + (at_ * ((e - 1) / h + 1)) * d1;
+    }
+    auto base = (st / ss0 * e) * x + (at_ * (1 - e * e)) * d0 + noise_term(st, h, z);
+    if (!heun_) return base + 0.5 * (at_ * (1 - e * e)) * d1;
+    return base + (at_ * ((1 - e * e) / (-2 * h) + 1)) * d1;
+  }
+  Tensor third_order(const Tensor& x, int64_t i, const std::optional<Tensor>& z) const {
+    const auto [at_, st] = alpha_sigma(sigmas_[i + 1]);
+    const double ss0 = alpha_sigma(sigmas_[i]).second;
+    const double lt = lambda(sigmas_[i + 1]), l0 = lambda(sigmas_[i]), l1 = lambda(sigmas_[i - 1]),
+                 l2 = lambda(sigmas_[i - 2]);
+    const double h = lt - l0, h0 = l0 - l1, h1 = l1 - l2, r0 = h0 / h, r1 = h1 / h, e = std::exp(-h);
+    auto d1_0 = (1.0 / r0) * (D(0) - D(1)), d1_1 = (1.0 / r1) * (D(1) - D(2));
+    auto d1 = d1_0 + (r0 / (r0 + r1)) * (d1_0 - d1_1);
+    auto d2 = (1.0 / (r0 + r1)) * (d1_0 - d1_1);
+    if (!sde_)
+      return (st / ss0) * x - (at_ * (e - 1)) * D(0) + (at_ * ((e - 1) / h + 1)) * d1 -
+             (at_ * ((e - 1 + h) / (h * h) - 0.5)) * d2;
+    return (st / ss0 * e) * x + (at_ * (1 - e * e)) * D(0) + (at_ * ((1 - e * e) / (-2 * h) + 1)) * d1 +
+           (at_ * ((1 - e * e - 2 * h) / (4 * h * h) - 0.5)) * d2 + noise_term(st, h, z);
+  }
+  int64_t order_ = 2, lower_order_nums_ = 0, steps_taken_ = 0;
+  bool sde_ = false, heun_ = false, lower_order_final_ = true, euler_at_final_ = false, karras_ = false,
+       final_zero_ = true;
+  double lambda_min_clipped_ = 0;
+  Vec sigmas_;
+  std::deque<Tensor> outputs_;  // data predictions, oldest first
+};
+
+std::string quote_python_constants(const std::string& text) {
+  // Outside strings, Python's json.dumps writes -Infinity, Infinity and NaN; quote them for nlohmann.
+  std::string out;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out += c;
+      if (c == '\\' && i + 1 < text.size()) out += text[++i];
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+      out += c;
+      continue;
+    }
+    bool replaced = false;
+    for (const char* tok : {"-Infinity", "Infinity", "NaN"}) {
+      const std::string t = tok;
+      if (text.compare(i, t.size(), t) == 0) {
+        out += "\"" + t + "\"";
+        i += t.size() - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& scheduler_classes() {
+  static const std::vector<std::string> names = {"DDIMScheduler",
+                                                 "PNDMScheduler",
+                                                 "EulerDiscreteScheduler",
+                                                 "EulerAncestralDiscreteScheduler",
+                                                 "LMSDiscreteScheduler",
+                                                 "DPMSolverMultistepScheduler"};
+  return names;
+}
+
+std::unique_ptr<Scheduler> Scheduler::from_config(const json& cfg, const std::string& where) {
+  DEW_CHECK(cfg.is_object(), where, ": a scheduler config must be a JSON object, got ", cfg.type_name());
+  std::string list;
+  for (const auto& c : scheduler_classes()) list += (list.empty() ? "" : ", ") + c;
+  auto it = cfg.find("_class_name");
+  DEW_CHECK(it != cfg.end() && it->is_string(), where, ": _class_name is missing; accepted: ", list);
+  const auto cls = it->get<std::string>();
+  Reader r(cfg, where, cls);
+  if (cls == "DDIMScheduler") return std::make_unique<DDIM>(r);
+  if (cls == "PNDMScheduler") return std::make_unique<PNDM>(r);
+  if (cls == "EulerDiscreteScheduler") return std::make_unique<Euler>(r);
+  if (cls == "EulerAncestralDiscreteScheduler") return std::make_unique<EulerAncestral>(r);
+  if (cls == "LMSDiscreteScheduler") return std::make_unique<LMS>(r);
+  if (cls == "DPMSolverMultistepScheduler") return std::make_unique<DPMSolver>(r);
+  fail(where, ": _class_name \"", cls, "\" is not supported; accepted: ", list);
+}
+
+json read_scheduler_config(const std::string& path) {
+  std::ifstream f(path);
+  DEW_CHECK(f.good(), path, ": cannot open the scheduler config");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  try {
+    return json::parse(quote_python_constants(ss.str()));
+  } catch (const json::exception& e) {
+    fail(path, ": not valid JSON: ", e.what());
+  }
+}
+
+std::unique_ptr<Scheduler> Scheduler::from_file(const std::string& path) {
+  return from_config(read_scheduler_config(path), path);
+}
+
+const Tensor& Scheduler::timesteps() const {
+  DEW_CHECK(timesteps_.defined(), class_name_, ": call set_timesteps before using the timesteps");
+  return timesteps_;
+}
+
+double Scheduler::timestep(int64_t i) const {
+  check_index(i);
+  return timesteps_[i].item<double>();
+}
+
+int64_t Scheduler::num_steps() const { return timesteps().size(0); }
+
+double Scheduler::init_noise_sigma() const {
+  DEW_CHECK(timesteps_.defined(), class_name_, ": call set_timesteps before init_noise_sigma");
+  return init_noise_sigma_;
+}
+
+Tensor Scheduler::scale_model_input(const Tensor& x, int64_t i) const {
+  check_index(i);
+  return x;
+}
+
+void Scheduler::set_eta(double eta) {
+  DEW_CHECK(eta == 0, class_name_, " takes no eta (only DDIMScheduler does), got ", eta);
+}
+
+void Scheduler::check_index(int64_t i) const {
+  const auto n = num_steps();
+  DEW_CHECK(i >= 0 && i < n, class_name_, ": step index ", i, " is outside [0, ", n, ")");
+}
+
+}  // namespace dew::sampling
