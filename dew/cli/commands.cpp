@@ -25,6 +25,7 @@ const char* kUsage =
     "  bench [flags]        time a training step of the small CPU models, C++ vs Python eager\n"
     "  tokenize --input F|DIR --out DIR [flags]   text -> token files (dew tokenize --help)\n"
     "  export RUN DEST [flags]   a language-model run as a Hugging Face folder (dew export --help)\n"
+    "  forward DIR --inputs F --out F [flags]   run one diffusers model folder on named tensors (dew forward --help)\n"
     "  models        registered models with fields and defaults\n"
     "  list [KIND]   every registry (models, datasets, presets, schedules, solvers, ...) with fields\n"
     "  version       print the version\n";
@@ -60,13 +61,14 @@ int run(const std::vector<std::string>& args) {
   if (cmd == "generate") return cmd_generate(rest);
   if (cmd == "tokenize") return cmd_tokenize(rest);
   if (cmd == "export") return cmd_export(rest);
+  if (cmd == "forward") return cmd_forward(rest);
   if (cmd == "pairs") return cmd_pairs(rest);
   if (cmd == "task") return cmd_task(rest);
   if (cmd == "version" || cmd == "--version") {
     std::cout << "dew " << DEW_VERSION << "\n";
     return 0;
   }
-  fail("unknown command \"", cmd, "\"; accepted: train, sample, generate, eval, pairs, task, bench, tokenize, export, models, list, version (dew --help)");
+  fail("unknown command \"", cmd, "\"; accepted: train, sample, generate, eval, pairs, task, bench, tokenize, export, forward, models, list, version (dew --help)");
 }
 
 }  // namespace dew::cli

@@ -42,6 +42,9 @@ int cmd_tokenize(const std::vector<std::string>& args);
 /// `dew export RUN DEST [--ema] [--family auto|llama|qwen3|gemma3_text] [--tokenizer SPEC]`: a
 /// causal_transformer run as a Hugging Face checkpoint folder.
 int cmd_export(const std::vector<std::string>& args);
+/// `dew forward DIR --inputs IN.safetensors --out OUT.safetensors [--class NAME] [--method NAME]
+/// [--dtype float32|float64] [--device D]`: one diffusers model folder run on tensors named as its arguments.
+int cmd_forward(const std::vector<std::string>& args);
 /// `dew generate RUN --prompt TEXT [--prompt TEXT ...] [--max-new-tokens N --temperature T --top-k K
 /// --top-p P --min-p M --repetition-penalty R --seed S --weights ema|live --step N --device D --stop S ...
 /// --padding left|right --threads N --json]`.

@@ -145,7 +145,7 @@ at::Tensor WeightSource::tensor(const std::string& name) const {
 // ---- key maps ----
 
 struct KeyMap::Rule {
-  enum Kind { kPrefix, kRegex, kSkip, kRefuse, kAllowMissing, kSplit, kTranspose } kind;
+  enum Kind { kPrefix, kRegex, kSkip, kRefuse, kAllowMissing, kSplit, kTranspose, kSqueeze } kind;
   std::string from, to;
   std::regex pattern;
   std::vector<std::string> targets;
@@ -190,6 +190,11 @@ KeyMap& KeyMap::transpose(const std::string& pattern) {
   return *this;
 }
 
+KeyMap& KeyMap::squeeze(const std::string& pattern) {
+  rules_.push_back(std::make_shared<Rule>(Rule{Rule::kSqueeze, pattern, "", compile(pattern, "squeeze"), {}, 0}));
+  return *this;
+}
+
 bool KeyMap::may_be_missing(const std::string& module_name) const {
   for (const auto& r : rules_)
     if (r->kind == Rule::kAllowMissing && std::regex_match(module_name, r->pattern)) return true;
@@ -212,6 +217,12 @@ std::vector<KeyMap::Target> KeyMap::map(const std::string& source_name, const st
       DEW_CHECK(shape.size() == 2, "key map transpose: \"", source_name, "\" is not 2-D (shape has ", shape.size(),
                 " dims)");
       return {{name, [](const at::Tensor& t) { return t.t(); }, {shape[1], shape[0]}}};
+    }
+    if (r->kind == Rule::kSqueeze && std::regex_match(name, r->pattern)) {
+      std::vector<int64_t> squeezed = shape;
+      while (squeezed.size() > 2 && squeezed.back() == 1) squeezed.pop_back();
+      if (squeezed.size() != shape.size())
+        return {{name, [squeezed](const at::Tensor& t) { return t.reshape(squeezed); }, squeezed}};
     }
     if (r->kind == Rule::kSplit && std::regex_match(name, r->pattern)) {
       const int64_t parts = int64_t(r->targets.size());

@@ -69,6 +69,9 @@ class KeyMap {
   KeyMap& split(const std::string& pattern, std::vector<std::string> targets, int64_t dim = 0);
   /// A renamed name matching `pattern` has its 2-D tensor transposed (Conv1D-style checkpoints).
   KeyMap& transpose(const std::string& pattern);
+  /// A renamed name matching `pattern` loses its trailing size-1 dims beyond the second: the [C, C, 1, 1]
+  /// 1x1-conv weights of original LDM checkpoints load into a [C, C] linear. Other shapes pass unchanged.
+  KeyMap& squeeze(const std::string& pattern);
 
   /// What a source name becomes: (module name, tensor transform) pairs; empty when skipped.
   struct Target {

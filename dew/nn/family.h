@@ -17,13 +17,14 @@ namespace dew::models {
 
 /// What a family's model is for: a denoiser (BackboneImpl::forward), a causal language model
 /// (CausalTransformerImpl::forward_tokens), a text encoder (TextEncoderImpl::encode), an encoder of token
-/// subsets (TokenEncoderImpl::forward) or a predictor of hidden tokens (TokenPredictorImpl::forward).
-enum class Role { kDenoiser, kLanguageModel, kTextEncoder, kTokenEncoder, kTokenPredictor };
+/// subsets (TokenEncoderImpl::forward), a predictor of hidden tokens (TokenPredictorImpl::forward) or an
+/// autoencoder of latent diffusion (AutoencoderImpl::encode / decode).
+enum class Role { kDenoiser, kLanguageModel, kTextEncoder, kTokenEncoder, kTokenPredictor, kAutoencoder };
 
 /// A tiny configuration of a family and the inputs it takes, for the shared family test suite.
 struct TinyConfig {
   json fields;                 // a few thousand parameters
-  std::vector<int64_t> input;  // denoisers and token encoders: [B, C, H, W] or [B, C, T, H, W]; language
+  std::vector<int64_t> input;  // denoisers, token encoders and autoencoders: [B, C, H, W] or [B, C, T, H, W]; language
                                // models: [B, S]; text encoders: [B] (the number of captions); token
                                // predictors: [M, B, Kc, Kt] (target blocks, batch, context and target tokens)
   int64_t context = 0;         // denoisers: width of a text context (0: none)

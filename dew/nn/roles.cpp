@@ -25,4 +25,10 @@ at::Tensor DiagonalGaussian::kl() const {
   return 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).sum(dims);
 }
 
+at::Tensor AutoencoderImpl::to_latent(const at::Tensor& z) const { return (z - shift_factor()) * scaling_factor(); }
+
+at::Tensor AutoencoderImpl::from_latent(const at::Tensor& latent) const {
+  return latent / scaling_factor() + shift_factor();
+}
+
 }  // namespace dew

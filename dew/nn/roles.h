@@ -3,8 +3,8 @@
 // (JEPA). Families implementing them register like every other (docs/architecture.md).
 //
 //   DiagonalGaussian q = vae->encode(x);                       // x: [B, 3, H, W] in [-1, 1]
-//   at::Tensor z = vae->scaling_factor() * (q.sample(gen) - vae->shift_factor());   // what the denoiser sees
-//   at::Tensor x_hat = vae->decode(z / vae->scaling_factor() + vae->shift_factor());
+//   at::Tensor z = vae->to_latent(q.sample(gen));   // scaling_factor * (z - shift_factor): what the denoiser sees
+//   at::Tensor x_hat = vae->decode(vae->from_latent(z));
 #pragma once
 #include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
@@ -37,6 +37,16 @@ class AutoencoderImpl : public torch::nn::Module {
   /// The denoiser sees scaling_factor * (z - shift_factor) (SD 0.18215; SDXL 0.13025; SD3/Flux with a shift).
   virtual double scaling_factor() const = 0;
   virtual double shift_factor() const { return 0.0; }
+  /// z -> what the denoiser sees: scaling_factor * (z - shift_factor) unless a family says otherwise.
+  virtual at::Tensor to_latent(const at::Tensor& z) const;
+  /// The inverse of to_latent: what decode() takes.
+  virtual at::Tensor from_latent(const at::Tensor& latent) const;
+  /// The {architecture, fields} record that rebuilds this autoencoder.
+  const nlohmann::json& config() const { return config_; }
+  void set_config(nlohmann::json c) { config_ = std::move(c); }
+
+ private:
+  nlohmann::json config_;
 };
 
 /// The token grid of an encoder: frames (1 for images) x rows x columns, tokens in raster order (t, h, w).

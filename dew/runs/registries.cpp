@@ -17,7 +17,7 @@ namespace dew {
 std::vector<const RegistryBase*> all_registries() {
   return {&models::registry(), &models::language_models(), &data::datasets(), &diffusion::presets(), &diffusion::schedules(), &diffusion::transforms(), &diffusion::weightings(),
           &sampling::solvers(), &objectives(), &metrics::registry(), &data::tokenizers(), &data::lm_datasets(),
-          &text_encoders::registry()};
+          &text_encoders::registry(), &models::autoencoders()};
 }
 
 std::string format_registry(const RegistryBase& r) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/backbones/hierarchical_mmdit.h"
 #include "dew/nn/backbones/hybrid_dit.h"
@@ -188,6 +189,29 @@ Registry<TokenPredictorImpl>& token_predictors() {
   return *r;
 }
 
+Registry<AutoencoderImpl>& autoencoders() {
+  static auto* r = [] {
+    auto* r = new Registry<AutoencoderImpl>("autoencoder");
+    // Imported: built from diffusers' config.json, loading diffusers' names (and LDM's) through its key map.
+    Family kl{Role::kAutoencoder,
+              {{{"block_out_channels", {8, 16}}, {"layers_per_block", 1}, {"latent_channels", 2}, {"norm_groups", 4},
+                {"sample_size", 8}},
+               {2, 3, 8, 8}},
+              [](const json& c) { return nn::autoencoder_kl_fields_from_diffusers(c); }};
+    kl.reference_key_map = [](const json& fields, const io::WeightSource& source) {
+      return nn::autoencoder_kl_key_map(from_json<nn::AutoencoderKLOptions>(fields), source);
+    };
+    add_token_family<AutoencoderImpl, nn::AutoencoderKLOptions, nn::AutoencoderKL>(
+        *r, "autoencoder_kl",
+        "diffusers' AutoencoderKL (the SD / SDXL / SD3 / Flux VAE): encode to a diagonal Gaussian, decode, tiled decode",
+        std::move(kl));
+    return r;
+  }();
+  return *r;
+}
+
+std::shared_ptr<AutoencoderImpl> build_autoencoder(const json& record) { return build_record(autoencoders(), record); }
+
 std::shared_ptr<TokenEncoderImpl> build_token_encoder(const json& record) { return build_record(token_encoders(), record); }
 std::shared_ptr<TokenPredictorImpl> build_token_predictor(const json& record) {
   return build_record(token_predictors(), record);
@@ -199,6 +223,7 @@ const Family& family(const std::string& name) {
   language_models();
   token_encoders();
   token_predictors();
+  autoencoders();
   text_encoders::registry();
   const Family* f = find_family_info(name);
   DEW_CHECK(f, "model \"", name, "\": not a registered family");

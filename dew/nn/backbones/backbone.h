@@ -14,6 +14,7 @@
 
 namespace dew {
 
+class AutoencoderImpl;
 class TokenEncoderImpl;
 class TokenPredictorImpl;
 
@@ -77,6 +78,11 @@ Registry<TokenPredictorImpl>& token_predictors();
 /// with every field resolved.
 std::shared_ptr<TokenEncoderImpl> build_token_encoder(const json& record);
 std::shared_ptr<TokenPredictorImpl> build_token_predictor(const json& record);
+
+/// The autoencoders of latent diffusion (autoencoder_kl): images <-> latents (dew/nn/roles.h).
+Registry<AutoencoderImpl>& autoencoders();
+/// Builds from an {"architecture": NAME, "fields": {...}} record; config() is the record with every field.
+std::shared_ptr<AutoencoderImpl> build_autoencoder(const json& record);
 
 }  // namespace models
 }  // namespace dew

@@ -1,0 +1,86 @@
+// diffusers model folders (SPEC section 13, `dew forward`): one component folder of a diffusers pipeline —
+// config.json with its `_class_name` and the weights (diffusion_pytorch_model.safetensors or
+// model.safetensors, single or sharded with an index, fp32 / fp16 / bf16) — loaded as the dew family of
+// that class, and run on tensors named as the diffusers forward arguments.
+//
+//   auto vae = dew::interop::load_diffusers_folder("sd15/vae");                 // AutoencoderKL
+//   auto out = dew::interop::diffusers_forward(vae, {{"sample", x}}, "encode");  // latent_mean, latent_logvar
+//   auto unet = dew::interop::load_diffusers_folder("sd15/unet");               // UNet2DConditionModel
+//   auto eps = dew::interop::diffusers_forward(unet, {{"sample", z}, {"timestep", t},
+//                                                     {"encoder_hidden_states", text}})["sample"];
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/module.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dew/core/options.h"
+#include "dew/io/weights.h"
+
+namespace dew {
+class AutoencoderImpl;
+class BackboneImpl;
+}  // namespace dew
+
+namespace dew::interop {
+
+/// The diffusers classes a folder may hold, each with the dew family it loads as
+/// (AutoencoderKL -> autoencoder_kl, UNet2DConditionModel -> unet_2d_condition).
+const std::map<std::string, std::string>& diffusers_classes();
+
+/// How to load a folder.
+struct DiffusersLoadOptions {
+  /// the diffusers class; "" = the config's `_class_name`
+  std::string class_name;
+  /// float32, or float64: the whole model in float64 (parameters loaded straight into float64)
+  at::ScalarType dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+};
+
+/// A loaded component folder.
+struct DiffusersModel {
+  std::string folder;      // the folder as given
+  std::string class_name;  // e.g. "AutoencoderKL"
+  std::string family;      // e.g. "autoencoder_kl"
+  json fields;             // the family's fields, from config.json
+  std::shared_ptr<torch::nn::Module> module;  // in eval mode, on the device, in the dtype asked for
+  io::LoadReport report;
+  at::ScalarType dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+  /// The module as a denoiser (unet_2d_condition, ...) or as an autoencoder; dew::Error when it is not one.
+  std::shared_ptr<BackboneImpl> backbone() const;
+  std::shared_ptr<AutoencoderImpl> autoencoder() const;
+};
+
+/// Loads `folder`: config.json -> the family's fields (models::fields_from_reference_config) -> the model ->
+/// its weights through the family's key map (models::load_reference_weights; no missing or unexpected
+/// tensor). A missing config.json or weights file, an unknown class (the accepted ones listed) or a tensor of
+/// the wrong shape is a dew::Error naming the file.
+DiffusersModel load_diffusers_folder(const std::string& folder, const DiffusersLoadOptions& options = {});
+
+/// The methods of a class ("" is the first: forward for a UNet, encode for a VAE) with the input names each
+/// reads and the output names it writes.
+struct DiffusersMethod {
+  std::string name;
+  std::vector<std::string> required, optional, outputs;
+};
+std::vector<DiffusersMethod> diffusers_methods(const std::string& class_name);
+
+/// Runs `method` of a loaded model on tensors named as diffusers' arguments:
+///   UNet2DConditionModel forward: sample, timestep (scalar or [B]), encoder_hidden_states; optional
+///     text_embeds and time_ids (SDXL's added conditions), class_labels -> sample.
+///   AutoencoderKL encode: sample -> latent_mean, latent_logvar (logvar clamped to [-30, 20]);
+///     decode: z -> sample; forward: sample -> sample (decode of the posterior mean);
+///     tiled_decode: z -> sample and tiled_encode: sample -> latent_mean, latent_logvar (diffusers'
+///     enable_tiling() with the config's sample_size as the tile).
+/// Inputs are cast to the model's dtype and device; outputs are on the CPU. A missing or extra input is a
+/// dew::Error naming every one of them and what the method takes.
+std::map<std::string, at::Tensor> diffusers_forward(const DiffusersModel& model,
+                                                    const std::map<std::string, at::Tensor>& inputs,
+                                                    const std::string& method = "");
+
+}  // namespace dew::interop

@@ -1,0 +1,117 @@
+// `dew forward DIR --inputs IN --out OUT` on the diffusers golden folders (tests/golden/sd/): the VAE's encode
+// and decode written to a file and compared with diffusers' outputs by the golden rule (float32) and against
+// its float64 run (--dtype float64); the UNets' forward; missing / extra inputs and unknown classes exit 2
+// with one line naming them.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "dew/io/safetensors.h"
+#include "dew/nn/backbones/backbone.h"
+#include "tests/golden_util.h"
+#include "tests/test_util.h"
+
+namespace {
+
+constexpr auto& run = dew::test::run_dew;
+
+std::string golden_dir(const std::string& name) { return std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/" + name; }
+
+size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
+
+// Writes `inputs` to DIR/in.safetensors, runs `dew forward FOLDER ... FLAGS`, returns the written outputs.
+std::map<std::string, at::Tensor> forward(const dew::test::TempDir& dir, const std::string& folder,
+                                          const std::map<std::string, at::Tensor>& inputs, const std::string& flags) {
+  dew::io::save_safetensors(dir.file("in.safetensors"), inputs);
+  const auto r = run("forward " + golden_dir(folder) + " --inputs " + dir.file("in.safetensors") + " --out " +
+                     dir.file("out.safetensors") + " " + flags);
+  EXPECT_EQ(r.code, 0) << r.output;
+  if (r.code != 0) return {};
+  EXPECT_NE(r.output.find("wrote"), std::string::npos) << r.output;
+  return dew::io::load_safetensors(dir.file("out.safetensors"));
+}
+
+TEST(ForwardCli, EncodesAndDecodesAVaeFolderLikeDiffusers) {
+  dew::test::TempDir dir("forward_vae");
+  for (const std::string name : {"vae", "vae_sd3"}) {
+    SCOPED_TRACE(name);
+    const auto io = dew::test::golden("sd/" + name + "/io.safetensors");
+    std::printf("dew forward %s:\n", name.c_str());
+    auto out = forward(dir, name, {{"sample", io.at("sample")}}, "--method encode");
+    ASSERT_EQ(out.size(), 2u);
+    dew::test::expect_golden(name + " latent_mean", out.at("latent_mean"), io.at("latent_mean_f32"), io.at("latent_mean_f64"));
+    dew::test::expect_golden(name + " latent_logvar", out.at("latent_logvar"), io.at("latent_logvar_f32"),
+                             io.at("latent_logvar_f64"));
+    out = forward(dir, name, {{"z", io.at("z")}}, "--method decode");
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out.at("sample").scalar_type(), at::kFloat);
+    dew::test::expect_golden(name + " decoded", out.at("sample"), io.at("decoded_f32"), io.at("decoded_f64"));
+    out = forward(dir, name, {{"z", io.at("z_tiled")}}, "--method tiled_decode");
+    dew::test::expect_golden(name + " tiled_decoded", out.at("sample"), io.at("tiled_decoded_f32"),
+                             io.at("tiled_decoded_f64"));
+    // --dtype float64: the whole model in float64, against diffusers' float64 run, whose mid-block softmax
+    // is float32 (upcast_softmax casts to float32; tests/nn/test_autoencoder_kl.cpp): agreement to ~1e-8
+    out = forward(dir, name, {{"sample", io.at("sample")}}, "--method encode --dtype float64");
+    EXPECT_EQ(out.at("latent_mean").scalar_type(), at::kDouble);
+    dew::test::expect_close_f64(name + " latent_mean", out.at("latent_mean"), io.at("latent_mean_f64"), 2e-7);
+    dew::test::expect_close_f64(name + " latent_logvar", out.at("latent_logvar"), io.at("latent_logvar_f64"), 2e-7);
+    out = forward(dir, name, {{"z", io.at("z")}}, "--method decode --dtype float64");
+    dew::test::expect_close_f64(name + " decoded", out.at("sample"), io.at("decoded_f64"), 2e-7);
+  }
+}
+
+TEST(ForwardCli, RunsTheUNetFoldersOnDiffusersArguments) {
+  if (!dew::models::registry().contains("unet_2d_condition")) GTEST_SKIP() << "unet_2d_condition is not registered";
+  dew::test::TempDir dir("forward_unet");
+  for (const std::string name : {"unet_sd", "unet_sdxl"}) {
+    SCOPED_TRACE(name);
+    const auto io = dew::test::golden("sd/" + name + "/io.safetensors");
+    std::map<std::string, at::Tensor> inputs;
+    for (const char* k : {"sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"})
+      if (io.count(k)) inputs[k] = io.at(k);
+    std::printf("dew forward %s:\n", name.c_str());
+    auto out = forward(dir, name, inputs, "");
+    ASSERT_EQ(out.count("sample"), 1u);
+    dew::test::expect_golden(name + " sample", out.at("sample"), io.at("out_f32"), io.at("out_f64"));
+    out = forward(dir, name, inputs, "--dtype float64");
+    ASSERT_EQ(out.count("sample"), 1u);
+    dew::test::expect_close_f64(name + " sample", out.at("sample"), io.at("out_f64"), 1e-9);
+  }
+}
+
+TEST(ForwardCli, MissingAndExtraInputsAreOneLineNamingThem) {
+  dew::test::TempDir dir("forward_errors");
+  const auto io = dew::test::golden("sd/vae/io.safetensors");
+  dew::io::save_safetensors(dir.file("in.safetensors"), {{"sample", io.at("sample")}, {"noise", io.at("z")}});
+  const std::string base = "forward " + golden_dir("vae") + " --inputs " + dir.file("in.safetensors") + " --out " +
+                           dir.file("out.safetensors");
+  auto r = run(base + " --method decode");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("missing input z"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("unexpected inputs noise, sample"), std::string::npos) << r.output;
+  r = run(base + " --method encode");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("unexpected input noise"), std::string::npos) << r.output;
+  r = run(base + " --method sample");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("accepted: encode, decode, forward, tiled_encode, tiled_decode"), std::string::npos) << r.output;
+  r = run(base + " --class StableCascadeUNet");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("accepted: AutoencoderKL, UNet2DConditionModel"), std::string::npos) << r.output;
+  r = run(base + " --dtype float16");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("accepted: float32, float64"), std::string::npos) << r.output;
+  r = run("forward " + dir.path.string() + " --inputs " + dir.file("in.safetensors") + " --out " + dir.file("o"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("config.json: missing"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out.safetensors")));
+  r = run("forward --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("usage: dew forward DIR"), std::string::npos);
+}
+
+}  // namespace
