@@ -13,6 +13,7 @@
 #include "dew/interop/diffusers_forward.h"
 #include "dew/io/safetensors.h"
 #include "dew/io/weights.h"
+#include "dew/nn/attention.h"
 #include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/backbone.h"
 #include "tests/golden_util.h"
@@ -272,6 +273,29 @@ TEST(AutoencoderKL, OldCheckpointLayoutsLoadThroughTheKeyMap) {
   auto m2 = dew::models::build_autoencoder({{"architecture", "autoencoder_kl"}, {"fields", fields}});
   dew::models::load_reference_weights(*m2, "autoencoder_kl", fields, dir.file("old.safetensors"));
   for (const auto& kv : m2->named_parameters()) EXPECT_TRUE(kv.value().equal(ref_params[kv.key()])) << kv.key();
+}
+
+TEST(AutoencoderKL, DtypeAttentionImplAndRematKeepTheTreeAndTheFunction) {
+  const json fields = dew::models::fields_from_reference_config(
+      "autoencoder_kl", json::parse(std::ifstream(golden_dir("vae") + "/config.json")));
+  const auto io = dew::test::golden("sd/vae/io.safetensors");
+  auto reference = load("vae");
+  torch::NoGradGuard ng;
+  const at::Tensor mean = reference->encode(io.at("sample")).mean, x = reference->decode(io.at("z"));
+  dew::nn::AttentionChunkRowsScope small_blocks(5);  // 64 positions in the mid-blocks: "chunked" really splits
+  for (const json& change : {json{{"attention_impl", "reference"}}, json{{"attention_impl", "chunked"}},
+                             json{{"remat", true}}, json{{"dtype", "bfloat16"}}}) {
+    SCOPED_TRACE(change.dump());
+    json f = fields;
+    f.update(change);
+    auto m = dew::models::build_autoencoder({{"architecture", "autoencoder_kl"}, {"fields", f}});
+    dew::models::load_reference_weights(*m, "autoencoder_kl", f, golden_dir("vae"));
+    const double tol = change.contains("dtype") ? 0.1 : 1e-5;  // bf16 compute: 8 mantissa bits
+    const at::Tensor mean2 = m->encode(io.at("sample")).mean, x2 = m->decode(io.at("z"));
+    EXPECT_EQ(mean2.scalar_type(), at::kFloat);
+    EXPECT_LT((mean2 - mean).abs().max().item<double>(), tol * (1 + mean.abs().max().item<double>()));
+    EXPECT_LT((x2 - x).abs().max().item<double>(), tol * (1 + x.abs().max().item<double>()));
+  }
 }
 
 TEST(AutoencoderKL, TheDefaultsAreSDsVAE) {
