@@ -17,6 +17,7 @@ const char* kUsage =
     "  train sft|dpo|grpo [--a.b v]             post-train a language model (docs/post_training.md)\n"
     "  train jepa [--a.b v]                     train a JEPA image or video encoder (docs/jepa.md)\n"
     "  sample RUN [flags]   sample a trained run to a PNG grid\n"
+    "  sample --pipeline DIR --prompt TEXT --out F.png [flags]   run a diffusers SD / SDXL pipeline folder\n"
     "  generate RUN --prompt TEXT [flags]   continue prompts with a trained language model (dew generate --help)\n"
     "  eval RUN [flags]     a diffusion run: classifier accuracy and Frechet distance; a JEPA run: probes;\n"
     "                       a language-model run: --prompts F scored by rewards\n"

@@ -15,6 +15,10 @@ int cmd_list(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 /// `dew sample RUN [--solver S --steps N --guidance G --labels all|0,3 --count N --seed S --weights ema|live --out F]`.
 int cmd_sample(const std::vector<std::string>& args);
+/// `dew sample --pipeline DIR --prompt TEXT [--negative-prompt TEXT] [--prompt-2 TEXT] [--negative-prompt-2 TEXT]
+/// [--steps N] [--guidance S] [--seed K] [--size HxW] [--count N] [--scheduler CLASS] [--eta E]
+/// [--latents F.safetensors] [--threads N] --out FILE.png`: a diffusers text-to-image folder.
+int cmd_sample_pipeline(const std::vector<std::string>& args);
 /// `dew eval RUN [--solvers a,b --steps N --guidance G --count N]`: classifier accuracy of conditional
 /// samples and the Frechet distance of classifier features to the test set; `dew eval --classifier`.
 int cmd_eval(const std::vector<std::string>& args);

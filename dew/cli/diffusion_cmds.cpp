@@ -57,6 +57,8 @@ int cmd_train(const std::vector<std::string>& args) {
 }
 
 int cmd_sample(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--pipeline" || a.rfind("--pipeline=", 0) == 0) return cmd_sample_pipeline(args);
   auto f = parse_flags(args,
                        {"solver", "steps", "guidance", "interval", "rescale", "labels", "prompt", "count", "seed", "weights",
                         "out", "nrow", "threads", "eta", "churn", "step", "device"});

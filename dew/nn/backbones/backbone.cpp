@@ -11,6 +11,7 @@
 #include "dew/nn/backbones/simple_dit.h"
 #include "dew/nn/backbones/simple_udit.h"
 #include "dew/nn/backbones/unet.h"
+#include "dew/nn/backbones/unet_2d_condition.h"
 #include "dew/nn/backbones/unet_3d.h"
 #include "dew/nn/backbones/uvit.h"
 #include "dew/nn/backbones/video_dit.h"
@@ -105,6 +106,24 @@ Registry<BackboneImpl>& registry() {
     add_family<nn::HybridDiTOptions, nn::HybridDiT>(
         *r, "hybrid_dit", "HybridSSMAttentionDiT: SimpleDiT whose blocks mix by attention or a bidirectional S5 scan",
         {denoiser, {with(dit, {{"ssm_state_dim", 4}, {"num_layers", 4}}), {2, 1, 8, 8}}});
+    {
+      // Imported: built from diffusers' config.json, loading diffusers' names as they are.
+      Family f{denoiser,
+               {{{"in_channels", 1}, {"output_channels", 1}, {"blocks_per_level", 1}, {"norm_groups", 4},
+                 {"context_features", 8}, {"num_classes", 3},
+                 {"stages", {{{"features", 8}, {"heads", 2}, {"cross_attention", false}},
+                             {{"features", 16}, {"heads", 2}, {"depth", 1}}}}},
+                {2, 1, 8, 8},
+                8,
+                /*zero_output_at_init=*/false},
+               [](const json& c) { return nn::unet_2d_condition_fields_from_diffusers(c); }};
+      f.reference_key_map = [](const json&, const io::WeightSource&) { return io::KeyMap(); };
+      add_family<nn::UNet2DConditionOptions, nn::UNet2DCondition>(
+          *r, "unet_2d_condition",
+          "diffusers' UNet2DConditionModel (SD 1.x/2.x/SDXL): denoise latents on text, pooled/size and optional "
+          "inpaint conditions",
+          std::move(f));
+    }
     return r;
   }();
   return *r;

@@ -1,0 +1,231 @@
+#include "dew/interop/diffusers_pipeline.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "dew/core/error.h"
+#include "dew/core/rng.h"
+#include "dew/nn/backbones/autoencoder_kl.h"
+#include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/unet_2d_condition.h"
+#include "dew/nn/roles.h"
+
+namespace fs = std::filesystem;
+
+namespace dew::interop {
+
+using at::Tensor;
+
+namespace {
+
+json read_json(const fs::path& path) {
+  DEW_CHECK(fs::is_regular_file(path), path.string(), ": missing");
+  std::ifstream in(path);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    fail(path.string(), ": not valid JSON (", e.what(), ")");
+  }
+}
+
+// model_index.json's entry for a component: ["library", "Class"], or null when the pipeline has none.
+std::string component_class(const json& index, const std::string& name, const fs::path& file) {
+  DEW_CHECK(index.contains(name), file.string(), ": no \"", name, "\" component");
+  const json& e = index[name];
+  if (e.is_null()) return "";
+  DEW_CHECK(e.is_array() && e.size() == 2, file.string(), ": \"", name, "\" must be [library, class], got ", e.dump());
+  return e[1].is_null() ? "" : e[1].get<std::string>();
+}
+
+void expect_class(const json& index, const std::string& name, const std::vector<std::string>& accepted,
+                  const fs::path& file) {
+  const std::string c = component_class(index, name, file);
+  std::string list;
+  for (const auto& a : accepted) {
+    if (c == a) return;
+    list += (list.empty() ? "" : ", ") + a;
+  }
+  fail(file.string(), ": ", name, " is \"", c, "\"; accepted: ", list);
+}
+
+// A transformers CLIP text tower folder + its tokenizer folder.
+nn::ClipText load_text_encoder(const fs::path& folder, const fs::path& tokenizer, bool projection) {
+  const json config = read_json(folder / "config.json");
+  nn::ClipTextOptions o = nn::clip_text_options_from_hf(config);
+  DEW_CHECK(!projection || o.projection_dim() > 0, (folder / "config.json").string(),
+            ": SDXL's text_encoder_2 must be a CLIPTextModelWithProjection (architectures)");
+  DEW_CHECK(fs::is_directory(tokenizer), tokenizer.string(), ": missing (the CLIP tokenizer folder)");
+  o.weights(folder.string()).tokenizer(tokenizer.string());
+  nn::ClipText encoder(o);
+  encoder->eval();
+  return encoder;
+}
+
+}  // namespace
+
+TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
+  const fs::path root(dir);
+  DEW_CHECK(fs::is_directory(root), dir, ": not a folder (expected a diffusers pipeline folder with model_index.json)");
+  const fs::path index_file = root / "model_index.json";
+  const json index = read_json(index_file);
+  TextToImagePipeline p;
+  p.dir_ = dir;
+  DEW_CHECK(index.contains("_class_name") && index["_class_name"].is_string(), index_file.string(),
+            ": no \"_class_name\"");
+  p.class_name_ = index["_class_name"].get<std::string>();
+  DEW_CHECK(p.class_name_ == "StableDiffusionPipeline" || p.class_name_ == "StableDiffusionXLPipeline",
+            index_file.string(), ": pipeline class \"", p.class_name_,
+            "\" is not supported (accepted: StableDiffusionPipeline, StableDiffusionXLPipeline)");
+  expect_class(index, "unet", {"UNet2DConditionModel"}, index_file);
+  expect_class(index, "vae", {"AutoencoderKL"}, index_file);
+  expect_class(index, "text_encoder", {"CLIPTextModel"}, index_file);
+  expect_class(index, "tokenizer", {"CLIPTokenizer", "CLIPTokenizerFast"}, index_file);
+  if (p.sdxl()) {
+    expect_class(index, "text_encoder_2", {"CLIPTextModelWithProjection"}, index_file);
+    expect_class(index, "tokenizer_2", {"CLIPTokenizer", "CLIPTokenizerFast"}, index_file);
+    p.force_zeros_for_empty_prompt_ = index.value("force_zeros_for_empty_prompt", true);
+  }
+  const std::string scheduler_class = component_class(index, "scheduler", index_file);
+  const auto& accepted = sampling::scheduler_classes();
+  DEW_CHECK(std::find(accepted.begin(), accepted.end(), scheduler_class) != accepted.end(), index_file.string(),
+            ": scheduler \"", scheduler_class, "\" is not supported");
+
+  const fs::path scheduler_file = root / "scheduler" / "scheduler_config.json";
+  p.scheduler_ = sampling::Scheduler::from_file(scheduler_file.string());
+  p.scheduler_config_ = sampling::read_scheduler_config(scheduler_file.string());
+  p.unet_ = load_diffusers_folder((root / "unet").string());
+  p.vae_ = load_diffusers_folder((root / "vae").string());
+  p.text_encoder_ = load_text_encoder(root / "text_encoder", root / "tokenizer", false);
+  if (p.sdxl()) p.text_encoder_2_ = load_text_encoder(root / "text_encoder_2", root / "tokenizer_2", true);
+
+  // The components must fit each other.
+  const auto u = from_json<nn::UNet2DConditionOptions>(p.unet_.fields);
+  const auto v = from_json<nn::AutoencoderKLOptions>(p.vae_.fields);
+  p.vae_scale_factor_ = int64_t{1} << (v.block_out_channels().size() - 1);
+  const json unet_config = read_json(root / "unet" / "config.json");
+  p.default_size_ = unet_config.value("sample_size", int64_t(64)) * p.vae_scale_factor_;
+  DEW_CHECK(u.in_channels() == v.latent_channels() && u.output_channels() == v.latent_channels(), dir,
+            ": the unet takes ", u.in_channels(), " and predicts ", u.output_channels(), " channels, the vae's latents have ",
+            v.latent_channels(), " (an inpainting unet needs an inpainting pipeline)");
+  const int64_t text = p.text_encoder_->options.hidden_size() +
+                       (p.sdxl() ? p.text_encoder_2_->options.hidden_size() : int64_t{0});
+  DEW_CHECK(u.context_features() == text, dir, ": the unet's cross_attention_dim is ", u.context_features(),
+            " but the text encoder", p.sdxl() ? "s give " : " gives ", text);
+  if (p.sdxl()) {
+    const int64_t pooled = p.text_encoder_2_->options.projection_dim();
+    DEW_CHECK(u.additional_time_features() > 0 &&
+                  u.additional_embedding_features() == pooled + 6 * u.additional_time_features(),
+              dir, ": the SDXL unet's projection_class_embeddings_input_dim (", u.additional_embedding_features(),
+              ") must be text_encoder_2's projection_dim (", pooled, ") + 6 x addition_time_embed_dim (",
+              u.additional_time_features(), ")");
+  }
+  return p;
+}
+
+void TextToImagePipeline::set_scheduler(sampling::SchedulerPtr scheduler) {
+  DEW_CHECK(scheduler != nullptr, "pipeline: the scheduler is null");
+  scheduler_ = std::move(scheduler);
+}
+
+Tensor TextToImagePipeline::tokenize(const std::vector<std::string>& texts, int index) const {
+  const auto& encoder = index == 0 ? text_encoder_ : text_encoder_2_;
+  DEW_CHECK(encoder, "pipeline: there is no tokenizer ", index + 1);
+  return encoder->tokenize(texts).first;
+}
+
+void TextToImagePipeline::check(const PipelineRequest& r) const {
+  DEW_CHECK(r.steps >= 1, "--steps: must be >= 1, got ", r.steps);
+  DEW_CHECK(r.count >= 1, "--count: must be >= 1, got ", r.count);
+  DEW_CHECK(std::isfinite(r.guidance), "--guidance: must be finite, got ", r.guidance);
+  const int64_t h = r.height > 0 ? r.height : default_size_, w = r.width > 0 ? r.width : default_size_;
+  DEW_CHECK(r.height >= 0 && r.width >= 0 && h % vae_scale_factor_ == 0 && w % vae_scale_factor_ == 0, "--size: ", h,
+            "x", w, " must be positive multiples of the VAE's factor ", vae_scale_factor_);
+  DEW_CHECK(r.eta == 0.0 || scheduler_->class_name() == "DDIMScheduler", "--eta: only DDIMScheduler takes eta (",
+            scheduler_->class_name(), " does not)");
+  if (r.latents.defined()) {
+    const auto u = from_json<nn::UNet2DConditionOptions>(unet_.fields);
+    const std::vector<int64_t> want{r.count, u.in_channels(), h / vae_scale_factor_, w / vae_scale_factor_};
+    DEW_CHECK(r.latents.sizes() == at::IntArrayRef(want), "--latents: expected ", at::IntArrayRef(want), ", got ",
+              r.latents.sizes());
+  }
+}
+
+PromptEmbeddings TextToImagePipeline::encode(const PipelineRequest& r) {
+  check(r);
+  torch::NoGradGuard no_grad;
+  const std::vector<std::string> pos(size_t(r.count), r.prompt), neg(size_t(r.count), r.negative_prompt);
+  PromptEmbeddings e;
+  if (!sdxl()) {
+    // StableDiffusionPipeline: last_hidden_state, no padding mask.
+    auto last = [&](const std::vector<std::string>& texts) { return text_encoder_->forward(tokenize(texts, 0), {}).context; };
+    e.positive = last(pos);
+    e.negative = last(neg);
+    return e;
+  }
+  // SDXL: hidden_states[-2] of both encoders side by side; pooled = text_encoder_2's projected eos state.
+  auto both = [&](const std::vector<std::string>& t1, const std::vector<std::string>& t2, Tensor& pooled) {
+    const Tensor a = text_encoder_->forward_hidden(tokenize(t1, 0), {}, 1).context;
+    const auto b = text_encoder_2_->forward_hidden(tokenize(t2, 1), {}, 1);
+    pooled = b.pooled;
+    return at::cat({a, b.context}, -1);
+  };
+  e.positive = both(pos, std::vector<std::string>(size_t(r.count), r.prompt_2.value_or(r.prompt)), e.pooled_positive);
+  const bool empty_negative = r.negative_prompt.empty() && !r.negative_prompt_2;
+  if (empty_negative && force_zeros_for_empty_prompt_) {
+    e.negative = at::zeros_like(e.positive);
+    e.pooled_negative = at::zeros_like(e.pooled_positive);
+  } else {
+    e.negative = both(neg, std::vector<std::string>(size_t(r.count), r.negative_prompt_2.value_or(r.negative_prompt)),
+                      e.pooled_negative);
+  }
+  return e;
+}
+
+PipelineResult TextToImagePipeline::run(const PipelineRequest& r) { return run(r, encode(r)); }
+
+PipelineResult TextToImagePipeline::run(const PipelineRequest& r, const PromptEmbeddings& e) {
+  check(r);
+  torch::NoGradGuard no_grad;
+  const auto u = from_json<nn::UNet2DConditionOptions>(unet_.fields);
+  const int64_t h = r.height > 0 ? r.height : default_size_, w = r.width > 0 ? r.width : default_size_;
+  const std::vector<int64_t> shape{r.count, u.in_channels(), h / vae_scale_factor_, w / vae_scale_factor_};
+  const bool cfg = r.guidance > 1.0;
+  auto unet = unet_.backbone();
+
+  scheduler_->set_timesteps(r.steps);
+  scheduler_->set_eta(r.eta);
+  Tensor x = r.latents.defined()
+                 ? r.latents.to(at::kFloat)
+                 : at::randn(shape, rng::generator(r.seed, 0, "pipeline/latents"), at::TensorOptions().dtype(at::kFloat));
+  x = x * scheduler_->init_noise_sigma();
+
+  Conditioning cond;
+  cond.context = cfg ? at::cat({e.negative, e.positive}) : e.positive;
+  if (sdxl()) {
+    const Tensor ids = at::tensor({double(h), double(w), 0.0, 0.0, double(h), double(w)}, at::kFloat);
+    cond.pooled = cfg ? at::cat({e.pooled_negative, e.pooled_positive}) : e.pooled_positive;
+    cond.extra["time_ids"] = ids.unsqueeze(0).expand({cond.pooled.size(0), 6}).contiguous();
+  }
+  const auto noise = sampling::seeded_noise(r.seed);
+  for (int64_t i = 0; i < scheduler_->num_steps(); ++i) {
+    const Tensor in = scheduler_->scale_model_input(cfg ? at::cat({x, x}) : x, i);
+    const Tensor t = at::full({in.size(0)}, scheduler_->timestep(i), at::TensorOptions().dtype(at::kFloat));
+    Tensor out = unet->forward(in, t, cond);
+    if (cfg) {
+      const auto halves = out.chunk(2);
+      out = halves[0] + r.guidance * (halves[1] - halves[0]);
+    }
+    x = scheduler_->step(out, i, x, noise);
+  }
+  PipelineResult res;
+  res.latents = x;
+  auto vae = vae_.autoencoder();
+  const Tensor decoded = vae->decode(vae->from_latent(x));
+  res.images = (decoded.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
+  return res;
+}
+
+}  // namespace dew::interop

@@ -1,0 +1,64 @@
+// `dew sample --pipeline DIR` on the tiny diffusers pipeline folder (tests/golden/sd/pipeline/): given the
+// reference's initial latents (--latents), the PNG it writes is diffusers' image quantised as
+// numpy_to_pil does (round(x * 255)); bad flags and broken folders exit 2 with one line.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "dew/io/image.h"
+#include "dew/io/safetensors.h"
+#include "tests/golden_util.h"
+#include "tests/test_util.h"
+
+namespace {
+
+constexpr auto& run = dew::test::run_dew;
+
+const std::string kPipe = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/pipeline";
+const std::string kPrompt = "--prompt 'a photo of a cat on the moon' --negative-prompt 'blurry, low quality'";
+
+size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
+
+}  // namespace
+
+TEST(PipelineCli, WritesDiffusersImageForTheSameLatents) {
+  dew::test::TempDir dir("pipeline_cli");
+  const auto io = dew::test::golden("sd/pipeline/pipeline_io.safetensors");
+  dew::io::save_safetensors(dir.file("latents.safetensors"), {{"latents", io.at("latents")}});
+  for (const std::string sched : {"DDIMScheduler", "EulerDiscreteScheduler"}) {
+    SCOPED_TRACE(sched);
+    const std::string png = dir.file(sched + ".png");
+    const auto r = run("sample --pipeline " + kPipe + " " + kPrompt + " --steps 5 --guidance 7.5 --size 32x32 --latents " +
+                       dir.file("latents.safetensors") + " --scheduler " + sched + " --out " + png);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find(sched), std::string::npos) << r.output;
+    const at::Tensor ours = dew::io::load_image(png, 3).to(at::kInt);  // [3, 32, 32]
+    const std::string key = sched == "DDIMScheduler" ? "ddim_image_f64" : "euler_image_f64";
+    const at::Tensor ref = (io.at(key)[0] * 255).round().clamp(0, 255).to(at::kInt);
+    // Pixels may differ by one level where the float64 value sits on a rounding boundary.
+    const int64_t off = (ours - ref).abs().gt(1).sum().item<int64_t>();
+    const double same = (ours == ref).to(at::kDouble).mean().item<double>();
+    std::printf("  %s: %.4f of the bytes equal diffusers' float64 image, %lld off by more than one\n", sched.c_str(),
+                same, static_cast<long long>(off));
+    EXPECT_EQ(off, 0);
+    EXPECT_GE(same, 0.99);
+  }
+}
+
+TEST(PipelineCli, BadInputExitsTwoWithOneLine) {
+  dew::test::TempDir dir("pipeline_cli_bad");
+  const std::string out = " --out " + dir.file("x.png");
+  for (const std::string& args :
+       {"sample --pipeline " + dir.file("nowhere") + " --prompt cat" + out,
+        "sample --pipeline " + kPipe + " --prompt cat --size 15x16" + out,
+        "sample --pipeline " + kPipe + " --prompt cat --scheduler NoSuchScheduler" + out,
+        "sample --pipeline " + kPipe + " --prompt cat --steps 0" + out,
+        "sample --pipeline " + kPipe + " --prompt cat --out " + dir.file("x.jpg"),
+        "sample --pipeline " + kPipe + out}) {
+    SCOPED_TRACE(args);
+    const auto r = run(args);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_EQ(lines(r.output), 1u) << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("x.png")));
+}
