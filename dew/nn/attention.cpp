@@ -132,7 +132,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     // Without sdpa (LibTorch 1.x), small unmasked float32 attention on the CPU runs the fused kernel.
     if (sdpa_available()) {
       out = attention_sdpa(q, k, v, m);
-    } else if (!m.defined() && fused_attention_applies(q, k, v)) {
+    } else if (!m.defined() && fused_attention_applies(q, k, v) && fused_attention_preferred()) {
       out = fused_attention(q, k, v);
     } else {
       out = attention_reference(q, k, v, m, force_fp32_for_softmax);

@@ -612,9 +612,12 @@ std::array<Tensor, 2> group_norm_silu_and_input(const Tensor& x, int64_t groups,
   DEW_CHECK(groups > 0 && x.size(1) % groups == 0, "group_norm_silu: groups must divide the channels (",
             x.size(1), "), got ", groups);
   check_channel_shift(x, shift);
+  // SSE2 only: the NCHW kernel is slower than the composite (2.8 vs 1.3 ms at 32 x 32 x 28 x 28), the
+  // channels-last one faster (3.1 vs 7.5 ms): measured per variant in bench/bench_fused.cpp.
+  const bool slower_here = active().isa == "base" && x.is_contiguous();
   const bool fused = fused_kernels_apply(x) && x.numel() > 0 && weight.defined() && bias.defined() &&
                      fused_kernels_apply(weight) && fused_kernels_apply(bias) &&
-                     (!shift.defined() || fused_kernels_apply(shift));
+                     (!shift.defined() || fused_kernels_apply(shift)) && !slower_here;
   const Tensor sh = shift.defined() ? shift : at::empty({0}, x.options());
   if (!fused) return {group_norm_silu_composite(x, sh, groups, weight, bias, eps), x};
   auto out = GroupNormSiluFunction::apply(x, weight, bias, sh, groups, eps);
@@ -631,6 +634,8 @@ bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) 
          k.dim() == 4 && v.dim() == 4 && k.size(2) <= kFusedAttentionMaxKeys && q.numel() > 0 && k.numel() > 0 &&
          q.sizes() == at::IntArrayRef({k.size(0), k.size(1), q.size(2), k.size(3)}) && v.sizes() == k.sizes();
 }
+
+bool fused_attention_preferred() { return active().isa != "base"; }
 
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   DEW_CHECK(fused_attention_applies(q, k, v), "fused_attention: needs float32 CPU q [B, H, Sq, D] and k, v [B, H, Sk, D] "

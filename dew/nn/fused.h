@@ -38,7 +38,8 @@ Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, co
 /// undefined or empty. dew::Error (via check_channel_shift) for any other shape.
 Tensor add_channel_shift(const Tensor& x, const Tensor& shift);
 void check_channel_shift(const Tensor& x, const Tensor& shift);
-/// {group_norm_silu(x, ...), x}: x passed through as a second output whose gradient (a residual block's
+/// {group_norm_silu(x, ...), x} (on the SSE2-only variant, NCHW-contiguous x takes the composite: the
+/// kernel is measured slower there; channels-last keeps the kernel): x passed through as a second output whose gradient (a residual block's
 /// skip path) the fused backward adds into dx in its last pass, saving the separate add autograd would
 /// otherwise run to accumulate x's two gradients. Use the second output, not x, on the skip path.
 std::array<Tensor, 2> group_norm_silu_and_input(const Tensor& x, int64_t groups, const Tensor& weight,
@@ -51,6 +52,10 @@ std::array<Tensor, 2> group_norm_silu_and_input(const Tensor& x, int64_t groups,
 /// as the composite does.
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v);
+/// Whether attention() should take the fused kernel where it applies: false on the SSE2-only variant
+/// ("base"), measured slower than the composite there at 128 keys and at one thread (docs/benchmarks.md,
+/// "Every fused kernel on every instruction set").
+bool fused_attention_preferred();
 /// Above this many keys the blocked GEMMs of the composite win (measured: faster at 49 keys, slower at
 /// 196; build/dew_microbench --benchmark_filter=Attention); attention() keeps the composite there.
 constexpr int64_t kFusedAttentionMaxKeys = 128;
