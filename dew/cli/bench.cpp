@@ -3,12 +3,15 @@
 // with the speed-up of the C++ side. `--models lm` times the causal_transformer language model instead
 // (a training step with cross entropy, and greedy KV-cache generation) against bench/lm_peer.py; `--models
 // jepa`, `dpo` and `grpo_rollout` time `dew train jepa`'s step, `dew train dpo`'s step and GRPO's batched
-// sampling rollouts against bench/jepa_peer.py, bench/dpo_peer.py and bench/grpo_rollout_peer.py.
+// sampling rollouts against bench/jepa_peer.py, bench/dpo_peer.py and bench/grpo_rollout_peer.py; `--models
+// sd_unet,sd_vae` time a small Stable Diffusion UNet's training step and a VAE's encode + decode against the
+// real diffusers classes in Python (bench/sd_peer.py, built from the same config.json dict).
 //
 //   dew bench                                   # every diffusion model, intra-op {1,2} x OpenBLAS {1,2} threads
 //   dew bench --models unet --steps 10 --threads 1 --blas-threads 1 --out bench.md
 //   dew bench --models lm --rounds 1            # the language model
 //   dew bench --models dpo,grpo_rollout         # post-training: a DPO step, a GRPO rollout
+//   dew bench --models sd_unet,sd_vae           # Stable Diffusion components against diffusers
 //
 // Every (model, side, thread configuration) runs in a fresh child process (the dew binary re-executed
 // with the hidden `--one MODEL`, or the Python peer), so each peak RSS belongs to one configuration and
@@ -42,6 +45,7 @@
 #include "dew/diffusion/process.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
+#include "dew/nn/roles.h"
 #include "dew/objectives/dpo.h"
 #include "dew/nn/fused.h"
 #include "dew/objectives/jepa.h"
@@ -83,12 +87,25 @@ constexpr int64_t kGrpoPrompts = 16;
 constexpr int64_t kGrpoGroup = 8;
 constexpr int64_t kGrpoPromptLen = 36;
 constexpr int64_t kGrpoNewTokens = 16;
+// Stable Diffusion components (sd_unet, sd_vae): the step of diffusers' train_text_to_image.py (learning rate
+// 1e-4; SD's scaled_linear noise schedule over 1000 steps) on a batch of kSdUnetBatch latents of 4 x kSdLatent^2
+// with kSdContextLen text tokens, and the VAE on kSdVaeBatch images of 3 x kSdImage^2 (sizes for a step of
+// 0.2-1 s on 2 cores). bench/sd_peer.py holds the same step values.
+constexpr int64_t kSdUnetBatch = 8;
+constexpr int64_t kSdVaeBatch = 4;
+constexpr int64_t kSdLatent = 16;
+constexpr int64_t kSdContextLen = 16;
+constexpr int64_t kSdImage = 64;
+constexpr double kSdLr = 1e-4;
+constexpr int64_t kSdTrainTimesteps = 1000;
+constexpr double kSdBetaStart = 0.00085, kSdBetaEnd = 0.012;
 
 const char* kBenchUsage =
-    "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout | --all] [--steps N]\n"
-    "                 [--warmup W] [--batch B] [--seq-len S] [--threads 1,2] [--blas-threads 1,2] [--rounds R]\n"
-    "                 [--no-peer] [--peer FILE] [--lm-peer FILE] [--jepa-peer FILE] [--dpo-peer FILE]\n"
-    "                 [--grpo-rollout-peer FILE] [--peer-coretype CORE] [--peer-malloc-like-dew] [--out FILE.md]\n"
+    "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout,sd_unet,sd_vae | --all]\n"
+    "                 [--steps N] [--warmup W] [--batch B] [--seq-len S] [--threads 1,2] [--blas-threads 1,2]\n"
+    "                 [--rounds R] [--no-peer] [--peer FILE] [--lm-peer FILE] [--jepa-peer FILE] [--dpo-peer FILE]\n"
+    "                 [--grpo-rollout-peer FILE] [--sd-peer FILE] [--diffusers-src DIR] [--peer-coretype CORE]\n"
+    "                 [--peer-malloc-like-dew] [--out FILE.md]\n"
     "\n"
     "Times one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) per model,\n"
     "in C++ and in Python PyTorch eager (bench/peer.py run by /usr/bin/python3), for every combination of\n"
@@ -107,11 +124,15 @@ const char* kBenchUsage =
     "                  4 layers, 4 heads; 48-token pairs, the last 10 tokens the completion) against\n"
     "                  bench/dpo_peer.py (TRL's step). grpo_rollout: a GRPO rollout on that model (16 prompts\n"
     "                  of 36 tokens x group 8 = 128 rows, 16 tokens each sampled at temperature 1 with the\n"
-    "                  batched KV-cache generator) in generated tokens/s, against bench/grpo_rollout_peer.py\n"
-    "  --all           every model above, lm, jepa, dpo and grpo_rollout included\n"
+    "                  batched KV-cache generator) in generated tokens/s, against bench/grpo_rollout_peer.py.\n"
+    "                  sd_unet: a small Stable Diffusion UNet2DConditionModel's training step (epsilon MSE,\n"
+    "                  AdamW, EMA; 8 latents 4x16x16, text 16 x 64); sd_vae: AutoencoderKL encode + decode of\n"
+    "                  4 3x64x64 images without gradients; both against the real diffusers v0.34.0 classes in\n"
+    "                  Python (bench/sd_peer.py), built from the same config.json dict\n"
+    "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet and sd_vae included\n"
     "  --steps N       timed steps (grpo_rollout: rollouts) per configuration, median reported (default 20)\n"
     "  --warmup W      untimed steps first (default 5)\n"
-    "  --batch B       batch size (default 32; lm: 4; dpo: pairs; grpo_rollout: not used)\n"
+    "  --batch B       batch size (default 32; lm, sd_vae: 4; sd_unet: 8; dpo: pairs; grpo_rollout: not used)\n"
     "  --seq-len S     lm: training tokens per row (default 256)\n"
     "  --threads L     LibTorch intra-op thread counts to try (default 1,2)\n"
     "  --blas-threads L  OPENBLAS_NUM_THREADS values to try (default 1,2)\n"
@@ -125,6 +146,9 @@ const char* kBenchUsage =
     "  --jepa-peer FILE  the JEPA step's Python peer (default: bench/jepa_peer.py, found the same way)\n"
     "  --dpo-peer FILE  the DPO step's Python peer (default: bench/dpo_peer.py, found the same way)\n"
     "  --grpo-rollout-peer FILE  the rollout's Python peer (default: bench/grpo_rollout_peer.py)\n"
+    "  --sd-peer FILE  the Stable Diffusion components' Python peer (default: bench/sd_peer.py)\n"
+    "  --diffusers-src DIR  the `src` folder of a diffusers v0.34.0 checkout the SD peer imports (default:\n"
+    "                  $DEW_DIFFUSERS_SRC, else /tmp/diffusers_src/src); without it the SD models run C++ only\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
     "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"
     "                  kernels, Python does not, so --peer-coretype SkylakeX compares like with like)\n"
@@ -241,9 +265,80 @@ const BenchCase& grpo_rollout_case() {
   return c;
 }
 
+// Stable Diffusion components, each written once as its diffusers config.json dict: the C++ model is built
+// from it (models::fields_from_reference_config, as `dew forward` loads a diffusers folder) and
+// bench/sd_peer.py gives the same dict to the diffusers class, so the two cannot drift apart.
+
+// The table's size column: "key value" of the config entries that shape the work.
+std::string sd_size(const std::string& inputs, const json& config, const std::vector<std::string>& keys) {
+  std::string s = inputs;
+  for (const auto& k : keys) s += ", " + k + " " + config.at(k).dump();
+  return s;
+}
+// sd_unet: SD 1.x's UNet2DConditionModel layout (conv proj_in / proj_out, attention_head_dim = heads, a
+// cross-attention mid-block) at two levels of widths 64 and 128, attention at the first.
+const json& sd_unet_config() {
+  static const json config = {
+      {"_class_name", "UNet2DConditionModel"},
+      {"sample_size", kSdLatent},
+      {"in_channels", 4},
+      {"out_channels", 4},
+      {"down_block_types", {"CrossAttnDownBlock2D", "DownBlock2D"}},
+      {"up_block_types", {"UpBlock2D", "CrossAttnUpBlock2D"}},
+      {"block_out_channels", {64, 128}},
+      {"layers_per_block", 2},
+      {"norm_num_groups", 32},
+      {"cross_attention_dim", 64},
+      {"attention_head_dim", 8}};
+  return config;
+}
+// sd_vae: AutoencoderKL with SD's 4 latent channels at three levels (images downsampled 4x).
+const json& sd_vae_config() {
+  static const json config = {
+      {"_class_name", "AutoencoderKL"},
+      {"in_channels", 3},
+      {"out_channels", 3},
+      {"down_block_types", {"DownEncoderBlock2D", "DownEncoderBlock2D", "DownEncoderBlock2D"}},
+      {"up_block_types", {"UpDecoderBlock2D", "UpDecoderBlock2D", "UpDecoderBlock2D"}},
+      {"block_out_channels", {64, 128, 128}},
+      {"layers_per_block", 2},
+      {"latent_channels", 4},
+      {"norm_num_groups", 32},
+      {"sample_size", kSdImage},
+      {"scaling_factor", 0.18215}};
+  return config;
+}
+const BenchCase& sd_unet_case() {
+  static const BenchCase c = [] {
+    const json& config = sd_unet_config();
+    const std::string in = "latents 4x" + std::to_string(kSdLatent) + "x" + std::to_string(kSdLatent) + ", text " +
+                           std::to_string(kSdContextLen) + " x " + config.at("cross_attention_dim").dump();
+    return BenchCase{"sd_unet", "unet_2d_condition",
+                     sd_size(in, config, {"down_block_types", "block_out_channels", "layers_per_block",
+                                          "attention_head_dim"}),
+                     models::fields_from_reference_config("unet_2d_condition", config), {4, kSdLatent, kSdLatent},
+                     kSdContextLen, true};
+  }();
+  return c;
+}
+const BenchCase& sd_vae_case() {
+  static const BenchCase c = [] {
+    const json& config = sd_vae_config();
+    const std::string in = "images 3x" + std::to_string(kSdImage) + "x" + std::to_string(kSdImage);
+    return BenchCase{"sd_vae", "autoencoder_kl",
+                     sd_size(in, config, {"block_out_channels", "layers_per_block", "latent_channels"}),
+                     models::fields_from_reference_config("autoencoder_kl", config), {3, kSdImage, kSdImage}, 0, true};
+  }();
+  return c;
+}
+bool is_sd(const BenchCase* c) { return c == &sd_unet_case() || c == &sd_vae_case(); }
+// The diffusers config.json dict an SD case is built from.
+const json& reference_config(const BenchCase* c) { return c == &sd_unet_case() ? sd_unet_config() : sd_vae_config(); }
+
 // The cases beyond the diffusion table, in --all's order.
 const std::vector<const BenchCase*>& other_cases() {
-  static const std::vector<const BenchCase*> v = {&lm_case(), &jepa_case(), &dpo_case(), &grpo_rollout_case()};
+  static const std::vector<const BenchCase*> v = {&lm_case(),           &jepa_case(),     &dpo_case(),
+                                                  &grpo_rollout_case(), &sd_unet_case(), &sd_vae_case()};
   return v;
 }
 
@@ -614,6 +709,123 @@ int run_one_grpo_rollout(int64_t warmup, int64_t steps, int64_t threads, const c
   return 0;
 }
 
+// Runs warmup + steps training steps of sd_unet as diffusers' train_text_to_image.py takes them (epsilon
+// prediction): noise ~ N(0, I), timesteps uniform in [0, 1000), noisy = sqrt(alpha_bar_t) latents +
+// sqrt(1 - alpha_bar_t) noise (SD's scaled_linear schedule, DDPMScheduler.add_noise), the UNet on (noisy, t, text),
+// MSE against the noise; backward; AdamW (lr kSdLr); the fp32 EMA; zero_grad. Prints one JSON line (the keys of
+// run_one). A fixed batch of latents and text embeddings stands in for the VAE, the text encoder and the data.
+int run_one_sd_unet(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const std::string& profile,
+                    const c10::Device& device) {
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto now = [&] { return synced_now(device); };
+  at::set_num_threads(int(threads));
+  at::manual_seed(0);
+  const BenchCase& c = sd_unet_case();
+  auto unet = models::build(c.arch, c.fields);
+  unet->to(device);
+  unet->train();
+  training::NamedTensors params;
+  int64_t nparams = 0;
+  for (const auto& kv : unet->named_parameters()) {
+    params.emplace_back(kv.key(), kv.value());
+    nparams += kv.value().numel();
+  }
+  training::OptimOptions oo;
+  oo.lr = kSdLr;
+  training::Optimizer opt(params, oo);
+  training::EMA ema(params, training::EmaSpec{kEmaDecay});
+  // diffusers' scaled_linear betas: linspace(sqrt(beta_start), sqrt(beta_end), T)^2; alpha_bar = cumprod(1 - beta).
+  const at::Tensor alpha_bar =
+      (1 - at::linspace(std::sqrt(kSdBetaStart), std::sqrt(kSdBetaEnd), kSdTrainTimesteps, at::kFloat).square())
+          .cumprod(0)
+          .to(device);
+  auto data_gen = at::detail::createCPUGenerator(1);
+  std::vector<int64_t> shape = {batch};
+  shape.insert(shape.end(), c.item.begin(), c.item.end());
+  const at::Tensor latents = at::randn(shape, data_gen).to(device);  // [B, 4, h, w]
+  Conditioning cond;
+  cond.context = at::randn({batch, c.context_len, sd_unet_config().at("cross_attention_dim").get<int64_t>()}, data_gen)
+                     .to(device);  // [B, L, D]
+  auto step_gen = at::detail::createCPUGenerator(2);
+
+  std::vector<double> total, fwd, bwd, upd;
+  double loss_value = 0;
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> trace;  // --profile: the timed steps only
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    if (i == warmup && !profile.empty()) trace = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
+    const auto t0 = now();
+    const at::Tensor noise = at::randn(latents.sizes(), step_gen).to(device);
+    const at::Tensor t = at::randint(0, kSdTrainTimesteps, {batch}, step_gen).to(device);
+    const at::Tensor ab = alpha_bar.index_select(0, t).view({batch, 1, 1, 1});
+    const at::Tensor noisy = ab.sqrt() * latents + (1 - ab).sqrt() * noise;
+    const at::Tensor loss = at::mse_loss(unet->forward(noisy, t.to(at::kFloat), cond), noise);
+    const auto t1 = now();
+    loss.backward();
+    const auto t2 = now();
+    opt.step(kSdLr);
+    ema.update(params, i);
+    opt.zero_grad();
+    const auto t3 = now();
+    loss_value = loss.item<double>();
+    if (i < warmup) continue;
+    total.push_back(secs(t3 - t0));
+    fwd.push_back(secs(t1 - t0));
+    bwd.push_back(secs(t2 - t1));
+    upd.push_back(secs(t3 - t2));
+  }
+  trace.reset();  // writes the trace file
+  DEW_CHECK(std::isfinite(loss_value), "bench sd_unet: non-finite loss ", loss_value);
+  std::cout << step_result(total, fwd, bwd, upd, batch, nparams, loss_value).dump() << std::endl;
+  return 0;
+}
+
+// Runs warmup + steps encode + decode passes of sd_vae without gradients, as a pipeline runs them:
+// z = to_latent(encode(x).sample(gen)) (scaling_factor z), x_hat = decode(from_latent(z)). Prints one JSON line
+// with the keys of run_one: phases forward = encode (with the sample), backward = decode, optimizer 0; loss =
+// mean(x_hat^2).
+int run_one_sd_vae(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const std::string& profile,
+                   const c10::Device& device) {
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto now = [&] { return synced_now(device); };
+  at::set_num_threads(int(threads));
+  at::manual_seed(0);
+  const BenchCase& c = sd_vae_case();
+  auto vae = models::build_autoencoder({{"architecture", c.arch}, {"fields", c.fields}});
+  vae->to(device);
+  vae->eval();
+  int64_t nparams = 0;
+  for (const auto& p : vae->parameters()) nparams += p.numel();
+  auto data_gen = at::detail::createCPUGenerator(1);
+  std::vector<int64_t> shape = {batch};
+  shape.insert(shape.end(), c.item.begin(), c.item.end());
+  const at::Tensor x = (at::rand(shape, data_gen) * 2 - 1).to(device);  // [B, 3, H, W] in [-1, 1]
+  auto sample_gen = at::detail::createCPUGenerator(2);
+  at::NoGradGuard no_grad;
+  std::vector<double> total, enc, dec;
+  double out = 0;
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> trace;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    if (i == warmup && !profile.empty()) trace = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
+    const auto t0 = now();
+    const at::Tensor z = vae->to_latent(vae->encode(x).sample(sample_gen));
+    const auto t1 = now();
+    const at::Tensor x_hat = vae->decode(vae->from_latent(z));
+    const auto t2 = now();
+    out = x_hat.square().mean().item<double>();
+    if (i < warmup) continue;
+    total.push_back(secs(t2 - t0));
+    enc.push_back(secs(t1 - t0));
+    dec.push_back(secs(t2 - t1));
+  }
+  trace.reset();
+  DEW_CHECK(std::isfinite(out), "bench sd_vae: non-finite output ", out);
+  const std::vector<double> none(total.size(), 0.0);
+  std::cout << step_result(total, enc, dec, none, batch, nparams, out).dump() << std::endl;
+  return 0;
+}
+
 // ---- the parent: child processes and the report ----
 
 struct ChildResult {
@@ -815,7 +1027,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
                                "one", "peer-coretype", "seq-len", "lm-peer", "jepa-peer", "dpo-peer", "grpo-rollout-peer",
-                               "profile", "device"},
+                               "profile", "device", "sd-peer", "diffusers-src"},
                               {"no-peer", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -828,6 +1040,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   DEW_CHECK(warmup >= 0, "--warmup: must be >= 0, got ", warmup);
   DEW_CHECK(batch >= 1, "--batch: must be >= 1, got ", batch);
   const int64_t lm_batch = f.get_int("batch", 4), seq_len = f.get_int("seq-len", 256);
+  const int64_t sd_unet_batch = f.get_int("batch", kSdUnetBatch), sd_vae_batch = f.get_int("batch", kSdVaeBatch);
   DEW_CHECK(seq_len >= 1, "--seq-len: must be >= 1, got ", seq_len);
   const auto threads = int_list(f, "threads", "1,2");
   const auto blas_threads = int_list(f, "blas-threads", "1,2");
@@ -843,6 +1056,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (&c == &jepa_case()) return run_one_jepa(batch, warmup, steps, threads[0], device);
     if (&c == &dpo_case()) return run_one_dpo(batch, warmup, steps, threads[0], device);
     if (&c == &grpo_rollout_case()) return run_one_grpo_rollout(warmup, steps, threads[0], device);
+    if (&c == &sd_unet_case()) return run_one_sd_unet(sd_unet_batch, warmup, steps, threads[0], f.get("profile", ""), device);
+    if (&c == &sd_vae_case()) return run_one_sd_vae(sd_vae_batch, warmup, steps, threads[0], f.get("profile", ""), device);
     return run_one(c, batch, warmup, steps, threads[0], f.get("profile", ""), device);
   }
 
@@ -851,7 +1066,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::string all_names;
   for (const auto& c : bench_cases()) all_names += (all_names.empty() ? "" : ",") + c.name;
   for (const BenchCase* c : other_cases()) all_names += "," + c->name;
-  bool any_diffusion = false, any_lm = false, any_jepa = false, any_dpo = false, any_rollout = false;
+  bool any_diffusion = false, any_lm = false, any_jepa = false, any_dpo = false, any_rollout = false, any_sd = false;
   for (const auto& name : split_list(f.get("models", f.has("all") ? all_names : "simple_dit,unet,unet_attn"), "models")) {
     const BenchCase* c = &find_case(name);
     DEW_CHECK(std::find(cases.begin(), cases.end(), c) == cases.end(), "--models: \"", name, "\" is listed twice");
@@ -860,18 +1075,26 @@ int cmd_bench(const std::vector<std::string>& args) {
      : c == &jepa_case()         ? any_jepa
      : c == &dpo_case()          ? any_dpo
      : c == &grpo_rollout_case() ? any_rollout
+     : is_sd(c)                  ? any_sd
                                  : any_diffusion) = true;
   }
   DEW_CHECK(any_lm || !f.has("seq-len"), "--seq-len: only the language model uses it; add lm to --models");
 
   const fs::path exe = fs::read_symlink("/proc/self/exe");
   std::string peer, lm_peer, jepa_peer, dpo_peer, rollout_peer, python_torch, peer_note, lm_peer_note;
+  std::string sd_peer, sd_peer_note;  // the SD peer and, when it cannot run, "peer: unavailable (why)"
+  // The diffusers checkout the SD peer imports: --diffusers-src, else $DEW_DIFFUSERS_SRC, else the export
+  // tests/golden/sd_reference.py makes.
+  const char* diffusers_env = std::getenv("DEW_DIFFUSERS_SRC");
+  const std::string diffusers_src =
+      f.get("diffusers-src", diffusers_env && *diffusers_env ? diffusers_env : "/tmp/diffusers_src/src");
   if (!f.has("no-peer")) {
     if (any_diffusion) peer = find_peer(f, exe, "peer", "peer.py");
     if (any_lm) lm_peer = find_peer(f, exe, "lm-peer", "lm_peer.py");
     if (any_jepa) jepa_peer = find_peer(f, exe, "jepa-peer", "jepa_peer.py");
     if (any_dpo) dpo_peer = find_peer(f, exe, "dpo-peer", "dpo_peer.py");
     if (any_rollout) rollout_peer = find_peer(f, exe, "grpo-rollout-peer", "grpo_rollout_peer.py");
+    if (any_sd) sd_peer = find_peer(f, exe, "sd-peer", "sd_peer.py");
     auto probe = run_child({kPython, "-c", "import torch; print(torch.__version__)"}, {}, /*quiet=*/true);
     if (probe.exit_code != 0) {
       peer_note = std::string("Python peer skipped: ") + kPython + " with torch is not available; C++ side only.";
@@ -881,13 +1104,27 @@ int cmd_bench(const std::vector<std::string>& args) {
       jepa_peer.clear();
       dpo_peer.clear();
       rollout_peer.clear();
+      if (any_sd) sd_peer_note = std::string("peer: unavailable (") + kPython + " with torch is not available)";
+      sd_peer.clear();
     } else {
       if (any_diffusion && peer.empty())
         peer_note = "Python peer skipped: bench/peer.py not found (pass --peer FILE); C++ side only.";
       if (any_lm && lm_peer.empty())
         lm_peer_note = "Python peer skipped: bench/lm_peer.py not found (pass --lm-peer FILE); C++ side only.";
       python_torch = probe.out.substr(0, probe.out.find('\n'));
+      if (any_sd && sd_peer.empty()) {
+        sd_peer_note = "peer: unavailable (bench/sd_peer.py not found; pass --sd-peer FILE)";
+      } else if (any_sd) {
+        // The peer imports diffusers from the checkout, or prints why it cannot (exit 3).
+        auto sd_probe = run_child({kPython, sd_peer, "--probe", "--diffusers-src", diffusers_src}, {}, /*quiet=*/true);
+        std::string line = sd_probe.out.substr(0, sd_probe.out.find('\n'));
+        if (sd_probe.exit_code != 0) {
+          sd_peer_note = "peer: unavailable (" + (line.empty() ? "bench/sd_peer.py --probe failed" : line) + ")";
+          sd_peer.clear();
+        }
+      }
     }
+    if (!sd_peer_note.empty()) std::cerr << sd_peer_note << "; sd_unet and sd_vae run C++ only\n";
     for (const auto* note : {&peer_note, &lm_peer_note})
       if (!note->empty() && (note == &peer_note || *note != peer_note)) std::cerr << *note << "\n";
   }
@@ -908,7 +1145,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     const bool lm = c == &lm_case();
     std::vector<std::string> a{"--steps", std::to_string(steps), "--warmup", std::to_string(warmup), "--threads",
                                std::to_string(t), "--device", device_name};
-    if (c != &grpo_rollout_case()) a.insert(a.begin(), {"--batch", std::to_string(lm ? lm_batch : batch)});
+    if (c != &grpo_rollout_case())
+      a.insert(a.begin(), {"--batch", std::to_string(lm ? lm_batch : c == &sd_unet_case() ? sd_unet_batch : c == &sd_vae_case() ? sd_vae_batch : batch)});
     if (lm) a.insert(a.end(), {"--seq-len", std::to_string(seq_len)});
     return a;
   };
@@ -937,6 +1175,16 @@ int cmd_bench(const std::vector<std::string>& args) {
                                             std::to_string(kGrpoPrompts), "--group", std::to_string(kGrpoGroup),
                                             "--prompt-len", std::to_string(kGrpoPromptLen), "--new-tokens",
                                             std::to_string(kGrpoNewTokens), "--temperature", "1.0"};
+    if (is_sd(c)) {
+      if (sd_peer.empty()) return {};
+      std::vector<std::string> a{kPython,  sd_peer, "--model", c->name, "--config", r.fields, "--params", n,
+                                 "--diffusers-src", diffusers_src};
+      if (c == &sd_unet_case())
+        a.insert(a.end(), {"--latent-size", std::to_string(c->item[1]), "--context-len", std::to_string(c->context_len)});
+      else
+        a.insert(a.end(), {"--image-size", std::to_string(c->item[1])});
+      return a;
+    }
     if (peer.empty() || !c->peer) return {};
     return {kPython, peer, "--model", c->arch, "--config", r.fields, "--params", n, "--image",
             std::to_string(c->item[1]) + "x" + std::to_string(c->item[2]), "--context-len",
@@ -953,6 +1201,10 @@ int cmd_bench(const std::vector<std::string>& args) {
           {{"architecture", c->arch}, {"fields", c == &lm_case() ? lm_fields(seq_len) : c->fields}});
       config = lm->config();
       model = lm.ptr();
+    } else if (c == &sd_vae_case()) {
+      auto vae = models::build_autoencoder({{"architecture", c->arch}, {"fields", c->fields}});
+      config = vae->config();
+      model = vae;
     } else if (c == &jepa_case()) {
       auto enc = models::build_token_encoder({{"architecture", c->arch}, {"fields", c->fields}});
       auto pred = models::build_token_predictor({{"architecture", "jepa_predictor"}, {"fields", jepa_predictor_fields()}});
@@ -965,7 +1217,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       config = denoiser->config();
       model = denoiser;
     }
-    Row row{c, config.at("fields").dump(), 0, {}};
+    // The SD peer gets the diffusers config.json dict the C++ fields came from.
+    Row row{c, is_sd(c) ? reference_config(c).dump() : config.at("fields").dump(), 0, {}};
     for (const auto& p : model->parameters()) row.params += p.numel();
     for (int64_t intra : threads)
       for (int64_t blas : blas_threads) row.configs.push_back({intra, blas, {}, {}});
@@ -1003,6 +1256,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Row* jrow = nullptr;      // the JEPA step
   const Row* dpo_row = nullptr;   // the DPO step
   const Row* rollout_row = nullptr;  // the GRPO rollout
+  const Row* sd_unet_row = nullptr;  // the Stable Diffusion UNet's step
+  const Row* sd_vae_row = nullptr;   // the VAE's encode + decode
   for (const auto& r : rows) {
     if (r.c == &lm_case())
       lrow = &r;
@@ -1012,6 +1267,10 @@ int cmd_bench(const std::vector<std::string>& args) {
       dpo_row = &r;
     else if (r.c == &grpo_rollout_case())
       rollout_row = &r;
+    else if (r.c == &sd_unet_case())
+      sd_unet_row = &r;
+    else if (r.c == &sd_vae_case())
+      sd_vae_row = &r;
     else
       drows.push_back(&r);
   }
@@ -1278,6 +1537,63 @@ int cmd_bench(const std::vector<std::string>& args) {
       md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
       if (with_peer) md << " " << rounds_cell(cfg.py) << " |";
       md << "\n";
+    }
+  }
+
+  if (sd_unet_row || sd_vae_row) {
+    const bool with_peer = !sd_peer.empty();
+    if (!md.str().empty()) md << "\n";
+    md << "## dew bench: Stable Diffusion components on the CPU\n\n"
+       << "Both sides build each model from the same diffusers config.json dict (below): C++ through "
+       << "models::fields_from_reference_config, Python (bench/sd_peer.py) as diffusers v0.34.0's own class, imported "
+       << "from " << diffusers_src << " (diffusers' classic AttnProcessor on torch 1.13); the parameter counts "
+       << "must agree. Each configuration runs in a fresh process: " << warmup << " warm-up + " << steps
+       << " timed steps, median; " << rounds << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
+       << ", the fastest round reported. Thread configurations: LibTorch intra-op threads (intra) x "
+       << "OPENBLAS_NUM_THREADS (blas).\n\n"
+       << machine(sd_unet_row ? *sd_unet_row : *sd_vae_row, with_peer);
+    if (!sd_peer_note.empty()) md << sd_peer_note << "; C++ side only.\n\n";
+    if (sd_unet_row) {
+      const Row& r = *sd_unet_row;
+      md << "### sd_unet: a UNet2DConditionModel training step\n\n"
+         << "Model: unet_2d_condition / UNet2DConditionModel, " << r.c->size << ", " << grouped(r.params)
+         << " parameters; config `" << r.fields << "`. Step (diffusers' train_text_to_image.py, epsilon prediction): "
+         << "batch " << sd_unet_batch << "; noise and timesteps in [0, " << kSdTrainTimesteps << ") drawn, the noisy latents "
+         << "of SD's scaled_linear schedule (" << kSdBetaStart << " .. " << kSdBetaEnd << "; DDPMScheduler.add_noise), "
+         << "the UNet on a fixed [" << sd_unet_batch << ", " << kSdContextLen << ", "
+         << sd_unet_config().at("cross_attention_dim").get<int64_t>() << "] text context, MSE against the noise; "
+         << "backward; AdamW (lr " << kSdLr << "; C++: weight decay 0.01 on matrices, Python: torch.optim.AdamW with "
+         << "weight_decay 0.01 on every parameter, as the script); EMA (decay " << kEmaDecay
+         << " with the (1 + step)/(10 + step) ramp; Python: diffusers.training_utils.EMAModel); zero_grad. No "
+         << "gradient clipping.\n\n";
+      step_tables(r, with_peer, "samples/s");
+    }
+    if (sd_vae_row) {
+      const Row& r = *sd_vae_row;
+      if (sd_unet_row) md << "\n";
+      md << "### sd_vae: AutoencoderKL encode + decode\n\n"
+         << "Model: autoencoder_kl / AutoencoderKL, " << r.c->size << ", " << grouped(r.params) << " parameters; "
+         << "config `" << r.fields << "`. Pass (as a pipeline runs it, without gradients): batch " << sd_vae_batch
+         << "; z = scaling_factor * encode(x).latent_dist.sample(generator), x_hat = decode(z / scaling_factor).\n\n";
+      std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
+      if (with_peer) sides.push_back({"Python", &Config::py});
+      md << "| side | best config | ms/pass | images/s | encode ms | decode ms | peak MB |\n"
+         << "|---|---|---:|---:|---:|---:|---:|\n";
+      for (const auto& [side, member] : sides) {
+        const auto& m = fastest(r.configs, member);
+        md << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
+           << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
+      }
+      if (with_peer)
+        md << "\nSpeed-up (Python ms/pass / C++ ms/pass): "
+           << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+      md << "\nEvery configuration (each round's median, fastest first):\n\n| intra | blas | C++ ms/pass |"
+         << (with_peer ? " Python ms/pass |" : "") << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
+      for (const auto& cfg : r.configs) {
+        md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
+        if (with_peer) md << " " << rounds_cell(cfg.py) << " |";
+        md << "\n";
+      }
     }
   }
 

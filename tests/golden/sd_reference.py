@@ -17,14 +17,14 @@ Reference code (imported from checkouts outside this project, never copied into 
 
 Stubs (this environment has no huggingface_hub, safetensors or transformers package; PIL, regex, filelock, requests,
 numpy, packaging, tqdm are Debian's python3-* packages):
-- fake `*.dist-info/METADATA` for huggingface_hub 0.27.0, safetensors 0.4.5 and transformers 4.47.0 in
-  /tmp/sd_reference_stubs/site so diffusers' importlib.metadata checks see the stub modules as installed
-  (the version numbers are labels only);
-- huggingface_hub: constants, error classes, `validate_hf_hub_args` as the identity decorator, a one-shard
-  `split_torch_state_dict_into_shards`; every network function raises;
-- safetensors: `safetensors.torch.save_file/load_file/load` and `safe_open` on tests/golden/st_io.py;
-- torch >= 2.1 names diffusers touches at import: `torch.compiler.disable` (identity decorator) and sentinel
-  `torch.float8_e4m3fn` / `torch.float8_e5m2` (torchao quantizer tables only);
+- from tests/golden/diffusers_stubs.py (shared with bench/sd_peer.py): fake `*.dist-info/METADATA` for
+  huggingface_hub 0.27.0, safetensors 0.4.5 and transformers 4.47.0 in /tmp/sd_reference_stubs/site so
+  diffusers' importlib.metadata checks see the stub modules as installed (the version numbers are labels only);
+  huggingface_hub: constants, error classes, `validate_hf_hub_args` as the identity decorator, a one-shard
+  `split_torch_state_dict_into_shards`, every network function raising; safetensors:
+  `safetensors.torch.save_file/load_file/load` and `safe_open` on tests/golden/st_io.py; the torch >= 2.1 names
+  diffusers touches at import: `torch.compiler.disable` (identity decorator) and sentinel `torch.float8_e4m3fn` /
+  `torch.float8_e5m2` (torchao quantizer tables only);
 - transformers internals used by the CLIP files: ACT2FN (quick_gelu x*sigmoid(1.702x), gelu = F.gelu, as
   transformers' activations), ModelOutput/BaseModelOutput*, the `_is_*` character helpers of tokenization_utils
   (verbatim), and small PreTrainedModel / PretrainedConfig / PreTrainedTokenizer classes (nn.Module holding the
@@ -52,8 +52,6 @@ See tests/golden/sd/README.md for the files, tensors and settings.
 """
 import contextlib
 import copy
-import importlib
-import importlib.machinery
 import inspect
 import json
 import logging
@@ -73,7 +71,9 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "sd")
 sys.path.insert(0, HERE)
-from st_io import read_st, read_st_bytes, write_st  # noqa: E402
+import diffusers_stubs  # noqa: E402  (the stubs diffusers needs here; bench/sd_peer.py uses them too)
+from diffusers_stubs import module as _module  # noqa: E402
+from st_io import read_st, write_st  # noqa: E402
 
 DIFFUSERS_TAG = "v0.34.0"
 DIFFUSERS_MIRROR = os.environ.get("DIFFUSERS_MIRROR", "/work/.mirror/huggingface+diffusers/repo")
@@ -91,109 +91,6 @@ CLIP_COMMITS = {
 # ----------------------------------------------------------------------------------------------------
 # stubs
 # ----------------------------------------------------------------------------------------------------
-def _module(name, package=False, **attrs):
-    m = types.ModuleType(name)
-    m.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
-    if package:
-        m.__path__ = []
-    m.__dict__.update(attrs)
-    sys.modules[name] = m
-    if "." in name:
-        parent, _, child = name.rpartition(".")
-        setattr(sys.modules[parent], child, m)
-    return m
-
-
-def _fake_dist_info():
-    for pkg, ver in STUB_VERSIONS.items():
-        d = os.path.join(STUB_SITE, f"{pkg}-{ver}.dist-info")
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "METADATA"), "w") as f:
-            f.write(f"Metadata-Version: 2.1\nName: {pkg}\nVersion: {ver}\n")
-        with open(os.path.join(d, "top_level.txt"), "w") as f:
-            f.write(pkg + "\n")
-    if STUB_SITE not in sys.path:
-        sys.path.append(STUB_SITE)
-
-
-def _offline(name):
-    def f(*args, **kwargs):
-        raise RuntimeError(f"huggingface_hub.{name}: stub, no hub access in sd_reference.py")
-
-    f.__name__ = name
-    return f
-
-
-def _install_hub_stub():
-    hub = _module("huggingface_hub", package=True, __version__=STUB_VERSIONS["huggingface_hub"])
-    _module("huggingface_hub.constants", HF_HOME=os.path.expanduser("~/.cache/huggingface"),
-            HF_HUB_DISABLE_TELEMETRY=True, HF_HUB_OFFLINE=True)
-    errors = {n: type(n, (Exception,), {}) for n in (
-        "EntryNotFoundError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "RepositoryNotFoundError",
-        "RevisionNotFoundError")}
-    _module("huggingface_hub.utils", package=True, validate_hf_hub_args=lambda fn: fn,
-            is_jinja_available=lambda: False, **errors)
-    _module("huggingface_hub.file_download", REGEX_COMMIT_HASH=re.compile(r"^[0-9a-f]{40}$"))
-    _module("huggingface_hub._commit_api", CommitOperationAdd=type("CommitOperationAdd", (), {}))
-
-    @dataclass
-    class StateDictSplit:
-        is_sharded: bool
-        metadata: dict
-        filename_to_tensors: dict
-        tensor_to_filename: dict
-
-    def split_torch_state_dict_into_shards(state_dict, *, filename_pattern="model{suffix}.safetensors",
-                                           max_shard_size=None):
-        """One shard (the tiny models are far below any max_shard_size)."""
-        name = filename_pattern.format(suffix="")
-        keys = list(state_dict.keys())
-        return StateDictSplit(False, {"total_size": 0}, {name: keys}, {k: name for k in keys})
-
-    hub.split_torch_state_dict_into_shards = split_torch_state_dict_into_shards
-    hub.DDUFEntry = type("DDUFEntry", (), {})
-    hub.ModelCard = type("ModelCard", (), {})
-    hub.ModelCardData = type("ModelCardData", (), {})
-    for n in ("create_commit", "create_repo", "hf_hub_download", "model_info", "read_dduf_file",
-              "snapshot_download", "upload_folder"):
-        setattr(hub, n, _offline(n))
-
-
-def _install_safetensors_stub():
-    st = _module("safetensors", package=True, __version__=STUB_VERSIONS["safetensors"])
-
-    def save_file(tensors, filename, metadata=None):
-        write_st(filename, sorted(tensors.items()), metadata)
-
-    def load_file(filename, device="cpu"):
-        return dict(read_st(filename)[0])
-
-    def load(data):
-        return dict(read_st_bytes(data)[0])
-
-    class safe_open:
-        def __init__(self, filename, framework="pt", device="cpu"):
-            self._t, self._m = read_st(filename)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def keys(self):
-            return list(self._t.keys())
-
-        def get_tensor(self, name):
-            return self._t[name]
-
-        def metadata(self):
-            return self._m
-
-    st.safe_open = safe_open
-    _module("safetensors.torch", save_file=save_file, load_file=load_file, load=load)
-
-
 def _placeholder_getattr(modname):
     def __getattr__(name):
         if name.startswith("__"):
@@ -666,18 +563,7 @@ def _diffusers_checkout():
 
 
 assert not hasattr(F, "scaled_dot_product_attention"), "expected torch 1.13 (no SDPA): the goldens use AttnProcessor"
-for _name in ("float8_e4m3fn", "float8_e5m2"):  # torch >= 2.1 dtypes named in diffusers' torchao quantizer tables only
-    if not hasattr(torch, _name):
-        setattr(torch, _name, type(_name, (), {"__repr__": lambda self, n=_name: f"<stub torch.{n}>"})())
-if not hasattr(torch, "compiler"):  # torch >= 2.1; diffusers only decorates with torch.compiler.disable
-
-    def _compiler_disable(fn=None, recursive=True):
-        return fn if fn is not None else (lambda f: f)
-
-    torch.compiler = types.SimpleNamespace(disable=_compiler_disable, is_compiling=lambda: False)
-_fake_dist_info()
-_install_hub_stub()
-_install_safetensors_stub()
+diffusers_stubs.install(STUB_SITE, STUB_VERSIONS)  # torch shims, fake dist-info, hub + safetensors stubs
 clip_modeling, clip_configuration, clip_tokenization = _install_transformers_stub()
 DIFFUSERS_PATH, DIFFUSERS_COMMIT = _diffusers_checkout()
 sys.path.insert(0, DIFFUSERS_PATH)

@@ -1,0 +1,181 @@
+#!/usr/bin/python3
+"""Python eager peer of `dew bench --models sd_unet,sd_vae`: the real diffusers v0.34.0 classes.
+
+The models are diffusers' own UNet2DConditionModel and AutoencoderKL, built from the same config.json dict the
+C++ side builds its unet_2d_condition / autoencoder_kl from (--config), imported from a diffusers source
+checkout (--diffusers-src; default $DEW_DIFFUSERS_SRC, else /tmp/diffusers_src/src) with the stubs of
+tests/golden/diffusers_stubs.py standing in for huggingface_hub and safetensors. Nothing is re-implemented.
+
+- sd_unet: one training step of diffusers' examples/text_to_image/train_text_to_image.py (epsilon
+  prediction, --use_ema, no gradient clipping): noise = randn_like(latents), timesteps = randint(0, 1000, [B]),
+  noisy = DDPMScheduler(scaled_linear 0.00085..0.012).add_noise(latents, noise, timesteps),
+  pred = unet(noisy, timesteps, encoder_hidden_states).sample, loss = F.mse_loss(pred, noise), backward,
+  torch.optim.AdamW(unet.parameters(), lr 1e-4, betas (0.9, 0.999), weight_decay 1e-2, eps 1e-8), zero_grad,
+  EMAModel(decay 0.995).step (diffusers.training_utils: decay min(0.995, (1 + step) / (10 + step))). A fixed
+  batch of latents and text embeddings stands in for the VAE and the text encoder.
+- sd_vae: AutoencoderKL encode + decode of a batch of images without gradients, as a pipeline runs them:
+  z = scaling_factor * vae.encode(x).latent_dist.sample(generator), x_hat = vae.decode(z / scaling_factor).sample.
+  forward = encode (with the sample), backward = decode, optimizer 0 in the result line.
+
+    /usr/bin/python3 bench/sd_peer.py --model sd_unet --config '{"_class_name": "UNet2DConditionModel", ...}' \
+        --params 4399684 --batch 8 --latent-size 16 --context-len 16 --steps 20 --warmup 5 --threads 2
+    /usr/bin/python3 bench/sd_peer.py --probe      # "diffusers 0.34.0 (PATH)", or exit 3 and the reason
+
+prints one JSON line with the keys of bench/peer.py.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "golden"))
+import peer  # noqa: E402  (the result line)
+
+DIFFUSERS_VERSION = "0.34.0"
+STUB_SITE = "/tmp/dew_diffusers_stubs/site"  # the fake dist-info of the stubbed packages
+# train_text_to_image.py's defaults, and Stable Diffusion's noise schedule (its scheduler_config.json).
+LR, BETAS, WEIGHT_DECAY, EPS, EMA_DECAY = 1e-4, (0.9, 0.999), 1e-2, 1e-8, 0.995
+TRAIN_TIMESTEPS, BETA_START, BETA_END = 1000, 0.00085, 0.012
+
+
+def fail(msg, code=2):
+    print(f"sd_peer.py: error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def default_src():
+    return os.environ.get("DEW_DIFFUSERS_SRC") or "/tmp/diffusers_src/src"
+
+
+def load_diffusers(src):
+    """diffusers, or an ImportError / other exception saying why not."""
+    import diffusers_stubs
+
+    diffusers = diffusers_stubs.import_diffusers(src, STUB_SITE, DIFFUSERS_VERSION)
+    diffusers.utils.logging.set_verbosity_error()
+    return diffusers
+
+
+def unet_step(diffusers, cfg, a):
+    from diffusers import DDPMScheduler, UNet2DConditionModel
+    from diffusers.training_utils import EMAModel
+
+    unet = UNet2DConditionModel(**cfg)
+    unet.train()
+    n = sum(p.numel() for p in unet.parameters())
+    if a.params >= 0 and n != a.params:
+        fail(f"UNet2DConditionModel has {n} parameters here and {a.params} in C++: the two models differ")
+    scheduler = DDPMScheduler(num_train_timesteps=TRAIN_TIMESTEPS, beta_start=BETA_START, beta_end=BETA_END,
+                              beta_schedule="scaled_linear")
+    opt = torch.optim.AdamW(unet.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS)
+    ema = EMAModel(unet.parameters(), decay=EMA_DECAY)
+
+    g = torch.Generator().manual_seed(1)
+    S = a.latent_size
+    latents = torch.randn(a.batch, cfg["in_channels"], S, S, generator=g)
+    text = torch.randn(a.batch, a.context_len, cfg["cross_attention_dim"], generator=g)
+    torch.manual_seed(2)  # the step's noise and timesteps, drawn as the script draws them
+    times, loss = [], 0.0
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        noise = torch.randn_like(latents)
+        timesteps = torch.randint(0, TRAIN_TIMESTEPS, (a.batch,)).long()
+        noisy = scheduler.add_noise(latents, noise, timesteps)
+        pred = unet(noisy, timesteps, text, return_dict=False)[0]
+        l = F.mse_loss(pred.float(), noise.float(), reduction="mean")
+        t1 = time.perf_counter()
+        l.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        opt.zero_grad()
+        ema.step(unet.parameters())
+        t3 = time.perf_counter()
+        loss = l.item()
+        if i >= a.warmup:
+            times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
+    return n, times, loss
+
+
+def vae_step(diffusers, cfg, a):
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL(**cfg)
+    vae.eval()
+    n = sum(p.numel() for p in vae.parameters())
+    if a.params >= 0 and n != a.params:
+        fail(f"AutoencoderKL has {n} parameters here and {a.params} in C++: the two models differ")
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(a.batch, cfg["in_channels"], a.image_size, a.image_size, generator=g) * 2 - 1
+    sample_gen = torch.Generator().manual_seed(2)
+    sf = vae.config.scaling_factor
+    times, out = [], 0.0
+    with torch.no_grad():
+        for i in range(a.warmup + a.steps):
+            t0 = time.perf_counter()
+            z = vae.encode(x).latent_dist.sample(generator=sample_gen) * sf
+            t1 = time.perf_counter()
+            x_hat = vae.decode(z / sf).sample
+            t2 = time.perf_counter()
+            out = float(x_hat.float().pow(2).mean())
+            if i >= a.warmup:
+                times.append((t2 - t0, t1 - t0, t2 - t1, 0.0))
+    return n, times, out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=["sd_unet", "sd_vae"])
+    ap.add_argument("--probe", action="store_true", help="only import diffusers: print its version and path")
+    ap.add_argument("--diffusers-src", default=default_src(),
+                    help="the `src` folder of a diffusers v0.34.0 checkout (default: $DEW_DIFFUSERS_SRC, else "
+                         "/tmp/diffusers_src/src)")
+    ap.add_argument("--config", help="the diffusers config.json dict of the model, as JSON")
+    ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--latent-size", type=int, default=16, help="sd_unet: side of the latents")
+    ap.add_argument("--context-len", type=int, default=16, help="sd_unet: text tokens")
+    ap.add_argument("--image-size", type=int, default=64, help="sd_vae: side of the images")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--device", default="cpu")
+    a = ap.parse_args()
+    try:
+        diffusers = load_diffusers(a.diffusers_src)
+    except Exception as e:  # noqa: BLE001  (any failure to import is "unavailable", with its reason)
+        print(f"diffusers {DIFFUSERS_VERSION} cannot be imported from {a.diffusers_src}: "
+              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+        sys.exit(3)
+    if a.probe:
+        print(f"diffusers {diffusers.__version__} ({os.path.dirname(os.path.dirname(diffusers.__file__))})")
+        return
+    if a.model is None or a.config is None:
+        fail("--model and --config are required (or --probe)")
+    if a.device != "cpu":
+        fail("the Stable Diffusion peer runs on the CPU only")
+    if min(a.batch, a.steps, a.threads, a.latent_size, a.context_len, a.image_size) < 1 or a.warmup < 0:
+        fail("--batch, --steps, --threads, --latent-size, --context-len, --image-size must be >= 1, --warmup >= 0")
+    try:
+        cfg = {k: v for k, v in json.loads(a.config).items() if not k.startswith("_")}
+    except (ValueError, AttributeError) as e:
+        fail(f"bad --config: {e}")
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    n, times, loss = (unet_step if a.model == "sd_unet" else vae_step)(diffusers, cfg, a)
+    if not math.isfinite(loss):
+        fail(f"non-finite loss {loss}")
+    med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
+    print(json.dumps(peer.result(med, a.batch, n, loss)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
