@@ -22,6 +22,9 @@ int cmd_sample_pipeline(const std::vector<std::string>& args);
 /// `dew eval RUN [--solvers a,b --steps N --guidance G --count N]`: classifier accuracy of conditional
 /// samples and the Frechet distance of classifier features to the test set; `dew eval --classifier`.
 int cmd_eval(const std::vector<std::string>& args);
+/// `dew eval AUTOENCODER_RUN [--count N --weights ema|live --step N --device D --threads N]`: PSNR and SSIM
+/// of the run's reconstructions of its held-out set.
+int cmd_eval_autoencoder(const std::vector<std::string>& args);
 /// `dew eval RUN` of a JEPA run [--train-items N --test-items N --knn-k K --probe-epochs E --probe-lr LR
 /// --pool mean|tokens --no-baselines --weights ema|live --step N --device D]: linear and kNN probes of the frozen encoder, the
 /// encoder at its initialisation and the raw pixels.

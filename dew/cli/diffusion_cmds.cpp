@@ -130,7 +130,8 @@ int cmd_sample(const std::vector<std::string>& args) {
   nrow = f.get_int("nrow", nrow);
   DEW_CHECK(nrow >= 1, "--nrow: must be >= 1, got ", nrow);
   validate(g, *run.process);  // before the sampling work
-  auto images = sample_diffusion(*run.model, *run.process, g).cpu();
+  g.clamp = !run.latent;       // a latent run's samples are decoded
+  auto images = run.images(sample_diffusion(*run.model, *run.process, g)).cpu();
   const std::string out = f.get("out", (fs::path(f.positional[0]) / "samples" / ("sample_step_" + std::to_string(run.step) + ".png")).string());
   if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
   save_samples(out, images, nrow);
@@ -145,6 +146,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   if (!args.empty() && args[0].rfind("--", 0) != 0 && fs::exists(fs::path(args[0]) / "run.json")) {
     const std::string kind = runs::read_record(args[0]).value("kind", "");
     if (kind == "jepa") return cmd_eval_jepa(args);
+    if (kind == "autoencoder") return cmd_eval_autoencoder(args);
     const auto& lm = runs::language_model_kinds();
     if (std::find(lm.begin(), lm.end(), kind) != lm.end()) return cmd_eval_policy(args);
   }
@@ -156,13 +158,17 @@ int cmd_eval(const std::vector<std::string>& args) {
   // Everything is checked before the classifier trains (minutes, once) or a sample is drawn.
   std::optional<runs::DiffusionRun> run;
   std::vector<DiffusionSampleOptions> plans;
+  int64_t pad = 0;  // pixels cropped from every side of the samples
   const int64_t count = f.get_int("count", 1000);
   if (!f.has("classifier")) {
     const std::string dir = f.positional[0];
     run = runs::open_diffusion_run(dir, open_options(f));
-    DEW_CHECK(run->conditioning_classes() == 10 && run->shape == std::vector<int64_t>({1, 28, 28}), "eval: ", dir,
-              " is not a class- or caption-conditional 1x28x28 Fashion-MNIST run (classes ", run->conditioning_classes(),
-              ")");
+    // Fashion-MNIST padded to 32 x 32 (a latent run's VAE size) is cropped back for the classifier.
+    const json data = run->record.value("data", json::object());
+    pad = data.is_object() && data.value("name", "") == "fashion_mnist" ? data.value("pad", int64_t(0)) : 0;
+    DEW_CHECK(run->conditioning_classes() == 10 && run->image_shape == std::vector<int64_t>({1, 28 + 2 * pad, 28 + 2 * pad}),
+              "eval: ", dir, " is not a class- or caption-conditional 1x28x28 Fashion-MNIST run (classes ",
+              run->conditioning_classes(), ")");
     DEW_CHECK(count >= 10 && count % 10 == 0, "--count: must be a positive multiple of 10, got ", count);
     std::stringstream ss(f.get("solvers", "euler"));
     std::string solver;
@@ -177,6 +183,7 @@ int cmd_eval(const std::vector<std::string>& args) {
       g.count = count;
       g.labels = at::arange(10).repeat({count / 10});
       g.text = run->text.get();  // text runs: the labels' captions
+      g.clamp = !run->latent;
       try {
         validate(g, *run->process);
       } catch (const Error& e) {
@@ -201,7 +208,8 @@ int cmd_eval(const std::vector<std::string>& args) {
   for (const auto& g : plans) {
     const std::string& solver = g.solver;
     const auto t0 = std::chrono::steady_clock::now();
-    auto images = sample_diffusion(*run->model, *run->process, g).cpu();
+    auto images = run->images(sample_diffusion(*run->model, *run->process, g)).cpu();
+    if (pad > 0) images = images.narrow(2, pad, 28).narrow(3, pad, 28);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     auto [feats, pred] = metrics::classify(clf.model, images);
     const double acc = (pred == g.labels).to(at::kDouble).mean().item<double>();

@@ -181,6 +181,19 @@ TensorDataset load_fashion_mnist(const std::string& split, const std::string& di
   return ds;
 }
 
+TensorDataset pad_images(TensorDataset ds, int64_t pad, const std::string& field) {
+  DEW_CHECK(pad >= 0 && pad <= 1024, ds.name(), ".pad: must be in [0, 1024], got ", pad);
+  if (pad == 0) return ds;
+  Batch fields = ds.fields();
+  const at::Tensor& x = ds.field(field);
+  DEW_CHECK(x.dim() >= 3, ds.name(), ".pad: field \"", field, "\" is not images [N, ..., H, W], got ", shape_of(x));
+  fields[field] = at::constant_pad_nd(x, {pad, pad, pad, pad}, 0).contiguous();
+  TensorDataset out(std::move(fields), ds.name());
+  out.set_class_names(ds.class_names());
+  out.set_spec(ds.spec());
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Image folders
 
@@ -304,7 +317,7 @@ Registry<TensorDataset>& datasets() {
     };
     r->add<FashionMnistOptions>("fashion_mnist", "Fashion-MNIST IDX files: uint8 [N, 1, 28, 28] images, 10 labels",
                                 [=](const FashionMnistOptions& o) {
-                                  return tag(load_fashion_mnist(o.split, o.dir), "fashion_mnist", to_json(o));
+                                  return tag(pad_images(load_fashion_mnist(o.split, o.dir), o.pad), "fashion_mnist", to_json(o));
                                 });
     r->add<ImageFolderOptions>("image_folder", "png/jpg images, class = sub-folder, centre-cropped and resized",
                                [=](const ImageFolderOptions& o) {

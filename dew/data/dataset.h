@@ -157,11 +157,17 @@ TensorDataset moving_fashion_mnist(const MovingFashionMnistOptions& o, const Ten
 struct FashionMnistOptions {
   std::string split = "train";
   std::string dir = kFashionMnistDir;
+  int64_t pad = 0;  // zero pixels added on every side, e.g. 2 for 32 x 32 images
   template <class V> void visit(V& v) {
     v.choice("split", split, {"train", "test"}, "train (60000 items) or test (10000)");
     v("dir", dir, "folder holding the {train,t10k}-*-ubyte.gz files");
+    v("pad", pad, "zero pixels added on every side (2: 32 x 32 images, the size a VAE's 2x downsamplings divide)");
   }
 };
+
+/// `ds` with `field` ([N, ..., H, W]) zero-padded by `pad` pixels on every side (H + 2 pad, W + 2 pad); the
+/// other fields, class names and spec unchanged. pad 0 returns it as it is; pad outside [0, 1024] is a dew::Error.
+TensorDataset pad_images(TensorDataset ds, int64_t pad, const std::string& field = "image");
 
 struct ImageFolderOptions {
   std::string dir;       // required, e.g. "data/flowers"

@@ -12,9 +12,10 @@ namespace dew {
 
 DiffusionObjective::DiffusionObjective(BackbonePtr model, diffusion::Preset preset, DiffusionObjectiveOptions options,
                                        int64_t num_classes, std::vector<int64_t> sample_shape,
-                                       TextEncoderPtr text_encoder, std::vector<std::string> class_names)
+                                       TextEncoderPtr text_encoder, std::vector<std::string> class_names,
+                                       LatentSpacePtr latent)
     : model_(std::move(model)), process_(std::move(preset)), o_(std::move(options)), num_classes_(num_classes),
-      sample_shape_(std::move(sample_shape)) {
+      sample_shape_(std::move(sample_shape)), latent_(std::move(latent)) {
   if (text_encoder) {
     DEW_CHECK(num_classes_ > 0 && int64_t(class_names.size()) == num_classes_,
               "diffusion objective: text conditioning captions the labels, so the data needs class names (got ",
@@ -34,15 +35,22 @@ DiffusionObjective::DiffusionObjective(BackbonePtr model, diffusion::Preset pres
 }
 
 std::vector<std::string> DiffusionObjective::batch_fields() const {
-  if (num_classes_ > 0) return {o_.image_field, o_.label_field};
-  return {o_.image_field};
+  const std::string x = latent_ && latent_->options().cache ? kLatentField : o_.image_field;
+  if (num_classes_ > 0) return {x, o_.label_field};
+  return {x};
 }
 
 LossOutput DiffusionObjective::loss(const data::Batch& batch, int64_t step, at::Generator gen) {
-  auto it = batch.find(o_.image_field);
-  DEW_CHECK(it != batch.end(), "diffusion objective: batch has no field \"", o_.image_field, "\"");
   auto device = model_->parameters().front().device();
-  auto x0 = data::to_model_range(it->second).to(device);
+  at::Tensor x0;
+  if (auto cached = batch.find(kLatentField); latent_ && cached != batch.end()) {
+    x0 = cached->second.to(device);  // latents the run encoded once
+  } else {
+    auto it = batch.find(o_.image_field);
+    DEW_CHECK(it != batch.end(), "diffusion objective: batch has no field \"", o_.image_field, "\"");
+    // A posterior sample draws from the step's generator before the noise does.
+    x0 = latent_ ? latent_->encode(it->second, gen).to(device) : data::to_model_range(it->second).to(device);
+  }
   auto in = process_.training_inputs(x0, gen);
   Conditioning c;
   if (num_classes_ > 0) {
@@ -73,6 +81,7 @@ std::map<std::string, double> DiffusionObjective::validate(int64_t step, const s
   g.steps = o_.steps;
   g.guidance = o_.guidance;
   g.seed = 1234;  // the same prior every validation, so previews are comparable across steps
+  g.clamp = !latent_;  // latents are decoded as they are
   if (text_.encoder) g.text = &text_;
   int64_t nrow = 8;
   if (num_classes_ > 0) {
@@ -84,6 +93,7 @@ std::map<std::string, double> DiffusionObjective::validate(int64_t step, const s
     g.count = 16;
   }
   auto images = sample_diffusion(*model_, process_, g);
+  if (latent_) images = latent_->decode(images);
   namespace fs = std::filesystem;
   fs::create_directories(fs::path(run_dir) / "samples");
   save_samples((fs::path(run_dir) / "samples" / ("step_" + std::to_string(step) + ".png")).string(), images, nrow);

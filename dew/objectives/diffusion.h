@@ -1,10 +1,13 @@
 // DiffusionObjective (SPEC section 6): trains a backbone with a preset's process (class labels with a
 // null class dropped with probability unconditional_prob), keeps an EMA, and validates by sampling a
-// preview grid with sampling::sample_diffusion, the one sampling path it shares with `dew sample`.
+// preview grid with sampling::sample_diffusion, the one sampling path it shares with `dew sample`. With a
+// LatentSpace it is latent diffusion: it trains on the frozen autoencoder's scaled latents (a batch's
+// "latent" field when the run cached them, else the images encoded as they come) and decodes its previews.
 #pragma once
 #include "dew/diffusion/process.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/text_encoder.h"
+#include "dew/objectives/latent.h"
 #include "dew/objectives/objective.h"
 #include "dew/sampling/diffusion_sample.h"
 #include "dew/sampling/guidance.h"
@@ -38,10 +41,11 @@ struct DiffusionObjectiveOptions {
 class DiffusionObjective : public Objective {
  public:
   /// A text encoder (optional) conditions on captions of the labels instead of the labels themselves;
-  /// it is attached to the model's tree (attach_text_encoder). class_names: label id -> name.
+  /// it is attached to the model's tree (attach_text_encoder). class_names: label id -> name. A latent
+  /// space (optional) makes it latent diffusion; sample_shape is then the latent shape [c, h, w].
   DiffusionObjective(BackbonePtr model, diffusion::Preset preset, DiffusionObjectiveOptions options, int64_t num_classes,
                      std::vector<int64_t> sample_shape, TextEncoderPtr text_encoder = nullptr,
-                     std::vector<std::string> class_names = {});
+                     std::vector<std::string> class_names = {}, LatentSpacePtr latent = nullptr);
   std::string name() const override { return "diffusion"; }
   torch::nn::Module& module() override { return *model_; }
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
@@ -50,6 +54,10 @@ class DiffusionObjective : public Objective {
   std::vector<std::string> batch_fields() const override;
   const diffusion::DiffusionProcess& process() const { return process_; }
   BackbonePtr model() const { return model_; }
+  /// The frozen autoencoder of a latent run (null in pixel space).
+  const LatentSpacePtr& latent() const { return latent_; }
+  /// The batch field of cached latents (float32 [B, c, h, w]).
+  static constexpr const char* kLatentField = "latent";
 
  private:
   BackbonePtr model_;
@@ -59,6 +67,7 @@ class DiffusionObjective : public Objective {
   std::vector<int64_t> sample_shape_;
   TextConditioner text_;
   at::Tensor caption_ids_, caption_mask_;  // text runs: tokenized caption of each class, last row ""
+  LatentSpacePtr latent_;
 };
 
 }  // namespace dew

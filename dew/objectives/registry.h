@@ -5,6 +5,7 @@
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/text_encoder.h"
+#include "dew/objectives/latent.h"
 #include "dew/objectives/objective.h"
 
 namespace dew {
@@ -22,6 +23,7 @@ struct ObjectiveContext {
   std::shared_ptr<data::LMData> lm_data;  // language-model objectives: validation stream, EOS, tokenizer
   TextEncoderPtr text_encoder;        // diffusion: condition on captions of the labels (optional)
   std::vector<std::string> class_names;  // label id -> name
+  LatentSpacePtr latent;              // latent diffusion: the frozen autoencoder (sample_shape is the latent's)
 };
 
 /// diffusion, lm (more with later objectives).

@@ -4,13 +4,18 @@
 
 #include <filesystem>
 
+#include <chrono>
+
 #include "dew/core/device.h"
 #include "dew/core/log.h"
+#include "dew/core/rng.h"
 #include "dew/core/threads.h"
 #include "dew/data/dataset.h"
+#include "dew/interop/diffusers_forward.h"
 #include "dew/io/weights.h"
 #include "dew/nn/backbones/unet_3d.h"
 #include "dew/objectives/registry.h"
+#include "dew/runs/autoencoder_run.h"
 #include "dew/runs/kinds.h"
 
 namespace fs = std::filesystem;
@@ -59,6 +64,10 @@ json diffusion_defaults() {
       {"text_encoder", {{"architecture", "none"}, {"fields", json::object()}, {"trainable", true}}},
       // A run directory or .safetensors file to start the model from (unet -> unet_3d inflates).
       {"init_from", ""},
+      // Latent diffusion: the frozen autoencoder (a `dew train autoencoder` run or a diffusers AutoencoderKL
+      // folder; both empty = pixel space) and how its latents are taken. A pixel run's record has neither.
+      {"autoencoder", to_json(AutoencoderSource{})},
+      {"latent", to_json(LatentOptions{})},
       {"data", {{"name", "fashion_mnist"}, {"split", "train"}}},
       {"loader", to_json(lo)},
       {"optim", to_json(oo)},
@@ -112,6 +121,74 @@ void init_model_from(BackboneImpl& model, const std::string& arch, const std::st
   log::info("init_from ", source, ": ", arch == "unet_3d" ? "inflated into unet_3d, " : "", report.summary());
 }
 
+// Whether the recipe names an autoencoder (latent diffusion).
+bool is_latent(const json& r) {
+  if (!r.contains("autoencoder") || r["autoencoder"].is_null()) return false;
+  const auto src = from_json<AutoencoderSource>(r["autoencoder"], "autoencoder");
+  return !src.run.empty() || !src.folder.empty();
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string out;
+  for (auto d : s) out += (out.empty() ? "" : "x") + std::to_string(d);
+  return out;
+}
+
+// The frozen autoencoder of a latent recipe (resolving autoencoder.step -1 to the step it opens) and the
+// latent shape of the data's images. The autoencoder is built under its own generators, so the model's
+// initialisation does not depend on whether the run is latent.
+LatentSpacePtr open_latent_space(json& r, const c10::Device& device) {
+  auto src = from_json<AutoencoderSource>(r["autoencoder"], "autoencoder");
+  auto options = from_json<LatentOptions>(r["latent"], "latent");
+  validate(options);
+  int64_t step = -1;
+  std::shared_ptr<AutoencoderImpl> ae;
+  {
+    rng::DefaultGeneratorScope own(r["seed"].get<uint64_t>(), 0, "autoencoder/init");
+    ae = open_autoencoder_source(src, device, &step);
+  }
+  if (!src.run.empty()) src.step = step;
+  r["autoencoder"] = to_json(src);
+  return std::make_shared<LatentSpace>(ae, options, LatentScaling{});
+}
+
+// Fixes the scaling of the latents (LDM's scale_by_std from the first scale_items images, or the
+// autoencoder's own) and, with latent.cache, encodes every image once: the returned dataset holds "latent"
+// (float32 [N, c, h, w], what the denoiser sees) in place of the images. Deterministic: posterior samples
+// draw from (seed, "latents/cache") and, for the scale without a cache, (seed, "latents/scale").
+data::DatasetPtr prepare_latents(LatentSpace& space, const json& r, const data::DatasetPtr& dataset,
+                                 const std::string& image_field) {
+  const LatentOptions& o = space.options();
+  const uint64_t seed = r["seed"].get<uint64_t>();
+  const bool from_run = !r["autoencoder"]["run"].get<std::string>().empty();
+  const std::string mode = o.scale == "auto" ? (from_run ? "std" : "autoencoder") : o.scale;
+  const at::Tensor& images = dataset->field(image_field);
+  at::Tensor z;
+  if (o.cache) {
+    const auto t0 = std::chrono::steady_clock::now();
+    z = space.encode_raw_all(images, rng::generator(seed, 0, "latents/cache"));
+    log::info("latent.cache: encoded ", images.size(0), " images into latents ", shape_text(z.sizes().slice(1).vec()),
+              " in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
+  }
+  if (mode == "std") {
+    const int64_t k = std::min(o.scale_items, images.size(0));
+    space.set_scaling(scaling_by_std(z.defined() ? z.slice(0, 0, k)
+                                                 : space.encode_raw_all(images.slice(0, 0, k),
+                                                                        rng::generator(seed, 0, "latents/scale"))));
+  } else {
+    space.set_scaling(LatentScaling{});
+  }
+  if (!o.cache) return dataset;
+  data::Batch fields;
+  for (const auto& [name, t] : dataset->fields())
+    if (name != image_field) fields[name] = t;
+  fields[DiffusionObjective::kLatentField] = space.to_latent(z).contiguous();
+  auto cached = std::make_shared<data::TensorDataset>(std::move(fields), dataset->name());
+  cached->set_class_names(dataset->class_names());
+  cached->set_spec(dataset->spec());
+  return cached;
+}
+
 std::string diffusion_help(const json& recipe) {
   const std::string arch = recipe["model"]["architecture"];
   return "model fields (" + arch + "):\n" + format_fields(models::registry().info(arch).fields, "  ") +
@@ -148,9 +225,33 @@ Built build_diffusion(json& r, const c10::Device& device) {
   DEW_CHECK(dataset->contains(obj_opts.image_field), "objective.image_field: dataset ", dataset->name(),
             " has no field \"", obj_opts.image_field, "\"");
   auto sizes = dataset->field(obj_opts.image_field).sizes();
-  const std::vector<int64_t> shape(sizes.begin() + 1, sizes.end());
+  const std::vector<int64_t> image_shape(sizes.begin() + 1, sizes.end());
+  std::vector<int64_t> shape = image_shape;  // what the model sees: the images, or their latents
+  LatentSpacePtr latent;
+  if (is_latent(r)) {
+    latent = open_latent_space(r, device);
+    shape = latent->latent_shape(image_shape, "autoencoder");
+    DEW_CHECK(!latent->options().cache || (!lo.hflip && lo.crop_padding == 0),
+              "loader.hflip / loader.crop_padding: latent.cache encodes the images once, without augmentation "
+              "(set --latent.cache false to augment them as they are encoded)");
+  } else {
+    // A pixel run's record keeps its old shape (and old runs resume): no latent sections.
+    if (r.contains("latent")) validate(from_json<LatentOptions>(r["latent"], "latent"));
+    r.erase("autoencoder");
+    r.erase("latent");
+  }
   r["model"]["fields"] = complete_model_fields(arch, r["model"].value("fields", json::object()), shape[0], num_classes,
                                                text_encoder ? text_encoder->features() : 0);
+  if (latent) {
+    const json& f = r["model"]["fields"];
+    const std::string from = r["autoencoder"]["run"].get<std::string>().empty()
+                                 ? "autoencoder.folder " + r["autoencoder"]["folder"].get<std::string>()
+                                 : "autoencoder.run " + r["autoencoder"]["run"].get<std::string>();
+    for (const char* k : {"in_channels", "output_channels"})
+      if (f.contains(k))
+        DEW_CHECK(f[k] == shape[0], "model.fields.", k, ": ", f[k].dump(), ", but the latents of ", from, " have ",
+                  shape[0], " channels (", shape_text(shape), ")");
+  }
   auto model = models::build(arch, r["model"]["fields"]);
   DEW_CHECK(!model->requires_text() || text_encoder, "model ", arch,
             " needs a text context: add --text_encoder.architecture byte_text_encoder (or clip_text)");
@@ -165,6 +266,7 @@ Built build_diffusion(json& r, const c10::Device& device) {
   ctx.sample_shape = shape;
   ctx.text_encoder = text_encoder;
   ctx.class_names = dataset->class_names();
+  ctx.latent = latent;
   b.objective = objectives().build("diffusion", r["objective"], ctx);
   model->to(device);  // with the text encoder the objective attached to its tree
   b.preview = ".png";
@@ -172,11 +274,51 @@ Built build_diffusion(json& r, const c10::Device& device) {
   b.summary = "training " + arch + " (" + std::to_string(parameter_count(*model)) + " parameters) on " + dataset->name() + " (" +
               std::to_string(dataset->size()) + " items), preset " + preset->name + ", batch " +
               std::to_string(lo.batch_size);
+  if (latent) {
+    // Every field is checked by now; the encoding of the training set comes last.
+    b.loader = std::make_shared<data::DataLoader>(prepare_latents(*latent, r, dataset, obj_opts.image_field), lo);
+    b.derived["image_shape"] = image_shape;
+    b.derived["latent_scaling"] = latent->scaling().to_json();
+    b.derived["autoencoder"] = latent->autoencoder().config();
+    b.summary += ", latents " + shape_text(shape) + " of the frozen " +
+                 latent->autoencoder().config().value("architecture", std::string("autoencoder")) + " (" +
+                 std::to_string(parameter_count(latent->autoencoder())) + " parameters, scale " +
+                 std::to_string(latent->scaling().scaling_factor) + (latent->options().cache ? ", cached" : "") + ")";
+  }
   if (!init_from.empty()) b.init_weights = [model, arch, init_from] { init_model_from(*model, arch, init_from); };
   return b;
 }
 
 }  // namespace
+
+std::shared_ptr<AutoencoderImpl> open_autoencoder_source(const AutoencoderSource& s, const c10::Device& device,
+                                                         int64_t* step) {
+  DEW_CHECK(s.run.empty() != s.folder.empty(), "autoencoder: give one of run (a dew autoencoder run) and folder (a "
+            "diffusers AutoencoderKL folder), got run \"", s.run, "\" and folder \"", s.folder, "\"");
+  if (!s.run.empty()) {
+    DEW_CHECK(fs::is_regular_file(fs::path(s.run) / "run.json"), "autoencoder.run: ", s.run,
+              " is not a run directory (no run.json; train one with `dew train autoencoder --run ", s.run, "`)");
+    OpenOptions o;
+    o.weights = s.weights;
+    o.step = s.step;
+    o.device = device.str();
+    try {
+      auto run = open_autoencoder_run(s.run, o);
+      if (step) *step = run.step;
+      return run.autoencoder;
+    } catch (const Error& e) {
+      fail("autoencoder.run: ", e.what());
+    }
+  }
+  DEW_CHECK(fs::is_directory(s.folder), "autoencoder.folder: ", s.folder, " is not a directory");
+  interop::DiffusersLoadOptions lo;
+  lo.device = device;
+  try {
+    return interop::load_diffusers_folder(s.folder, lo).autoencoder();
+  } catch (const Error& e) {
+    fail("autoencoder.folder: ", e.what());
+  }
+}
 
 RunKind diffusion_kind() {
   RunKind k;
@@ -184,7 +326,7 @@ RunKind diffusion_kind() {
   k.doc = "diffusion / flow matching on images or video (default: class-conditional Fashion-MNIST)";
   k.defaults = diffusion_defaults;
   k.open_keys = {"model.fields", "preset", "data", "text_encoder.fields"};
-  k.identity = {"model", "text_encoder", "seed", "data", "preset"};
+  k.identity = {"model", "text_encoder", "seed", "data", "preset", "autoencoder", "latent"};
   k.help = diffusion_help;
   k.build = build_diffusion;
   return k;
@@ -212,6 +354,17 @@ DiffusionRun open_diffusion_run(const std::string& run_dir, const OpenOptions& o
   out.step = place_and_load(*out.model, run_dir, o);
   out.process = std::make_shared<diffusion::DiffusionProcess>(*diffusion::presets().build(r["preset"]));
   out.num_classes = r["model"]["fields"].value("num_classes", int64_t(0));
+  out.image_shape = out.shape;
+  if (r.contains("autoencoder")) {
+    const std::string where = run_dir + "/run.json";
+    const auto src = from_json<AutoencoderSource>(r["autoencoder"], where + " autoencoder");
+    const auto options = from_json<LatentOptions>(r.value("latent", json::object()), where + " latent");
+    const auto scaling = LatentScaling::from_json(derived.value("latent_scaling", json()), where + " derived.latent_scaling");
+    DEW_CHECK(derived.contains("image_shape") && derived["image_shape"].is_array(), where, ": missing image_shape");
+    out.image_shape = derived["image_shape"].get<std::vector<int64_t>>();
+    out.latent = std::make_shared<LatentSpace>(open_autoencoder_source(src, parse_device(o.device, "device")), options,
+                                               scaling);
+  }
   return out;
 }
 

@@ -5,6 +5,7 @@
 namespace dew::runs {
 
 RunKind diffusion_kind();
+RunKind autoencoder_kind();
 RunKind lm_kind();
 RunKind jepa_kind();
 RunKind sft_kind();

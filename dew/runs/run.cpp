@@ -19,7 +19,7 @@ namespace {
 const std::map<std::string, RunKind>& kinds_map() {
   static const auto* m = [] {
     auto* m = new std::map<std::string, RunKind>();
-    for (auto k : {diffusion_kind(), lm_kind(), jepa_kind(), sft_kind(), dpo_kind(), grpo_kind()}) (*m)[k.name] = std::move(k);
+    for (auto k : {diffusion_kind(), autoencoder_kind(), lm_kind(), jepa_kind(), sft_kind(), dpo_kind(), grpo_kind()}) (*m)[k.name] = std::move(k);
     return m;
   }();
   return *m;

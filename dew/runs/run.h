@@ -74,7 +74,7 @@ struct RunKind {
   std::function<Built(json& recipe, const c10::Device& device)> build;
 };
 
-/// The registered kinds: diffusion, lm, jepa.
+/// The registered kinds: diffusion, autoencoder, lm, jepa, sft, dpo, grpo.
 const RunKind& run_kind(const std::string& name);
 std::vector<std::string> run_kinds();
 

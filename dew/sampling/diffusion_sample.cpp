@@ -96,7 +96,7 @@ at::Tensor sample_diffusion(BackboneImpl& model, const diffusion::DiffusionProce
     auto xT = process.prior(shape, o.seed + uint64_t(b0), at::TensorOptions().device(device));
     auto x = sampling::sample(den, process.sample_schedule(), xT, o.steps, *solver,
                               sampling::seeded_noise(o.seed + uint64_t(b0)));
-    outs.push_back(x.clamp(-1, 1).to(at::kCPU));
+    outs.push_back((o.clamp ? x.clamp(-1, 1) : x).to(at::kCPU));
   }
   if (was_training) model.train();
   return at::cat(outs);

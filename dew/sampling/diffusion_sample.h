@@ -41,13 +41,14 @@ struct DiffusionSampleOptions {
   sampling::CFG guidance;             // scale 1 = unguided (no doubled batch)
   uint64_t seed = 0;
   int64_t batch_size = 64;
+  bool clamp = true;                  // clip the result to [-1, 1] (images); latents are returned as they are
 };
 
 /// Checks what sample_diffusion would refuse (counts, the solver's name, fields and schedule, guidance), cheaply.
 void validate(const DiffusionSampleOptions& o, const diffusion::DiffusionProcess& process);
 
-/// Samples images (float32 [count, C, H, W]) or videos ([count, C, T, H, W]) in [-1, 1] from a backbone with
-/// a process's sampling schedule.
+/// Samples images (float32 [count, C, H, W]) or videos ([count, C, T, H, W]) in [-1, 1] (or, without
+/// `clamp`, latents unclipped) from a backbone with a process's sampling schedule.
 at::Tensor sample_diffusion(BackboneImpl& model, const diffusion::DiffusionProcess& process,
                             const DiffusionSampleOptions& o);
 

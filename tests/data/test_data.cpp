@@ -199,7 +199,7 @@ TEST(Datasets, RegistryBuildsEverySource) {
   auto test = reg.build(dew::json{{"name", "fashion_mnist"}, {"split", "test"}});
   EXPECT_EQ(test->size(), 10000);
   auto unknown = error_of([&] { reg.build(dew::json{{"name", "fashion_mnist"}, {"splt", "test"}}); });
-  EXPECT_NE(unknown.find("unknown field \"splt\"; valid fields: dir, split"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("unknown field \"splt\"; valid fields: dir, pad, split"), std::string::npos) << unknown;
   auto choice = error_of([&] { reg.build(dew::json{{"name", "fashion_mnist"}, {"split", "val"}}); });
   EXPECT_NE(choice.find("accepted: train, test"), std::string::npos) << choice;
   auto folder = error_of([&] { reg.build(dew::json{{"name", "image_folder"}}); });

@@ -78,7 +78,7 @@ TEST(Runs, PrepareChecksEverythingAndWritesNothing) {
   EXPECT_NE(bad("device", "gpu").find("device: got \"gpu\", accepted: auto, cpu, cuda, cuda:N"), std::string::npos);
   EXPECT_NE(bad("seed", -1).find("seed: must be >= 0"), std::string::npos);
   EXPECT_NE(bad("run", "").find("run: expected a directory name"), std::string::npos);
-  EXPECT_NE(error_of([&] { dew::runs::prepare("jepa_v9", recipe); }).find("accepted: diffusion, dpo, grpo, jepa, lm, sft"), std::string::npos);
+  EXPECT_NE(error_of([&] { dew::runs::prepare("jepa_v9", recipe); }).find("accepted: autoencoder, diffusion, dpo, grpo, jepa, lm, sft"), std::string::npos);
   EXPECT_FALSE(fs::exists(tmp.file("new_run")));
 }
 

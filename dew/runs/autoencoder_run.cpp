@@ -1,0 +1,181 @@
+// The `autoencoder` run kind and the opening and scoring of a trained autoencoder run.
+#include "dew/runs/autoencoder_run.h"
+
+#include "dew/core/device.h"
+#include "dew/core/log.h"
+#include "dew/core/threads.h"
+#include "dew/data/dataset.h"
+#include "dew/nn/backbones/backbone.h"
+#include "dew/runs/kinds.h"
+
+namespace dew::runs {
+
+namespace {
+
+// A small KL autoencoder on Fashion-MNIST padded to 32 x 32 (two 2x levels: 4 x 16 x 16 latents), sized
+// for a 2-core CPU (docs/stable_diffusion.md has the measured run).
+json autoencoder_defaults() {
+  data::LoaderOptions lo;
+  lo.batch_size = 32;
+  lo.num_workers = 1;
+  training::OptimOptions oo;
+  oo.lr = 1e-3;
+  oo.warmup_steps = 100;
+  oo.weight_decay = 0.0;
+  training::TrainerOptions to;
+  to.steps = 1500;
+  to.log_every = 50;
+  to.val_every = 500;
+  to.checkpoint_every = 500;
+  AutoencoderObjectiveOptions obj;
+  json r = to_json(RunOptions{});
+  r["run"] = "runs/fashion_vae";
+  r.update(json{
+      // in_channels, out_channels and sample_size come from the data unless given.
+      {"model",
+       {{"architecture", "autoencoder_kl"},
+        {"fields",
+         {{"block_out_channels", {32, 64}}, {"layers_per_block", 1}, {"latent_channels", 4}, {"norm_groups", 8}}}}},
+      {"data", {{"name", "fashion_mnist"}, {"split", "train"}, {"pad", 2}}},
+      // The held-out set validation and `dew eval` reconstruct; null = the data with split "test".
+      {"test_data", nullptr},
+      {"loader", to_json(lo)},
+      {"optim", to_json(oo)},
+      {"trainer", to_json(to)},
+      {"objective", to_json(obj)},
+  });
+  return r;
+}
+
+json data_spec(const json& d) { return d.is_string() ? json{{"name", d}} : d; }
+
+std::string autoencoder_help(const json& recipe) {
+  const std::string arch = recipe["model"]["architecture"];
+  return "model fields (" + arch + "):\n" + format_fields(models::autoencoders().info(arch).fields, "  ") +
+         "\nobjective fields:\n" + format_fields(fields_of<AutoencoderObjectiveOptions>(), "  ");
+}
+
+// Encodes zeros of one item's shape and decodes them: the autoencoder must give back the image's size.
+void check_round_trip(AutoencoderImpl& ae, const std::vector<int64_t>& shape, const std::string& data_name) {
+  at::NoGradGuard ng;
+  std::vector<int64_t> probe = {1};
+  probe.insert(probe.end(), shape.begin(), shape.end());
+  const auto z = ae.encode(at::zeros(probe)).mean;
+  const auto back = ae.decode(z);
+  DEW_CHECK(back.sizes() == at::IntArrayRef(probe), "data: ", data_name, " images ", shape[1], "x", shape[2],
+            " come back from the autoencoder as ", back.size(-2), "x", back.size(-1),
+            "; pad or resize them to a multiple of its downsampling (", shape[1] / std::max<int64_t>(1, z.size(-2)),
+            ", e.g. --data.pad 2 for Fashion-MNIST)");
+}
+
+Built build_autoencoder_run(json& r, const c10::Device& device) {
+  DEW_CHECK(r["model"].is_object() && r["model"].value("architecture", json()).is_string(),
+            "model: expected {\"architecture\": NAME, \"fields\": {...}}, got ", r["model"].dump());
+  const std::string arch = r["model"]["architecture"];
+  DEW_CHECK(models::autoencoders().contains(arch), "model.architecture: unknown \"", arch, "\"; accepted: ", [] {
+    std::string s;
+    for (const auto& e : models::autoencoders().entries()) s += (s.empty() ? "" : ", ") + e.name;
+    return s;
+  }());
+  set_threads(r["threads"].get<int64_t>(), Workload::kIntraOp);
+  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
+  auto obj = from_json<AutoencoderObjectiveOptions>(r["objective"], "objective");
+  r["data"] = data_spec(r["data"]);
+  auto train = data::datasets().build(r["data"]);
+  DEW_CHECK(train->contains(obj.image_field), "objective.image_field: dataset ", train->name(), " has no field \"",
+            obj.image_field, "\"");
+  const auto sizes = train->field(obj.image_field).sizes();
+  DEW_CHECK(sizes.size() == 4, "data: an autoencoder trains on images [N, C, H, W], dataset ", train->name(),
+            " holds ", sizes);
+  const std::vector<int64_t> shape(sizes.begin() + 1, sizes.end());
+  json& f = r["model"]["fields"];
+  if (!f.is_object()) f = json::object();
+  if (!f.contains("in_channels")) f["in_channels"] = shape[0];
+  if (!f.contains("out_channels")) f["out_channels"] = shape[0];
+  if (!f.contains("sample_size")) f["sample_size"] = shape[1];
+  DEW_CHECK(f["in_channels"] == shape[0], "model.fields.in_channels: ", f["in_channels"].dump(), ", but dataset ",
+            train->name(), " has ", shape[0], "-channel images");
+  auto ae = models::build_autoencoder(r["model"]);
+  r["model"] = ae->config();
+  check_round_trip(*ae, shape, train->name());
+  data::DatasetPtr test;
+  const json held_out = autoencoder_test_spec(r);
+  if (obj.val_items > 0) {
+    if (held_out.is_null())
+      log::warn("no validation scores: dataset ", train->name(), " has no test split (give --test_data)");
+    else
+      test = data::datasets().build(held_out);
+  }
+  if (test)
+    DEW_CHECK(test->contains(obj.image_field) && test->field(obj.image_field).sizes().slice(1) == sizes.slice(1),
+              "test_data: its images must have the training images' shape ", sizes.slice(1));
+  ae->to(device);
+  Built b;
+  b.objective = std::make_shared<AutoencoderObjective>(ae, obj, test);
+  lo.seed = r["seed"].get<int64_t>();
+  b.loader = std::make_shared<data::DataLoader>(train, lo);
+  b.preview = ".png";
+  b.derived = {{"sample_shape", shape}, {"test_data", held_out}};
+  b.summary = "training " + arch + " (" + std::to_string(parameter_count(*ae)) + " parameters) on " + train->name() +
+              " (" + std::to_string(train->size()) + " items), batch " + std::to_string(lo.batch_size);
+  return b;
+}
+
+}  // namespace
+
+json autoencoder_test_spec(const json& r) {
+  if (!r.value("test_data", json()).is_null()) return data_spec(r["test_data"]);
+  json t = data_spec(r.at("data"));
+  const std::string name = t.value("name", "");
+  if (!data::datasets().contains(name)) return nullptr;
+  for (const auto& f : data::datasets().info(name).fields)
+    if (f.name == "split") {
+      t["split"] = "test";
+      return t;
+    }
+  return nullptr;
+}
+
+RunKind autoencoder_kind() {
+  RunKind k;
+  k.name = "autoencoder";
+  k.doc = "a KL autoencoder (autoencoder_kl) on images: reconstruction + KL, the first stage of latent diffusion "
+          "(default: Fashion-MNIST padded to 32 x 32)";
+  k.defaults = autoencoder_defaults;
+  k.open_keys = {"model.fields", "data", "test_data"};
+  k.identity = {"model", "seed", "data"};
+  k.help = autoencoder_help;
+  k.build = build_autoencoder_run;
+  return k;
+}
+
+AutoencoderRun open_autoencoder_run(const std::string& run_dir, const OpenOptions& o) {
+  AutoencoderRun out;
+  out.dir = run_dir;
+  out.record = read_record_of_kind(run_dir, "autoencoder", "an autoencoder run");
+  parse_device(o.device, "device");  // before the model is built
+  const json derived = out.record.value("derived", json::object());
+  DEW_CHECK(derived.contains("sample_shape") && derived["sample_shape"].is_array(), run_dir,
+            "/run.json: missing sample_shape");
+  out.image_shape = derived["sample_shape"].get<std::vector<int64_t>>();
+  out.autoencoder = models::build_autoencoder(out.record["model"]);
+  out.step = place_and_load(*out.autoencoder, run_dir, o);
+  return out;
+}
+
+ReconstructionScores score_autoencoder_run(const std::string& run_dir, const OpenOptions& o, int64_t items,
+                                           int64_t* step) {
+  DEW_CHECK(items >= 0, "count: must be >= 0 (0 = the whole held-out set), got ", items);
+  AutoencoderRun run = open_autoencoder_run(run_dir, o);
+  const json held_out = autoencoder_test_spec(run.record);
+  DEW_CHECK(!held_out.is_null(), "eval: ", run_dir, " trained on ", run.record["data"].dump(),
+            ", which has no test split; rerun the training with --test_data to name a held-out set");
+  auto test = data::datasets().build(held_out);
+  const std::string field = run.record.value("objective", json::object()).value("image_field", "image");
+  const at::Tensor& all = test->field(field);
+  const at::Tensor images = items > 0 ? all.slice(0, 0, std::min(items, all.size(0))) : all;
+  if (step) *step = run.step;
+  return score_reconstructions(*run.autoencoder, images);
+}
+
+}  // namespace dew::runs
