@@ -4,6 +4,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "dew/core/error.h"
@@ -57,6 +58,28 @@ void blend(const Tensor& a, Tensor& b, int64_t extent, int64_t dim) {
   const Tensor wa = at::tensor(v, f).view(shape).to(b.scalar_type()).to(b.device());
   Tensor head = b.narrow(dim, 0, extent);
   head.copy_(a.narrow(dim, a.size(dim) - extent, extent) * wa + head * wb);
+}
+
+
+// diffusers' tiling, shared by tiled_decode and tiled_encode: tiles of `tile` input positions every `step`,
+// each mapped by fn; every output tile is blended with the one above and the one to its left over `extent`,
+// cropped to `limit` and the crops concatenated. Only the previous row of mapped tiles is kept.
+Tensor map_tiles(const Tensor& x, int64_t tile, int64_t step, int64_t extent, int64_t limit,
+                 const std::function<Tensor(const Tensor&)>& fn) {
+  std::vector<Tensor> prev_row, rows;
+  for (int64_t i = 0; i < x.size(2); i += step) {
+    std::vector<Tensor> row, cropped;
+    for (int64_t j = 0; j < x.size(3); j += step) {
+      Tensor m = fn(x.narrow(2, i, std::min(tile, x.size(2) - i)).narrow(3, j, std::min(tile, x.size(3) - j)));
+      if (!prev_row.empty()) blend(prev_row[row.size()], m, extent, 2);
+      if (!row.empty()) blend(row.back(), m, extent, 3);
+      cropped.push_back(m.narrow(2, 0, std::min(limit, m.size(2))).narrow(3, 0, std::min(limit, m.size(3))));
+      row.push_back(m);
+    }
+    rows.push_back(at::cat(cropped, 3));
+    prev_row = std::move(row);
+  }
+  return at::cat(rows, 2);
 }
 
 }  // namespace
@@ -250,21 +273,7 @@ Tensor AutoencoderKLImpl::tiled_decode(const Tensor& z, const VaeTileOptions& ti
   const int64_t limit = sample - extent;
   DEW_CHECK(step >= 1, "autoencoder_kl: tiles of ", latent, " latents with overlap ", tile.overlap(),
             " do not advance");
-  std::vector<Tensor> prev_row, rows;
-  for (int64_t i = 0; i < z.size(2); i += step) {
-    std::vector<Tensor> row, cropped;
-    for (int64_t j = 0; j < z.size(3); j += step) {
-      const Tensor t = z.narrow(2, i, std::min(latent, z.size(2) - i)).narrow(3, j, std::min(latent, z.size(3) - j));
-      Tensor d = decode(t);
-      if (!prev_row.empty()) blend(prev_row[row.size()], d, extent, 2);
-      if (!row.empty()) blend(row.back(), d, extent, 3);
-      cropped.push_back(d.narrow(2, 0, std::min(limit, d.size(2))).narrow(3, 0, std::min(limit, d.size(3))));
-      row.push_back(d);
-    }
-    rows.push_back(at::cat(cropped, 3));
-    prev_row = std::move(row);
-  }
-  return at::cat(rows, 2);
+  return map_tiles(z, latent, step, extent, limit, [this](const Tensor& t) { return decode(t); });
 }
 
 DiagonalGaussian AutoencoderKLImpl::tiled_encode(const Tensor& x, const VaeTileOptions& tile) {
@@ -282,21 +291,8 @@ DiagonalGaussian AutoencoderKLImpl::tiled_encode(const Tensor& x, const VaeTileO
   const int64_t limit = latent - extent;
   DEW_CHECK(step >= 1, "autoencoder_kl: tiles of ", sample, " pixels with overlap ", tile.overlap(), " do not advance");
   const auto out = compute_dtype() == at::kDouble ? at::kDouble : at::kFloat;
-  std::vector<Tensor> prev_row, rows;
-  for (int64_t i = 0; i < x.size(2); i += step) {
-    std::vector<Tensor> row, cropped;
-    for (int64_t j = 0; j < x.size(3); j += step) {
-      const Tensor t = x.narrow(2, i, std::min(sample, x.size(2) - i)).narrow(3, j, std::min(sample, x.size(3) - j));
-      Tensor m = moments(t).to(out);
-      if (!prev_row.empty()) blend(prev_row[row.size()], m, extent, 2);
-      if (!row.empty()) blend(row.back(), m, extent, 3);
-      cropped.push_back(m.narrow(2, 0, std::min(limit, m.size(2))).narrow(3, 0, std::min(limit, m.size(3))));
-      row.push_back(m);
-    }
-    rows.push_back(at::cat(cropped, 3));
-    prev_row = std::move(row);
-  }
-  const auto parts = at::cat(rows, 2).chunk(2, 1);
+  const auto parts =
+      map_tiles(x, sample, step, extent, limit, [this, out](const Tensor& t) { return moments(t).to(out); }).chunk(2, 1);
   return DiagonalGaussian(parts[0], parts[1]);
 }
 
