@@ -164,6 +164,78 @@ std::string Trainer::save() {
   return save_checkpoint(run_dir_, c, to_.keep_checkpoints);
 }
 
+StepOutcome Trainer::train_step() {
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  if (!begun_) {
+    obj_->begin(step_, run_dir_);
+    begun_ = true;
+  }
+  const c10::Device device = params_.front().second.device();
+  StepOutcome out;
+  auto t = clock::now();
+  out.lr = learning_rate(oo_, step_, to_.steps);
+  opt_->zero_grad();
+  auto t1 = clock::now();
+  out.update_s += secs(t, t1);
+  t = t1;
+  for (int64_t k = 0; k < to_.accumulation; ++k) {
+    auto batch = loader_->next();
+    t1 = clock::now();
+    out.data_s += secs(t, t1);
+    t = t1;
+    const uint64_t micro = uint64_t(step_) * uint64_t(to_.accumulation) + uint64_t(k);
+    auto gen = rng::generator(seed_, micro, "objective");
+    // Dropout draws from the default generators: seeded per micro-batch, so a resumed run draws the same.
+    rng::DefaultGeneratorScope dropout_draws(seed_, micro, "dropout");
+    LossOutput lo;
+    {
+      AutocastScope autocast(to_.autocast, device);
+      lo = obj_->loss(batch, step_, gen);
+    }
+    const double l = lo.loss.item<double>();
+    t1 = clock::now();
+    out.loss_s += secs(t, t1);
+    t = t1;
+    if (!std::isfinite(l)) {
+      out.finite = false;
+      break;
+    }
+    (lo.loss / double(to_.accumulation)).backward();
+    out.loss += l / double(to_.accumulation);
+    for (auto& [name, x] : lo.metrics) out.metrics[name] += x / double(to_.accumulation);
+    out.samples += batch.begin()->second.size(0);
+    t1 = clock::now();
+    out.backward_s += secs(t, t1);
+    t = t1;
+  }
+  if (!out.finite) {
+    // Skip the update entirely: no optimizer or EMA change, the step's data is consumed.
+    opt_->zero_grad();
+    ++bad_total_;
+    ++bad_consecutive_;
+    log::warn("step ", step_, ": non-finite loss, update skipped (", bad_consecutive_, " in a row, ", bad_total_, " total)");
+    if (bad_consecutive_ >= to_.max_bad_loss_steps) {
+      const std::string last = save();
+      fail("training stopped: ", bad_consecutive_, " consecutive non-finite losses at step ", step_,
+           " (trainer.max_bad_loss_steps = ", to_.max_bad_loss_steps, "); last checkpoint ", last);
+    }
+    ++step_;
+    out.update_s += secs(t, clock::now());
+    return out;
+  }
+  bad_consecutive_ = 0;
+  out.grad_norm = clip_grad_norm(params_, oo_.grad_clip);
+  t1 = clock::now();
+  out.backward_s += secs(t, t1);
+  t = t1;
+  opt_->step(out.lr);
+  ema_->update(params_, step_);
+  ++step_;
+  out.update_s += secs(t, clock::now());
+  return out;
+}
+
 TrainResult Trainer::fit() {
   namespace fs = std::filesystem;
   fs::create_directories(run_dir_);
@@ -175,7 +247,7 @@ TrainResult Trainer::fit() {
   // What a killed process logged past its last checkpoint is logged again by this one.
   truncate_metrics(run_dir_, step_);
   obj_->begin(step_, run_dir_);
-  const c10::Device device = params_.front().second.device();
+  begun_ = true;
   TrainResult res;
   SignalScope signals;
   std::ofstream metrics(fs::path(run_dir_) / "metrics.jsonl", std::ios::app);
@@ -212,54 +284,13 @@ TrainResult Trainer::fit() {
   };
 
   while (step_ < to_.steps) {
-    const double lr = learning_rate(oo_, step_, to_.steps);
-    opt_->zero_grad();
-    double loss_sum = 0;
-    bool finite = true;
-    std::map<std::string, double> step_metrics;
-    for (int64_t k = 0; k < to_.accumulation; ++k) {
-      auto batch = loader_->next();
-      const uint64_t micro = uint64_t(step_) * uint64_t(to_.accumulation) + uint64_t(k);
-      auto gen = rng::generator(seed_, micro, "objective");
-      // Dropout draws from the default generators: seeded per micro-batch, so a resumed run draws the same.
-      rng::DefaultGeneratorScope dropout_draws(seed_, micro, "dropout");
-      LossOutput out;
-      {
-        AutocastScope autocast(to_.autocast, device);
-        out = obj_->loss(batch, step_, gen);
-      }
-      const double l = out.loss.item<double>();
-      if (!std::isfinite(l)) {
-        finite = false;
-        break;
-      }
-      (out.loss / double(to_.accumulation)).backward();
-      loss_sum += l / double(to_.accumulation);
-      for (auto& [name, x] : out.metrics) step_metrics[name] += x / double(to_.accumulation);
-      window_samples += batch.begin()->second.size(0);
-    }
-    if (!finite) {
-      // Skip the update entirely: no optimizer or EMA change, the step's data is consumed.
-      opt_->zero_grad();
-      ++bad_total_;
-      ++bad_consecutive_;
-      log::warn("step ", step_, ": non-finite loss, update skipped (", bad_consecutive_, " in a row, ", bad_total_, " total)");
-      if (bad_consecutive_ >= to_.max_bad_loss_steps) {
-        res.last_checkpoint = save();
-        fail("training stopped: ", bad_consecutive_, " consecutive non-finite losses at step ", step_,
-             " (trainer.max_bad_loss_steps = ", to_.max_bad_loss_steps, "); last checkpoint ", res.last_checkpoint);
-      }
-      ++step_;
-      continue;
-    }
-    bad_consecutive_ = 0;
-    const double gnorm = clip_grad_norm(params_, oo_.grad_clip);
-    opt_->step(lr);
-    ema_->update(params_, step_);
-    ++step_;
-    window_loss += loss_sum;
+    const StepOutcome out = train_step();
+    window_samples += out.samples;
+    if (!out.finite) continue;
+    const double lr = out.lr, gnorm = out.grad_norm;
+    window_loss += out.loss;
     ++window_steps;
-    for (auto& [name, x] : step_metrics) window_metrics[name] += x;
+    for (auto& [name, x] : out.metrics) window_metrics[name] += x;
 
     if (step_ % to_.log_every == 0 || step_ == to_.steps) {
       const double now = elapsed();

@@ -48,13 +48,37 @@ struct TrainResult {
   std::map<std::string, double> last_metrics;
 };
 
+/// What one optimizer step did (Trainer::train_step).
+struct StepOutcome {
+  bool finite = true;       // false: a non-finite loss skipped the update (no optimizer or EMA change)
+  double loss = 0;          // the loss averaged over the micro-batches (finite steps)
+  double lr = 0;            // the learning rate of the step
+  double grad_norm = 0;     // global gradient norm before clipping (finite steps)
+  int64_t samples = 0;      // items of the micro-batches whose gradient was taken
+  std::map<std::string, double> metrics;  // the objective's metrics, averaged over the micro-batches
+  // Wall time of the step's parts, summed over its micro-batches (clock reads around each; on CUDA the
+  // loss ends with the device sync of the finite check and the backward with that of the gradient norm):
+  double data_s = 0;        // waiting for the loader's batches
+  double loss_s = 0;        // the objective's loss (the forward) and the finite check
+  double backward_s = 0;    // backward and the gradient norm and clip
+  double update_s = 0;      // zero_grad, the optimizer step and the EMA update
+};
+
 class Trainer {
  public:
   /// run_dir must exist (the caller writes run.json); seed drives every random draw of the run.
   Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loader, OptimOptions optim, TrainerOptions options,
           std::string run_dir, uint64_t seed);
-  /// Resumes from the latest checkpoint if there is one, then trains to options.steps.
+  /// Resumes from the latest checkpoint if there is one, then trains to options.steps: train_step() until
+  /// then, with metrics, validation and checkpoints at their cadence.
   TrainResult fit();
+  /// One optimizer step at step(), the step fit() takes: zero_grad; trainer.accumulation micro-batches from
+  /// the loader, each with its generators from (seed, micro-batch) for the loss and dropout, under autocast,
+  /// the finite check of its loss, then backward; the gradient clip to optim.grad_clip, the optimizer at
+  /// learning_rate(optim, step, trainer.steps), the EMA update. A non-finite loss skips the update and counts
+  /// it; the max_bad_loss_steps-th in a row writes a checkpoint and throws dew::Error. Advances step() by one.
+  /// Called without fit(), the first call starts the objective (Objective::begin) at step().
+  StepOutcome train_step();
   /// Restores the state of a checkpoint (parameters, EMA, optimizer, data position, counters).
   void restore(const Checkpoint& c);
   /// Writes a checkpoint of the current state.
@@ -76,6 +100,7 @@ class Trainer {
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<EMA> ema_;
   int64_t step_ = 0;
+  bool begun_ = false;  // Objective::begin called
   int64_t bad_consecutive_ = 0;
   int64_t bad_total_ = 0;
   json best_ = nullptr;

@@ -3,6 +3,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -206,6 +207,42 @@ TEST(Trainer, StopsAfterTooManyNonFiniteLosses) {
   } catch (const dew::Error& e) {
     EXPECT_NE(std::string(e.what()).find("3 consecutive non-finite losses"), std::string::npos) << e.what();
   }
+}
+
+TEST(Trainer, TrainStepCalledNTimesEqualsFitToStepNBitForBit) {
+  // fit() takes its steps through train_step(): a second trainer stepped by hand from the same seed and
+  // data ends with the same bits. Accumulation, clipping, warm-up into the cosine decay and a skipped
+  // non-finite step are all on the path.
+  OptimOptions oo;
+  oo.lr = 5e-2;
+  oo.warmup_steps = 2;
+  oo.grad_clip = 0.05;  // small enough to clip
+  auto to = topts(6);
+  to.accumulation = 2;
+  auto obj_fit = std::make_shared<RegressionObjective>(/*nan_at=*/3);
+  Trainer a(obj_fit, loader(6), oo, to, fresh_dir("step_fit"), 7);
+  EXPECT_EQ(a.fit().bad_loss_steps, 1);
+
+  auto obj_step = std::make_shared<RegressionObjective>(/*nan_at=*/3);
+  Trainer b(obj_step, loader(6), oo, to, fresh_dir("step_by_hand"), 7);
+  bool clipped = false;
+  for (int64_t i = 0; i < to.steps; ++i) {
+    const StepOutcome out = b.train_step();
+    EXPECT_EQ(b.step(), i + 1);
+    EXPECT_EQ(out.finite, i != 3) << "step " << i;
+    EXPECT_DOUBLE_EQ(out.lr, learning_rate(oo, i, to.steps));
+    if (out.finite) {
+      EXPECT_EQ(out.samples, 12);
+      EXPECT_TRUE(std::isfinite(out.loss));
+      clipped = clipped || out.grad_norm > oo.grad_clip;
+    }
+  }
+  EXPECT_TRUE(clipped);
+  EXPECT_EQ(a.step(), b.step());
+  expect_bitwise(module_state(*obj_fit->m_), module_state(*obj_step->m_), "parameters");
+  expect_bitwise(a.ema().averages(), b.ema().averages(), "ema");
+  expect_bitwise(a.optimizer().state_dict(), b.optimizer().state_dict(), "optimizer");
+  EXPECT_EQ(b.optimizer().steps_taken(), to.steps - 1);  // the non-finite step made no update
 }
 
 TEST(Optim, LearningRateScheduleShape) {
