@@ -12,7 +12,7 @@ namespace dew::cli {
 int cmd_eval_jepa(const std::vector<std::string>& args) {
   auto f = parse_flags(args,
                        {"train-items", "test-items", "knn-k", "probe-epochs", "probe-lr", "weights", "step", "device",
-                        "threads", "seed", "pool"},
+                        "threads", "seed", "pool", "knn-prep"},
                        {"no-baselines"});
   DEW_CHECK(f.positional.size() == 1, "eval: expected one RUN directory, got ", f.positional.size(), " arguments");
   runs::ProbeOptions p;
@@ -24,7 +24,9 @@ int cmd_eval_jepa(const std::vector<std::string>& args) {
   p.linear.seed = uint64_t(f.get_int("seed", 0));
   p.baselines = !f.has("no-baselines");
   p.pool = f.get("pool", p.pool);
-  DEW_CHECK(p.pool == "mean" || p.pool == "tokens", "--pool: got \"", p.pool, "\", accepted: mean, tokens");
+  p.knn_prep = f.get("knn-prep", p.knn_prep);
+  DEW_CHECK(p.knn_prep == "none" || p.knn_prep == "center" || p.knn_prep == "standardize", "--knn-prep: got \"",
+            p.knn_prep, "\", accepted: none, center, standardize");
   DEW_CHECK(p.train_items >= 0, "--train-items: must be >= 0 (0 = all), got ", p.train_items);
   DEW_CHECK(p.test_items >= 0, "--test-items: must be >= 0 (0 = all), got ", p.test_items);
   DEW_CHECK(p.knn_k >= 1, "--knn-k: must be >= 1, got ", p.knn_k);

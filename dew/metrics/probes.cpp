@@ -65,15 +65,21 @@ double linear_probe_accuracy(const at::Tensor& train_x, const at::Tensor& train_
 }
 
 double knn_accuracy(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
-                    const at::Tensor& test_y, int64_t classes, int64_t k) {
+                    const at::Tensor& test_y, int64_t classes, int64_t k, const std::string& prep) {
   check_pair(train_x, train_y, test_x, test_y, classes);
   DEW_CHECK(k >= 1 && k <= train_x.size(0), "knn: k must be in [1, ", train_x.size(0), "] (the training rows), got ", k);
+  DEW_CHECK(prep == "none" || prep == "center" || prep == "standardize", "knn: prep must be none, center or standardize, got \"",
+            prep, "\"");
   at::NoGradGuard ng;
-  const auto unit = [](const at::Tensor& x) {
-    const at::Tensor f = x.to(at::kFloat).cpu();
-    return f / f.norm(2, 1, true).clamp_min(1e-12);
-  };
-  const at::Tensor a = unit(train_x), q = unit(test_x), ytr = train_y.cpu();
+  at::Tensor xtr = train_x.to(at::kFloat).cpu(), xte = test_x.to(at::kFloat).cpu();
+  if (prep != "none") {
+    at::Tensor mean = xtr.mean(0, true), scale = at::ones_like(mean);
+    if (prep == "standardize") scale = xtr.std(0, /*unbiased=*/true, true).clamp_min(1e-6);
+    xtr = (xtr - mean) / scale;
+    xte = (xte - mean) / scale;
+  }
+  const auto unit = [](const at::Tensor& f) { return f / f.norm(2, 1, true).clamp_min(1e-12); };
+  const at::Tensor a = unit(xtr), q = unit(xte), ytr = train_y.cpu();
   int64_t correct = 0;
   const at::Tensor yte = test_y.cpu();
   for (int64_t s = 0; s < q.size(0); s += 1024) {  // blocks of queries bound the similarity matrix

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 namespace dew::metrics {
 
@@ -27,8 +28,10 @@ double linear_probe_accuracy(const at::Tensor& train_x, const at::Tensor& train_
 
 /// Accuracy of the k-nearest-neighbour vote under cosine similarity: each test row takes the majority class
 /// of its k most similar training rows (a tie goes to the class with the larger summed similarity).
+/// `prep` first shifts both sets by the training mean ("center") and also divides by the training std
+/// ("standardize"), or leaves them ("none").
 double knn_accuracy(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
-                    const at::Tensor& test_y, int64_t classes, int64_t k = 20);
+                    const at::Tensor& test_y, int64_t classes, int64_t k = 20, const std::string& prep = "none");
 
 /// Collapse statistics of features [N, D] (N >= 2), float64 with unbiased (N - 1) moments:
 ///   std         = mean over dimensions of the standard deviation over rows (0 for a collapsed representation)

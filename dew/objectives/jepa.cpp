@@ -35,13 +35,26 @@ at::Tensor jepa_distance(const at::Tensor& prediction, const at::Tensor& target,
 }
 
 const std::vector<std::string>& feature_pools() {
-  static const std::vector<std::string> pools{"mean", "tokens"};
+  static const std::vector<std::string> pools{"mean", "tokens", "gridK"};
   return pools;
+}
+
+int64_t pool_regions(const std::string& pool, const TokenGrid& g, const std::string& field) {
+  if (pool == "mean") return 1;
+  if (pool == "tokens") return 0;
+  int64_t k = -1;
+  if (pool.size() > 4 && pool.compare(0, 4, "grid") == 0 &&
+      pool.find_first_not_of("0123456789", 4) == std::string::npos && pool.size() <= 6)
+    k = std::stoll(pool.substr(4));
+  DEW_CHECK(k >= 1 && k <= std::min(g.h, g.w), field, ": got \"", pool, "\", accepted: mean, tokens, gridK with 1 <= K <= ",
+            std::min(g.h, g.w), " (the token grid is ", g.h, " x ", g.w, ")");
+  return k;
 }
 
 at::Tensor pooled_features(TokenEncoderImpl& encoder, const at::Tensor& images, const std::string& pool, int64_t batch) {
   DEW_CHECK(images.scalar_type() == at::kByte, "pooled_features: images must be uint8, got ", images.scalar_type());
-  DEW_CHECK(pool == "mean" || pool == "tokens", "pool: got \"", pool, "\", accepted: mean, tokens");
+  const TokenGrid g = encoder.grid();
+  const int64_t k = pool_regions(pool, g, "pool");
   at::NoGradGuard ng;
   const bool was_training = encoder.is_training();
   encoder.eval();
@@ -50,14 +63,25 @@ at::Tensor pooled_features(TokenEncoderImpl& encoder, const at::Tensor& images, 
   for (int64_t s = 0; s < images.size(0); s += batch) {
     const at::Tensor x = data::to_model_range(images.slice(0, s, std::min(images.size(0), s + batch))).to(device);
     const at::Tensor h = encoder.forward(x);  // [b, N, D]
-    out.push_back((pool == "mean" ? h.mean(1) : h.flatten(1)).to(at::kFloat).cpu());
+    at::Tensor f;
+    if (k == 0) {
+      f = h.flatten(1);
+    } else if (k == 1) {
+      f = h.mean(1);
+    } else {
+      // [b, t, h, w, D] -> mean over time -> [b, D, h, w] -> K x K region means, region-major.
+      const at::Tensor m = h.reshape({h.size(0), g.t, g.h, g.w, h.size(2)}).mean(1).permute({0, 3, 1, 2});
+      f = at::adaptive_avg_pool2d(m, {k, k}).permute({0, 2, 3, 1}).flatten(1);
+    }
+    out.push_back(f.to(at::kFloat).cpu());
   }
   encoder.train(was_training);
   return at::cat(out);
 }
 
 ProbeResult probe(TokenEncoderImpl* encoder, const data::TensorDataset& train, const data::TensorDataset& test,
-                  int64_t classes, int64_t knn_k, const metrics::LinearProbeOptions& linear, const std::string& pool) {
+                  int64_t classes, int64_t knn_k, const metrics::LinearProbeOptions& linear, const std::string& pool,
+                  const std::string& knn_prep) {
   const auto features = [&](const data::TensorDataset& d) {
     const at::Tensor& img = d.field("image");
     return encoder ? pooled_features(*encoder, img, pool) : data::to_model_range(img).flatten(1);
@@ -66,7 +90,7 @@ ProbeResult probe(TokenEncoderImpl* encoder, const data::TensorDataset& train, c
   ProbeResult r;
   r.linear = metrics::linear_probe_accuracy(ftr, train.field("label"), fte, test.field("label"), classes, linear);
   r.knn = metrics::knn_accuracy(ftr, train.field("label"), fte, test.field("label"), classes,
-                                std::min<int64_t>(knn_k, ftr.size(0)));
+                                std::min<int64_t>(knn_k, ftr.size(0)), knn_prep);
   return r;
 }
 
@@ -85,6 +109,7 @@ JEPAObjective::JEPAObjective(std::shared_ptr<TokenEncoderImpl> encoder, std::sha
   jepa_distance(at::zeros({1}), at::zeros({1}), o_.loss);  // the name, now
   const TokenGrid g = encoder_->grid();
   video_ = g.t > 1 || encoder_->config().value("architecture", "") == "jepa_video_encoder";
+  pool_regions(o_.probe_pool, g, "objective.probe_pool");
   if (video_) data::validate(o_.tubes, g, "objective.tubes");
   else data::validate(o_.masks, g, "objective.masks");
   // The predictor must be built for the encoder's grid and width.
@@ -168,7 +193,7 @@ std::map<std::string, double> JEPAObjective::validate(int64_t, const std::string
                             {"label", head(probe_test_->field("label"), o_.probe_test)}});
   metrics::LinearProbeOptions lo;
   lo.epochs = o_.probe_epochs;
-  const ProbeResult r = probe(encoder_.get(), train, test, classes_, o_.knn_k, lo, o_.probe_pool);
+  const ProbeResult r = probe(encoder_.get(), train, test, classes_, o_.knn_k, lo, o_.probe_pool, o_.knn_prep);
   return {{"val/linear_acc", r.linear}, {"val/knn_acc", r.knn}};
 }
 

@@ -24,8 +24,9 @@ struct JEPAObjectiveOptions {
   int64_t probe_train = 2000;    // validation: training items the quick probes fit on (0 = no probe)
   int64_t probe_test = 1000;     // validation: test items they score
   int64_t knn_k = 20;            // neighbours of the kNN probe
+  std::string knn_prep = "none";  // none | center | standardize: the features' shift (and scale) before the kNN
   int64_t probe_epochs = 30;     // epochs of the linear probe
-  std::string probe_pool = "mean";  // mean | tokens (see feature_pools)
+  std::string probe_pool = "mean";  // mean | tokens | gridK (see feature_pools)
   template <class V> void visit(V& v) {
     v.choice("loss", loss, {"mse", "smooth_l1", "l1"}, "distance to the target features");
     v("momentum", momentum, "target-encoder EMA momentum at the first step");
@@ -35,17 +36,23 @@ struct JEPAObjectiveOptions {
     v("probe_train", probe_train, "validation probe: training items (0 = no probe)");
     v("probe_test", probe_test, "validation probe: test items");
     v("knn_k", knn_k, "neighbours of the kNN probe");
+    v.choice("knn_prep", knn_prep, {"none", "center", "standardize"},
+             "kNN probe: features as they are, less the training mean, or standardised");
     v("probe_epochs", probe_epochs, "epochs of the linear probe");
-    v.choice("probe_pool", probe_pool, {"mean", "tokens"}, "probe features: the token mean or every token");
+    v("probe_pool", probe_pool, "probe features: mean (over tokens), tokens (all, concatenated) or gridK (K x K region means)");
   }
 };
 
 /// The distance of predictions to targets, averaged over every element: mse, smooth_l1 (beta 1) or l1.
 at::Tensor jepa_distance(const at::Tensor& prediction, const at::Tensor& target, const std::string& loss);
 
-/// How token features become one vector per item: "mean" (over tokens, [N, D]) or "tokens" (every token's
-/// features in raster order, concatenated: [N, tokens * D]).
+/// How token features become one vector per item: "mean" (over tokens, [N, D]), "tokens" (every token's
+/// features in raster order, concatenated: [N, tokens * D]) or "gridK" (the means over K x K regions of the
+/// token grid, as adaptive average pooling cuts it, over every frame, concatenated: [N, K * K * D]).
 const std::vector<std::string>& feature_pools();
+/// K of "gridK" (1 for "mean", 0 for "tokens"); a dew::Error naming `field` for any other pool or a K larger
+/// than the grid `g`.
+int64_t pool_regions(const std::string& pool, const TokenGrid& g, const std::string& field);
 
 /// Encoder features of images or clips (uint8, as the datasets hold them), pooled by `pool`, computed in
 /// batches of `batch` on the encoder's device without gradients: float32 on the CPU.
@@ -61,7 +68,7 @@ struct ProbeResult {
 /// with a null encoder, the flattened pixels in [-1, 1].
 ProbeResult probe(TokenEncoderImpl* encoder, const data::TensorDataset& train, const data::TensorDataset& test,
                   int64_t classes, int64_t knn_k, const metrics::LinearProbeOptions& linear,
-                  const std::string& pool = "mean");
+                  const std::string& pool = "mean", const std::string& knn_prep = "none");
 
 class JEPAObjective : public Objective {
  public:

@@ -45,6 +45,22 @@ TEST(Probes, KnnVotesByCosineSimilarity) {
   EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, torch::tensor({0}, at::kLong), 2, 2), 0.0);
 }
 
+TEST(Probes, KnnCentringMovesTheOriginToTheTrainingMean) {
+  // The rows of KnnVotesByCosineSimilarity less their mean (55, 35.125): the query becomes (45, -25.125),
+  // whose cosines with the class-0 rows (35, 24.875) and (45, 44.875) are 0.43 and 0.27, while both class-1
+  // rows point away from it (-0.49 and -0.16). Standardising (column stds 46.55 and 41.09) keeps that order.
+  at::Tensor xtr = torch::tensor({{10.f, 0.f}, {20.f, 0.5f}, {90.f, 60.f}, {100.f, 80.f}});
+  at::Tensor ytr = torch::tensor({1, 1, 0, 0}, at::kLong);
+  at::Tensor xte = torch::tensor({{100.f, 10.f}});
+  const at::Tensor zero = torch::tensor({0}, at::kLong);
+  EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, zero, 2, 2, "none"), 0.0);
+  EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, zero, 2, 2, "center"), 1.0);
+  EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, zero, 2, 2, "standardize"), 1.0);
+  EXPECT_NE(dew::test::error_of([&] { dew::metrics::knn_accuracy(xtr, ytr, xte, zero, 2, 2, "whiten"); })
+                .find("prep must be none, center or standardize, got \"whiten\""),
+            std::string::npos);
+}
+
 TEST(Probes, RepresentationStatisticsOfKnownMatrices) {
   // Columns (1, -1, 1, -1) and (2, 2, -2, -2): stds 2/sqrt(3) * (1, 2), covariance 0 between them.
   at::Tensor f = torch::tensor({{1., 2.}, {-1., 2.}, {1., -2.}, {-1., -2.}});

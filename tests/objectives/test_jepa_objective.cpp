@@ -142,4 +142,37 @@ TEST(JepaObjective, RefusesAPredictorOfAnotherGrid) {
             std::string::npos);
 }
 
+TEST(JepaObjective, GridPoolsAreRegionMeansOfTheTokenGrid) {
+  // The golden's encoder has a 4 x 4 grid: grid2 is the means of its four 2 x 2 quadrants (region-major, then
+  // the width D), grid1 the mean over tokens, grid4 every token; a K beyond the grid is refused by name.
+  Golden s = load_golden();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor images = at::randint(0, 256, {3, 2, 16, 16}, gen, at::kLong).to(at::kByte);
+  at::Tensor tokens;
+  {
+    at::NoGradGuard ng;
+    s.encoder->eval();
+    tokens = s.encoder->forward(dew::data::to_model_range(images));  // [3, 16, 32]
+  }
+  std::vector<at::Tensor> quadrants;
+  for (int64_t r : {0, 2})
+    for (int64_t c : {0, 2})
+      quadrants.push_back(tokens.index_select(1, torch::tensor({r * 4 + c, r * 4 + c + 1, (r + 1) * 4 + c, (r + 1) * 4 + c + 1}))
+                              .mean(1));
+  const at::Tensor want2 = at::cat(quadrants, 1);  // [3, 4 * 32]
+  EXPECT_TRUE(at::allclose(dew::pooled_features(*s.encoder, images, "grid2"), want2, 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(dew::pooled_features(*s.encoder, images, "grid1"), tokens.mean(1), 1e-5, 1e-6));
+  EXPECT_TRUE(at::allclose(dew::pooled_features(*s.encoder, images, "grid4"), tokens.flatten(1), 1e-5, 1e-6));
+  EXPECT_NE(dew::test::error_of([&] { dew::pooled_features(*s.encoder, images, "grid5"); })
+                .find("pool: got \"grid5\", accepted: mean, tokens, gridK with 1 <= K <= 4"),
+            std::string::npos);
+  EXPECT_NE(dew::test::error_of([&] { dew::pooled_features(*s.encoder, images, "gridx"); }).find("pool: got \"gridx\""),
+            std::string::npos);
+  dew::JEPAObjectiveOptions bad = with_loss("mse");
+  bad.probe_pool = "grid9";
+  EXPECT_NE(dew::test::error_of([&] { dew::JEPAObjective(s.encoder, s.predictor, bad); })
+                .find("objective.probe_pool: got \"grid9\""),
+            std::string::npos);
+}
+
 }  // namespace
