@@ -60,6 +60,7 @@ int run(const std::vector<std::string>& args) {
   if (cmd == "sample") return cmd_sample(rest);
   if (cmd == "models") return cmd_models(rest);
   if (cmd == "bench") return cmd_bench(rest);
+  if (cmd == "tune") return cmd_tune(rest);
   if (cmd == "eval") return cmd_eval(rest);
   if (cmd == "generate") return cmd_generate(rest);
   if (cmd == "tokenize") return cmd_tokenize(rest);

@@ -41,6 +41,10 @@ int cmd_task(const std::vector<std::string>& args);
 /// `dew bench [--models a,b --steps N --warmup W --batch B --threads 1,2 --blas-threads 1,2 --no-peer --out F]`:
 /// a full training step of the small CPU models timed in C++ and in Python eager, with the speed-up.
 int cmd_bench(const std::vector<std::string>& args);
+/// `dew tune threads [--workloads intra_op,gemm --splits 2x1,1x2 --steps N --warmup W --rounds R --no-write
+/// --dry-run]`: the fastest intra-op x OpenBLAS split of each workload on this machine, cached for
+/// set_threads (dew/core/threads.h).
+int cmd_tune(const std::vector<std::string>& args);
 /// `dew models`: every registered model with its fields and defaults.
 int cmd_models(const std::vector<std::string>& args);
 /// `dew tokenize --input FILE|DIR --out DIR [--tokenizer byte|PATH] [--val-fraction F] [--pack]

@@ -3,18 +3,31 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <malloc.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "dew/core/error.h"
+#include "dew/core/log.h"
 
 namespace dew {
 
 namespace {
+
+using json = nlohmann::json;
+
+// Layout version of the thread cache file:
+//   {"format": 1, "machines": {MACHINE_KEY: {"intra_op": {"intra": 2, "blas": 1, "ms": 271.4,
+//                                                         "measured_at": "2026-12-02 10:15 UTC"}, "gemm": {...}}}}
+constexpr int kThreadCacheFormat = 1;
 
 // dew links the generic libblas interface, not OpenBLAS by name, so its extensions are looked up at run time.
 template <class Fn>
@@ -22,7 +35,38 @@ Fn openblas_fn(const char* name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
 }
 
-int64_t cores() { return std::max<int64_t>(1, std::thread::hardware_concurrency()); }
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// The cache file parsed and checked (dew::Error saying what is wrong); a missing file is an empty cache.
+json read_cache(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return json{{"format", kThreadCacheFormat}, {"machines", json::object()}};
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    fail("not JSON (", e.what(), ")");
+  }
+  DEW_CHECK(j.is_object() && j.contains("format") && j.contains("machines") && j["machines"].is_object(),
+            "expected {\"format\": ", kThreadCacheFormat, ", \"machines\": {...}}");
+  DEW_CHECK(j["format"] == kThreadCacheFormat, "format ", j["format"].dump(), ", this dew reads format ",
+            kThreadCacheFormat);
+  for (const auto& m : j["machines"].items()) {
+    DEW_CHECK(m.value().is_object(), "machine \"", m.key(), "\": expected an object, got ", m.value().dump());
+    for (const auto& w : m.value().items()) {
+      for (const char* k : {"intra", "blas"}) {
+        const json& e = w.value();
+        const bool ok = e.is_object() && e.contains(k) && e[k].is_number_integer() && e[k].get<int64_t>() >= 1;
+        DEW_CHECK(ok, "machine \"", m.key(), "\", ", w.key(), ".", k, ": expected an integer >= 1, got ",
+                  e.is_object() && e.contains(k) ? e[k].dump() : "nothing");
+      }
+    }
+  }
+  return j;
+}
 
 }  // namespace
 
@@ -35,25 +79,148 @@ Workload workload_of(const std::string& architecture) {
   return Workload::kIntraOp;
 }
 
+std::string workload_name(Workload workload) { return workload == Workload::kIntraOp ? "intra_op" : "gemm"; }
+
+Workload parse_workload(const std::string& name, const std::string& what) {
+  if (name == "intra_op") return Workload::kIntraOp;
+  if (name == "gemm") return Workload::kGemm;
+  fail(what, ": unknown workload \"", name, "\"; accepted: intra_op, gemm");
+}
+
+int64_t usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
+
+ThreadSplit builtin_split(Workload workload) {
+  const int64_t cores = usable_cores();
+  if (workload == Workload::kGemm) return {1, std::min<int64_t>(2, cores)};
+  const int64_t intra = std::min<int64_t>(2, cores);
+  return {intra, std::max<int64_t>(1, cores / intra)};
+}
+
+std::string machine_key() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model, flags;
+  while ((model.empty() || flags.empty()) && std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string name = trimmed(line.substr(0, colon)), value = trimmed(line.substr(colon + 1));
+    if (name == "model name" && model.empty()) model = value;
+    if (name == "flags" && flags.empty()) flags = " " + value + " ";
+  }
+  std::string isa;
+  for (const std::string f : {"avx512f", "avx2"})
+    if (flags.find(" " + f + " ") != std::string::npos) isa += (isa.empty() ? "" : " ") + f;
+  return (model.empty() ? "unknown CPU" : model) + " | " + (isa.empty() ? "no avx2" : isa) + " | " +
+         std::to_string(usable_cores()) + " cores";
+}
+
+std::string threads_cache_path() {
+  if (const char* e = std::getenv("DEW_THREADS_CACHE"); e && *e) return std::string(e) == "off" ? "" : e;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/dew/threads.json";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/dew/threads.json";
+  return "";
+}
+
+std::optional<MeasuredSplit> cached_split(const std::string& path, Workload workload) {
+  if (path.empty()) return std::nullopt;
+  json cache;
+  try {
+    cache = read_cache(path);
+  } catch (const Error& e) {
+    log::warn("threads: ignoring the thread cache ", path, ": ", e.what(),
+              "; using the built-in default (dew tune threads rewrites it)");
+    return std::nullopt;
+  }
+  const json& machines = cache["machines"];
+  const auto m = machines.find(machine_key());
+  if (m == machines.end() || !m->contains(workload_name(workload))) return std::nullopt;
+  const json& e = (*m)[workload_name(workload)];
+  MeasuredSplit out;
+  out.split = {e["intra"].get<int64_t>(), e["blas"].get<int64_t>()};
+  out.ms = e.contains("ms") && e["ms"].is_number() ? e["ms"].get<double>() : 0.0;
+  out.measured_at = e.contains("measured_at") && e["measured_at"].is_string() ? e["measured_at"].get<std::string>()
+                                                                                : "an unknown date";
+  return out;
+}
+
+void record_measured_splits(const std::string& path, const std::map<Workload, MeasuredSplit>& splits) {
+  namespace fs = std::filesystem;
+  DEW_CHECK(!path.empty(), "thread cache: no file to write (DEW_THREADS_CACHE=off, or neither XDG_CACHE_HOME nor "
+            "HOME is set)");
+  json cache;
+  try {
+    cache = read_cache(path);
+  } catch (const Error& e) {
+    log::warn("threads: replacing the thread cache ", path, ": ", e.what());
+    cache = json{{"format", kThreadCacheFormat}, {"machines", json::object()}};
+  }
+  json& entry = cache["machines"][machine_key()];
+  if (!entry.is_object()) entry = json::object();
+  for (const auto& [workload, m] : splits)
+    entry[workload_name(workload)] = {
+        {"intra", m.split.intra}, {"blas", m.split.blas}, {"ms", m.ms}, {"measured_at", m.measured_at}};
+  const fs::path target(path);
+  std::error_code ec;
+  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
+  DEW_CHECK(!ec, "thread cache ", path, ": cannot create its directory: ", ec.message());
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    DEW_CHECK(out.good(), "thread cache ", path, ": cannot write ", tmp, ": ", std::strerror(errno));
+    out << cache.dump(2) << "\n";
+    out.close();
+    DEW_CHECK(!out.fail(), "thread cache ", path, ": writing ", tmp, " failed");
+  }
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    fs::remove(tmp);
+    fail("thread cache ", path, ": cannot rename ", tmp, " over it: ", ec.message());
+  }
+}
+
 int64_t set_threads(int64_t threads, Workload workload) {
   DEW_CHECK(threads >= 0, "threads: must be >= 0 (0 = the measured default), got ", threads);
-  bool defaulted = false;
+  std::string source = "the threads setting";
+  std::optional<int64_t> blas;  // unset: the cores the intra-op threads leave
+  bool measured = false;
   if (threads == 0) {
     if (const char* env = std::getenv("OMP_NUM_THREADS")) threads = std::max(0LL, std::atoll(env));
+    source = "OMP_NUM_THREADS";
   }
   if (threads == 0) {
-    defaulted = true;
-    threads = workload == Workload::kIntraOp ? std::min<int64_t>(2, cores()) : 1;
+    ThreadSplit split = builtin_split(workload);
+    source = "built-in default";
+    if (auto m = cached_split(threads_cache_path(), workload)) {
+      split = m->split;
+      source = "measured by dew tune threads on " + m->measured_at;
+      measured = true;
+    }
+    threads = split.intra;
+    blas = split.blas;
   }
   at::set_num_threads(int(threads));
   // Intra-op threads and OpenBLAS threads on the same two cores oversubscribe them (2 + 2 ran a transformer
-  // step 2.4x slower than 1 + 2), so OpenBLAS gets the cores LibTorch leaves.
-  if (!std::getenv("OPENBLAS_NUM_THREADS")) {
-    if (auto set = openblas_fn<void (*)(int)>("openblas_set_num_threads")) {
-      const int64_t blas = defaulted && workload == Workload::kGemm ? std::min<int64_t>(2, cores())
-                                                                             : std::max<int64_t>(1, cores() / threads);
-      set(int(blas));
-    }
+  // step 2.4x slower than 1 + 2), so OpenBLAS gets the cores LibTorch leaves unless a split was chosen.
+  std::string blas_text;
+  auto set_blas = openblas_fn<void (*)(int)>("openblas_set_num_threads");
+  if (const char* env = std::getenv("OPENBLAS_NUM_THREADS")) {
+    blas_text = std::string("OpenBLAS's OPENBLAS_NUM_THREADS=") + env;
+  } else if (!set_blas) {
+    blas_text = "the BLAS's own threads (not OpenBLAS)";
+  } else {
+    const int64_t n = blas.value_or(std::max<int64_t>(1, usable_cores() / threads));
+    set_blas(int(n));
+    blas_text = std::to_string(n) + " OpenBLAS";
+  }
+  const std::string line = str("threads: ", threads, " intra-op x ", blas_text, " (", source, ")");
+  if (measured) {
+    log::info(line);
+  } else {
+    log::debug(line);
   }
   return threads;
 }

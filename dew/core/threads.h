@@ -1,7 +1,10 @@
 // CPU thread and BLAS-kernel settings of a run (SPEC section 1: threads are a setting, else
-// OMP_NUM_THREADS, else the measured best for the machine). See docs/benchmarks.md for the measurements.
+// OMP_NUM_THREADS, else the measured best for the machine: what `dew tune threads` measured on this machine
+// and cached, else a built-in rule). See docs/benchmarks.md ("Thread defaults") for the measurements.
 #pragma once
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 
 namespace dew {
@@ -20,11 +23,59 @@ enum class Workload {
 /// `dew bench --all` and `--models lm`, docs/benchmarks.md).
 Workload workload_of(const std::string& architecture);
 
-/// Sets LibTorch's intra-op threads and OpenBLAS's threads. threads > 0: that many intra-op threads.
-/// threads == 0: OMP_NUM_THREADS when set, else the measured default for the workload on this machine
-/// (kIntraOp: min(2, cores) intra-op threads and 1 OpenBLAS thread; kGemm: 1 intra-op thread and
-/// OpenBLAS on min(2, cores) threads). OPENBLAS_NUM_THREADS, when set, is left to OpenBLAS.
-/// Returns the intra-op thread count.
+/// "intra_op" | "gemm": a workload's name in the thread cache and in `dew tune threads`.
+std::string workload_name(Workload workload);
+/// The workload of a name; dew::Error naming `what` (e.g. "--workloads") and the accepted names.
+Workload parse_workload(const std::string& name, const std::string& what);
+
+/// How many threads of each kind a process runs on the CPU.
+struct ThreadSplit {
+  int64_t intra = 1;  // LibTorch intra-op (OpenMP) threads, e.g. 2
+  int64_t blas = 1;   // OpenBLAS threads per GEMM, e.g. 1
+};
+
+/// The CPUs this process may run on (its affinity mask), at least 1.
+int64_t usable_cores();
+
+/// The built-in split, used where nothing was measured: kIntraOp: min(2, cores) intra-op threads and
+/// max(1, cores / intra-op) OpenBLAS threads; kGemm: 1 intra-op thread and min(2, cores) OpenBLAS threads.
+ThreadSplit builtin_split(Workload workload);
+
+/// This machine's key in the thread cache: /proc/cpuinfo's model name, which of avx512f and avx2 its flags
+/// list, and usable_cores(), e.g. "AMD EPYC | avx512f avx2 | 2 cores". A measured split holds only for the
+/// same key: another CPU model, instruction set or core count is another machine.
+std::string machine_key();
+
+/// The thread cache file: DEW_THREADS_CACHE when set ("off" = no cache: returns ""), else
+/// $XDG_CACHE_HOME/dew/threads.json, else $HOME/.cache/dew/threads.json ("" without either variable).
+std::string threads_cache_path();
+
+/// A split that `dew tune threads` measured fastest for one workload on one machine.
+struct MeasuredSplit {
+  ThreadSplit split;
+  double ms = 0;            // median time of its step (or generation), e.g. 271.4
+  std::string measured_at;  // UTC, e.g. "2026-12-02 10:15 UTC"
+};
+
+/// The cached split of `workload` for machine_key() in the file at `path`: none when the path is empty, the
+/// file is missing or holds no entry for this machine and workload. A file that is not a thread cache
+/// (unparsable JSON, wrong shape, counts < 1) logs a warning and gives none; it never throws.
+std::optional<MeasuredSplit> cached_split(const std::string& path, Workload workload);
+
+/// Records `splits` as machine_key()'s entries in the cache at `path` (creating its directory), keeping the
+/// entries of other machines and of workloads not in `splits`; a corrupt file is replaced. Written to a
+/// temporary file and renamed over `path`, so readers see the old file or the new one. dew::Error naming
+/// the path when it cannot be written.
+void record_measured_splits(const std::string& path, const std::map<Workload, MeasuredSplit>& splits);
+
+/// Sets LibTorch's intra-op threads and OpenBLAS's threads. threads > 0: that many intra-op threads and
+/// OpenBLAS on the cores they leave (max(1, cores / threads)). threads == 0: OMP_NUM_THREADS when set
+/// (OpenBLAS as for threads > 0); else the split `dew tune threads` measured for this workload on this
+/// machine, when the thread cache (threads_cache_path()) holds one for machine_key(); else builtin_split().
+/// OPENBLAS_NUM_THREADS, when set, is left to OpenBLAS. The log says which source was used (info for a
+/// measured split, debug otherwise). A measured split changes only when tune is rerun; another thread
+/// count can change the order of float reductions, hence the last bits of results. Returns the intra-op
+/// thread count.
 int64_t set_threads(int64_t threads, Workload workload);
 
 /// The kernel set OpenBLAS runs ("SkylakeX", "Haswell", or "Prescott" when it does not recognise the

@@ -5,26 +5,47 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <thread>
 
+#include "dew/core/options.h"
 #include "dew/core/threads.h"
 #include "tests/test_util.h"
 
 namespace {
 
-// Saves an environment variable, removes it, and puts it back at scope exit.
+// No test reads the thread cache of the machine's user (~/.cache/dew/threads.json), so every test's thread
+// counts are the built-in ones whatever `dew tune threads` measured on the machine; a test that needs a cache
+// points DEW_THREADS_CACHE at a file of its own. (A DEW_THREADS_CACHE set by whoever runs the tests stays.)
+class NoUserThreadCache : public ::testing::Environment {
+ public:
+  void SetUp() override { setenv("DEW_THREADS_CACHE", "off", 0); }
+};
+[[maybe_unused]] ::testing::Environment* const kNoUserThreadCache =
+    ::testing::AddGlobalTestEnvironment(new NoUserThreadCache);
+
+// Saves an environment variable, removes it (or sets it to `value`), and restores it at scope exit.
 struct EnvUnset {
   std::string name;
   std::optional<std::string> saved;
-  explicit EnvUnset(std::string n) : name(std::move(n)) {
+  explicit EnvUnset(std::string n, const char* value = nullptr) : name(std::move(n)) {
     if (const char* v = std::getenv(name.c_str())) saved = v;
-    unsetenv(name.c_str());
+    if (value) {
+      setenv(name.c_str(), value, 1);
+    } else {
+      unsetenv(name.c_str());
+    }
   }
   ~EnvUnset() {
-    if (saved) setenv(name.c_str(), saved->c_str(), 1);
+    if (saved) {
+      setenv(name.c_str(), saved->c_str(), 1);
+    } else {
+      unsetenv(name.c_str());
+    }
   }
 };
+using EnvSet = EnvUnset;
 
 int openblas_threads() {
   auto fn = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
@@ -34,7 +55,8 @@ int openblas_threads() {
 TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndOpenBLAS) {
   const int before = at::get_num_threads();
   EnvUnset omp("OMP_NUM_THREADS"), blas("OPENBLAS_NUM_THREADS");
-  const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  EnvSet cache("DEW_THREADS_CACHE", "off");
+  const int64_t cores = dew::usable_cores();
   const int64_t two = std::min<int64_t>(2, cores);
 
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), two);
@@ -66,6 +88,123 @@ TEST(Threads, NegativeCountIsAnError) {
 TEST(Threads, OpenBLASReportsItsKernels) {
   // dew links OpenBLAS through libblas (scripts/setup installs libopenblas0-pthread); its kernel set is known.
   EXPECT_FALSE(dew::blas_core().empty());
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+TEST(Threads, MachineKeyNamesTheCpuItsInstructionSetAndCores) {
+  const std::string key = dew::machine_key();
+  EXPECT_NE(key.find(" | "), std::string::npos) << key;
+  EXPECT_NE(key.find("| " + std::to_string(dew::usable_cores()) + " cores"), std::string::npos) << key;
+  EXPECT_EQ(key, dew::machine_key());  // stable within a process
+}
+
+TEST(Threads, CachePathFollowsTheEnvironment) {
+  EnvSet off("DEW_THREADS_CACHE", "off");
+  EXPECT_EQ(dew::threads_cache_path(), "");
+  EnvSet own("DEW_THREADS_CACHE", "/tmp/x/threads.json");
+  EXPECT_EQ(dew::threads_cache_path(), "/tmp/x/threads.json");
+  unsetenv("DEW_THREADS_CACHE");
+  EnvSet xdg("XDG_CACHE_HOME", "/tmp/xdg");
+  EXPECT_EQ(dew::threads_cache_path(), "/tmp/xdg/dew/threads.json");
+  unsetenv("XDG_CACHE_HOME");
+  EnvSet home("HOME", "/tmp/home");
+  EXPECT_EQ(dew::threads_cache_path(), "/tmp/home/.cache/dew/threads.json");
+}
+
+TEST(Threads, MeasuredSplitInTheCacheIsTheDefault) {
+  const int before = at::get_num_threads();
+  dew::test::TempDir dir("threads_cache");
+  const std::string path = dir.file("sub/threads.json");  // the directory is created on write
+  EnvUnset omp("OMP_NUM_THREADS"), blas("OPENBLAS_NUM_THREADS");
+  EnvSet cache("DEW_THREADS_CACHE", path.c_str());
+  EXPECT_FALSE(dew::cached_split(path, dew::Workload::kIntraOp));  // no file yet: none, no warning needed
+
+  // 1 x 1 differs from the built-in 2 x 1 of kIntraOp on a machine with 2 or more cores.
+  dew::record_measured_splits(path, {{dew::Workload::kIntraOp, {{1, 1}, 12.5, "2026-12-02 10:15 UTC"}}});
+  const auto m = dew::cached_split(path, dew::Workload::kIntraOp);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->split.intra, 1);
+  EXPECT_EQ(m->split.blas, 1);
+  EXPECT_DOUBLE_EQ(m->ms, 12.5);
+  EXPECT_EQ(m->measured_at, "2026-12-02 10:15 UTC");
+  EXPECT_FALSE(dew::cached_split(path, dew::Workload::kGemm));  // not measured: the built-in default
+
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), 1);
+  EXPECT_EQ(at::get_num_threads(), 1);
+  if (openblas_threads() > 0) {
+    EXPECT_EQ(openblas_threads(), 1);
+  }
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kGemm), dew::builtin_split(dew::Workload::kGemm).intra);
+
+  // Recording another workload keeps the first; the environment and an explicit count still win.
+  dew::record_measured_splits(path, {{dew::Workload::kGemm, {{2, 1}, 3.0, "2026-12-03 08:00 UTC"}}});
+  EXPECT_EQ(dew::cached_split(path, dew::Workload::kIntraOp)->split.intra, 1);
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kGemm), 2);
+  EXPECT_EQ(at::get_num_threads(), 2);
+  setenv("OMP_NUM_THREADS", "2", 1);
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), 2);
+  unsetenv("OMP_NUM_THREADS");
+  EXPECT_EQ(dew::set_threads(3, dew::Workload::kIntraOp), 3);
+
+  // The file is what the header says: format 1, machines by key, workloads by name.
+  const auto j = dew::json::parse(std::ifstream(path));
+  EXPECT_EQ(j["format"], 1);
+  EXPECT_EQ(j["machines"][dew::machine_key()]["intra_op"]["intra"], 1);
+  EXPECT_EQ(j["machines"][dew::machine_key()]["gemm"]["measured_at"], "2026-12-03 08:00 UTC");
+  at::set_num_threads(before);
+}
+
+TEST(Threads, AnEntryForAnotherMachineIsIgnored) {
+  const int before = at::get_num_threads();
+  dew::test::TempDir dir("threads_other");
+  const std::string path = dir.file("threads.json");
+  EnvUnset omp("OMP_NUM_THREADS");
+  EnvSet cache("DEW_THREADS_CACHE", path.c_str());
+  const dew::json other = {{"intra_op", {{"intra", 7}, {"blas", 3}, {"ms", 1.0}, {"measured_at", "x"}}}};
+  write_text(path, dew::json{{"format", 1}, {"machines", {{dew::machine_key() + " (another)", other}}}}.dump());
+  EXPECT_FALSE(dew::cached_split(path, dew::Workload::kIntraOp));
+  EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), dew::builtin_split(dew::Workload::kIntraOp).intra);
+
+  // Writing this machine's entry keeps the other machine's.
+  dew::record_measured_splits(path, {{dew::Workload::kIntraOp, {{1, 2}, 5.0, "today"}}});
+  const auto j = dew::json::parse(std::ifstream(path));
+  EXPECT_EQ(j["machines"][dew::machine_key() + " (another)"], other);
+  EXPECT_EQ(dew::cached_split(path, dew::Workload::kIntraOp)->split.blas, 2);
+  at::set_num_threads(before);
+}
+
+TEST(Threads, ACorruptCacheFallsBackToTheBuiltInDefault) {
+  const int before = at::get_num_threads();
+  dew::test::TempDir dir("threads_corrupt");
+  const std::string path = dir.file("threads.json");
+  EnvUnset omp("OMP_NUM_THREADS");
+  EnvSet cache("DEW_THREADS_CACHE", path.c_str());
+  const int64_t builtin = dew::builtin_split(dew::Workload::kIntraOp).intra;
+  const dew::json bad_count = {{"intra_op", {{"intra", 0}, {"blas", 1}}}};
+  for (const std::string& text :
+       {std::string("{not json"), std::string("[1, 2]"), std::string(R"({"format": 99, "machines": {}})"),
+        dew::json{{"format", 1}, {"machines", {{dew::machine_key(), bad_count}}}}.dump(),
+        dew::json{{"format", 1}, {"machines", {{dew::machine_key(), {{"intra_op", {{"intra", "2"}, {"blas", 1}}}}}}}}
+            .dump()}) {
+    write_text(path, text);
+    EXPECT_FALSE(dew::cached_split(path, dew::Workload::kIntraOp)) << text;
+    int64_t got = -1;
+    EXPECT_NO_THROW(got = dew::set_threads(0, dew::Workload::kIntraOp)) << text;
+    EXPECT_EQ(got, builtin) << text;
+  }
+  // tune replaces a corrupt file.
+  dew::record_measured_splits(path, {{dew::Workload::kIntraOp, {{1, 1}, 1.0, "today"}}});
+  EXPECT_EQ(dew::cached_split(path, dew::Workload::kIntraOp)->split.intra, 1);
+  at::set_num_threads(before);
+}
+
+TEST(Threads, WorkloadNamesRoundTrip) {
+  for (auto w : {dew::Workload::kIntraOp, dew::Workload::kGemm})
+    EXPECT_EQ(dew::parse_workload(dew::workload_name(w), "--workloads"), w);
+  const auto msg = dew::test::error_of([] { dew::parse_workload("matmul", "--workloads"); });
+  EXPECT_NE(msg.find("--workloads"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("intra_op, gemm"), std::string::npos) << msg;
 }
 
 }  // namespace
