@@ -7,11 +7,13 @@ model): chosen and rejected rows concatenated into one [2B, L] batch (concatenat
 model (a frozen deepcopy of the starting policy) run on it under torch.no_grad, the policy run on it, each
 row's log-probs of its shifted labels (log_softmax + gather) masked by the completion mask and summed, the
 loss -logsigmoid(beta * ((chosen - ref chosen) - (rejected - ref rejected))) averaged over pairs and the
-reward metrics (.item() of their means, as TRL logs them), backward, torch.optim.AdamW (decay on matrices,
-as dew), zero_grad. The reference never changes, so there is no EMA.
+reward metrics (.item() of their means, as TRL logs them); then dew's trainer step around the loss
+(bench/peer.py): loss.item() and its isfinite check, backward, clip_grad_norm_ to --optim's grad_clip, the
+schedule's learning rate, torch.optim.AdamW (decay on matrices, as dew), zero_grad(set_to_none). The
+reference never changes, so there is no EMA.
 
     /usr/bin/python3 bench/dpo_peer.py --config '{"vocab_size": 257, ...}' --params 886272 \
-        --batch 32 --seq-len 48 --completion-len 10 --steps 20 --warmup 5 --threads 1
+        --batch 32 --seq-len 48 --completion-len 10 --steps 20 --warmup 5 --threads 1 --optim '{"lr": 0.001}'
 
 prints one JSON line with the keys of bench/peer.py plus tokens_per_s (policy tokens, 2 x batch x seq-len).
 """
@@ -57,7 +59,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--optim", default="{}", help="dew's OptimOptions as JSON (lr, schedule, warm-up, grad_clip, ...)")
     a = ap.parse_args()
+    optim = peer.parse_optim(a.optim)
     if a.device != "cpu":
         fail("the DPO peer runs on the CPU only")
     if min(a.batch, a.steps, a.threads, a.completion_len) < 1 or a.warmup < 0 or a.seq_len <= a.completion_len:
@@ -79,9 +83,8 @@ def main():
     for p in reference.parameters():
         p.requires_grad_(False)
     params = list(policy.parameters())
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": peer.WEIGHT_DECAY},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=peer.LR, betas=peer.BETAS, eps=peer.EPS)
+    opt = peer.adamw(params, optim)
+    total = a.warmup + a.steps
 
     # Fixed pairs (as the C++ side): random bytes, one prompt per pair, the last completion-len tokens differ.
     B, L, C = a.batch, a.seq_len, a.completion_len
@@ -95,6 +98,7 @@ def main():
     times, loss = [], 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
         with torch.no_grad():
             ref = sequence_logps(reference(ids), ids, masks)
         pol = sequence_logps(policy(ids), ids, masks)
@@ -105,13 +109,16 @@ def main():
                    "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item(),
                    "rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
                    "logps/chosen": pol[:B].detach().mean().item(), "logps/rejected": pol[B:].detach().mean().item()}
+        loss = l.item()
+        if not math.isfinite(loss):
+            fail(f"non-finite loss {loss} at step {i}")
         t1 = time.perf_counter()
         l.backward()
+        peer.clip(params, optim)
         t2 = time.perf_counter()
+        peer.set_lr(opt, optim, i, total)
         opt.step()
-        opt.zero_grad()
         t3 = time.perf_counter()
-        loss = float(l)
         if i >= a.warmup:
             times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
     if not math.isfinite(loss) or not all(math.isfinite(v) for v in metrics.values()):

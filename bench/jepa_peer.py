@@ -6,12 +6,13 @@ Conv2d patch embedding, a fixed 2D sin-cos table, pre-norm blocks with a fused q
 softmax attention, exact GELU, final LayerNorm; the predictor maps to its width, adds the mask token and the
 target positions, and projects back), and so is the step (src/train.py): the target encoder's LayerNorm'd
 features at the target blocks without gradients, the context encoder on the context block, the predictor,
-the loss (MSE, as dew's default), backward, AdamW (weight decay on matrices), then the momentum update of the
-target encoder parameter by parameter. Masks: I-JEPA's multi-block rule (4 targets, scale (0.15, 0.2),
+the loss (MSE, as dew's default), then dew's trainer step around it (bench/peer.py): loss.item() and its
+isfinite check, backward, clip_grad_norm_ to --optim's grad_clip, the schedule's learning rate, AdamW (weight
+decay on matrices), then the momentum update of the target encoder parameter by parameter. Masks: I-JEPA's multi-block rule (4 targets, scale (0.15, 0.2),
 aspect (0.75, 1.5), one context block of scale (0.85, 1.0) minus the targets), drawn every step.
 
     /usr/bin/python3 bench/jepa_peer.py --config '{"encoder": {...}, "predictor": {...}}' --batch 32 \
-        --steps 20 --warmup 5 --threads 1 --params 1234567
+        --steps 20 --warmup 5 --threads 1 --params 1234567 --optim '{"lr": 0.001, ...}'
 
 prints one JSON line with the keys of bench/peer.py.
 """
@@ -30,7 +31,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-LR, BETAS, EPS, WEIGHT_DECAY, MOMENTUM = 1e-3, (0.9, 0.999), 1e-8, 0.01, 0.996
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peer  # noqa: E402  (dew's optimizer, schedule and clip)
+
+MOMENTUM = 0.996
 
 
 def fail(msg):
@@ -178,7 +182,9 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--params", type=int, default=-1)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--optim", default="{}", help="dew's OptimOptions as JSON (lr, schedule, warm-up, grad_clip, ...)")
     a = ap.parse_args()
+    optim = peer.parse_optim(a.optim)
     if a.device != "cpu":
         fail("the JEPA peer runs on the CPU only")
     cfg = json.loads(a.config)
@@ -192,9 +198,8 @@ def main():
     if a.params >= 0 and n != a.params:
         fail(f"{n} parameters here and {a.params} in C++: the two models differ")
     params = list(enc.parameters()) + list(pred.parameters())
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
-                             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-                            lr=LR, betas=BETAS, eps=EPS)
+    opt = peer.adamw(params, optim)
+    total = a.warmup + a.steps
     f = cfg["encoder"]
     G = f["image_size"] // f["patch_size"]
     g = torch.Generator().manual_seed(1)
@@ -203,6 +208,7 @@ def main():
     times, loss = [], 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
         xf = x.float() / 127.5 - 1
         ctx, tgt = masks(g, a.batch, G, G)
         with torch.no_grad():
@@ -210,20 +216,21 @@ def main():
             h = torch.cat([gather(h, m) for m in tgt], 0)
         z = pred(enc(xf, ctx), ctx, tgt)
         l = F.mse_loss(z, h)
+        loss = l.item()
+        if not math.isfinite(loss):
+            fail(f"non-finite loss {loss} at step {i}")
         t1 = time.perf_counter()
         l.backward()
+        peer.clip(params, optim)
         t2 = time.perf_counter()
+        peer.set_lr(opt, optim, i, total)
         opt.step()
         with torch.no_grad():
             for q, k in zip(enc.parameters(), target.parameters()):
                 k.data.mul_(MOMENTUM).add_((1.0 - MOMENTUM) * q.detach().data)
-        opt.zero_grad(set_to_none=True)
         t3 = time.perf_counter()
-        loss = float(l)
         if i >= a.warmup:
             times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
-    if not math.isfinite(loss):
-        fail(f"non-finite loss {loss}")
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
     print(json.dumps({
         "ms_per_step": med[0], "samples_per_s": a.batch / (med[0] / 1e3),

@@ -185,10 +185,11 @@ def build(fields, seq_needed):
 
 
 class Step(peer.TrainStep):
-    """One training step: forward, cross entropy, then the diffusion peer's backward, AdamW, EMA."""
+    """One training step: forward, cross entropy, then the diffusion peer's (dew's trainer step) finite check,
+    backward, clip, schedule, AdamW, EMA."""
 
-    def __init__(self, model, tokens):
-        super().__init__(model)
+    def __init__(self, model, tokens, optim, total):
+        super().__init__(model, optim, total)
         self.tokens = tokens
 
     def loss(self):
@@ -230,8 +231,10 @@ def main():
     ap.add_argument("--gen-reps", type=int, default=5, help="timed generations (after one untimed)")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    ap.add_argument("--optim", default="{}", help="dew's OptimOptions as JSON (lr, schedule, warm-up, grad_clip, ...)")
     a = ap.parse_args()
     peer.use_device(a.device)
+    optim = peer.parse_optim(a.optim)
     if min(a.batch, a.seq_len, a.steps, a.threads, a.prompt_len, a.new_tokens, a.gen_reps) < 1 or a.warmup < 0:
         fail("--batch, --seq-len, --steps, --threads, --prompt-len, --new-tokens and --gen-reps must be >= 1, "
              "--warmup >= 0")
@@ -252,15 +255,15 @@ def main():
     g = peer.generator(1)
     tokens = torch.randint(0, V, (a.batch, a.seq_len + 1), generator=g)
     prompt = torch.randint(0, V, (1, a.prompt_len), generator=g)
-    step = Step(model, tokens)
+    step = Step(model, tokens, optim, a.warmup + a.steps)
     times, loss = [], 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         fwd, bwd, opt, loss = step.run()
+        if not math.isfinite(loss):
+            fail(f"non-finite loss {loss} at step {i}")
         if i >= a.warmup:
             times.append((time.perf_counter() - t0, fwd, bwd, opt))
-    if not math.isfinite(loss):
-        fail(f"non-finite loss {loss}")
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
 
     model.eval()

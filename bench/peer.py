@@ -2,14 +2,18 @@
 """Python eager peer of `dew bench`: the same models and the same training step, in plain PyTorch.
 
 SimpleDiT and Unet are re-implemented layer for layer from dew/nn (same layers, same parameter shapes,
-same initialisation scheme); the step is the one `dew bench` times in C++: EDM training inputs
-(sigma = exp(P_mean + P_std n), c_in / c_skip / c_out preconditioning, loss 0.5 lambda (D - x0)^2),
-forward, backward, torch.optim.AdamW, then an fp32 EMA of every parameter. The code is written the way a
-PyTorch user would write it (nn modules, F.linear through nn.Linear, the optimizer's defaults), because
-that is the baseline the C++ numbers are compared with.
+same initialisation scheme); the step is the one `dew bench` times in C++, dew's trainer step
+(Trainer::train_step) around DiffusionObjective: uint8 images to [-1, 1], EDM training inputs
+(sigma = exp(P_mean + P_std n), c_in / c_skip / c_out preconditioning, loss 0.5 lambda (D - x0)^2), labels
+replaced by the null class with probability --unconditional-prob, forward, loss.item() and its isfinite
+check (a non-finite loss skips the update), backward, torch.nn.utils.clip_grad_norm_ to the optimizer's
+grad_clip, the learning rate of dew's schedule (linear warm-up, then cosine / linear / constant) set on the
+optimizer, torch.optim.AdamW, then an fp32 EMA of every parameter. The code is written the way a PyTorch
+user would write it (nn modules, F.linear through nn.Linear, the optimizer's defaults), because that is
+the baseline the C++ numbers are compared with.
 
     /usr/bin/python3 bench/peer.py --model unet --config '{"feature_depths": [32, 64], ...}' \
-        --batch 32 --steps 20 --warmup 5 --threads 1 --params 1234567
+        --batch 32 --steps 20 --warmup 5 --threads 1 --params 1234567 --optim '{"lr": 0.001, ...}'
 
 prints one JSON line: {"ms_per_step", "samples_per_s", "peak_rss_mb", "params", "threads", ...}.
 Run one configuration per process: peak RSS (ru_maxrss) is a high-water mark of the whole process.
@@ -30,8 +34,57 @@ import torch.nn.functional as F
 
 # EDM "pixel" regime and data standard deviation, as dew's `edm` preset.
 P_MEAN, P_STD, SIGMA_DATA = -1.2, 1.2, 0.5
-# The step's hyper-parameters, as dew bench's C++ side (dew::training::OptimOptions, EMA).
+# The step's hyper-parameters, as dew bench's C++ side (dew::training::OptimOptions, EMA); --optim (the
+# C++ side's OptimOptions as JSON) replaces OPTIM's values.
 LR, BETAS, EPS, WEIGHT_DECAY, EMA_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01, 0.995
+OPTIM = {"name": "adamw", "lr": LR, "beta1": BETAS[0], "beta2": BETAS[1], "eps": EPS, "weight_decay": WEIGHT_DECAY,
+         "schedule": "cosine", "warmup_steps": 5, "min_lr_ratio": 0.1, "grad_clip": 1.0}
+
+
+def parse_optim(text):
+    """dew's OptimOptions from JSON (the keys this peer uses); AdamW only."""
+    try:
+        o = dict(OPTIM, **json.loads(text))
+    except ValueError as e:
+        fail(f"bad --optim: {e}")
+    if o["name"] != "adamw":
+        fail(f"--optim name {o['name']!r}: the peer implements adamw only")
+    if o["schedule"] not in ("cosine", "linear", "constant"):
+        fail(f"--optim schedule {o['schedule']!r}: accepted cosine, linear, constant")
+    return o
+
+
+def learning_rate(o, step, total):
+    """dew::training::learning_rate: linear warm-up from 0 over warmup_steps, then the decay to lr * min_lr_ratio."""
+    if step < o["warmup_steps"]:
+        return o["lr"] * (step + 1) / (o["warmup_steps"] + 1)
+    if o["schedule"] == "constant":
+        return o["lr"]
+    p = min(1.0, (step - o["warmup_steps"]) / max(1, total - o["warmup_steps"]))
+    floor = o["lr"] * o["min_lr_ratio"]
+    if o["schedule"] == "linear":
+        return floor + (o["lr"] - floor) * (1 - p)
+    return floor + (o["lr"] - floor) * 0.5 * (1 + math.cos(math.pi * p))
+
+
+def adamw(params, o):
+    """torch.optim.AdamW with dew's decay rule: matrices decayed, biases and norm scales not."""
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": o["weight_decay"]},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+
+
+def clip(params, o):
+    """dew's clip_grad_norm after backward: the global gradient norm clipped to grad_clip (0 = off)."""
+    if o["grad_clip"] > 0:
+        torch.nn.utils.clip_grad_norm_(params, o["grad_clip"])
+
+
+def set_lr(opt, o, step, total):
+    """The schedule's learning rate of `step` on every parameter group, before opt.step()."""
+    lr = learning_rate(o, step, total)
+    for g in opt.param_groups:
+        g["lr"] = lr
 
 
 # Where the peer runs (--device). On a CUDA device, torch.set_default_device puts every tensor the models
@@ -376,60 +429,80 @@ def build(model, fields):
 # ---- the training step ----
 
 class TrainStep:
-    """A training step around `loss()`: backward, AdamW (decay on matrices only, as dew's optimizer: biases
-    and norm scales are not decayed), then an fp32 EMA of every parameter. Subclasses provide loss()."""
+    """dew's trainer step around `loss(*batch)`: zero_grad (set_to_none, as dew), the loss, loss.item() and
+    its isfinite check (a non-finite loss skips the update), backward, the gradient clip, the schedule's
+    learning rate, AdamW (decay on matrices only, as dew's optimizer: biases and norm scales are not
+    decayed), then an fp32 EMA of every parameter (decay min(ema_decay, (1 + step) / (10 + step))).
+    `total` is the run's step count, the schedule's length. Subclasses provide loss()."""
 
-    def __init__(self, model):
+    def __init__(self, model, optim=None, total=1, ema_decay=EMA_DECAY):
         self.model = model
+        self.optim = optim or OPTIM
+        self.total = total
+        self.ema_decay = ema_decay
         self.params = [p for p in model.parameters()]
-        groups = [{"params": [p for p in self.params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
-                  {"params": [p for p in self.params if p.dim() < 2], "weight_decay": 0.0}]
-        self.opt = torch.optim.AdamW(groups, lr=LR, betas=BETAS, eps=EPS)
+        self.opt = adamw(self.params, self.optim)
         self.ema = [p.detach().clone().float() for p in self.params]
         self.step = 0
+        self.bad = 0
 
-    def run(self):
-        """Returns (forward, backward, optimizer) seconds and the loss."""
+    def run(self, *batch):
+        """Returns (forward, backward, optimizer) seconds and the loss; forward includes the finite check,
+        backward the clip, optimizer zero_grad, the update and the EMA."""
         sync()
         t0 = time.perf_counter()
-        loss = self.loss()
-        sync()
+        self.opt.zero_grad(set_to_none=True)
+        ts = time.perf_counter()
+        loss = self.loss(*batch)
+        value = loss.item()
         t1 = time.perf_counter()
+        if not math.isfinite(value):
+            self.bad += 1
+            self.step += 1
+            return t1 - ts, 0.0, ts - t0, value
         loss.backward()
+        clip(self.params, self.optim)
         sync()
         t2 = time.perf_counter()
+        set_lr(self.opt, self.optim, self.step, self.total)
         self.opt.step()
         with torch.no_grad():
-            d = min(EMA_DECAY, (1 + self.step) / (10 + self.step))
+            d = min(self.ema_decay, (1 + self.step) / (10 + self.step))
             for e, p in zip(self.ema, self.params):
                 e.mul_(d).add_(p, alpha=1 - d)
-        self.opt.zero_grad()
         sync()
         t3 = time.perf_counter()
         self.step += 1
-        return t1 - t0, t2 - t1, t3 - t2, loss.item()
+        return t1 - ts, t2 - t1, t3 - t2 + ts - t0, value
 
 
 class Step(TrainStep):
-    """One diffusion training step: EDM inputs, forward, loss, then TrainStep's backward, AdamW, EMA."""
+    """One diffusion training step (dew's DiffusionObjective, EDM pixel preset): uint8 images to [-1, 1], EDM
+    inputs, labels dropped to the null class with probability `drop`, forward, loss, then TrainStep's check,
+    backward, clip, schedule, AdamW, EMA."""
 
-    def __init__(self, model, x0, labels, seed, context=None, context_mask=None):
-        super().__init__(model)
-        self.x0, self.labels = x0, labels
+    def __init__(self, model, images, labels, seed, num_classes, drop, optim, total, context=None, context_mask=None):
+        super().__init__(model, optim, total)
+        self.images, self.labels, self.num_classes, self.drop = images, labels, num_classes, drop
         self.text = {} if context is None else {"context": context, "context_mask": context_mask}
         self.gen = generator(seed)
 
     def loss(self):
-        x0, B = self.x0, self.x0.shape[0]
+        x0 = self.images.float() / 127.5 - 1
+        B = x0.shape[0]
         sigma64 = (P_MEAN + P_STD * torch.randn(B, dtype=torch.float64, generator=self.gen)).exp()
         eps = torch.randn(x0.shape, generator=self.gen)
+        labels = self.labels
+        if self.num_classes > 0:
+            dropped = torch.rand(B, generator=self.gen) < self.drop
+            labels = torch.where(dropped, torch.full_like(labels, self.num_classes), labels)
         sigma = sigma64.float().view(B, 1, 1, 1)
         x_t = x0 + sigma * eps
         c_in = 1 / (sigma ** 2 + SIGMA_DATA ** 2).sqrt()
         c_skip = SIGMA_DATA ** 2 / (sigma ** 2 + SIGMA_DATA ** 2)
         c_out = sigma * SIGMA_DATA / (sigma ** 2 + SIGMA_DATA ** 2).sqrt()
         weight = ((sigma64 ** 2 + SIGMA_DATA ** 2) / (sigma64 * SIGMA_DATA) ** 2).float()
-        F_x = self.model(x_t * c_in, (sigma64.log() / 4).float(), self.labels, **self.text)
+        F_x = self.model(x_t * c_in, (sigma64.log() / 4).float(), labels, **self.text)
         D = c_skip * x_t + c_out * F_x
         return (0.5 * ((D - x0) ** 2).flatten(1).mean(1) * weight).mean()
 
@@ -475,8 +548,11 @@ def main():
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--context-len", type=int, default=0, help="text tokens of a random context (0: none)")
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    ap.add_argument("--optim", default="{}", help="dew's OptimOptions as JSON (lr, schedule, warm-up, grad_clip, ...)")
+    ap.add_argument("--unconditional-prob", type=float, default=0.12, help="probability of the null label")
     a = ap.parse_args()
     use_device(a.device)
+    optim = parse_optim(a.optim)
     if a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
         fail("--batch, --steps and --threads must be >= 1, --warmup >= 0")
     try:
@@ -494,21 +570,22 @@ def main():
         fail(f"{a.model} has {n} parameters here and {a.params} in C++: the two models differ")
 
     g = generator(1)
-    x0 = torch.rand(a.batch, fields.get("in_channels", 3), H, W, generator=g) * 2 - 1
+    images = torch.randint(0, 256, (a.batch, fields.get("in_channels", 3), H, W), generator=g, dtype=torch.uint8)
     labels = torch.randint(0, max(1, fields.get("num_classes", 0)), (a.batch,), generator=g)
     context = mask = None
     if a.context_len > 0:
         context = torch.randn(a.batch, a.context_len, fields["context_features"], generator=g)
         mask = torch.ones(a.batch, a.context_len, dtype=torch.bool)
-    step = Step(model, x0, labels, seed=2, context=context, context_mask=mask)
+    step = Step(model, images, labels, seed=2, num_classes=fields.get("num_classes", 0), drop=a.unconditional_prob,
+                optim=optim, total=a.warmup + a.steps, context=context, context_mask=mask)
     times, loss = [], 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         fwd, bwd, opt, loss = step.run()
+        if not math.isfinite(loss):
+            fail(f"non-finite loss {loss} at step {i}")
         if i >= a.warmup:
             times.append((time.perf_counter() - t0, fwd, bwd, opt))
-    if not math.isfinite(loss):
-        fail(f"non-finite loss {loss}")
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
     print(json.dumps(result(med, a.batch, n, loss)), flush=True)
 

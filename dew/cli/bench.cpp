@@ -1,11 +1,14 @@
-// `dew bench`: one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) of the
-// small CPU models, timed in C++ and, in the same invocation, in Python PyTorch eager (bench/peer.py),
+// `dew bench`: one diffusion training step of the small CPU models through the trainer's own step
+// (training::Trainer::train_step: DiffusionObjective's loss, the finite guard, backward, gradient clipping, the
+// learning-rate schedule, AdamW, the EMA), timed in C++ and, in the same invocation, in Python PyTorch eager
+// doing the same per step (bench/peer.py),
 // with the speed-up of the C++ side. `--models lm` times the causal_transformer language model instead
 // (a training step with cross entropy, and greedy KV-cache generation) against bench/lm_peer.py; `--models
 // jepa`, `dpo` and `grpo_rollout` time `dew train jepa`'s step, `dew train dpo`'s step and GRPO's batched
 // sampling rollouts against bench/jepa_peer.py, bench/dpo_peer.py and bench/grpo_rollout_peer.py; `--models
 // sd_unet,sd_vae` time a small Stable Diffusion UNet's training step and a VAE's encode + decode against the
-// real diffusers classes in Python (bench/sd_peer.py, built from the same config.json dict).
+// real diffusers classes in Python (bench/sd_peer.py, built from the same config.json dict). `--models train`
+// measures `dew train`'s throughput on the default recipe with its real data loader against bench/train_peer.py.
 //
 //   dew bench                                   # every diffusion model, intra-op {1,2} x OpenBLAS {1,2} threads
 //   dew bench --models unet --steps 10 --threads 1 --blas-threads 1 --out bench.md
@@ -51,8 +54,13 @@
 #include "dew/objectives/jepa.h"
 #include "dew/objectives/lm.h"
 #include "dew/core/rng.h"
+#include "dew/data/dataset.h"
+#include "dew/io/safetensors.h"
+#include "dew/objectives/diffusion.h"
+#include "dew/runs/run.h"
 #include "dew/sampling/generate.h"
 #include "dew/training/optim.h"
+#include "dew/training/trainer.h"
 
 extern char** environ;
 
@@ -101,13 +109,15 @@ constexpr int64_t kSdTrainTimesteps = 1000;
 constexpr double kSdBetaStart = 0.00085, kSdBetaEnd = 0.012;
 
 const char* kBenchUsage =
-    "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout,sd_unet,sd_vae | --all]\n"
+    "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout,sd_unet,sd_vae,train | --all]\n"
     "                 [--steps N] [--warmup W] [--batch B] [--seq-len S] [--threads 1,2] [--blas-threads 1,2]\n"
     "                 [--rounds R] [--no-peer] [--peer FILE] [--lm-peer FILE] [--jepa-peer FILE] [--dpo-peer FILE]\n"
-    "                 [--grpo-rollout-peer FILE] [--sd-peer FILE] [--diffusers-src DIR] [--peer-coretype CORE]\n"
+    "                 [--grpo-rollout-peer FILE] [--sd-peer FILE] [--train-peer FILE] [--diffusers-src DIR]\n"
+    "                 [--peer-coretype CORE]\n"
     "                 [--peer-malloc-like-dew] [--out FILE.md]\n"
     "\n"
-    "Times one full diffusion training step (EDM inputs, forward, loss, backward, AdamW, EMA) per model,\n"
+    "Times the trainer's own training step (Trainer::train_step: the loss, the finite guard, backward, gradient\n"
+    "clipping, the warm-up + cosine learning rate, AdamW, the EMA) of one diffusion model per row, on a fixed batch,\n"
     "in C++ and in Python PyTorch eager (bench/peer.py run by /usr/bin/python3), for every combination of\n"
     "LibTorch intra-op threads (--threads) and OpenBLAS threads (--blas-threads), each in a fresh process.\n"
     "Prints a markdown table with each side's fastest configuration and the speed-up (Python / C++).\n"
@@ -128,8 +138,11 @@ const char* kBenchUsage =
     "                  sd_unet: a small Stable Diffusion UNet2DConditionModel's training step (epsilon MSE,\n"
     "                  AdamW, EMA; 8 latents 4x16x16, text 16 x 64); sd_vae: AutoencoderKL encode + decode of\n"
     "                  4 3x64x64 images without gradients; both against the real diffusers v0.34.0 classes in\n"
-    "                  Python (bench/sd_peer.py), built from the same config.json dict\n"
-    "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet and sd_vae included\n"
+    "                  Python (bench/sd_peer.py), built from the same config.json dict. train: `dew train\n"
+    "                  diffusion`'s default recipe (unet, flow, batch 32) with its real Fashion-MNIST DataLoader,\n"
+    "                  in samples/s over the timed steps, against bench/train_peer.py (the same loop around a\n"
+    "                  torch.utils.data.DataLoader, num_workers 0, over the same images, dumped by dew)\n"
+    "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae and train included\n"
     "  --steps N       timed steps (grpo_rollout: rollouts) per configuration, median reported (default 20)\n"
     "  --warmup W      untimed steps first (default 5)\n"
     "  --batch B       batch size (default 32; lm, sd_vae: 4; sd_unet: 8; dpo: pairs; grpo_rollout: not used)\n"
@@ -147,6 +160,7 @@ const char* kBenchUsage =
     "  --dpo-peer FILE  the DPO step's Python peer (default: bench/dpo_peer.py, found the same way)\n"
     "  --grpo-rollout-peer FILE  the rollout's Python peer (default: bench/grpo_rollout_peer.py)\n"
     "  --sd-peer FILE  the Stable Diffusion components' Python peer (default: bench/sd_peer.py)\n"
+    "  --train-peer FILE  the train case's Python peer (default: bench/train_peer.py)\n"
     "  --diffusers-src DIR  the `src` folder of a diffusers v0.34.0 checkout the SD peer imports (default:\n"
     "                  $DEW_DIFFUSERS_SRC, else /tmp/diffusers_src/src); without it the SD models run C++ only\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
@@ -331,14 +345,24 @@ const BenchCase& sd_vae_case() {
   }();
   return c;
 }
+// `dew train`'s throughput: the default recipe (runs::default_recipe("diffusion"), what `dew train diffusion`
+// and scripts/demo run with no flags) with its real data loader; its fields are the recipe's.
+const BenchCase& train_case() {
+  static const BenchCase c{"train", "unet",
+                           "`dew train diffusion`'s default recipe: unet 1x28x28, depths [32,64], 1 res block, flow "
+                           "preset, Fashion-MNIST's 60000 training images through the DataLoader",
+                           runs::default_recipe("diffusion")["model"]["fields"]};
+  return c;
+}
+
 bool is_sd(const BenchCase* c) { return c == &sd_unet_case() || c == &sd_vae_case(); }
 // The diffusers config.json dict an SD case is built from.
 const json& reference_config(const BenchCase* c) { return c == &sd_unet_case() ? sd_unet_config() : sd_vae_config(); }
 
 // The cases beyond the diffusion table, in --all's order.
 const std::vector<const BenchCase*>& other_cases() {
-  static const std::vector<const BenchCase*> v = {&lm_case(),           &jepa_case(),     &dpo_case(),
-                                                  &grpo_rollout_case(), &sd_unet_case(), &sd_vae_case()};
+  static const std::vector<const BenchCase*> v = {&lm_case(),      &jepa_case(),   &dpo_case(), &grpo_rollout_case(),
+                                                  &sd_unet_case(), &sd_vae_case(), &train_case()};
   return v;
 }
 
@@ -429,120 +453,205 @@ std::chrono::steady_clock::time_point synced_now(const c10::Device& device) {
   return std::chrono::steady_clock::now();
 }
 
-// Runs warmup + steps training steps of one case and prints one JSON line (same keys as bench/peer.py).
-int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, int64_t threads,
-            const std::string& profile, const c10::Device& device) {
-  using clock = std::chrono::steady_clock;
-  auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  auto now = [&] { return synced_now(device); };
-  at::set_num_threads(int(threads));
-  at::manual_seed(0);  // parameter initialisation draws from the global generator
-  auto model = models::build(c.arch, c.fields);
-  model->to(device);
-  model->train();
-  training::NamedTensors params;
-  int64_t nparams = 0;
-  for (const auto& kv : model->named_parameters()) {
-    params.emplace_back(kv.key(), kv.value());
-    nparams += kv.value().numel();
-  }
-  training::OptimOptions oo;  // adamw, betas (0.9, 0.999), eps 1e-8, weight decay 0.01 on matrices
+// The optimizer of every step the bench times through the trainer: the trainer's defaults (AdamW, weight
+// decay 0.01 on matrices, global-norm clip 1.0 as every recipe keeps it, cosine decay to 0.1 lr) at peak lr
+// kLr, warmed up linearly over the untimed steps so the timed ones run the decay. The peers get it as
+// --optim JSON and apply the same schedule, clip and finite check.
+training::OptimOptions bench_optim(int64_t warmup) {
+  training::OptimOptions oo;
   oo.lr = kLr;
-  training::Optimizer opt(params, oo);
-  training::EMA ema(params, training::EmaSpec{kEmaDecay});
-  diffusion::PresetOptions po;
-  po.regime = "pixel";
-  diffusion::DiffusionProcess process(diffusion::preset("edm", po));
-
-  // A fixed batch stands in for the data loader: the bench times the step, not the input pipeline.
-  auto data_gen = at::detail::createCPUGenerator(1);
-  const auto& f = c.fields;
-  std::vector<int64_t> shape = {batch};
-  shape.insert(shape.end(), c.item.begin(), c.item.end());
-  const at::Tensor x0 = (at::rand(shape, data_gen) * 2 - 1).to(device);
-  Conditioning cond;
-  if (f.value("num_classes", int64_t(0)) > 0)
-    cond.labels = at::randint(0, f["num_classes"].get<int64_t>(), {batch}, data_gen).to(device);
-  if (c.context_len > 0) {
-    cond.context = at::randn({batch, c.context_len, f["context_features"].get<int64_t>()}, data_gen).to(device);
-    cond.context_mask = at::ones({batch, c.context_len}, at::TensorOptions().dtype(at::kBool).device(device));
-  }
-  auto step_gen = at::detail::createCPUGenerator(2);
-
-  std::vector<double> total, fwd, bwd, upd;
-  double loss_value = 0;
-  std::unique_ptr<torch::autograd::profiler::RecordProfile> trace;  // --profile: the timed steps only
-  for (int64_t i = 0; i < warmup + steps; ++i) {
-    if (i == warmup && !profile.empty()) trace = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
-    const auto t0 = now();
-    auto in = process.training_inputs(x0, step_gen);
-    auto loss = process.loss(model->forward(in.net_input, in.model_time, cond), in);
-    const auto t1 = now();
-    loss.backward();
-    const auto t2 = now();
-    opt.step(kLr);
-    ema.update(params, i);
-    opt.zero_grad();
-    const auto t3 = now();
-    loss_value = loss.item<double>();
-    if (i < warmup) continue;
-    total.push_back(secs(t3 - t0));
-    fwd.push_back(secs(t1 - t0));
-    bwd.push_back(secs(t2 - t1));
-    upd.push_back(secs(t3 - t2));
-  }
-  trace.reset();  // writes the trace file
-  DEW_CHECK(std::isfinite(loss_value), "bench ", c.name, ": non-finite loss ", loss_value);
-  std::cout << step_result(total, fwd, bwd, upd, batch, nparams, loss_value).dump() << std::endl;
-  return 0;
+  oo.warmup_steps = warmup;
+  return oo;
 }
 
-// Per-step seconds of an objective's training steps and the last loss.
+// A throwaway run directory under the system's temporary directory, removed with its contents at scope
+// exit. The trainer writes nothing into it unless a run of non-finite losses makes it checkpoint.
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& what) {
+    std::string pattern = (fs::temp_directory_path() / ("dew_bench_" + what + "_XXXXXX")).string();
+    DEW_CHECK(mkdtemp(pattern.data()) != nullptr, "bench: cannot create a temporary directory like ", pattern, ": ",
+              std::strerror(errno));
+    path = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+// Per-step seconds of training steps and the last loss. forward = taking the batch + the loss (the
+// objective's forward) + its finite check; backward = backward + gradient norm and clip; optimizer = the
+// rest of the step (zero_grad, AdamW, the EMA).
 struct StepTimes {
   std::vector<double> total, fwd, bwd, upd;
   double loss = 0;
   int64_t params = 0;
 };
 
-// warmup + steps training steps of `objective` on one fixed batch, as the trainer takes them: the loss
-// (forward; the generator of step i from (0, i, "objective")), backward, AdamW (lr kLr), the EMA of
-// `ema_spec`, zero_grad. The warm-up steps are not timed.
-StepTimes time_objective_steps(Objective& objective, const data::Batch& batch, const training::EmaSpec& ema_spec,
-                               int64_t warmup, int64_t steps, const c10::Device& device, const std::string& what) {
+// warmup + steps steps of `objective` through the trainer's own step (training::Trainer::train_step, the
+// step `dew train` takes: zero_grad, the objective's loss with its generators from (seed 0, step), the finite
+// guard, backward, clip_grad_norm, the warm-up + cosine learning rate, AdamW, the EMA of objective->ema()),
+// on `batch` every step: an in-memory loader over exactly its rows (in order, built on the caller's thread),
+// so data costs one gather of the batch. Autocast is off (both sides compute in fp32). The warm-up steps
+// are not timed; `profile` (non-empty) writes a Chrome trace of the timed steps.
+StepTimes time_trainer_steps(const ObjectivePtr& objective, const data::Batch& batch, int64_t warmup, int64_t steps,
+                             const c10::Device& device, const std::string& what, const std::string& profile = "") {
   auto secs = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  auto now = [&] { return synced_now(device); };
-  objective.module().train();
+  objective->module().train();
   StepTimes t;
-  training::NamedTensors params;
-  for (const auto& kv : objective.module().named_parameters()) {
-    if (!kv.value().requires_grad()) continue;
-    params.emplace_back(kv.key(), kv.value());
-    t.params += kv.value().numel();
-  }
-  training::OptimOptions oo;
-  oo.lr = kLr;
-  training::Optimizer opt(params, oo);
-  training::EMA ema(params, ema_spec, warmup + steps);
-  objective.bind_ema(ema.averages());
+  for (const auto& p : objective->module().parameters())
+    if (p.requires_grad()) t.params += p.numel();
+  data::LoaderOptions lo;
+  lo.batch_size = batch.begin()->second.size(0);
+  lo.shuffle = false;
+  lo.num_workers = 0;
+  auto loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(batch, "bench " + what), lo);
+  training::TrainerOptions to;
+  to.steps = warmup + steps;
+  to.autocast = "off";
+  TempDir dir(what);
+  training::Trainer trainer(objective, loader, bench_optim(warmup), to, dir.path.string(), /*seed=*/0);
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> trace;  // --profile: the timed steps only
   for (int64_t i = 0; i < warmup + steps; ++i) {
-    const auto t0 = now();
-    auto out = objective.loss(batch, i, rng::generator(0, uint64_t(i), "objective"));
-    const auto t1 = now();
-    out.loss.backward();
-    const auto t2 = now();
-    opt.step(kLr);
-    ema.update(params, i);
-    opt.zero_grad();
-    const auto t3 = now();
-    t.loss = out.loss.item<double>();
+    if (i == warmup && !profile.empty()) trace = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
+    const auto t0 = synced_now(device);
+    const training::StepOutcome out = trainer.train_step();
+    const auto t1 = synced_now(device);
+    DEW_CHECK(out.finite, "bench ", what, ": non-finite loss at step ", i);
+    t.loss = out.loss;
     if (i < warmup) continue;
-    t.total.push_back(secs(t3 - t0));
-    t.fwd.push_back(secs(t1 - t0));
-    t.bwd.push_back(secs(t2 - t1));
-    t.upd.push_back(secs(t3 - t2));
+    const double total = secs(t1 - t0), fwd = out.data_s + out.loss_s;
+    t.total.push_back(total);
+    t.fwd.push_back(fwd);
+    t.bwd.push_back(out.backward_s);
+    t.upd.push_back(std::max(0.0, total - fwd - out.backward_s));  // synced: on CUDA the update runs async
   }
-  DEW_CHECK(std::isfinite(t.loss), "bench ", what, ": non-finite loss ", t.loss);
+  trace.reset();  // writes the trace file
   return t;
+}
+
+// DiffusionObjective's loss in pixel space (images to [-1, 1], the process's training inputs, each label
+// replaced by the null class with probability unconditional_prob) with a fixed text context in place of the
+// text encoder the real objective would need: the bench's objective for the models that read a context
+// (simple_mmdit, hierarchical_mmdit). The other diffusion cases train the real DiffusionObjective.
+class FixedContextDiffusion : public Objective {
+ public:
+  FixedContextDiffusion(BackbonePtr model, diffusion::Preset preset, int64_t num_classes, Conditioning context)
+      : model_(std::move(model)), process_(std::move(preset)), num_classes_(num_classes), context_(std::move(context)) {}
+  std::string name() const override { return "bench_fixed_context_diffusion"; }
+  torch::nn::Module& module() override { return *model_; }
+  LossOutput loss(const data::Batch& batch, int64_t, at::Generator gen) override {
+    const auto device = model_->parameters().front().device();
+    const at::Tensor x0 = data::to_model_range(batch.at("image")).to(device);
+    auto in = process_.training_inputs(x0, gen);
+    Conditioning c = context_;
+    if (num_classes_ > 0) {
+      const at::Tensor& labels = batch.at("label");
+      auto drop = at::rand({x0.size(0)}, gen) < DiffusionObjectiveOptions{}.unconditional_prob;
+      c.labels = at::where(drop, at::full_like(labels, num_classes_), labels).to(device);
+    }
+    return {process_.loss(model_->forward(in.net_input, in.model_time, c), in), {}};
+  }
+  training::EmaSpec ema() const override { return {kEmaDecay}; }
+  std::vector<std::string> batch_fields() const override { return {"image", "label"}; }
+
+ private:
+  BackbonePtr model_;
+  diffusion::DiffusionProcess process_;
+  int64_t num_classes_;
+  Conditioning context_;
+};
+
+// Runs warmup + steps diffusion training steps of one case through the trainer and prints one JSON line
+// (same keys as bench/peer.py). The objective is `dew train diffusion`'s DiffusionObjective (EDM pixel
+// preset, unconditional_prob 0.12, EMA decay kEmaDecay) on a fixed batch of uint8 images and labels.
+int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, int64_t threads,
+            const std::string& profile, const c10::Device& device) {
+  at::set_num_threads(int(threads));
+  at::manual_seed(0);  // parameter initialisation draws from the global generator
+  auto model = models::build(c.arch, c.fields);
+  model->to(device);
+  diffusion::PresetOptions po;
+  po.regime = "pixel";
+  auto preset = diffusion::preset("edm", po);
+
+  // A fixed batch stands in for the data loader: the bench times the step, not the input pipeline.
+  auto data_gen = at::detail::createCPUGenerator(1);
+  const auto& f = c.fields;
+  const int64_t num_classes = f.value("num_classes", int64_t(0));
+  std::vector<int64_t> shape = {batch};
+  shape.insert(shape.end(), c.item.begin(), c.item.end());
+  data::Batch b{{"image", at::randint(0, 256, shape, data_gen).to(at::kByte)}};
+  if (num_classes > 0) b["label"] = at::randint(0, num_classes, {batch}, data_gen);
+  else b["label"] = at::zeros({batch}, at::kLong);
+  ObjectivePtr objective;
+  if (c.context_len > 0) {
+    Conditioning cond;
+    cond.context = at::randn({batch, c.context_len, f["context_features"].get<int64_t>()}, data_gen).to(device);
+    cond.context_mask = at::ones({batch, c.context_len}, at::TensorOptions().dtype(at::kBool).device(device));
+    objective = std::make_shared<FixedContextDiffusion>(model, preset, num_classes, cond);
+  } else {
+    DiffusionObjectiveOptions o;
+    o.ema_decay = kEmaDecay;
+    objective = std::make_shared<DiffusionObjective>(model, preset, o, num_classes, c.item);
+  }
+  const StepTimes t = time_trainer_steps(objective, b, warmup, steps, device, c.name, profile);
+  std::cout << step_result(t.total, t.fwd, t.bwd, t.upd, batch, t.params, t.loss).dump() << std::endl;
+  return 0;
+}
+
+// `dew train diffusion`'s default recipe as `dew train` builds it (runs::prepare: model, objective, the
+// Fashion-MNIST DataLoader with its worker thread), run directory `dir` (nothing is written there),
+// `threads` intra-op threads, `batch` items per batch (0: the recipe's).
+runs::PreparedRun prepare_default_train(const std::string& dir, int64_t threads, int64_t batch, const c10::Device& device) {
+  json recipe = runs::default_recipe("diffusion");
+  recipe["run"] = dir;
+  recipe["threads"] = threads;
+  recipe["device"] = device.str();
+  if (batch > 0) recipe["loader"]["batch_size"] = batch;
+  return runs::prepare("diffusion", recipe);
+}
+
+// Runs warmup + steps optimizer steps of `dew train`'s default recipe through the Trainer it builds
+// (train_step: the loader's next batch, the DiffusionObjective's loss, clip, schedule, AdamW, EMA) and prints
+// one JSON line: samples_per_s = items / seconds of the timed steps, ms_per_step their mean (the same
+// throughput), phases and data_ms medians (data_ms: waiting for the loader).
+int run_one_train(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const c10::Device& device) {
+  auto secs = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  TempDir dir("train");
+  auto run = prepare_default_train(dir.path.string(), threads, batch, device);
+  training::Trainer trainer(run.built.objective, run.built.loader, run.optim, run.trainer, dir.path.string(),
+                            uint64_t(run.options.seed));
+  std::vector<double> total, data, fwd, bwd, upd;
+  double seconds = 0, loss = 0;
+  int64_t samples = 0;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    const auto t0 = synced_now(device);
+    const training::StepOutcome out = trainer.train_step();
+    const auto t1 = synced_now(device);
+    DEW_CHECK(out.finite, "bench train: non-finite loss at step ", i);
+    loss = out.loss;
+    if (i < warmup) continue;
+    const double s = secs(t1 - t0);
+    seconds += s;
+    samples += out.samples;
+    total.push_back(s);
+    data.push_back(out.data_s);
+    fwd.push_back(out.loss_s);
+    bwd.push_back(out.backward_s);
+    upd.push_back(std::max(0.0, s - out.data_s - out.loss_s - out.backward_s));
+  }
+  int64_t nparams = 0;
+  for (const auto& p : trainer.parameters()) nparams += p.second.numel();
+  json j = step_result(total, fwd, bwd, upd, run.built.loader->options().batch_size, nparams, loss);
+  j["ms_per_step"] = seconds / double(steps) * 1e3;
+  j["samples_per_s"] = double(samples) / seconds;
+  j["data_ms"] = median(data) * 1e3;
+  std::cout << j.dump() << std::endl;
+  return 0;
 }
 
 // Runs warmup + steps language-model training steps, then 1 + kLmGenReps greedy generations, and prints
@@ -561,14 +670,15 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   LMObjectiveOptions lo;
   lo.seq_len = seq_len;
   lo.sample_tokens = 0;
-  LMObjective objective(model, nullptr, lo);
+  lo.ema_decay = kEmaDecay;
+  auto objective = std::make_shared<LMObjective>(model, nullptr, lo);
 
   // Fixed random ids stand in for the data loader, as in the diffusion bench.
   auto data_gen = at::detail::createCPUGenerator(1);
   const int64_t vocab = model->options.vocab_size();
   data::Batch batch_data{{"tokens", at::randint(0, vocab, {batch, seq_len + 1}, data_gen)}};
   const at::Tensor prompt_ids = at::randint(0, vocab, {kLmPrompt}, data_gen);
-  const StepTimes t = time_objective_steps(objective, batch_data, training::EmaSpec{kEmaDecay}, warmup, steps, device, "lm");
+  const StepTimes t = time_trainer_steps(objective, batch_data, warmup, steps, device, "lm");
 
   // Generation as `dew generate` runs it: prefill, then one token per forward with the KV cache.
   const std::vector<int64_t> prompt(prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + kLmPrompt);
@@ -612,10 +722,10 @@ int run_one_jepa(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, 
   auto predictor = models::build_token_predictor({{"architecture", "jepa_predictor"}, {"fields", jepa_predictor_fields()}});
   encoder->to(device);
   predictor->to(device);
-  JEPAObjective objective(encoder, predictor, JEPAObjectiveOptions{});
+  auto objective = std::make_shared<JEPAObjective>(encoder, predictor, JEPAObjectiveOptions{});
   auto data_gen = at::detail::createCPUGenerator(1);
   data::Batch b{{"image", at::randint(0, 256, {batch, 1, kImage, kImage}, data_gen).to(at::kByte)}};
-  const StepTimes t = time_objective_steps(objective, b, objective.ema(), warmup, steps, device, "jepa");
+  const StepTimes t = time_trainer_steps(objective, b, warmup, steps, device, "jepa");
   std::cout << step_result(t.total, t.fwd, t.bwd, t.upd, batch, t.params, t.loss).dump() << std::endl;
   return 0;
 }
@@ -644,9 +754,9 @@ int run_one_dpo(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, c
   at::Tensor mask = at::zeros({batch, 2, kDpoLen}, at::kBool);
   mask.narrow(2, kDpoLen - kDpoCompletion, kDpoCompletion).fill_(true);
   data::Batch rows{{"ids", ids}, {"completion_mask", mask}, {"index", at::arange(batch, at::kLong)}};
-  DPOObjective objective(model, DPOObjectiveOptions{}, rows, nullptr);
-  // time_objective_steps builds the trainer's EMA from objective.ema() (the frozen reference) and binds it.
-  const StepTimes t = time_objective_steps(objective, rows, objective.ema(), warmup, steps, device, "dpo");
+  auto objective = std::make_shared<DPOObjective>(model, DPOObjectiveOptions{}, rows, nullptr);
+  // The trainer builds its EMA from objective->ema() (the frozen reference) and binds it.
+  const StepTimes t = time_trainer_steps(objective, rows, warmup, steps, device, "dpo");
   json out = step_result(t.total, t.fwd, t.bwd, t.upd, batch, t.params, t.loss);
   out["tokens_per_s"] = double(2 * batch * kDpoLen) / (out["ms_per_step"].get<double>() / 1e3);
   std::cout << out.dump() << std::endl;
@@ -892,6 +1002,7 @@ struct Measurement {
   double ms = 0, samples_per_s = 0, peak_mb = 0;
   double fwd = 0, bwd = 0, opt = 0;
   double tokens_per_s = 0, gen_ms_per_token = 0, prefill_ms = 0;  // lm only
+  double data_ms = 0;                                             // train: waiting for the loader
   int64_t params = 0;
   std::string torch, blas_core;
 };
@@ -921,6 +1032,7 @@ Measurement measure(const std::vector<std::string>& argv, int64_t intra, int64_t
   m.tokens_per_s = j.value("tokens_per_s", 0.0);
   m.gen_ms_per_token = j.value("gen_ms_per_token", 0.0);
   m.prefill_ms = j.value("prefill_ms", 0.0);
+  m.data_ms = j.value("data_ms", 0.0);
   m.torch = j.value("torch", "");
   m.blas_core = j.value("blas_core", "");
   return m;
@@ -1027,7 +1139,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
                                "one", "peer-coretype", "seq-len", "lm-peer", "jepa-peer", "dpo-peer", "grpo-rollout-peer",
-                               "profile", "device", "sd-peer", "diffusers-src"},
+                               "profile", "device", "sd-peer", "diffusers-src", "train-peer"},
                               {"no-peer", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -1057,6 +1169,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (&c == &dpo_case()) return run_one_dpo(batch, warmup, steps, threads[0], device);
     if (&c == &grpo_rollout_case()) return run_one_grpo_rollout(warmup, steps, threads[0], device);
     if (&c == &sd_unet_case()) return run_one_sd_unet(sd_unet_batch, warmup, steps, threads[0], f.get("profile", ""), device);
+    if (&c == &train_case()) return run_one_train(f.get_int("batch", 0), warmup, steps, threads[0], device);
     if (&c == &sd_vae_case()) return run_one_sd_vae(sd_vae_batch, warmup, steps, threads[0], f.get("profile", ""), device);
     return run_one(c, batch, warmup, steps, threads[0], f.get("profile", ""), device);
   }
@@ -1066,7 +1179,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   std::string all_names;
   for (const auto& c : bench_cases()) all_names += (all_names.empty() ? "" : ",") + c.name;
   for (const BenchCase* c : other_cases()) all_names += "," + c->name;
-  bool any_diffusion = false, any_lm = false, any_jepa = false, any_dpo = false, any_rollout = false, any_sd = false;
+  bool any_diffusion = false, any_lm = false, any_jepa = false, any_dpo = false, any_rollout = false, any_sd = false,
+       any_train = false;
   for (const auto& name : split_list(f.get("models", f.has("all") ? all_names : "simple_dit,unet,unet_attn"), "models")) {
     const BenchCase* c = &find_case(name);
     DEW_CHECK(std::find(cases.begin(), cases.end(), c) == cases.end(), "--models: \"", name, "\" is listed twice");
@@ -1076,6 +1190,7 @@ int cmd_bench(const std::vector<std::string>& args) {
      : c == &dpo_case()          ? any_dpo
      : c == &grpo_rollout_case() ? any_rollout
      : is_sd(c)                  ? any_sd
+     : c == &train_case()        ? any_train
                                  : any_diffusion) = true;
   }
   DEW_CHECK(any_lm || !f.has("seq-len"), "--seq-len: only the language model uses it; add lm to --models");
@@ -1083,6 +1198,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   const fs::path exe = fs::read_symlink("/proc/self/exe");
   std::string peer, lm_peer, jepa_peer, dpo_peer, rollout_peer, python_torch, peer_note, lm_peer_note;
   std::string sd_peer, sd_peer_note;  // the SD peer and, when it cannot run, "peer: unavailable (why)"
+  std::string train_peer;             // bench/train_peer.py
   // The diffusers checkout the SD peer imports: --diffusers-src, else $DEW_DIFFUSERS_SRC, else the export
   // tests/golden/sd_reference.py makes.
   const char* diffusers_env = std::getenv("DEW_DIFFUSERS_SRC");
@@ -1095,6 +1211,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (any_dpo) dpo_peer = find_peer(f, exe, "dpo-peer", "dpo_peer.py");
     if (any_rollout) rollout_peer = find_peer(f, exe, "grpo-rollout-peer", "grpo_rollout_peer.py");
     if (any_sd) sd_peer = find_peer(f, exe, "sd-peer", "sd_peer.py");
+    if (any_train) train_peer = find_peer(f, exe, "train-peer", "train_peer.py");
     auto probe = run_child({kPython, "-c", "import torch; print(torch.__version__)"}, {}, /*quiet=*/true);
     if (probe.exit_code != 0) {
       peer_note = std::string("Python peer skipped: ") + kPython + " with torch is not available; C++ side only.";
@@ -1104,6 +1221,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       jepa_peer.clear();
       dpo_peer.clear();
       rollout_peer.clear();
+      train_peer.clear();
       if (any_sd) sd_peer_note = std::string("peer: unavailable (") + kPython + " with torch is not available)";
       sd_peer.clear();
     } else {
@@ -1140,13 +1258,39 @@ int cmd_bench(const std::vector<std::string>& args) {
   }
   if (f.has("peer-malloc-like-dew")) peer_env["GLIBC_TUNABLES"] = kKeepFreedMemoryTunables;
 
+  // The optimizer both sides of a step case use (bench_optim), and `dew train`'s default recipe for the
+  // train case: the parent prepares it once (its complete model fields, the Python peer's settings) and
+  // dumps its training images and labels for the peer, which reads them instead of the IDX files.
+  const std::string optim_json = to_json(bench_optim(warmup)).dump();
+  const int64_t train_batch =
+      f.get_int("batch", runs::default_recipe("diffusion")["loader"]["batch_size"].get<int64_t>());
+  std::unique_ptr<TempDir> train_dir;
+  json train_record;
+  std::string train_data;
+  if (any_train) {
+    train_dir = std::make_unique<TempDir>("train_data");
+    auto run = prepare_default_train((train_dir->path / "run").string(), 0, train_batch, device);
+    train_record = run.record;
+    train_record["optim"] = to_json(run.optim);
+    train_record["trainer"] = to_json(run.trainer);
+    const data::TensorDataset& ds = run.built.loader->dataset();
+    if (!train_peer.empty()) {
+      train_data = (train_dir->path / "train_data.safetensors").string();
+      io::save_safetensors(train_data, ds.fields());
+    }
+  }
+
   // The arguments both sides of case `c` get (a rollout's rows are fixed: no --batch).
   const auto common = [&](int64_t t, const BenchCase* c) {
     const bool lm = c == &lm_case();
     std::vector<std::string> a{"--steps", std::to_string(steps), "--warmup", std::to_string(warmup), "--threads",
                                std::to_string(t), "--device", device_name};
     if (c != &grpo_rollout_case())
-      a.insert(a.begin(), {"--batch", std::to_string(lm ? lm_batch : c == &sd_unet_case() ? sd_unet_batch : c == &sd_vae_case() ? sd_vae_batch : batch)});
+      a.insert(a.begin(), {"--batch", std::to_string(lm                     ? lm_batch
+                                                     : c == &sd_unet_case() ? sd_unet_batch
+                                                     : c == &sd_vae_case()  ? sd_vae_batch
+                                                     : c == &train_case()   ? train_batch
+                                                                            : batch)});
     if (lm) a.insert(a.end(), {"--seq-len", std::to_string(seq_len)});
     return a;
   };
@@ -1157,16 +1301,17 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (c == &lm_case())
       return lm_peer.empty() ? std::vector<std::string>{}
                              : std::vector<std::string>{kPython, lm_peer, "--config", r.fields, "--params", n,
-                                                        "--prompt-len", std::to_string(kLmPrompt), "--new-tokens",
+                                                        "--optim", optim_json, "--prompt-len", std::to_string(kLmPrompt), "--new-tokens",
                                                         std::to_string(kLmNewTokens), "--gen-reps",
                                                         std::to_string(kLmGenReps)};
     if (c == &jepa_case())
       return jepa_peer.empty() ? std::vector<std::string>{}
-                               : std::vector<std::string>{kPython, jepa_peer, "--config", r.fields, "--params", n};
+                               : std::vector<std::string>{kPython, jepa_peer, "--config", r.fields, "--params", n,
+                                                          "--optim", optim_json};
     if (c == &dpo_case())
       return dpo_peer.empty() ? std::vector<std::string>{}
                               : std::vector<std::string>{kPython, dpo_peer, "--config", r.fields, "--params", n,
-                                                         "--seq-len", std::to_string(kDpoLen), "--completion-len",
+                                                         "--optim", optim_json, "--seq-len", std::to_string(kDpoLen), "--completion-len",
                                                          std::to_string(kDpoCompletion)};
     if (c == &grpo_rollout_case())
       return rollout_peer.empty()
@@ -1185,10 +1330,16 @@ int cmd_bench(const std::vector<std::string>& args) {
         a.insert(a.end(), {"--image-size", std::to_string(c->item[1])});
       return a;
     }
+    if (c == &train_case()) {
+      if (train_peer.empty()) return {};
+      return {kPython, train_peer, "--config", r.fields, "--params", n, "--data", train_data, "--recipe",
+              train_record.dump()};
+    }
     if (peer.empty() || !c->peer) return {};
     return {kPython, peer, "--model", c->arch, "--config", r.fields, "--params", n, "--image",
             std::to_string(c->item[1]) + "x" + std::to_string(c->item[2]), "--context-len",
-            std::to_string(c->context_len)};
+            std::to_string(c->context_len), "--optim", optim_json, "--unconditional-prob",
+            fixed(DiffusionObjectiveOptions{}.unconditional_prob, 6)};
   };
   std::vector<Row> rows;
   for (const auto* c : cases) {
@@ -1201,6 +1352,10 @@ int cmd_bench(const std::vector<std::string>& args) {
           {{"architecture", c->arch}, {"fields", c == &lm_case() ? lm_fields(seq_len) : c->fields}});
       config = lm->config();
       model = lm.ptr();
+    } else if (c == &train_case()) {
+      auto denoiser = models::build(c->arch, train_record["model"]["fields"]);
+      config = denoiser->config();
+      model = denoiser;
     } else if (c == &sd_vae_case()) {
       auto vae = models::build_autoencoder({{"architecture", c->arch}, {"fields", c->fields}});
       config = vae->config();
@@ -1258,8 +1413,11 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Row* rollout_row = nullptr;  // the GRPO rollout
   const Row* sd_unet_row = nullptr;  // the Stable Diffusion UNet's step
   const Row* sd_vae_row = nullptr;   // the VAE's encode + decode
+  const Row* train_row = nullptr;    // `dew train` throughput
   for (const auto& r : rows) {
-    if (r.c == &lm_case())
+    if (r.c == &train_case())
+      train_row = &r;
+    else if (r.c == &lm_case())
       lrow = &r;
     else if (r.c == &jepa_case())
       jrow = &r;
@@ -1279,8 +1437,12 @@ int cmd_bench(const std::vector<std::string>& args) {
   // not recognise it falls back to SSE3 kernels, which shapes every number below. dew sets it for itself.
   const char* by_dew = std::getenv(kCoretypeMarker);
   const char* coretype = by_dew ? nullptr : std::getenv("OPENBLAS_CORETYPE");
-  auto core_of = [](const std::vector<Measurement>& ms) {
-    return ms.empty() || ms.front().blas_core.empty() ? std::string("n/a") : ms.front().blas_core;
+  // A side that cannot ask OpenBLAS (openblas_get_corename not reachable: another BLAS, or none loaded) says so.
+  auto core_of = [](const std::vector<Measurement>& ms, bool cpp) {
+    if (ms.empty()) return std::string("n/a (not run)");
+    if (!ms.front().blas_core.empty()) return ms.front().blas_core;
+    return std::string(cpp ? "unknown (openblas_get_corename is not reachable from dew's BLAS)"
+                           : "unknown (no libopenblas.so.0 with openblas_get_corename in the Python process)");
   };
   // keep_freed_memory() is idempotent; its answer is what the C++ children (dew processes too) did.
   const bool malloc_kept = keep_freed_memory();
@@ -1292,8 +1454,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       << " (C++)";
     if (with_peer) m << ", PyTorch " << python_torch << " (" << kPython << ")";
     const auto& probe_cfg = probe.configs.front();
-    m << "; OpenBLAS kernels " << core_of(probe_cfg.cpp) << " (C++)";
-    if (with_peer) m << ", " << core_of(probe_cfg.py) << " (Python)";
+    m << "; OpenBLAS kernels " << core_of(probe_cfg.cpp, true) << " (C++)";
+    if (with_peer) m << ", " << core_of(probe_cfg.py, false) << " (Python)";
     // The children inherit DEW_FUSED_ISA, so this process's choice is theirs.
     m << "; dew's fused kernels " << nn::fused_kernel_isa() << (std::getenv("DEW_FUSED_ISA") ? " (DEW_FUSED_ISA)" : "");
     m << "; OPENBLAS_CORETYPE " << (by_dew ? std::string("set by dew for itself (") + by_dew + ")"
@@ -1348,8 +1510,13 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (!drows.empty()) {
     const bool with_peer = !peer.empty();
     md << "## dew bench: one diffusion training step on the CPU\n\n"
-       << "Step: EDM pixel-regime inputs, forward, loss, backward, AdamW (lr " << kLr
-       << ", weight decay 0.01 on matrices), fp32 EMA (decay " << kEmaDecay << "); batch " << batch << ". Each "
+       << "Step: the trainer's own (training::Trainer::train_step, the step of `dew train`) on a fixed batch of "
+       << "uint8 images: DiffusionObjective with the EDM pixel preset (labels dropped to the null class with "
+       << "probability " << DiffusionObjectiveOptions{}.unconditional_prob << "; the models reading a text context "
+       << "get a fixed one), the finite check of the loss, backward, global-norm clip " << bench_optim(warmup).grad_clip
+       << ", learning rate warmed up over the untimed steps to " << kLr << " then cosine, AdamW (weight decay 0.01 on "
+       << "matrices), fp32 EMA (decay " << kEmaDecay << "); batch " << batch << ". Python: bench/peer.py, the same "
+       << "per step (torch.nn.utils.clip_grad_norm_, the lr set per step, loss.item() and isfinite). Each "
        << "configuration runs in a fresh process: " << warmup << " warm-up + " << steps << " timed steps, median; "
        << rounds << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
        << ", the fastest round reported. Thread "
@@ -1388,8 +1555,9 @@ int cmd_bench(const std::vector<std::string>& args) {
       }
     }
 
-    md << "\nWhere the time goes in each side's fastest run (ms, medians of the timed steps; forward includes "
-       << "the EDM inputs and the loss, optimizer the AdamW step, the EMA update and zero_grad):\n\n"
+    md << "\nWhere the time goes in each side's fastest run (ms, medians of the timed steps; forward: the batch, "
+       << "the EDM inputs, the loss and its finite check; backward: backward and the gradient clip; optimizer: the "
+       << "rest of the step, zero_grad, AdamW and the EMA update):\n\n"
        << "| model | side | forward | backward | optimizer |\n|---|---|---:|---:|---:|\n";
     for (const Row* r : drows) {
       std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
@@ -1410,8 +1578,9 @@ int cmd_bench(const std::vector<std::string>& args) {
        << "Model: causal_transformer, " << r.c->size << ", " << grouped(r.params) << " parameters.\n\n"
        << "Training step: batch " << lm_batch << " x " << seq_len << " tokens; forward, next-token cross entropy "
        << "(C++: LMObjective, `dew train lm`'s chunked fp32 cross entropy, which also counts correct argmaxes; "
-       << "Python: F.cross_entropy of the logits), backward, AdamW (lr " << kLr
-       << ", weight decay 0.01 on matrices), fp32 EMA (decay " << kEmaDecay << "); " << warmup << " warm-up + "
+       << "Python: F.cross_entropy of the logits), the finite check, backward, global-norm clip, warm-up + cosine "
+       << "lr (peak " << kLr << "), AdamW (weight decay 0.01 on matrices), fp32 EMA (decay " << kEmaDecay
+       << "); C++ through the trainer's step (Trainer::train_step); " << warmup << " warm-up + "
        << steps << " timed steps, median. Generation: batch 1, a " << kLmPrompt << "-token prompt, " << kLmNewTokens
        << " greedy new tokens with a KV cache, prefill then one token per forward (C++: sampling::generate_tokens, "
        << "as `dew generate`; Python: the cache as tensors concatenated per step); 1 untimed + " << kLmGenReps
@@ -1473,7 +1642,8 @@ int cmd_bench(const std::vector<std::string>& args) {
        << "Models: jepa_encoder + jepa_predictor, " << r.c->size << ", " << grouped(r.params)
        << " parameters. Step (`dew train jepa`'s): I-JEPA multi-block masks drawn, the target encoder's "
        << "LayerNorm'd features at the 4 target blocks without gradients, the context encoder on the context block, "
-       << "the predictor, MSE; backward; AdamW (lr " << kLr << ", weight decay 0.01 on matrices); the target "
+       << "the predictor, MSE; the finite check, backward, global-norm clip, warm-up + cosine lr (peak " << kLr
+       << "), AdamW (weight decay 0.01 on matrices), all through the trainer's step (Trainer::train_step); the target "
        << "encoder's momentum update (C++: the trainer's fp32 EMA the objective reads; Python: "
        << "bench/jepa_peer.py, I-JEPA's modules and its per-parameter update). Batch " << batch << "; " << warmup
        << " warm-up + " << steps << " timed steps, median; " << rounds << " round(s) per side"
@@ -1493,7 +1663,8 @@ int cmd_bench(const std::vector<std::string>& args) {
        << "-token prompt and differing in the last " << kDpoCompletion << " (the completion mask); the frozen "
        << "reference's forward on the " << 2 * batch << " rows without gradient, the policy's forward, each row's "
        << "summed completion log-probs, the sigmoid loss -logsigmoid(beta * (chosen - rejected log-ratio)) and its "
-       << "reward metrics; backward; AdamW (lr " << kLr << ", weight decay 0.01 on matrices). C++: DPOObjective "
+       << "reward metrics; the finite check, backward, global-norm clip, warm-up + cosine lr (peak " << kLr
+       << "), AdamW (weight decay 0.01 on matrices), through the trainer's step (Trainer::train_step). C++: DPOObjective "
        << "with the trainer's EMA as its reference (a frozen copy, never updated); Python: bench/dpo_peer.py, "
        << "TRL's step (concatenated chosen + rejected forward, a deepcopy as the reference). " << warmup
        << " warm-up + " << steps << " timed steps, median; " << rounds << " round(s) per side"
@@ -1594,6 +1765,48 @@ int cmd_bench(const std::vector<std::string>& args) {
         if (with_peer) md << " " << rounds_cell(cfg.py) << " |";
         md << "\n";
       }
+    }
+  }
+
+  if (train_row) {
+    const bool with_peer = !train_peer.empty();
+    const Row& r = *train_row;
+    if (!md.str().empty()) md << "\n";
+    const json& rec = train_record;
+    md << "## dew bench: `dew train` throughput, the default recipe with its data loader\n\n"
+       << "Run: " << r.c->size << " (" << grouped(r.params) << " parameters); batch " << train_batch
+       << ", optim " << rec["optim"].dump() << ", trainer.steps " << rec["trainer"]["steps"].dump()
+       << " (the schedule's length; " << warmup << " warm-up + " << steps << " timed steps run). C++: "
+       << "runs::prepare of the recipe, as `dew train diffusion` with no flags, and training::Trainer::train_step "
+       << "(the loader's next batch, DiffusionObjective's loss, the finite guard, backward, clip, the learning-rate "
+       << "schedule, AdamW, the EMA), the DataLoader with its " << rec["loader"]["num_workers"].dump()
+       << " worker thread(s) and prefetch " << rec["loader"]["prefetch"].dump()
+       << ". Python (bench/train_peer.py): the same unet, flow loss, label drop, clip, schedule and EMA around a "
+       << "torch.utils.data.DataLoader (num_workers 0, shuffle, same batch size, no augmentation as the recipe) over "
+       << "the same uint8 images and labels, dumped by dew. samples/s = items / seconds of the timed steps; data ms = "
+       << "median wait for the next batch; " << rounds << " round(s) per side"
+       << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported.\n\n"
+       << machine(r, with_peer);
+    std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
+    if (with_peer) sides.push_back({"Python", &Config::py});
+    md << "| side | best config | samples/s | ms/step | data ms | forward ms | backward ms | optimizer ms | peak MB |\n"
+       << "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides) {
+      const auto& m = fastest(r.configs, member);
+      md << "| " << side << " | " << config_name(m) << " | " << fixed(m.samples_per_s, 1) << " | " << fixed(m.ms, 1)
+         << " | " << fixed(m.data_ms, 2) << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | "
+         << fixed(m.opt, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md << "\nSpeed-up (C++ samples/s / Python samples/s): "
+         << fixed(fastest(r.configs, &Config::cpp).samples_per_s / fastest(r.configs, &Config::py).samples_per_s, 2)
+         << "x\n";
+    md << "\nEvery configuration (ms/step, each round's, fastest first):\n\n| intra | blas | C++ ms/step |"
+       << (with_peer ? " Python ms/step |" : "") << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
+    for (const auto& cfg : r.configs) {
+      md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
+      if (with_peer) md << " " << rounds_cell(cfg.py) << " |";
+      md << "\n";
     }
   }
 
