@@ -8,13 +8,16 @@
 // sampling rollouts against bench/jepa_peer.py, bench/dpo_peer.py and bench/grpo_rollout_peer.py; `--models
 // sd_unet,sd_vae` time a small Stable Diffusion UNet's training step and a VAE's encode + decode against the
 // real diffusers classes in Python (bench/sd_peer.py, built from the same config.json dict). `--models train`
-// measures `dew train`'s throughput on the default recipe with its real data loader against bench/train_peer.py.
+// measures `dew train`'s throughput on the default recipe with its real data loader against bench/train_peer.py;
+// `--models sample` times `dew sample RUN` (sample_diffusion: 100 images, 30 Euler steps, guidance 3) on the
+// default recipe's model against bench/sample_peer.py.
 //
 //   dew bench                                   # every diffusion model, intra-op {1,2} x OpenBLAS {1,2} threads
 //   dew bench --models unet --steps 10 --threads 1 --blas-threads 1 --out bench.md
 //   dew bench --models lm --rounds 1            # the language model
 //   dew bench --models dpo,grpo_rollout         # post-training: a DPO step, a GRPO rollout
 //   dew bench --models sd_unet,sd_vae           # Stable Diffusion components against diffusers
+//   dew bench --models sample --rounds 1        # `dew sample`: 100 images, 30 Euler steps
 //
 // Every (model, side, thread configuration) runs in a fresh child process (the dew binary re-executed
 // with the hidden `--one MODEL`, or the Python peer), so each peak RSS belongs to one configuration and
@@ -58,6 +61,7 @@
 #include "dew/io/safetensors.h"
 #include "dew/objectives/diffusion.h"
 #include "dew/runs/run.h"
+#include "dew/sampling/diffusion_sample.h"
 #include "dew/sampling/generate.h"
 #include "dew/training/optim.h"
 #include "dew/training/trainer.h"
@@ -107,12 +111,24 @@ constexpr int64_t kSdImage = 64;
 constexpr double kSdLr = 1e-4;
 constexpr int64_t kSdTrainTimesteps = 1000;
 constexpr double kSdBetaStart = 0.00085, kSdBetaEnd = 0.012;
+// `dew sample RUN` on the default recipe's model: kSampleImages images with `dew sample`'s defaults (solver
+// euler, kSampleSteps grid points, guidance kSampleGuidance on a class-conditional run, chunks of
+// DiffusionSampleOptions' batch_size); kSampleRuns timed sampling runs after kSampleWarmup untimed ones
+// (--steps and --warmup for this case), each side warmed up by one forward of every chunk's doubled batch first.
+// bench/sample_peer.py gets the same values.
+constexpr int64_t kSampleImages = 100;
+constexpr int64_t kSampleSteps = 30;
+constexpr double kSampleGuidance = 3.0;  // cmd_sample's default for a class-conditional or text run
+constexpr int64_t kSampleRuns = 1;    // one run is 60 forwards of 72-128 rows: 20-80 s on 2 shared cores
+constexpr int64_t kSampleWarmup = 0;  // the network-alone forwards before the runs warm every chunk's shape up
 
 const char* kBenchUsage =
-    "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout,sd_unet,sd_vae,train | --all]\n"
+    "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout,sd_unet,sd_vae,train,sample | --all]\n"
     "                 [--steps N] [--warmup W] [--batch B] [--seq-len S] [--threads 1,2] [--blas-threads 1,2]\n"
+    "                 [--images N] [--sample-steps S]\n"
     "                 [--rounds R] [--no-peer] [--peer FILE] [--lm-peer FILE] [--jepa-peer FILE] [--dpo-peer FILE]\n"
-    "                 [--grpo-rollout-peer FILE] [--sd-peer FILE] [--train-peer FILE] [--diffusers-src DIR]\n"
+    "                 [--grpo-rollout-peer FILE] [--sd-peer FILE] [--train-peer FILE] [--sample-peer FILE]\n"
+    "                 [--diffusers-src DIR]\n"
     "                 [--peer-coretype CORE]\n"
     "                 [--peer-malloc-like-dew] [--out FILE.md]\n"
     "\n"
@@ -141,10 +157,18 @@ const char* kBenchUsage =
     "                  Python (bench/sd_peer.py), built from the same config.json dict. train: `dew train\n"
     "                  diffusion`'s default recipe (unet, flow, batch 32) with its real Fashion-MNIST DataLoader,\n"
     "                  in samples/s over the timed steps, against bench/train_peer.py (the same loop around a\n"
-    "                  torch.utils.data.DataLoader, num_workers 0, over the same images, dumped by dew)\n"
-    "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae and train included\n"
-    "  --steps N       timed steps (grpo_rollout: rollouts) per configuration, median reported (default 20)\n"
-    "  --warmup W      untimed steps first (default 5)\n"
+    "                  torch.utils.data.DataLoader, num_workers 0, over the same images, dumped by dew).\n"
+    "                  sample: `dew sample RUN` (sample_diffusion with its defaults: solver euler, 30 steps,\n"
+    "                  guidance 3, chunks of 64) of 100 images on the default recipe's freshly initialised\n"
+    "                  model, without the PNG, in ms per sampling run and images/s, against\n"
+    "                  bench/sample_peer.py (the same Euler loop with classifier-free guidance, torch.no_grad)\n"
+    "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, train and sample included\n"
+    "  --steps N       timed steps (grpo_rollout: rollouts; sample: sampling runs, default 1) per configuration,\n"
+    "                  median reported (default 20)\n"
+    "  --warmup W      untimed steps first (default 5; sample: untimed sampling runs, default 0, after one\n"
+    "                  untimed forward of each chunk's doubled batch)\n"
+    "  --images N      sample: images per sampling run (default 100)\n"
+    "  --sample-steps S  sample: the sampler's steps (grid points; default 30, as `dew sample`)\n"
     "  --batch B       batch size (default 32; lm, sd_vae: 4; sd_unet: 8; dpo: pairs; grpo_rollout: not used)\n"
     "  --seq-len S     lm: training tokens per row (default 256)\n"
     "  --threads L     LibTorch intra-op thread counts to try (default 1,2)\n"
@@ -161,6 +185,7 @@ const char* kBenchUsage =
     "  --grpo-rollout-peer FILE  the rollout's Python peer (default: bench/grpo_rollout_peer.py)\n"
     "  --sd-peer FILE  the Stable Diffusion components' Python peer (default: bench/sd_peer.py)\n"
     "  --train-peer FILE  the train case's Python peer (default: bench/train_peer.py)\n"
+    "  --sample-peer FILE  the sample case's Python peer (default: bench/sample_peer.py)\n"
     "  --diffusers-src DIR  the `src` folder of a diffusers v0.34.0 checkout the SD peer imports (default:\n"
     "                  $DEW_DIFFUSERS_SRC, else /tmp/diffusers_src/src); without it the SD models run C++ only\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
@@ -355,6 +380,16 @@ const BenchCase& train_case() {
   return c;
 }
 
+// `dew sample RUN` on the model of the default recipe (the fields the train case trains; completed by runs::prepare
+// from the data: 1 channel in and out, 10 classes).
+const BenchCase& sample_case() {
+  static const BenchCase c{"sample", "unet",
+                           "`dew train diffusion`'s default recipe model (unet 1x28x28, depths [32,64], 1 res block, "
+                           "flow preset), freshly initialised",
+                           runs::default_recipe("diffusion")["model"]["fields"]};
+  return c;
+}
+
 bool is_sd(const BenchCase* c) { return c == &sd_unet_case() || c == &sd_vae_case(); }
 // The diffusers config.json dict an SD case is built from.
 const json& reference_config(const BenchCase* c) { return c == &sd_unet_case() ? sd_unet_config() : sd_vae_config(); }
@@ -362,7 +397,8 @@ const json& reference_config(const BenchCase* c) { return c == &sd_unet_case() ?
 // The cases beyond the diffusion table, in --all's order.
 const std::vector<const BenchCase*>& other_cases() {
   static const std::vector<const BenchCase*> v = {&lm_case(),      &jepa_case(),   &dpo_case(), &grpo_rollout_case(),
-                                                  &sd_unet_case(), &sd_vae_case(), &train_case()};
+                                                  &sd_unet_case(), &sd_vae_case(), &train_case(),
+                                                  &sample_case()};
   return v;
 }
 
@@ -651,6 +687,105 @@ int run_one_train(int64_t batch, int64_t warmup, int64_t steps, int64_t threads,
   j["samples_per_s"] = double(samples) / seconds;
   j["data_ms"] = median(data) * 1e3;
   std::cout << j.dump() << std::endl;
+  return 0;
+}
+
+// The sampling options `dew sample RUN` builds (cmd_sample) for a class-conditional run with no flags but
+// --count and --steps: solver euler, guidance kSampleGuidance (1 = unguided when the run has no classes), seed
+// 0, DiffusionSampleOptions' chunk size, one row per label cycling through the classes (for a count that is a
+// multiple of the class count, cmd_sample's labels: the class list repeated).
+DiffusionSampleOptions sample_options(const std::vector<int64_t>& shape, int64_t num_classes, int64_t images,
+                                      int64_t sample_steps) {
+  DiffusionSampleOptions g;
+  g.shape = shape;
+  g.solver = "euler";
+  g.steps = sample_steps;
+  g.seed = 0;
+  g.count = images;
+  g.guidance.scale = num_classes > 0 ? kSampleGuidance : 1.0;
+  if (num_classes > 0) g.labels = at::arange(images, at::kLong).remainder(num_classes);
+  g.clamp = true;  // a pixel run
+  return g;
+}
+
+// Runs warmup + steps sampling runs of `dew sample RUN` on the default recipe's model and prints one JSON line:
+// ms_per_step = ms per sampling run (median), samples_per_s = images/s. The run is built as
+// runs::open_diffusion_run builds a trained one (the recipe's model from its completed record, eval mode, on the
+// device; the process from its preset), the weights freshly initialised instead of loaded; each run is what
+// cmd_sample does per call after opening the run, except writing the PNG: sample_diffusion (no gradients; per
+// chunk of 64 the labels, the prior, sample_steps - 1 Euler steps and the final denoise, each a forward of the
+// doubled batch for classifier-free guidance, the clamp) then run.images (nothing in pixel space) and .cpu().
+// phases_ms.forward = the network's forwards alone on the same doubled chunks, measured after the runs (the median
+// of 3 per chunk, times sample_steps): an estimate of the model's share. One forward per chunk before the runs
+// warms every chunk's shape up.
+int run_one_sample(int64_t images, int64_t sample_steps, int64_t warmup, int64_t steps, int64_t threads,
+                   const c10::Device& device) {
+  using clock = std::chrono::steady_clock;
+  auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto now = [&] { return synced_now(device); };
+  json record;
+  {
+    TempDir dir("sample");
+    record = prepare_default_train(dir.path.string(), threads, 0, device).record;  // the loader ends here
+  }
+  at::set_num_threads(int(threads));
+  at::manual_seed(0);
+  BackbonePtr model = models::build(record["model"]["architecture"], record["model"]["fields"]);
+  model->to(device);
+  model->eval();
+  const diffusion::DiffusionProcess process(*diffusion::presets().build(record["preset"]));
+  const auto shape = record["derived"]["sample_shape"].get<std::vector<int64_t>>();
+  const int64_t num_classes = record["model"]["fields"].value("num_classes", int64_t(0));
+  int64_t nparams = 0;
+  for (const auto& p : model->parameters()) nparams += p.numel();
+  const DiffusionSampleOptions g = sample_options(shape, num_classes, images, sample_steps);
+  dew::validate(g, process);
+
+  // The network alone on each chunk's doubled batch (conditional rows, then the null class): one untimed forward
+  // per chunk before the runs (the warm-up of its shape's kernels and allocations), three timed after them.
+  const bool guided = g.guidance.scale != 1.0 && g.labels.defined();
+  const auto net_forwards = [&](int reps) {
+    at::NoGradGuard ng;
+    auto gen = at::detail::createCPUGenerator(3);
+    double ms = 0;
+    for (int64_t b0 = 0; b0 < images; b0 += g.batch_size) {
+      const int64_t n = std::min(g.batch_size, images - b0), rows = guided ? 2 * n : n;
+      std::vector<int64_t> xs = {rows};
+      xs.insert(xs.end(), shape.begin(), shape.end());
+      const at::Tensor x = at::randn(xs, gen).to(device);
+      const at::Tensor t = at::full({rows}, 500.0f, at::TensorOptions().device(device));
+      Conditioning c;
+      if (num_classes > 0) {
+        const at::Tensor l = g.labels.slice(0, b0, b0 + n);
+        c.labels = (guided ? at::cat({l, at::full_like(l, num_classes)}) : l).to(device);
+      }
+      std::vector<double> s;
+      for (int k = 0; k < reps; ++k) {
+        const auto t0 = now();
+        model->forward(x, t, c);
+        s.push_back(secs(now() - t0));
+      }
+      ms += median(s) * 1e3;
+    }
+    return ms;  // one forward of every chunk
+  };
+  net_forwards(1);
+
+  std::vector<double> total;
+  double out = 0;
+  for (int64_t r = 0; r < warmup + steps; ++r) {
+    const auto t0 = now();
+    const at::Tensor x = sample_diffusion(*model, process, g).cpu();  // run.images: pixel samples as they are
+    const auto t1 = now();
+    out = x.square().mean().item<double>();
+    DEW_CHECK(x.size(0) == images, "bench sample: ", x.size(0), " images, expected ", images);
+    if (r >= warmup) total.push_back(secs(t1 - t0));
+  }
+  DEW_CHECK(std::isfinite(out), "bench sample: non-finite samples (mean square ", out, ")");
+
+  const double net = net_forwards(3) / 1e3 * double(sample_steps);  // seconds per sampling run
+  const std::vector<double> none(total.size(), 0.0), fwd(total.size(), net);
+  std::cout << step_result(total, fwd, none, none, images, nparams, out).dump() << std::endl;
   return 0;
 }
 
@@ -1139,7 +1274,8 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Flags f = parse_flags(args,
                               {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out",
                                "one", "peer-coretype", "seq-len", "lm-peer", "jepa-peer", "dpo-peer", "grpo-rollout-peer",
-                               "profile", "device", "sd-peer", "diffusers-src", "train-peer"},
+                               "profile", "device", "sd-peer", "diffusers-src", "train-peer", "images", "sample-steps",
+                               "sample-peer"},
                               {"no-peer", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -1154,6 +1290,12 @@ int cmd_bench(const std::vector<std::string>& args) {
   const int64_t lm_batch = f.get_int("batch", 4), seq_len = f.get_int("seq-len", 256);
   const int64_t sd_unet_batch = f.get_int("batch", kSdUnetBatch), sd_vae_batch = f.get_int("batch", kSdVaeBatch);
   DEW_CHECK(seq_len >= 1, "--seq-len: must be >= 1, got ", seq_len);
+  // The sample case: sampling runs (timed, untimed), images per run, the sampler's steps.
+  const int64_t sample_runs = f.get_int("steps", kSampleRuns), sample_warmup = f.get_int("warmup", kSampleWarmup);
+  const int64_t sample_images = f.get_int("images", kSampleImages);
+  const int64_t sample_steps = f.get_int("sample-steps", kSampleSteps);
+  DEW_CHECK(sample_images >= 1, "--images: must be >= 1, got ", sample_images);
+  DEW_CHECK(sample_steps >= 1, "--sample-steps: must be >= 1, got ", sample_steps);
   const auto threads = int_list(f, "threads", "1,2");
   const auto blas_threads = int_list(f, "blas-threads", "1,2");
   const int64_t rounds = f.get_int("rounds", 2);
@@ -1170,6 +1312,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (&c == &grpo_rollout_case()) return run_one_grpo_rollout(warmup, steps, threads[0], device);
     if (&c == &sd_unet_case()) return run_one_sd_unet(sd_unet_batch, warmup, steps, threads[0], f.get("profile", ""), device);
     if (&c == &train_case()) return run_one_train(f.get_int("batch", 0), warmup, steps, threads[0], device);
+    if (&c == &sample_case())
+      return run_one_sample(sample_images, sample_steps, sample_warmup, sample_runs, threads[0], device);
     if (&c == &sd_vae_case()) return run_one_sd_vae(sd_vae_batch, warmup, steps, threads[0], f.get("profile", ""), device);
     return run_one(c, batch, warmup, steps, threads[0], f.get("profile", ""), device);
   }
@@ -1180,7 +1324,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   for (const auto& c : bench_cases()) all_names += (all_names.empty() ? "" : ",") + c.name;
   for (const BenchCase* c : other_cases()) all_names += "," + c->name;
   bool any_diffusion = false, any_lm = false, any_jepa = false, any_dpo = false, any_rollout = false, any_sd = false,
-       any_train = false;
+       any_train = false, any_sample = false;
   for (const auto& name : split_list(f.get("models", f.has("all") ? all_names : "simple_dit,unet,unet_attn"), "models")) {
     const BenchCase* c = &find_case(name);
     DEW_CHECK(std::find(cases.begin(), cases.end(), c) == cases.end(), "--models: \"", name, "\" is listed twice");
@@ -1191,14 +1335,18 @@ int cmd_bench(const std::vector<std::string>& args) {
      : c == &grpo_rollout_case() ? any_rollout
      : is_sd(c)                  ? any_sd
      : c == &train_case()        ? any_train
+     : c == &sample_case()       ? any_sample
                                  : any_diffusion) = true;
   }
   DEW_CHECK(any_lm || !f.has("seq-len"), "--seq-len: only the language model uses it; add lm to --models");
+  DEW_CHECK(any_sample || !(f.has("images") || f.has("sample-steps")),
+            "--images, --sample-steps: only the sample case uses them; add sample to --models");
 
   const fs::path exe = fs::read_symlink("/proc/self/exe");
   std::string peer, lm_peer, jepa_peer, dpo_peer, rollout_peer, python_torch, peer_note, lm_peer_note;
   std::string sd_peer, sd_peer_note;  // the SD peer and, when it cannot run, "peer: unavailable (why)"
   std::string train_peer;             // bench/train_peer.py
+  std::string sample_peer;            // bench/sample_peer.py
   // The diffusers checkout the SD peer imports: --diffusers-src, else $DEW_DIFFUSERS_SRC, else the export
   // tests/golden/sd_reference.py makes.
   const char* diffusers_env = std::getenv("DEW_DIFFUSERS_SRC");
@@ -1212,6 +1360,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (any_rollout) rollout_peer = find_peer(f, exe, "grpo-rollout-peer", "grpo_rollout_peer.py");
     if (any_sd) sd_peer = find_peer(f, exe, "sd-peer", "sd_peer.py");
     if (any_train) train_peer = find_peer(f, exe, "train-peer", "train_peer.py");
+    if (any_sample) sample_peer = find_peer(f, exe, "sample-peer", "sample_peer.py");
     auto probe = run_child({kPython, "-c", "import torch; print(torch.__version__)"}, {}, /*quiet=*/true);
     if (probe.exit_code != 0) {
       peer_note = std::string("Python peer skipped: ") + kPython + " with torch is not available; C++ side only.";
@@ -1222,6 +1371,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       dpo_peer.clear();
       rollout_peer.clear();
       train_peer.clear();
+      sample_peer.clear();
       if (any_sd) sd_peer_note = std::string("peer: unavailable (") + kPython + " with torch is not available)";
       sd_peer.clear();
     } else {
@@ -1264,17 +1414,18 @@ int cmd_bench(const std::vector<std::string>& args) {
   const std::string optim_json = to_json(bench_optim(warmup)).dump();
   const int64_t train_batch =
       f.get_int("batch", runs::default_recipe("diffusion")["loader"]["batch_size"].get<int64_t>());
+  // The sample case samples from the same recipe's model (its fields and preset from the same record).
   std::unique_ptr<TempDir> train_dir;
   json train_record;
   std::string train_data;
-  if (any_train) {
+  if (any_train || any_sample) {
     train_dir = std::make_unique<TempDir>("train_data");
     auto run = prepare_default_train((train_dir->path / "run").string(), 0, train_batch, device);
     train_record = run.record;
     train_record["optim"] = to_json(run.optim);
     train_record["trainer"] = to_json(run.trainer);
     const data::TensorDataset& ds = run.built.loader->dataset();
-    if (!train_peer.empty()) {
+    if (any_train && !train_peer.empty()) {
       train_data = (train_dir->path / "train_data.safetensors").string();
       io::save_safetensors(train_data, ds.fields());
     }
@@ -1283,9 +1434,13 @@ int cmd_bench(const std::vector<std::string>& args) {
   // The arguments both sides of case `c` get (a rollout's rows are fixed: no --batch).
   const auto common = [&](int64_t t, const BenchCase* c) {
     const bool lm = c == &lm_case();
-    std::vector<std::string> a{"--steps", std::to_string(steps), "--warmup", std::to_string(warmup), "--threads",
-                               std::to_string(t), "--device", device_name};
-    if (c != &grpo_rollout_case())
+    const bool sample = c == &sample_case();
+    std::vector<std::string> a{"--steps", std::to_string(sample ? sample_runs : steps), "--warmup",
+                               std::to_string(sample ? sample_warmup : warmup), "--threads", std::to_string(t),
+                               "--device", device_name};
+    if (sample)
+      a.insert(a.end(), {"--images", std::to_string(sample_images), "--sample-steps", std::to_string(sample_steps)});
+    else if (c != &grpo_rollout_case())
       a.insert(a.begin(), {"--batch", std::to_string(lm                     ? lm_batch
                                                      : c == &sd_unet_case() ? sd_unet_batch
                                                      : c == &sd_vae_case()  ? sd_vae_batch
@@ -1335,6 +1490,15 @@ int cmd_bench(const std::vector<std::string>& args) {
       return {kPython, train_peer, "--config", r.fields, "--params", n, "--data", train_data, "--recipe",
               train_record.dump()};
     }
+    if (c == &sample_case()) {
+      if (sample_peer.empty()) return {};
+      const DiffusionSampleOptions g =
+          sample_options(train_record["derived"]["sample_shape"].get<std::vector<int64_t>>(),
+                         train_record["model"]["fields"].value("num_classes", int64_t(0)), sample_images, sample_steps);
+      return {kPython, sample_peer, "--config", r.fields, "--params", n, "--preset", train_record["preset"].dump(),
+              "--shape", json(g.shape).dump(), "--solver", g.solver, "--guidance", fixed(g.guidance.scale, 6),
+              "--chunk", std::to_string(g.batch_size)};
+    }
     if (peer.empty() || !c->peer) return {};
     return {kPython, peer, "--model", c->arch, "--config", r.fields, "--params", n, "--image",
             std::to_string(c->item[1]) + "x" + std::to_string(c->item[2]), "--context-len",
@@ -1352,7 +1516,7 @@ int cmd_bench(const std::vector<std::string>& args) {
           {{"architecture", c->arch}, {"fields", c == &lm_case() ? lm_fields(seq_len) : c->fields}});
       config = lm->config();
       model = lm.ptr();
-    } else if (c == &train_case()) {
+    } else if (c == &train_case() || c == &sample_case()) {
       auto denoiser = models::build(c->arch, train_record["model"]["fields"]);
       config = denoiser->config();
       model = denoiser;
@@ -1414,9 +1578,12 @@ int cmd_bench(const std::vector<std::string>& args) {
   const Row* sd_unet_row = nullptr;  // the Stable Diffusion UNet's step
   const Row* sd_vae_row = nullptr;   // the VAE's encode + decode
   const Row* train_row = nullptr;    // `dew train` throughput
+  const Row* sample_row = nullptr;   // `dew sample`
   for (const auto& r : rows) {
     if (r.c == &train_case())
       train_row = &r;
+    else if (r.c == &sample_case())
+      sample_row = &r;
     else if (r.c == &lm_case())
       lrow = &r;
     else if (r.c == &jepa_case())
@@ -1803,6 +1970,58 @@ int cmd_bench(const std::vector<std::string>& args) {
          << "x\n";
     md << "\nEvery configuration (ms/step, each round's, fastest first):\n\n| intra | blas | C++ ms/step |"
        << (with_peer ? " Python ms/step |" : "") << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
+    for (const auto& cfg : r.configs) {
+      md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
+      if (with_peer) md << " " << rounds_cell(cfg.py) << " |";
+      md << "\n";
+    }
+  }
+
+  if (sample_row) {
+    const bool with_peer = !sample_peer.empty();
+    const Row& r = *sample_row;
+    if (!md.str().empty()) md << "\n";
+    const DiffusionSampleOptions g =
+        sample_options(train_record["derived"]["sample_shape"].get<std::vector<int64_t>>(),
+                       train_record["model"]["fields"].value("num_classes", int64_t(0)), sample_images, sample_steps);
+    const bool guided = g.guidance.scale != 1.0 && g.labels.defined();
+    const int64_t chunks = (sample_images + g.batch_size - 1) / g.batch_size;
+    md << "## dew bench: `dew sample`, " << sample_images << " images, " << sample_steps << " " << g.solver
+       << " steps\n\n"
+       << "Model: " << r.c->size << ", " << grouped(r.params) << " parameters; preset "
+       << train_record["preset"].dump() << ". Sampling (`dew sample RUN`'s defaults; C++: sample_diffusion, as "
+       << "cmd_sample calls it after opening the run, with run.images and .cpu(), without writing the PNG): "
+       << sample_images << " images in " << chunks << " chunk(s) of at most " << g.batch_size
+       << ", labels 0, 1, ... cycling through the " << train_record["model"]["fields"].value("num_classes", int64_t(0))
+       << " classes (for a multiple of the class count, `dew sample --count N`'s labels), solver " << g.solver
+       << " on the grid "
+       << "linspace(t_max, t_min, " << sample_steps << ") (" << sample_steps - 1 << " Euler steps, then the final "
+       << "denoise)" << (guided ? ", classifier-free guidance " + fixed(g.guidance.scale, 1) +
+                                      " (every forward on the doubled batch: the labels, then the null class)"
+                                : ", unguided")
+       << ", so " << sample_steps << " forwards per chunk, no gradients; then the clamp to [-1, 1]. Python "
+       << "(bench/sample_peer.py): bench/peer.py's Unet under torch.no_grad(), the same prior N(0, 1), grid, "
+       << "model time, guidance, x0 read-back and Euler update, the same chunks. Network ms: the model's "
+       << "forwards alone on the same doubled chunks, measured after the runs (the median of 3 per chunk, x "
+       << sample_steps << "; an estimate, noisy on a shared machine); rest = the sampling run minus that. Before "
+       << "the runs one forward of every chunk warms its shape up; then " << sample_warmup << " warm-up + "
+       << sample_runs << " timed sampling run(s) per configuration, median; " << rounds << " round(s) per side"
+       << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported.\n\n"
+       << machine(r, with_peer);
+    std::vector<std::pair<std::string, std::vector<Measurement> Config::*>> sides{{"C++", &Config::cpp}};
+    if (with_peer) sides.push_back({"Python", &Config::py});
+    md << "| side | best config | ms/sampling run | images/s | network ms (est.) | rest ms (est.) | peak MB |\n"
+       << "|---|---|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides) {
+      const auto& m = fastest(r.configs, member);
+      md << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 2)
+         << " | " << fixed(m.fwd, 1) << " | " << fixed(m.ms - m.fwd, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md << "\nSpeed-up (Python ms/sampling run / C++ ms/sampling run): "
+         << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+    md << "\nEvery configuration (ms/sampling run, each round's median, fastest first):\n\n| intra | blas | C++ |"
+       << (with_peer ? " Python |" : "") << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
     for (const auto& cfg : r.configs) {
       md << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
       if (with_peer) md << " " << rounds_cell(cfg.py) << " |";
