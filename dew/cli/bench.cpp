@@ -26,10 +26,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <sched.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -44,6 +41,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "dew/cli/child_process.h"
 #include "dew/cli/commands.h"
 #include "dew/cli/recipe.h"
 #include "dew/core/device.h"
@@ -66,7 +64,6 @@
 #include "dew/training/optim.h"
 #include "dew/training/trainer.h"
 
-extern char** environ;
 
 namespace fs = std::filesystem;
 
@@ -1072,56 +1069,6 @@ int run_one_sd_vae(int64_t batch, int64_t warmup, int64_t steps, int64_t threads
 }
 
 // ---- the parent: child processes and the report ----
-
-struct ChildResult {
-  int exit_code = -1;  // -1: could not be started or was killed
-  std::string out;     // its stdout
-};
-
-// Runs argv[0] (a path) with `env` added to this environment and the variables in `unset` removed,
-// capturing stdout; stderr passes through unless `quiet`.
-ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-                      bool quiet = false, const std::vector<std::string>& unset = {}) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) {
-    const std::string s(*e), name = s.substr(0, s.find('='));
-    if (!env.count(name) && std::find(unset.begin(), unset.end(), name) == unset.end()) env_strings.push_back(s);
-  }
-  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> cargv, cenv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  for (const auto& e : env_strings) cenv.push_back(const_cast<char*>(e.c_str()));
-  cenv.push_back(nullptr);
-
-  int fds[2];
-  DEW_CHECK(pipe(fds) == 0, "bench: cannot create a pipe: ", std::strerror(errno));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  posix_spawn_file_actions_addclose(&actions, fds[1]);
-  if (quiet) posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, cargv[0], &actions, nullptr, cargv.data(), cenv.data());
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  ChildResult r;
-  if (rc != 0) {
-    close(fds[0]);
-    return r;
-  }
-  char buf[4096];
-  ssize_t n = 0;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
-    if (n > 0) r.out.append(buf, size_t(n));
-  close(fds[0]);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  return r;
-}
 
 std::string quoted(const std::vector<std::string>& argv) {
   std::string s;

@@ -3,8 +3,6 @@
 // the table and records the fastest split of each workload in the thread cache (dew/core/threads.h), where
 // set_threads(0, workload) finds it.
 #include <dlfcn.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +16,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "dew/cli/child_process.h"
 #include "dew/cli/commands.h"
 #include "dew/cli/recipe.h"
 #include "dew/core/rng.h"
@@ -28,7 +27,6 @@
 #include "dew/runs/run.h"
 #include "dew/sampling/generate.h"
 
-extern char** environ;
 
 namespace fs = std::filesystem;
 
@@ -197,7 +195,7 @@ std::vector<double> time_generations(const ThreadSplit& split, int64_t warmup, i
   return ms;
 }
 
-int run_child(Workload workload, const ThreadSplit& split, int64_t warmup, int64_t steps) {
+int run_one_split(Workload workload, const ThreadSplit& split, int64_t warmup, int64_t steps) {
   auto get_blas = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   const std::vector<double> ms = workload == Workload::kIntraOp ? time_training_steps(split, warmup, steps)
                                                                 : time_generations(split, warmup, steps);
@@ -208,60 +206,16 @@ int run_child(Workload workload, const ThreadSplit& split, int64_t warmup, int64
 
 // ---- the parent ----
 
-struct ChildOutput {
-  int exit_code = -1;  // -1: not started, or killed by a signal
-  std::string out;     // its stdout
-};
-
-// Runs argv (argv[0] a path) with this environment plus `env` (replacing variables of the same name),
-// collecting stdout; stderr passes through.
-ChildOutput spawn_and_wait(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e) {
-    const std::string s(*e);
-    if (!env.count(s.substr(0, s.find('=')))) env_strings.push_back(s);
-  }
-  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> cargv, cenv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  for (const auto& e : env_strings) cenv.push_back(const_cast<char*>(e.c_str()));
-  cenv.push_back(nullptr);
-  int fds[2];
-  DEW_CHECK(pipe(fds) == 0, "tune threads: cannot create a pipe: ", std::strerror(errno));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, fds[0]);
-  posix_spawn_file_actions_addclose(&actions, fds[1]);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, cargv[0], &actions, nullptr, cargv.data(), cenv.data());
-  posix_spawn_file_actions_destroy(&actions);
-  close(fds[1]);
-  ChildOutput r;
-  if (rc == 0) {
-    char buf[4096];
-    ssize_t n = 0;
-    while ((n = read(fds[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR))
-      if (n > 0) r.out.append(buf, size_t(n));
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  }
-  close(fds[0]);
-  return r;
-}
-
 // The median ms of one split of one workload, measured in a child process.
 double measure(Workload w, const ThreadSplit& split, int64_t warmup, int64_t steps) {
   const std::string exe = fs::read_symlink("/proc/self/exe").string();
   const std::vector<std::string> argv = {exe, "tune", "threads", "--one", workload_name(w), "--split", split_text(split),
                                          "--warmup", std::to_string(warmup), "--steps", std::to_string(steps)};
   // The environment holds the split too, so OpenMP's pool starts at its size and set_threads keeps OpenBLAS's.
-  const ChildOutput c = spawn_and_wait(argv, {{"OMP_NUM_THREADS", std::to_string(split.intra)},
-                                              {"OPENBLAS_NUM_THREADS", std::to_string(split.blas)},
-                                              {"DEW_THREADS_CACHE", "off"}});
+  const ChildResult c = run_child(argv, {{"OMP_NUM_THREADS", std::to_string(split.intra)},
+                                         {"OPENBLAS_NUM_THREADS", std::to_string(split.blas)},
+                                         {"DEW_THREADS_CACHE", "off"}},
+                                  /*quiet=*/false, {}, "tune threads");
   std::string command;
   for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
   DEW_CHECK(c.exit_code == 0, "tune threads: the ", workload_name(w), " measurement of ", split_text(split),
@@ -310,7 +264,7 @@ int cmd_tune(const std::vector<std::string>& args) {
   DEW_CHECK(rounds >= 1, "--rounds: must be >= 1, got ", rounds);
   if (f.has("one")) {
     DEW_CHECK(f.has("split"), "--one: needs --split INTRAxBLAS");
-    return run_child(parse_workload(f.get("one", ""), "--one"), parse_split(f.get("split", ""), "--split"), warmup, steps);
+    return run_one_split(parse_workload(f.get("one", ""), "--one"), parse_split(f.get("split", ""), "--split"), warmup, steps);
   }
   DEW_CHECK(!f.has("split"), "--split: only with --one (use --splits for the candidates)");
 
