@@ -43,6 +43,7 @@
 
 #include "dew/cli/child_process.h"
 #include "dew/cli/commands.h"
+#include "dew/cli/measure.h"
 #include "dew/cli/recipe.h"
 #include "dew/core/device.h"
 #include "dew/core/threads.h"
@@ -497,24 +498,6 @@ training::OptimOptions bench_optim(int64_t warmup) {
   return oo;
 }
 
-// A throwaway run directory under the system's temporary directory, removed with its contents at scope
-// exit. The trainer writes nothing into it unless a run of non-finite losses makes it checkpoint.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& what) {
-    std::string pattern = (fs::temp_directory_path() / ("dew_bench_" + what + "_XXXXXX")).string();
-    DEW_CHECK(mkdtemp(pattern.data()) != nullptr, "bench: cannot create a temporary directory like ", pattern, ": ",
-              std::strerror(errno));
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
-
 // Per-step seconds of training steps and the last loss. forward = taking the batch + the loss (the
 // objective's forward) + its finite check; backward = backward + gradient norm and clip; optimizer = the
 // rest of the step (zero_grad, AdamW, the EMA).
@@ -537,21 +520,13 @@ StepTimes time_trainer_steps(const ObjectivePtr& objective, const data::Batch& b
   StepTimes t;
   for (const auto& p : objective->module().parameters())
     if (p.requires_grad()) t.params += p.numel();
-  data::LoaderOptions lo;
-  lo.batch_size = batch.begin()->second.size(0);
-  lo.shuffle = false;
-  lo.num_workers = 0;
-  auto loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(batch, "bench " + what), lo);
-  training::TrainerOptions to;
-  to.steps = warmup + steps;
-  to.autocast = "off";
-  TempDir dir(what);
-  training::Trainer trainer(objective, loader, bench_optim(warmup), to, dir.path.string(), /*seed=*/0);
+  TempDir dir("bench_" + what);
+  const auto trainer = fixed_batch_trainer(objective, batch, bench_optim(warmup), warmup + steps, dir.path.string());
   std::unique_ptr<torch::autograd::profiler::RecordProfile> trace;  // --profile: the timed steps only
   for (int64_t i = 0; i < warmup + steps; ++i) {
     if (i == warmup && !profile.empty()) trace = std::make_unique<torch::autograd::profiler::RecordProfile>(profile);
     const auto t0 = synced_now(device);
-    const training::StepOutcome out = trainer.train_step();
+    const training::StepOutcome out = trainer->train_step();
     const auto t1 = synced_now(device);
     DEW_CHECK(out.finite, "bench ", what, ": non-finite loss at step ", i);
     t.loss = out.loss;
@@ -654,7 +629,7 @@ runs::PreparedRun prepare_default_train(const std::string& dir, int64_t threads,
 // throughput), phases and data_ms medians (data_ms: waiting for the loader).
 int run_one_train(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const c10::Device& device) {
   auto secs = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); };
-  TempDir dir("train");
+  TempDir dir("bench_train");
   auto run = prepare_default_train(dir.path.string(), threads, batch, device);
   training::Trainer trainer(run.built.objective, run.built.loader, run.optim, run.trainer, dir.path.string(),
                             uint64_t(run.options.seed));
@@ -722,7 +697,7 @@ int run_one_sample(int64_t images, int64_t sample_steps, int64_t warmup, int64_t
   auto now = [&] { return synced_now(device); };
   json record;
   {
-    TempDir dir("sample");
+    TempDir dir("bench_sample");
     record = prepare_default_train(dir.path.string(), threads, 0, device).record;  // the loader ends here
   }
   at::set_num_threads(int(threads));
@@ -1366,7 +1341,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   json train_record;
   std::string train_data;
   if (any_train || any_sample) {
-    train_dir = std::make_unique<TempDir>("train_data");
+    train_dir = std::make_unique<TempDir>("bench_train_data");
     auto run = prepare_default_train((train_dir->path / "run").string(), 0, train_batch, device);
     train_record = run.record;
     train_record["optim"] = to_json(run.optim);

@@ -18,6 +18,7 @@
 
 #include "dew/cli/child_process.h"
 #include "dew/cli/commands.h"
+#include "dew/cli/measure.h"
 #include "dew/cli/recipe.h"
 #include "dew/core/rng.h"
 #include "dew/core/threads.h"
@@ -47,7 +48,7 @@ const char* kTuneUsage =
     "OMP_NUM_THREADS is unset. Thread counts can change the order of float reductions (the last bits of\n"
     "results); the default changes only when this is rerun.\n"
     "  intra_op  a training step of `dew train diffusion`'s default recipe (unet, flow, batch 32 of\n"
-    "            Fashion-MNIST): loss, backward, AdamW, EMA\n"
+    "            Fashion-MNIST) through the trainer's own step\n"
     "  gemm      batch-1 greedy generation of `dew train lm`'s default model (randomly initialised):\n"
     "            a 32-token prompt and 64 new tokens with the KV cache\n"
     "  --no-write  print the table, leave the cache as it is\n"
@@ -138,8 +139,8 @@ void apply(const ThreadSplit& split) {
 }
 
 // Times warmup + steps training steps of the default diffusion recipe on its first batch under `split`,
-// taken as the trainer takes them (loss, backward, AdamW at the recipe's learning rate, EMA, zero_grad);
-// returns the timed ones in ms.
+// through the trainer's own step (Trainer::train_step under the recipe's optimizer options); returns the
+// timed ones in ms.
 std::vector<double> time_training_steps(const ThreadSplit& split, int64_t warmup, int64_t steps) {
   json recipe = runs::default_recipe("diffusion");
   recipe["run"] = (fs::temp_directory_path() / "dew_tune_threads_not_written").string();  // prepare writes nothing
@@ -147,25 +148,14 @@ std::vector<double> time_training_steps(const ThreadSplit& split, int64_t warmup
   runs::PreparedRun run = runs::prepare("diffusion", recipe);
   const data::Batch batch = run.built.loader->next();
   run.built.loader.reset();  // stops the loader's worker thread: only the step runs while timed
-  Objective& objective = *run.built.objective;
-  objective.module().train();
-  training::NamedTensors params;
-  for (const auto& kv : objective.module().named_parameters())
-    if (kv.value().requires_grad()) params.emplace_back(kv.key(), kv.value());
-  training::Optimizer optimizer(params, run.optim);
-  training::EMA ema(params, objective.ema(), warmup + steps);
-  objective.bind_ema(ema.averages());
+  TempDir dir("tune_threads");
+  const auto trainer = fixed_batch_trainer(run.built.objective, batch, run.optim, warmup + steps, dir.path.string());
   apply(split);
   std::vector<double> ms;
   for (int64_t i = 0; i < warmup + steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    LossOutput out = objective.loss(batch, i, rng::generator(uint64_t(run.options.seed), uint64_t(i), "objective"));
-    out.loss.backward();
-    optimizer.step(run.optim.lr);
-    ema.update(params, i);
-    optimizer.zero_grad();
-    const double loss = out.loss.item<double>();
-    DEW_CHECK(std::isfinite(loss), "tune threads: non-finite training loss ", loss, " at repetition ", i);
+    const training::StepOutcome out = trainer->train_step();
+    DEW_CHECK(out.finite, "tune threads: non-finite training loss ", out.loss, " at repetition ", i);
     if (i >= warmup) ms.push_back(ms_since(t0));
   }
   return ms;

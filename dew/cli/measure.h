@@ -1,0 +1,30 @@
+// What the measuring commands (`dew bench`, `dew tune threads`) share to time the code `dew train` runs: a
+// throwaway run directory and a Trainer that steps an objective on one fixed batch.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "dew/training/trainer.h"
+
+namespace dew::cli {
+
+/// A directory "dew_<name>_XXXXXX" under the system's temporary directory, removed with its contents at
+/// scope exit (dew::Error when it cannot be made).
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+/// A Trainer of `objective` whose loader serves exactly `batch` every step (in order, no worker thread, so
+/// data costs one gather), for `steps` steps under `optim`, autocast off (fp32 on both sides of a
+/// comparison), seed 0, in `run_dir` (it writes nothing there unless a run of non-finite losses makes it
+/// checkpoint). Step it with train_step(), the step `dew train` takes.
+std::unique_ptr<training::Trainer> fixed_batch_trainer(const ObjectivePtr& objective, const data::Batch& batch,
+                                                       const training::OptimOptions& optim, int64_t steps,
+                                                       const std::string& run_dir);
+
+}  // namespace dew::cli
