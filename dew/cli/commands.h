@@ -26,7 +26,8 @@ int cmd_eval(const std::vector<std::string>& args);
 /// of the run's reconstructions of its held-out set.
 int cmd_eval_autoencoder(const std::vector<std::string>& args);
 /// `dew eval RUN` of a JEPA run [--train-items N --test-items N --knn-k K --probe-epochs E --probe-lr LR
-/// --pool mean|tokens --no-baselines --weights ema|live --step N --device D]: linear and kNN probes of the frozen encoder, the
+/// --pool mean|tokens|gridK --knn-prep none|center|standardize --knn-vote weighted|majority --knn-temperature T
+/// --no-baselines --weights ema|live --step N --device D]: linear and kNN probes of the frozen encoder, the
 /// encoder at its initialisation and the raw pixels.
 int cmd_eval_jepa(const std::vector<std::string>& args);
 

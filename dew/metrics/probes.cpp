@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
 #include "dew/training/optim.h"
@@ -64,37 +68,66 @@ double linear_probe_accuracy(const at::Tensor& train_x, const at::Tensor& train_
   return pred.eq(test_y.cpu()).to(at::kDouble).mean().item<double>();
 }
 
-double knn_accuracy(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
-                    const at::Tensor& test_y, int64_t classes, int64_t k, const std::string& prep) {
-  check_pair(train_x, train_y, test_x, test_y, classes);
-  DEW_CHECK(k >= 1 && k <= train_x.size(0), "knn: k must be in [1, ", train_x.size(0), "] (the training rows), got ", k);
-  DEW_CHECK(prep == "none" || prep == "center" || prep == "standardize", "knn: prep must be none, center or standardize, got \"",
-            prep, "\"");
+const std::vector<std::string>& knn_preps() {
+  static const std::vector<std::string> v{"none", "center", "standardize"};
+  return v;
+}
+
+const std::vector<std::string>& knn_votes() {
+  static const std::vector<std::string> v{"weighted", "majority"};
+  return v;
+}
+
+at::Tensor knn_predict(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
+                       int64_t classes, const KnnOptions& o) {
+  check_set(train_x, train_y, classes, "probe: training");
+  DEW_CHECK(test_x.defined() && test_x.dim() == 2 && test_x.size(0) >= 1,
+            "probe: test features must be [N, D] with N >= 1, got ", test_x.defined() ? test_x.sizes() : at::IntArrayRef{});
+  DEW_CHECK(train_x.size(1) == test_x.size(1), "probe: training and test features differ in width: ", train_x.size(1),
+            " vs ", test_x.size(1));
+  DEW_CHECK(o.k >= 1 && o.k <= train_x.size(0), "knn: k must be in [1, ", train_x.size(0), "] (the training rows), got ",
+            o.k);
+  const auto accepted = [](const std::vector<std::string>& ok, const std::string& v) {
+    return std::find(ok.begin(), ok.end(), v) != ok.end();
+  };
+  DEW_CHECK(accepted(knn_preps(), o.prep), "knn: prep must be none, center or standardize, got \"", o.prep, "\"");
+  DEW_CHECK(accepted(knn_votes(), o.vote), "knn: vote must be weighted or majority, got \"", o.vote, "\"");
+  DEW_CHECK(std::isfinite(o.temperature) && o.temperature > 0, "knn: temperature must be finite and > 0, got ",
+            o.temperature);
   at::NoGradGuard ng;
   at::Tensor xtr = train_x.to(at::kFloat).cpu(), xte = test_x.to(at::kFloat).cpu();
-  if (prep != "none") {
+  if (o.prep != "none") {
     at::Tensor mean = xtr.mean(0, true), scale = at::ones_like(mean);
-    if (prep == "standardize") scale = xtr.std(0, /*unbiased=*/true, true).clamp_min(1e-6);
+    if (o.prep == "standardize") scale = xtr.std(0, /*unbiased=*/true, true).clamp_min(1e-6);
     xtr = (xtr - mean) / scale;
     xte = (xte - mean) / scale;
   }
   const auto unit = [](const at::Tensor& f) { return f / f.norm(2, 1, true).clamp_min(1e-12); };
   const at::Tensor a = unit(xtr), q = unit(xte), ytr = train_y.cpu();
-  int64_t correct = 0;
-  const at::Tensor yte = test_y.cpu();
+  std::vector<at::Tensor> out;
   for (int64_t s = 0; s < q.size(0); s += 1024) {  // blocks of queries bound the similarity matrix
     const at::Tensor sim = at::matmul(q.slice(0, s, std::min(q.size(0), s + 1024)), a.t());  // [b, N]
-    const auto top = sim.topk(k, 1);
-    const at::Tensor labels = ytr.index({std::get<1>(top)});                                  // [b, k]
-    at::Tensor votes = at::zeros({labels.size(0), classes}, at::kDouble);
-    votes.scatter_add_(1, labels, at::ones(labels.sizes(), at::kDouble));
-    at::Tensor weight = at::zeros({labels.size(0), classes}, at::kDouble);
-    weight.scatter_add_(1, labels, std::get<0>(top).to(at::kDouble));
-    // Summed similarity is at most k < 1e3, so it only orders classes with equal vote counts.
-    const at::Tensor pred = (votes * 1e3 + weight).argmax(1);
-    correct += pred.eq(yte.slice(0, s, s + labels.size(0))).sum().item<int64_t>();
+    const auto top = sim.topk(o.k, 1);                                                       // sorted, largest first
+    const at::Tensor near = std::get<0>(top).to(at::kDouble), labels = ytr.index({std::get<1>(top)});  // [b, k]
+    // The weights exp(s / T) less the common factor exp(s_1 / T) of the nearest neighbour, which orders the
+    // classes as they are and cannot underflow to 0 for a small T.
+    const at::Tensor weight = o.vote == "weighted" ? ((near - near.narrow(1, 0, 1)) / o.temperature).exp()
+                                                   : at::ones_like(near);
+    const at::Tensor votes = at::zeros({labels.size(0), classes}, at::kDouble).scatter_add_(1, labels, weight);
+    const at::Tensor summed = at::zeros({labels.size(0), classes}, at::kDouble).scatter_add_(1, labels, near);
+    // Among the classes with the largest vote (>= the nearest neighbour's weight 1 > 0, so only voted-for
+    // classes), the one with the larger summed similarity.
+    const at::Tensor best = votes.eq(std::get<0>(votes.max(1, true)));
+    out.push_back(summed.masked_fill(best.logical_not(), -std::numeric_limits<double>::infinity()).argmax(1));
   }
-  return double(correct) / double(q.size(0));
+  return at::cat(out);
+}
+
+double knn_accuracy(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
+                    const at::Tensor& test_y, int64_t classes, const KnnOptions& o) {
+  check_pair(train_x, train_y, test_x, test_y, classes);
+  const at::Tensor pred = knn_predict(train_x, train_y, test_x, classes, o);
+  return double(pred.eq(test_y.cpu()).sum().item<int64_t>()) / double(test_x.size(0));
 }
 
 ReprStats representation_stats(const at::Tensor& features) {

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
 #include "dew/nn/backbones/backbone.h"
@@ -80,8 +82,8 @@ at::Tensor pooled_features(TokenEncoderImpl& encoder, const at::Tensor& images, 
 }
 
 ProbeResult probe(TokenEncoderImpl* encoder, const data::TensorDataset& train, const data::TensorDataset& test,
-                  int64_t classes, int64_t knn_k, const metrics::LinearProbeOptions& linear, const std::string& pool,
-                  const std::string& knn_prep) {
+                  int64_t classes, const metrics::KnnOptions& knn, const metrics::LinearProbeOptions& linear,
+                  const std::string& pool) {
   const auto features = [&](const data::TensorDataset& d) {
     const at::Tensor& img = d.field("image");
     return encoder ? pooled_features(*encoder, img, pool) : data::to_model_range(img).flatten(1);
@@ -89,8 +91,9 @@ ProbeResult probe(TokenEncoderImpl* encoder, const data::TensorDataset& train, c
   const at::Tensor ftr = features(train), fte = features(test);
   ProbeResult r;
   r.linear = metrics::linear_probe_accuracy(ftr, train.field("label"), fte, test.field("label"), classes, linear);
-  r.knn = metrics::knn_accuracy(ftr, train.field("label"), fte, test.field("label"), classes,
-                                std::min<int64_t>(knn_k, ftr.size(0)), knn_prep);
+  metrics::KnnOptions ko = knn;
+  ko.k = std::min<int64_t>(ko.k, ftr.size(0));
+  r.knn = metrics::knn_accuracy(ftr, train.field("label"), fte, test.field("label"), classes, ko);
   return r;
 }
 
@@ -106,6 +109,8 @@ JEPAObjective::JEPAObjective(std::shared_ptr<TokenEncoderImpl> encoder, std::sha
   DEW_CHECK(o_.probe_train >= 0 && o_.probe_test >= 0 && o_.knn_k >= 1 && o_.probe_epochs >= 1,
             "objective.probe_train / probe_test / knn_k / probe_epochs: need >= 0, >= 0, >= 1, >= 1; got ",
             o_.probe_train, ", ", o_.probe_test, ", ", o_.knn_k, ", ", o_.probe_epochs);
+  DEW_CHECK(std::isfinite(o_.knn_temperature) && o_.knn_temperature > 0, "objective.knn_temperature: must be > 0, got ",
+            o_.knn_temperature);
   jepa_distance(at::zeros({1}), at::zeros({1}), o_.loss);  // the name, now
   const TokenGrid g = encoder_->grid();
   video_ = g.t > 1 || encoder_->config().value("architecture", "") == "jepa_video_encoder";
@@ -193,7 +198,8 @@ std::map<std::string, double> JEPAObjective::validate(int64_t, const std::string
                             {"label", head(probe_test_->field("label"), o_.probe_test)}});
   metrics::LinearProbeOptions lo;
   lo.epochs = o_.probe_epochs;
-  const ProbeResult r = probe(encoder_.get(), train, test, classes_, o_.knn_k, lo, o_.probe_pool, o_.knn_prep);
+  const ProbeResult r = probe(encoder_.get(), train, test, classes_, {o_.knn_k, o_.knn_prep, o_.knn_vote, o_.knn_temperature},
+                              lo, o_.probe_pool);
   return {{"val/linear_acc", r.linear}, {"val/knn_acc", r.knn}};
 }
 

@@ -25,6 +25,8 @@ struct JEPAObjectiveOptions {
   int64_t probe_test = 1000;     // validation: test items they score
   int64_t knn_k = 20;            // neighbours of the kNN probe
   std::string knn_prep = "none";  // none | center | standardize: the features' shift (and scale) before the kNN
+  std::string knn_vote = "weighted";  // weighted (DINO: exp(similarity / T) per neighbour) | majority
+  double knn_temperature = 0.07;      // T of the weighted vote
   int64_t probe_epochs = 30;     // epochs of the linear probe
   std::string probe_pool = "mean";  // mean | tokens | gridK (see feature_pools)
   template <class V> void visit(V& v) {
@@ -36,8 +38,11 @@ struct JEPAObjectiveOptions {
     v("probe_train", probe_train, "validation probe: training items (0 = no probe)");
     v("probe_test", probe_test, "validation probe: test items");
     v("knn_k", knn_k, "neighbours of the kNN probe");
-    v.choice("knn_prep", knn_prep, {"none", "center", "standardize"},
+    v.choice("knn_prep", knn_prep, metrics::knn_preps(),
              "kNN probe: features as they are, less the training mean, or standardised");
+    v.choice("knn_vote", knn_vote, metrics::knn_votes(),
+             "kNN probe: neighbours vote exp(cosine / knn_temperature) (DINO) or 1 (a count)");
+    v("knn_temperature", knn_temperature, "kNN probe: temperature of the weighted vote (> 0)");
     v("probe_epochs", probe_epochs, "epochs of the linear probe");
     v("probe_pool", probe_pool, "probe features: mean (over tokens), tokens (all, concatenated) or gridK (K x K region means)");
   }
@@ -65,10 +70,10 @@ struct ProbeResult {
   double knn = 0;
 };
 /// Fits on `train` ("image", "label"), scores on `test`; features from pooled_features(encoder, pool) or,
-/// with a null encoder, the flattened pixels in [-1, 1].
+/// with a null encoder, the flattened pixels in [-1, 1]. knn.k is capped at the training items.
 ProbeResult probe(TokenEncoderImpl* encoder, const data::TensorDataset& train, const data::TensorDataset& test,
-                  int64_t classes, int64_t knn_k, const metrics::LinearProbeOptions& linear,
-                  const std::string& pool = "mean", const std::string& knn_prep = "none");
+                  int64_t classes, const metrics::KnnOptions& knn, const metrics::LinearProbeOptions& linear,
+                  const std::string& pool = "mean");
 
 class JEPAObjective : public Objective {
  public:

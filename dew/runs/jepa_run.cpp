@@ -212,7 +212,7 @@ std::shared_ptr<TokenEncoderImpl> initial_jepa_encoder(const json& record) {
 std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOptions& p, const OpenOptions& o) {
   DEW_CHECK(p.train_items >= 0 && p.test_items >= 0, "probe: train_items and test_items must be >= 0, got ",
             p.train_items, " and ", p.test_items);
-  DEW_CHECK(p.knn_k >= 1, "probe: knn_k must be >= 1, got ", p.knn_k);
+  DEW_CHECK(p.knn.k >= 1, "probe: knn_k must be >= 1, got ", p.knn.k);
   JEPARun run = open_jepa_run(run_dir, o);
   pool_regions(p.pool, run.encoder->grid(), "--pool");
   const json& r = run.record;
@@ -232,7 +232,7 @@ std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOpti
   std::vector<ProbeRow> rows;
   auto add = [&](const std::string& name, TokenEncoderImpl* enc) {
     log::info("probing ", name, " features: ", tr.size(), " training / ", te.size(), " test items");
-    const ProbeResult res = probe(enc, tr, te, classes, p.knn_k, p.linear, p.pool, p.knn_prep);
+    const ProbeResult res = probe(enc, tr, te, classes, p.knn, p.linear, p.pool);
     rows.push_back({name, res.linear, res.knn});
   };
   add("trained (" + o.weights + ", step " + std::to_string(run.step) + ")", run.encoder.get());
@@ -243,7 +243,8 @@ std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOpti
     add("pixels", nullptr);
   }
   json out = {{"run", run_dir}, {"step", run.step}, {"weights", o.weights}, {"pool", p.pool}, {"train_items", tr.size()},
-              {"test_items", te.size()}, {"knn_k", p.knn_k}, {"knn_prep", p.knn_prep}, {"rows", json::array()}};
+              {"test_items", te.size()}, {"knn_k", p.knn.k}, {"knn_prep", p.knn.prep}, {"knn_vote", p.knn.vote},
+              {"knn_temperature", p.knn.temperature}, {"rows", json::array()}};
   for (const auto& row : rows) out["rows"].push_back({{"features", row.features}, {"linear", row.linear}, {"knn", row.knn}});
   const fs::path dir = fs::path(run_dir) / "eval";
   fs::create_directories(dir);

@@ -29,8 +29,7 @@ std::shared_ptr<TokenEncoderImpl> initial_jepa_encoder(const json& record);
 struct ProbeOptions {
   int64_t train_items = 10000;  // items of the training split the probes fit on (0 = all)
   int64_t test_items = 0;       // items of the test split they score (0 = all)
-  int64_t knn_k = 20;
-  std::string knn_prep = "none";  // none | center | standardize (metrics::knn_accuracy)
+  metrics::KnnOptions knn;      // k 20, prep none, vote weighted (DINO), temperature 0.07
   metrics::LinearProbeOptions linear;
   bool baselines = true;        // also the encoder at its initialisation and the raw pixels
   std::string pool = "mean";    // mean | tokens | gridK (dew::feature_pools)

@@ -173,6 +173,11 @@ TEST(JepaObjective, GridPoolsAreRegionMeansOfTheTokenGrid) {
   EXPECT_NE(dew::test::error_of([&] { dew::JEPAObjective(s.encoder, s.predictor, bad); })
                 .find("objective.probe_pool: got \"grid9\""),
             std::string::npos);
+  bad = with_loss("mse");
+  bad.knn_temperature = -1;
+  EXPECT_NE(dew::test::error_of([&] { dew::JEPAObjective(s.encoder, s.predictor, bad); })
+                .find("objective.knn_temperature: must be > 0, got -1"),
+            std::string::npos);
 }
 
 }  // namespace

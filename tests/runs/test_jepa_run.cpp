@@ -75,6 +75,15 @@ TEST(JepaRun, TrainsFromTheCommandLineAndLogsCollapseMetricsAndProbes) {
   EXPECT_TRUE(fs::exists(fs::path(dir) / "eval" / "probes_step_4.json"));
   r = dew::test::run_dew("eval " + dir + " --train-items -3");
   EXPECT_EQ(r.code, 2) << r.output;
+  r = dew::test::run_dew("eval " + dir + " --knn-vote plurality");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--knn-vote: got \"plurality\", accepted: weighted, majority"), std::string::npos) << r.output;
+  r = dew::test::run_dew("eval " + dir + " --knn-temperature 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--knn-temperature: must be > 0, got 0"), std::string::npos) << r.output;
+  r = dew::test::run_dew("eval " + dir + " --train-items 96 --probe-epochs 1 --knn-k 5 --knn-vote majority --no-baselines");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("kNN (k=5, majority)"), std::string::npos) << r.output;
 }
 
 TEST(JepaRun, VideoRunsTrainOnMovingFashionMnist) {
@@ -126,6 +135,8 @@ TEST(JepaRun, BadRecipesAreRefusedBeforeAnythingIsWritten) {
       {"--model.architecture bogus", "model.architecture: unknown \"bogus\""},
       {"--objective.loss huber", "objective.loss"},
       {"--objective.masks.targets 0", "objective.masks.targets"},
+      {"--objective.knn_vote plurality", "objective.knn_vote: got \"plurality\", accepted: weighted, majority"},
+      {"--objective.knn_temperature 0", "objective.knn_temperature: must be > 0, got 0"},
       {"--model.fields.patch_size 5", "image_size: must be a positive multiple of patch_size 5"},
       {"--predictor.fields.patch_size 4", "model.predictor.fields.patch_size: must be the encoder's 2"},
   };
