@@ -3,6 +3,9 @@
 // avx2, base = SSE2; a set this CPU lacks is skipped with a message):
 //   GELU-tanh, GroupNorm + SiLU (NCHW, channels-last), attention   forward + backward
 //   row-parallel linear (simple_dit's MLP, 1568 x 128 -> 512)       forward + backward (dx, dW, db)
+//   RMSNorm (the lm's 4 x 256 tokens of width 256, and its q/k heads of 64) forward + backward (dx, dw)
+//   rotate-half RoPE (the lm's q: 4 x 4 heads x 256 tokens x 64)     forward + backward
+//   few-rows linear (a decoding step, 1 row, 256 -> 768, no gradient) forward
 //   channel shift (unet's time embedding added to 32 x 32 x 28 x 28) forward + backward
 //   Adam(W) update, EMA update, sum of squares (1M float32 parameters) one pass each
 // Args: intra-op threads (1, 2) and, for attention, tokens and head width.
@@ -103,6 +106,58 @@ void BM_FusedRowParallelLinear(benchmark::State& state, bool fused) {
   state.SetLabel(fused ? "row-split" : "aten");
 }
 
+// RMSNorm at the lm bench's shapes: range(1) = 0 for its hidden states [4, 256, 256], 1 for its q/k heads
+// [4, 256, 4, 64]; forward and backward with the weight's gradient.
+void BM_FusedRmsNorm(benchmark::State& state, std::string isa) {
+  if (!use_isa(state, isa)) return;
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  torch::manual_seed(0);
+  const bool fused = !isa.empty(), heads = state.range(1) == 1;
+  const int64_t D = heads ? 64 : 256;
+  Tensor w = (torch::randn({D}) * 0.1 + 1).requires_grad_();
+  run_step(state, heads ? torch::randn({4, 256, 4, 64}) : torch::randn({4, 256, 256}), [=](const Tensor& x) {
+    return fused ? dew::nn::rms_norm(x, w, 1e-5) : x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-5) * w;
+  });
+}
+
+// RoPE on the lm bench's q as the projection leaves it ([4, 256, 4, 64] seen as [4, 4, 256, 64]).
+void BM_FusedRope(benchmark::State& state, std::string isa) {
+  if (!use_isa(state, isa)) return;
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  torch::manual_seed(0);
+  const bool fused = !isa.empty();
+  const auto rope = dew::nn::rope_1d(torch::arange(256), 64);
+  Tensor x0 = torch::randn({4, 256, 4, 64});
+  Tensor x = x0.transpose(1, 2).detach().requires_grad_();
+  Tensor g = torch::randn({4, 4, 256, 64});
+  for (auto _ : state) {
+    Tensor y;
+    if (fused) {
+      y = dew::nn::rope_rotate(x, rope.cos, rope.sin);
+    } else {
+      Tensor rotated = at::cat({-x.narrow(-1, 32, 32), x.narrow(-1, 0, 32)}, -1);
+      y = x * rope.cos + rotated * rope.sin;
+    }
+    y.backward(g);
+    x.mutable_grad().reset();
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetItemsProcessed(state.iterations() * x.numel());
+}
+
+// A decoding step's projection: 1 row, 256 -> 768, no gradient: GEMV per row against at::linear's GEMM.
+void BM_FewRowsLinear(benchmark::State& state, bool fused) {
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  torch::manual_seed(0);
+  torch::NoGradGuard ng;
+  Tensor w = torch::randn({768, 256}) * 0.05, x = torch::randn({1, 1, 256});
+  for (auto _ : state) {
+    Tensor y = fused ? dew::nn::row_parallel_linear(x, w, {}) : at::linear(x, w);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetLabel(fused ? "gemv" : "aten");
+}
+
 // The demo unet's time-embedding shift, [32, 32] over 32 x 32 x 28 x 28, forward and backward.
 void BM_FusedChannelShift(benchmark::State& state, std::string isa) {
   if (!use_isa(state, isa)) return;
@@ -183,6 +238,10 @@ DEW_FUSED_ISAS(BM_FusedChannelShift, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedAdamW, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedEma, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedSumOfSquares, DEW_THREADS);
+DEW_FUSED_ISAS(BM_FusedRmsNorm, ->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args({2, 1}));
+DEW_FUSED_ISAS(BM_FusedRope, DEW_THREADS);
+BENCHMARK_CAPTURE(BM_FewRowsLinear, aten, false) DEW_THREADS->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_FewRowsLinear, dew, true) DEW_THREADS->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_FusedRowParallelLinear, aten, false) DEW_THREADS->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_FusedRowParallelLinear, dew, true) DEW_THREADS->Unit(benchmark::kMillisecond);
 

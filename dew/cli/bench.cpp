@@ -195,7 +195,7 @@ const char* kBenchUsage =
     "\n"
     "dew bench --one MODEL --threads T [--steps N] [--warmup W] [--profile FILE.json] runs one C++\n"
     "configuration in this process and prints its JSON line; --profile writes a Chrome trace of the timed\n"
-    "steps' operators (chrome://tracing, Perfetto).\n";
+    "steps' operators (chrome://tracing, Perfetto); for lm, FILE.generate.json has the timed generations'.\n";
 
 // One benchmarked model: a registry architecture at a fixed small CPU size.
 struct BenchCase {
@@ -761,10 +761,18 @@ int run_one_sample(int64_t images, int64_t sample_steps, int64_t warmup, int64_t
   return 0;
 }
 
+// --profile FILE.json's second trace for the lm case: FILE.generate.json.
+std::string generation_trace(const std::string& profile) {
+  const auto dot = profile.rfind('.');
+  const auto slash = profile.find_last_of('/');
+  const bool ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  return (ext ? profile.substr(0, dot) : profile) + ".generate" + (ext ? profile.substr(dot) : ".json");
+}
+
 // Runs warmup + steps language-model training steps, then 1 + kLmGenReps greedy generations, and prints
 // one JSON line (the keys of run_one plus tokens_per_s, gen_ms_per_token and prefill_ms; as bench/lm_peer.py).
 int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, int64_t threads,
-               const c10::Device& device) {
+               const std::string& profile, const c10::Device& device) {
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   auto now = [&] { return synced_now(device); };
@@ -785,7 +793,7 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   const int64_t vocab = model->options.vocab_size();
   data::Batch batch_data{{"tokens", at::randint(0, vocab, {batch, seq_len + 1}, data_gen)}};
   const at::Tensor prompt_ids = at::randint(0, vocab, {kLmPrompt}, data_gen);
-  const StepTimes t = time_trainer_steps(objective, batch_data, warmup, steps, device, "lm");
+  const StepTimes t = time_trainer_steps(objective, batch_data, warmup, steps, device, "lm", profile);
 
   // Generation as `dew generate` runs it: prefill, then one token per forward with the KV cache.
   const std::vector<int64_t> prompt(prompt_ids.data_ptr<int64_t>(), prompt_ids.data_ptr<int64_t>() + kLmPrompt);
@@ -793,7 +801,9 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   go.max_new_tokens = kLmNewTokens;
   go.temperature = 0;
   std::vector<double> gen, prefill;
+  std::unique_ptr<torch::autograd::profiler::RecordProfile> trace;  // --profile: the timed generations
   for (int64_t r = 0; r <= kLmGenReps; ++r) {
+    if (r == 1 && !profile.empty()) trace = std::make_unique<torch::autograd::profiler::RecordProfile>(generation_trace(profile));
     const auto t0 = now();
     auto res = sampling::generate_tokens(*model, {prompt}, go);
     const auto t1 = now();
@@ -1228,7 +1238,7 @@ int cmd_bench(const std::vector<std::string>& args) {
   if (f.has("one")) {
     DEW_CHECK(threads.size() == 1, "--one: needs exactly one --threads value, got \"", f.get("threads", ""), "\"");
     const BenchCase& c = find_case(f.get("one", ""));
-    if (&c == &lm_case()) return run_one_lm(lm_batch, seq_len, warmup, steps, threads[0], device);
+    if (&c == &lm_case()) return run_one_lm(lm_batch, seq_len, warmup, steps, threads[0], f.get("profile", ""), device);
     if (&c == &jepa_case()) return run_one_jepa(batch, warmup, steps, threads[0], device);
     if (&c == &dpo_case()) return run_one_dpo(batch, warmup, steps, threads[0], device);
     if (&c == &grpo_rollout_case()) return run_one_grpo_rollout(warmup, steps, threads[0], device);

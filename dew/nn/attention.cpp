@@ -56,32 +56,59 @@ void check_attention_impl(const std::string& impl, const std::string& where) {
             TORCH_VERSION, "; use \"auto\", \"reference\" or \"chunked\"");
 }
 
-Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+namespace {
+
+// 0 where `mask` (bool) is true, -inf where false, in `dtype`: added to the scores, so the backward of the
+// masking is the identity (masked_fill's is another pass over the scores).
+Tensor mask_bias(const Tensor& mask, at::ScalarType dtype) {
+  return at::zeros(mask.sizes(), mask.options().dtype(dtype))
+      .masked_fill_(mask.logical_not(), -std::numeric_limits<double>::infinity());
+}
+
+// The reference path with an additive bias (undefined = none) broadcastable to the scores.
+Tensor reference_with_bias(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                            bool force_fp32_for_softmax) {
   // Scaling q ([S, D]) is cheaper than scaling the scores ([S, S]).
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));  // [B, H, Sq, Sk]
+  Tensor scores = at::matmul(q * scale, k.transpose(-2, -1));  // [B, H, Sq, Sk], a new tensor
   // Half-precision scores are upcast; float32 and float64 keep their precision.
   if (force_fp32_for_softmax && at::elementSize(scores.scalar_type()) < 4) scores = scores.to(at::kFloat);
-  if (mask.defined()) scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
+  if (bias.defined()) scores.add_(bias.scalar_type() == scores.scalar_type() ? bias : bias.to(scores.scalar_type()));
   Tensor probs = at::softmax(scores, -1).to(v.scalar_type());
   return at::matmul(probs, v);  // [B, H, Sq, D]
 }
 
-Tensor attention_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+Tensor chunked_with_bias(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
                          bool force_fp32_for_softmax, int64_t chunk_size) {
   DEW_CHECK(chunk_size > 0, "attention_chunked: chunk_size must be > 0, got ", chunk_size);
   const int64_t sq = q.size(2);
-  if (sq <= chunk_size) return attention_reference(q, k, v, mask, force_fp32_for_softmax);
+  if (sq <= chunk_size) return reference_with_bias(q, k, v, bias, force_fp32_for_softmax);
   std::vector<Tensor> outs;
   outs.reserve((sq + chunk_size - 1) / chunk_size);
-  const bool mask_per_query = mask.defined() && mask.size(-2) != 1;
+  const bool per_query = bias.defined() && bias.size(-2) != 1;
   for (int64_t s = 0; s < sq; s += chunk_size) {
     const int64_t n = std::min(chunk_size, sq - s);
-    Tensor m = mask_per_query ? mask.narrow(-2, s, n) : mask;
-    outs.push_back(attention_reference(q.narrow(2, s, n), k, v, m, force_fp32_for_softmax));
+    outs.push_back(reference_with_bias(q.narrow(2, s, n), k, v, per_query ? bias.narrow(-2, s, n) : bias,
+                                       force_fp32_for_softmax));
   }
   return at::cat(outs, 2);
+}
+
+// The bias for scores computed from q, k of `dtype`: float32 for half types (the softmax's precision).
+Tensor bias_of(const Tensor& mask, at::ScalarType dtype) {
+  return mask.defined() ? mask_bias(mask, at::elementSize(dtype) < 4 ? at::kFloat : dtype) : Tensor();
+}
+
+}  // namespace
+
+Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                           bool force_fp32_for_softmax) {
+  return reference_with_bias(q, k, v, bias_of(mask, q.scalar_type()), force_fp32_for_softmax);
+}
+
+Tensor attention_chunked(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                         bool force_fp32_for_softmax, int64_t chunk_size) {
+  return chunked_with_bias(q, k, v, bias_of(mask, q.scalar_type()), force_fp32_for_softmax, chunk_size);
 }
 
 Tensor attention_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
@@ -110,38 +137,57 @@ AttentionChunkRowsScope::AttentionChunkRowsScope(int64_t rows) : previous_(t_chu
 
 AttentionChunkRowsScope::~AttentionChunkRowsScope() { t_chunk_rows = previous_; }
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const std::string& impl,
-                 bool force_fp32_for_softmax) {
-  check_qkv(q, k, v);
-  Tensor m, has_key;
-  if (mask.defined()) {
-    m = as_4d_mask(mask, q, k);
+AttentionMask prepare_attention_mask(const Tensor& mask, at::ScalarType dtype, bool rows_may_be_empty) {
+  AttentionMask out;
+  if (!mask.defined()) return out;
+  DEW_CHECK(mask.dim() == 4 && mask.scalar_type() == at::kBool, "attention: a prepared mask must be 4-D bool, got ",
+            mask.scalar_type(), " ", mask.sizes());
+  Tensor m = mask;
+  if (rows_may_be_empty) {
     // A row with every key masked would be softmax(-inf...) = NaN in every impl: let it attend to all keys
     // (finite, harmless) and zero its output afterwards. No host sync, so it stays cheap on CUDA.
-    has_key = m.any(-1, /*keepdim=*/true);  // [B?, H?, Sq?, 1]
-    m = m.logical_or(has_key.logical_not());
+    Tensor has_key = m.any(-1, /*keepdim=*/true);  // [B?, H?, Sq?, 1]
+    out.empty_rows = has_key.logical_not();
+    m = m.logical_or(out.empty_rows);
   }
+  out.mask = m;
+  out.bias = bias_of(m, dtype);
+  return out;
+}
+
+Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask, const std::string& impl,
+                 bool force_fp32_for_softmax) {
+  check_qkv(q, k, v);
+  DEW_CHECK(!mask.defined() || (mask.mask.dim() == 4 && mask.mask.size(-1) == k.size(2)), "attention: mask ",
+            mask.mask.sizes(), " does not match ", k.size(2), " keys");
   Tensor out;
   if (impl == "reference") {
-    out = attention_reference(q, k, v, m, force_fp32_for_softmax);
+    out = reference_with_bias(q, k, v, mask.bias, force_fp32_for_softmax);
   } else if (impl == "chunked") {
-    out = attention_chunked(q, k, v, m, force_fp32_for_softmax, attention_chunk_rows());
+    out = chunked_with_bias(q, k, v, mask.bias, force_fp32_for_softmax, attention_chunk_rows());
   } else if (impl == "sdpa") {
-    out = attention_sdpa(q, k, v, m);
+    out = attention_sdpa(q, k, v, mask.mask);
   } else if (impl == "auto") {
     // Without sdpa (LibTorch 1.x), small unmasked float32 attention on the CPU runs the fused kernel.
     if (sdpa_available()) {
-      out = attention_sdpa(q, k, v, m);
-    } else if (!m.defined() && fused_attention_applies(q, k, v) && fused_attention_preferred()) {
+      out = attention_sdpa(q, k, v, mask.mask);
+    } else if (!mask.defined() && fused_attention_applies(q, k, v) && fused_attention_preferred()) {
       out = fused_attention(q, k, v);
     } else {
-      out = attention_reference(q, k, v, m, force_fp32_for_softmax);
+      out = reference_with_bias(q, k, v, mask.bias, force_fp32_for_softmax);
     }
   } else {
     check_attention_impl(impl, "attention_impl");
   }
-  if (has_key.defined()) out = out.masked_fill(has_key.logical_not(), 0.0);
+  if (mask.empty_rows.defined()) out = out.masked_fill(mask.empty_rows, 0.0);
   return out;
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const std::string& impl,
+                 bool force_fp32_for_softmax) {
+  check_qkv(q, k, v);
+  const AttentionMask m = mask.defined() ? prepare_attention_mask(as_4d_mask(mask, q, k), q.scalar_type()) : AttentionMask{};
+  return attention_masked(q, k, v, m, impl, force_fp32_for_softmax);
 }
 
 Tensor dense(const Tensor& x, const torch::nn::Linear& layer) {
@@ -174,14 +220,8 @@ void HeadNormImpl::reset_parameters() {
 }
 
 Tensor HeadNormImpl::forward(const Tensor& x) {
-  const Tensor xf = x.to(at::kFloat);
-  Tensor y;
-  if (options.kind() == "rms") {
-    y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + options.eps()) * weight;
-  } else {
-    y = at::layer_norm(xf, {options.dim()}, weight, bias, options.eps());
-  }
-  return y.to(x.scalar_type());
+  if (options.kind() == "rms") return rms_norm(x, weight, options.eps());
+  return at::layer_norm(x.to(at::kFloat), {options.dim()}, weight, bias, options.eps()).to(x.scalar_type());
 }
 
 namespace {

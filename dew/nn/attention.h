@@ -34,6 +34,22 @@ void check_attention_impl(const std::string& impl, const std::string& where);
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask = {},
                  const std::string& impl = "auto", bool force_fp32_for_softmax = true);
 
+/// A bool mask turned once into what attention() needs, for every layer that shares it (a model's
+/// layers all attend under the same mask).
+struct AttentionMask {
+  Tensor mask;        // bool, 4-D, broadcastable to [B, H, Sq, Sk]; rows without a key opened to every key
+  Tensor bias;        // 0 where mask is true, -inf where false (float32, or q's dtype when wider): added to the scores
+  Tensor empty_rows;  // bool [.., Sq, 1]: rows the caller's mask left without a key (zeroed); undefined: none
+  bool defined() const { return mask.defined(); }
+};
+/// mask: 4-D bool; `dtype`: that of q and k (the bias is float32 for half types); undefined gives an
+/// undefined AttentionMask (no masking). rows_may_be_empty = false skips the empty-row handling: the caller
+/// guarantees every query row keeps a key (a causal mask over valid tokens keeps the query's own key).
+AttentionMask prepare_attention_mask(const Tensor& mask, at::ScalarType dtype, bool rows_may_be_empty = true);
+/// attention() with a prepared mask (its shape is checked against k only).
+Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
+                 const std::string& impl = "auto", bool force_fp32_for_softmax = true);
+
 /// The reference path: one matmul for the scores, softmax (in fp32 if asked), one matmul for the output.
 /// The mask must already be 4-D (broadcastable to [B, H, Sq, Sk]) with no fully masked row.
 Tensor attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,

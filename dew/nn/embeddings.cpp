@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "dew/core/error.h"
+#include "dew/nn/fused.h"
 
 namespace dew::nn {
 
@@ -81,10 +82,7 @@ Tensor apply_rope(const Tensor& x, const Rope& rope) {
   if (!rope.defined()) return x;
   DEW_CHECK(x.dim() == 4 && x.size(-1) == rope.cos.size(-1) && x.size(2) == rope.cos.size(-2),
             "apply_rope: x ", x.sizes(), " does not match tables ", rope.cos.sizes());
-  const Tensor xf = x.to(at::kFloat);
-  const int64_t half = x.size(-1) / 2;
-  Tensor rotated = at::cat({-xf.narrow(-1, half, half), xf.narrow(-1, 0, half)}, -1);  // rotate_half
-  return (xf * rope.cos + rotated * rope.sin).to(x.scalar_type());
+  return rope_rotate(x, rope.cos, rope.sin);
 }
 
 }  // namespace dew::nn

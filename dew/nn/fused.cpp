@@ -68,6 +68,10 @@ struct KernelSet {
   decltype(&kernels::base::adam_update) adam_update;
   decltype(&kernels::base::ema_update) ema_update;
   decltype(&kernels::base::sum_squares) sum_squares;
+  decltype(&kernels::base::rms_rows_forward) rms_rows_forward;
+  decltype(&kernels::base::rms_rows_backward) rms_rows_backward;
+  decltype(&kernels::base::rope_row) rope_row;
+  decltype(&kernels::base::rope_row_backward) rope_row_backward;
 };
 
 #define DEW_KERNEL_SET(NS)                                                                                     \
@@ -76,7 +80,9 @@ struct KernelSet {
         kernels::NS::span_affine_silu, kernels::NS::span_silu_grad, kernels::NS::span_combine,               \
         kernels::NS::rows_moments, kernels::NS::rows_affine_silu, kernels::NS::rows_silu_grad,               \
         kernels::NS::rows_combine, kernels::NS::attention_forward, kernels::NS::attention_backward,          \
-        kernels::NS::adam_update, kernels::NS::ema_update, kernels::NS::sum_squares                           \
+        kernels::NS::adam_update, kernels::NS::ema_update, kernels::NS::sum_squares,                          \
+        kernels::NS::rms_rows_forward, kernels::NS::rms_rows_backward, kernels::NS::rope_row,                  \
+        kernels::NS::rope_row_backward                                                                         \
   }
 
 bool cpu_has(const std::string& isa) {
@@ -502,6 +508,155 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   }
 };
 
+// ---- RMSNorm ----
+
+// Rows per block of the RMSNorm kernels: the weight gradient is summed per block, then over the blocks in
+// order, so it does not depend on the thread count.
+constexpr int64_t kRmsRowBlock = 64;
+
+Tensor rms_norm_composite(const Tensor& x, const Tensor& weight, double eps, double offset) {
+  const Tensor xf = x.to(at::kFloat);
+  Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  const Tensor w = weight.to(at::kFloat);
+  return (y * (offset != 0.0 ? w + offset : w)).to(x.scalar_type());
+}
+
+struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& input, const Tensor& weight, double eps,
+                        double offset) {
+    const int64_t D = input.size(-1), rows = input.numel() / D;
+    const Tensor x = input.contiguous(), w = weight.contiguous();
+    Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+    Tensor rstd = at::empty({rows}, x.options());
+    const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>();
+    float *yp = y.data_ptr<float>(), *rp = rstd.data_ptr<float>();
+    const auto& k = active();
+    const auto e = static_cast<float>(eps), o = static_cast<float>(offset);
+    parallel(rows, std::max<int64_t>(1, kElementGrain / D), [&](int64_t b, int64_t end) {
+      k.rms_rows_forward(xp + b * D, wp, yp + b * D, rp + b, end - b, D, e, o);
+    });
+    ctx->save_for_backward({input, weight, rstd});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["offset"] = offset;
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const double eps = ctx->saved_data["eps"].toDouble(), offset = ctx->saved_data["offset"].toDouble();
+    torch::autograd::variable_list out(4);
+    if (!grads[0].defined()) return out;
+    if (at::GradMode::is_enabled())
+      return composite_grads(rms_norm_composite(saved[0], saved[1], eps, offset), saved, 2, grads[0], 4);
+    const Tensor x = saved[0].contiguous(), w = saved[1].contiguous(), rstd = saved[2];
+    const Tensor dy = grads[0].contiguous();
+    const int64_t D = x.size(-1), rows = x.numel() / D, blocks = (rows + kRmsRowBlock - 1) / kRmsRowBlock;
+    const bool want_w = saved[1].requires_grad();
+    Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+    Tensor partial = want_w ? at::zeros({blocks, D}, x.options()) : Tensor();
+    const float *xp = x.data_ptr<float>(), *wp = w.data_ptr<float>(), *gp = dy.data_ptr<float>(),
+                *rp = rstd.data_ptr<float>();
+    float* dp = dx.data_ptr<float>();
+    float* pp = want_w ? partial.data_ptr<float>() : nullptr;
+    const auto& k = active();
+    const auto o = static_cast<float>(offset);
+    parallel(blocks, std::max<int64_t>(1, kElementGrain / (D * kRmsRowBlock)), [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int64_t r0 = blk * kRmsRowBlock, n = std::min(kRmsRowBlock, rows - r0);
+        k.rms_rows_backward(xp + r0 * D, wp, gp + r0 * D, rp + r0, dp + r0 * D, pp ? pp + blk * D : nullptr, n, D, o);
+      }
+    });
+    out[0] = saved[0].requires_grad() ? dx : Tensor();
+    if (want_w) {
+      // The blocks' sums in block order, in double.
+      std::vector<double> acc(static_cast<size_t>(D), 0.0);
+      for (int64_t blk = 0; blk < blocks; ++blk)
+        for (int64_t j = 0; j < D; ++j) acc[size_t(j)] += pp[blk * D + j];
+      Tensor dw = at::empty({D}, x.options());
+      float* dwp = dw.data_ptr<float>();
+      for (int64_t j = 0; j < D; ++j) dwp[j] = static_cast<float>(acc[size_t(j)]);
+      out[1] = dw;
+    }
+    return out;
+  }
+};
+
+// ---- rotate-half RoPE ----
+
+// The kernels' view of x [B, H, S, D] (last dimension contiguous, any other strides) and of the tables
+// [S, D] or [B, 1, S, D] (contiguous): row (b, h, s) of x and its table row.
+struct RopeRows {
+  int64_t B, H, S, D;
+  std::array<int64_t, 3> xs;  // x's strides over b, h, s
+  int64_t table_batch;        // the tables' stride over b (0 for [S, D] tables)
+};
+
+RopeRows rope_rows(const Tensor& x, const Tensor& table) {
+  return {x.size(0), x.size(1), x.size(2), x.size(3), {x.stride(0), x.stride(1), x.stride(2)},
+          table.dim() == 4 ? x.size(2) * x.size(3) : 0};
+}
+
+// Calls f(x row offset, table row offset, y row offset) for every row of x, in parallel; y has y_strides.
+template <class F>
+void for_rope_rows(const RopeRows& r, at::IntArrayRef ys, const F& f) {
+  parallel(r.B * r.H * r.S, std::max<int64_t>(1, kElementGrain / r.D), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t s = i % r.S, h = (i / r.S) % r.H, b = i / (r.S * r.H);
+      f(b * r.xs[0] + h * r.xs[1] + s * r.xs[2], b * r.table_batch + s * r.D, b * ys[0] + h * ys[1] + s * ys[2]);
+    }
+  });
+}
+
+Tensor rope_composite(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const Tensor xf = x.to(at::kFloat);
+  const int64_t half = x.size(-1) / 2;
+  Tensor rotated = at::cat({-xf.narrow(-1, half, half), xf.narrow(-1, 0, half)}, -1);
+  return (xf * cos + rotated * sin).to(x.scalar_type());
+}
+
+struct RopeFunction : public torch::autograd::Function<RopeFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, const Tensor& cos, const Tensor& sin) {
+    const Tensor c = cos.contiguous(), s = sin.contiguous();
+    const RopeRows r = rope_rows(x, c);
+    Tensor y = at::empty_like(x);  // x's layout (the heads of a [B, S, H, D] projection stay in place)
+    const float *xp = x.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const auto& k = active();
+    for_rope_rows(r, y.strides(), [&](int64_t xo, int64_t to, int64_t yo) {
+      k.rope_row(xp + xo, cp + to, sp + to, yp + yo, r.D / 2);
+    });
+    ctx->save_for_backward({c, s});  // the rotation is linear: backward needs only the tables
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &c = saved[0], &s = saved[1];
+    torch::autograd::variable_list out(3);
+    if (!grads[0].defined()) return out;
+    if (at::GradMode::is_enabled()) {
+      // create_graph: the transposed rotation in differentiable ATen ops.
+      const int64_t half = grads[0].size(-1) / 2;
+      const Tensor gs = grads[0] * s;
+      out[0] = grads[0] * c + at::cat({gs.narrow(-1, half, half), -gs.narrow(-1, 0, half)}, -1);
+      return out;
+    }
+    const Tensor dy = grads[0].stride(3) == 1 ? grads[0] : grads[0].contiguous();
+    const RopeRows r = rope_rows(dy, c);
+    Tensor dx = at::empty_like(dy);
+    const float *gp = dy.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
+    float* dp = dx.data_ptr<float>();
+    const auto& k = active();
+    for_rope_rows(r, dx.strides(), [&](int64_t go, int64_t to, int64_t xo) {
+      k.rope_row_backward(gp + go, cp + to, sp + to, dp + xo, r.D / 2);
+    });
+    out[0] = dx;
+    return out;
+  }
+};
+
 // ---- linear with the rows split across the intra-op threads ----
 
 // Row blocks of at least this many rows; fewer rows than two blocks stay with at::linear.
@@ -629,6 +784,24 @@ Tensor group_norm_silu(const Tensor& x, int64_t groups, const Tensor& weight, co
   return group_norm_silu_and_input(x, groups, weight, bias, eps, shift)[0];
 }
 
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, double offset) {
+  DEW_CHECK(x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1), "rms_norm: weight must be [",
+            x.dim() >= 1 ? x.size(-1) : 0, "] (x's last dimension), got ", weight.sizes());
+  const bool fused = fused_kernels_apply(x) && fused_kernels_apply(weight) && x.numel() > 0;
+  if (!fused) return rms_norm_composite(x, weight, eps, offset);
+  return RmsNormFunction::apply(x, weight, eps, offset);
+}
+
+Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const bool tables_4d = cos.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == 1;
+  const bool fused = fused_kernels_apply(x) && fused_kernels_apply(cos) && fused_kernels_apply(sin) && x.dim() == 4 &&
+                     x.numel() > 0 && x.stride(3) == 1 && x.size(3) % 2 == 0 && cos.sizes() == sin.sizes() &&
+                     (cos.dim() == 2 || tables_4d) && cos.size(-2) == x.size(2) && cos.size(-1) == x.size(3) &&
+                     !cos.requires_grad() && !sin.requires_grad();
+  if (!fused) return rope_composite(x, cos, sin);
+  return RopeFunction::apply(x, cos, sin);
+}
+
 bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) {
   return fused_kernels_apply(q) && fused_kernels_apply(k) && fused_kernels_apply(v) && q.dim() == 4 &&
          k.dim() == 4 && v.dim() == 4 && k.size(2) <= kFusedAttentionMaxKeys && q.numel() > 0 && k.numel() > 0 &&
@@ -643,7 +816,44 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   return AttentionFunction::apply(q, k, v);
 }
 
+// At most this many rows take one matrix-vector product per row (decoding's single token): OpenBLAS's
+// GEMM (0.3.21) packs the whole weight on every call, about 5x the time of its GEMV on one row
+// (68 vs 13 us at 768 x 256, one thread); at 8 rows one GEMM is already the faster.
+constexpr int64_t kGemvRows = 4;
+
+// x [..., K] with at most kGemvRows rows: y[i] = W x[i] (+ b) by GEMV. The same BLAS call with or without
+// autograd (there through the differentiable at::addmv / at::mv), so a forward gives the same bits in
+// both modes (remat's recomputation, a no-grad evaluation of a trained step).
+Tensor linear_by_rows(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  const int64_t K = input.size(-1), N = weight.size(0);
+  const Tensor x = input.reshape({-1, K});
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape.back() = N;
+  const bool needs_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
+                                                          (bias.defined() && bias.requires_grad()));
+  if (needs_grad) {
+    std::vector<Tensor> rows;
+    for (int64_t i = 0; i < x.size(0); ++i)
+      rows.push_back(bias.defined() ? at::addmv(bias, weight, x.select(0, i)) : at::mv(weight, x.select(0, i)));
+    return at::stack(rows).view(shape);
+  }
+  Tensor y = at::empty({x.size(0), N}, x.options());
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    Tensor row = y.select(0, i);
+    if (bias.defined()) {
+      at::addmv_out(row, bias, weight, x.select(0, i));
+    } else {
+      at::mv_out(row, weight, x.select(0, i));
+    }
+  }
+  return y.view(shape);
+}
+
 Tensor row_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (fused_kernels_apply(x) && fused_kernels_apply(weight) && (!bias.defined() || fused_kernels_apply(bias)) &&
+      x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) && x.numel() > 0 &&
+      x.numel() / x.size(-1) <= kGemvRows)
+    return linear_by_rows(x, weight, bias);
   const bool split = fused_kernels_apply(x) && fused_kernels_apply(weight) && (!bias.defined() || fused_kernels_apply(bias)) &&
                      x.dim() >= 2 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&
                      at::get_num_threads() > 1 && !at::in_parallel_region() &&

@@ -45,6 +45,16 @@ void check_channel_shift(const Tensor& x, const Tensor& shift);
 std::array<Tensor, 2> group_norm_silu_and_input(const Tensor& x, int64_t groups, const Tensor& weight,
                                                 const Tensor& bias, double eps, const Tensor& shift = Tensor());
 
+/// RMSNorm over the last dimension: x rsqrt(mean(x^2) + eps) (weight + offset), computed in float32 and
+/// returned in x's dtype; weight: [D]. One pass forward and one backward (saving x and the per-row
+/// 1 / rms) for float32 CPU tensors; the ATen composite otherwise.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, double offset = 0.0);
+
+/// Rotate-half RoPE, x cos + rotate_half(x) sin, for x: [B, H, S, D] (D even) and tables [S, D] or
+/// [B, 1, S, D] (dew::nn::rope_1d's). One pass each way for float32 CPU x with a contiguous last dimension
+/// and tables that need no gradient; the ATen composite otherwise. The output has x's layout.
+Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin);
+
 /// softmax(q k^T / sqrt(D)) v without a mask, for float32 CPU q: [B, H, Sq, D], k, v: [B, H, Sk, D] with
 /// Sk <= kFusedAttentionMaxKeys (check fused_attention_applies; dew::Error otherwise). One pass per
 /// (batch, head) over rows that may be strided views (the heads of a fused qkv projection); the output is
@@ -64,7 +74,9 @@ constexpr int64_t kFusedAttentionMaxKeys = 128;
 /// intra-op thread, each block's GEMM run single-threaded on its thread, forward and backward (dW split
 /// over its rows). With 2 intra-op threads + 1 OpenBLAS thread (the diffusion backbones' default) the
 /// GEMMs then use both cores while the element-wise kernels keep theirs. Float32 CPU with at least 256
-/// rows and more than one intra-op thread; otherwise at::linear.
+/// rows and more than one intra-op thread. Float32 CPU with at most 4 rows (a decoding step) runs one
+/// GEMV per row instead, with or without autograd (OpenBLAS's GEMM packs the whole weight per call).
+/// Otherwise at::linear.
 Tensor row_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 /// Coefficients of one Adam(W) update (dew/training/optim.cpp): g' = g + l2 p, m = beta1 m + (1 - beta1) g',

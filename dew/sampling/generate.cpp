@@ -118,10 +118,14 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
       tok = at::multinomial(at::softmax(proc, -1).cpu(), 1, /*replacement=*/false, gen).squeeze(1).to(device);
     }
     Tensor tok_col = tok.view({b, 1});
-    // log p of the chosen tokens only: logit - logsumexp, no [B, V] log-softmax.
-    const Tensor lp = (proc.gather(1, tok_col).squeeze(1) - at::logsumexp(proc, -1)).to(at::kDouble).cpu().contiguous();
-    const Tensor rlp = (next_logits.to(at::kFloat).gather(1, tok_col).squeeze(1) - at::logsumexp(next_logits.to(at::kFloat), -1))
-                           .to(at::kDouble).cpu().contiguous();
+    // log p of the chosen tokens only: logit - logsumexp, no [B, V] log-softmax. Without any processing
+    // (greedy or plain temperature 1) the processed and raw log-probs are the same numbers.
+    auto chosen_logprob = [&](const Tensor& l) {
+      return (l.gather(1, tok_col).squeeze(1) - at::logsumexp(l, -1)).to(at::kDouble).cpu().contiguous();
+    };
+    const Tensor raw = next_logits.scalar_type() == at::kFloat ? next_logits : next_logits.to(at::kFloat);
+    const Tensor lp = chosen_logprob(proc);
+    const Tensor rlp = proc.is_same(raw) ? lp : chosen_logprob(raw);
     const Tensor tok_cpu = tok.cpu().contiguous();
     const int64_t* tv = tok_cpu.data_ptr<int64_t>();
     const double* lv = lp.data_ptr<double>();
@@ -152,10 +156,13 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
     bool all_done = true;
     for (bool d : done) all_done = all_done && d;
     if (all_done || step + 1 == o.max_new_tokens) break;
-    // Rows that finished earlier feed a masked token: nobody attends to it.
-    Tensor step_mask = at::tensor(active, at::kLong).to(at::kBool).view({b, 1});
+    // Rows that finished earlier feed a masked token: nobody attends to it. While every row is still
+    // going there is no mask (the model then needs none).
+    bool all_active = true;
+    for (int64_t a : active) all_active = all_active && a;
+    Tensor step_mask = all_active ? Tensor() : at::tensor(active, at::kLong).to(at::kBool).view({b, 1}).to(device);
     if (o.repetition_penalty != 1.0) seen.scatter_(1, tok_col, true);  // only the penalty reads it
-    next_logits = model.forward_tokens(tok_col, {}, {}, step_mask.to(device), &cache).select(1, 0);
+    next_logits = model.forward_tokens(tok_col, {}, {}, step_mask, &cache).select(1, 0);
   }
   if (was_training) model.train();
   for (const auto& row : out.tokens) out.lengths.push_back(int64_t(row.size()));

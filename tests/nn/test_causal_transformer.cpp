@@ -119,6 +119,32 @@ TEST(CausalTransformer, KVCacheDecodingEqualsFullForward) {
   }
 }
 
+TEST(CausalTransformer, PaddedCacheDecodingEqualsEachRowAlone) {
+  // Row 0 is left-padded by 3: its prefill carries an attention mask, so every later step (none of which
+  // passes a mask) must still hide the padded keys and count positions from its real tokens.
+  for (auto opts : {featureful(), plain()}) {
+    CausalTransformer m(opts);
+    randomise(m, 3);
+    m->eval();
+    torch::NoGradGuard ng;
+    at::Tensor ids = torch::randint(0, opts.vocab_size(), {2, 9}, torch::kLong);
+    at::Tensor mask = torch::ones({2, 6}, torch::kBool);
+    mask[0].narrow(0, 0, 3).fill_(false);
+    dew::nn::KVCache cache;
+    at::Tensor first = m->forward_tokens(ids.narrow(1, 0, 6), {}, {}, mask, &cache);
+    EXPECT_TRUE(cache.padded);
+    at::Tensor alone0 = m->forward_tokens(ids[0].narrow(0, 3, 6).view({1, 6}));  // row 0 without its padding
+    at::Tensor alone1 = m->forward_tokens(ids[1].view({1, 9}));
+    EXPECT_LT(max_diff(first[0].narrow(0, 3, 3), alone0[0].narrow(0, 0, 3)), 1e-5);
+    EXPECT_LT(max_diff(first[1], alone1[0].narrow(0, 0, 6)), 1e-5);
+    for (int64_t t = 6; t < 9; ++t) {
+      at::Tensor step = m->forward_tokens(ids.narrow(1, t, 1), {}, {}, {}, &cache);
+      EXPECT_LT(max_diff(step[0][0], alone0[0][t - 3]), 1e-5) << "token " << t;
+      EXPECT_LT(max_diff(step[1][0], alone1[0][t]), 1e-5) << "token " << t;
+    }
+  }
+}
+
 TEST(CausalTransformer, SlidingWindowLimitsWhatATokenSees) {
   // One sliding layer with window 3: the logits at position 7 do not depend on tokens 0..4.
   auto o = plain().num_layers(1).layer_types({"sliding_attention"}).sliding_window(3);

@@ -364,3 +364,176 @@ TEST(Fused, RowParallelLinearMatchesATenWithAndWithoutBias) {
 }
 
 }  // namespace
+
+namespace {
+
+double rms_of(const Tensor& t) { return t.to(at::kDouble).pow(2).mean().sqrt().item<double>(); }
+
+// The project's rule against a float64 truth: rms(ours - truth) <= 2 rms(ATen float32 - truth) (plus a
+// floor of 1e-7 rms(truth), for a composite that happens to round exactly); prints the max difference.
+void expect_rule(const Tensor& ours, const Tensor& aten32, const Tensor& truth, const std::string& what) {
+  const double e_ours = rms_of(ours.to(at::kDouble) - truth), e_ref = rms_of(aten32.to(at::kDouble) - truth);
+  EXPECT_LE(e_ours, 2 * e_ref + 1e-7 * rms_of(truth))
+      << what << ": rms error " << e_ours << " vs ATen float32 " << e_ref
+      << ", max diff " << max_diff(ours.to(at::kDouble), truth);
+}
+
+// ATen's RMSNorm composite, x rsqrt(mean(x^2) + eps) (w + offset), in x's dtype.
+Tensor rms_composite(const Tensor& x, const Tensor& w, double eps, double offset) {
+  return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * (w + offset);
+}
+
+}  // namespace
+
+TEST(Fused, RmsNormMatchesTheFloat64CompositeOnEveryIsa) {
+  IsaGuard guard;
+  struct Case {
+    std::vector<int64_t> shape;
+    double offset;
+  };
+  // Rows not a multiple of the 64-row block, widths that are and are not whole vectors, Gemma's offset.
+  const std::vector<Case> cases{{{3, 50, 256}, 0.0}, {{2, 37, 4, 24}, 1.0}, {{129, 37}, 0.0}, {{1, 1, 5}, 0.5}};
+  for (const auto& isa : runnable_isas()) {
+    dew::nn::set_fused_kernel_isa(isa);
+    for (const auto& c : cases) {
+      const int64_t D = c.shape.back();
+      torch::manual_seed(D + c.shape[0]);
+      Tensor x0 = torch::randn(c.shape) * 3 + 0.5, w0 = torch::randn({D}) * 0.5 + 1, g = torch::randn(c.shape);
+      const std::string what = isa + " D" + std::to_string(D) + " rows " + std::to_string(x0.numel() / D);
+      Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+      Tensor y = dew::nn::rms_norm(x, w, 1e-6, c.offset);
+      y.backward(g);
+      Tensor xa = x0.clone().requires_grad_(), wa = w0.clone().requires_grad_();
+      Tensor ya = rms_composite(xa, wa, 1e-6, c.offset);
+      ya.backward(g);
+      Tensor xd = x0.to(at::kDouble).requires_grad_(), wd = w0.to(at::kDouble).requires_grad_();
+      Tensor yd = rms_composite(xd, wd, 1e-6, c.offset);
+      yd.backward(g.to(at::kDouble));
+      EXPECT_EQ(y.sizes(), yd.sizes()) << what;
+      expect_rule(y, ya, yd, what + ": y");
+      expect_rule(x.grad(), xa.grad(), xd.grad(), what + ": dx");
+      expect_rule(w.grad(), wa.grad(), wd.grad(), what + ": dweight");
+    }
+  }
+}
+
+TEST(Fused, RmsNormHandValuesFallbackAndSecondOrder) {
+  // Row [3, 4]: mean of squares 12.5, so y = x / sqrt(12.5 + eps) * w.
+  Tensor x = torch::tensor({3.0f, 4.0f}).view({1, 2}), w = torch::tensor({1.0f, 2.0f});
+  Tensor y = dew::nn::rms_norm(x, w, 0.0);
+  EXPECT_NEAR(y[0][0].item<double>(), 3 / std::sqrt(12.5), 1e-6);
+  EXPECT_NEAR(y[0][1].item<double>(), 8 / std::sqrt(12.5), 1e-6);
+  // float64 takes ATen's composite; a weight of the wrong size names it.
+  Tensor xd = torch::randn({4, 6}, at::kDouble), wd = torch::randn({6}, at::kDouble);
+  EXPECT_TRUE(torch::allclose(dew::nn::rms_norm(xd, wd, 1e-5, 1.0), rms_composite(xd, wd, 1e-5, 1.0)));
+  EXPECT_NE(error_of([&] { dew::nn::rms_norm(torch::randn({2, 6}), torch::ones({5}), 1e-5); }).find("weight must be [6]"),
+            std::string::npos);
+  // A create_graph backward is the composite's, so second-order gradients agree.
+  torch::manual_seed(5);
+  Tensor x0 = torch::randn({3, 16}), w0 = torch::randn({16});
+  auto second = [&](bool fused) {
+    Tensor xi = x0.clone().requires_grad_();
+    Tensor out = fused ? dew::nn::rms_norm(xi, w0, 1e-5) : rms_composite(xi, w0, 1e-5, 0.0);
+    Tensor gx = torch::autograd::grad({(out * out).sum()}, {xi}, {}, true, true)[0];
+    return torch::autograd::grad({gx.pow(2).sum()}, {xi})[0];
+  };
+  EXPECT_LT(max_diff(second(true), second(false)), 1e-4);
+}
+
+namespace {
+
+// ATen's rotate-half RoPE, x cos + rotate_half(x) sin.
+Tensor rope_composite_ref(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t h = x.size(-1) / 2;
+  return x * cos + at::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1) * sin;
+}
+
+}  // namespace
+
+TEST(Fused, RopeMatchesTheFloat64CompositeOnEveryIsa) {
+  IsaGuard guard;
+  struct Case {
+    int64_t B, H, S, D;
+    bool per_row;  // [B, 1, S, D] tables (positions per row) instead of [S, D]
+  };
+  const std::vector<Case> cases{{2, 4, 9, 64, false}, {3, 2, 5, 24, true}, {1, 3, 7, 6, false}, {2, 1, 1, 40, true}};
+  for (const auto& isa : runnable_isas()) {
+    dew::nn::set_fused_kernel_isa(isa);
+    for (const auto& c : cases) {
+      torch::manual_seed(c.D * 3 + c.S);
+      const std::string what = isa + " D" + std::to_string(c.D) + (c.per_row ? " per-row tables" : "");
+      // x as a projection leaves it: [B, S, H, D] memory seen as [B, H, S, D].
+      Tensor x0 = torch::randn({c.B, c.S, c.H, c.D}).transpose(1, 2);
+      Tensor pos = c.per_row ? torch::randint(0, 50, {c.B, c.S}, torch::kLong) : torch::arange(c.S) + 3;
+      auto rope = dew::nn::rope_1d(pos, c.D, 500.0);
+      Tensor g = torch::randn({c.B, c.H, c.S, c.D});
+      Tensor x = x0.detach().requires_grad_();
+      Tensor y = dew::nn::rope_rotate(x, rope.cos, rope.sin);
+      y.backward(g);
+      EXPECT_EQ(y.strides(), x0.strides()) << what << ": the output keeps x's layout";
+      Tensor xa = x0.detach().requires_grad_();
+      Tensor ya = rope_composite_ref(xa, rope.cos, rope.sin);
+      ya.backward(g);
+      Tensor xd = x0.detach().to(at::kDouble).requires_grad_();
+      Tensor yd = rope_composite_ref(xd, rope.cos.to(at::kDouble), rope.sin.to(at::kDouble));
+      yd.backward(g.to(at::kDouble));
+      expect_rule(y, ya, yd, what + ": y");
+      expect_rule(x.grad(), xa.grad(), xd.grad(), what + ": dx");
+    }
+  }
+}
+
+TEST(Fused, RopeFallsBackAndHasTheCompositesSecondOrder) {
+  torch::manual_seed(6);
+  auto rope = dew::nn::rope_1d(torch::arange(5), 8);
+  // float64 and tables that need a gradient take the composite.
+  Tensor xd = torch::randn({1, 2, 5, 8}, at::kDouble);
+  EXPECT_TRUE(torch::allclose(dew::nn::rope_rotate(xd, rope.cos.to(at::kDouble), rope.sin.to(at::kDouble)),
+                              rope_composite_ref(xd, rope.cos.to(at::kDouble), rope.sin.to(at::kDouble))));
+  Tensor c = rope.cos.clone().requires_grad_();
+  Tensor x = torch::randn({1, 2, 5, 8});
+  Tensor y = dew::nn::rope_rotate(x, c, rope.sin);
+  y.sum().backward();
+  ASSERT_TRUE(c.grad().defined());
+  EXPECT_LT(max_diff(c.grad(), x.sum(std::vector<int64_t>{0, 1})), 1e-5);  // d/dcos of sum(x cos + ...) = x summed over B, H
+  // The rotation is linear: a create_graph backward gives the composite's gradient of a gradient.
+  auto second = [&](bool fused) {
+    Tensor xi = x.clone().requires_grad_();
+    Tensor out = fused ? dew::nn::rope_rotate(xi, rope.cos, rope.sin) : rope_composite_ref(xi, rope.cos, rope.sin);
+    Tensor gx = torch::autograd::grad({(out * out * out).sum()}, {xi}, {}, true, true)[0];
+    return torch::autograd::grad({gx.pow(2).sum()}, {xi})[0];
+  };
+  EXPECT_LT(max_diff(second(true), second(false)), 1e-3);
+}
+
+TEST(Fused, FewRowsLinearIsGemvAndMatchesFloat64) {
+  torch::manual_seed(8);
+  Tensor w = torch::randn({96, 64}) * 0.2, b = torch::randn({96});
+  for (int64_t rows : {1, 3, 4, 5}) {
+    for (bool with_bias : {true, false}) {
+      torch::NoGradGuard ng;
+      Tensor x = torch::randn({rows, 1, 64});
+      Tensor y = dew::nn::row_parallel_linear(x, w, with_bias ? b : Tensor());
+      Tensor ya = at::linear(x, w, with_bias ? b : Tensor());
+      Tensor yd = at::linear(x.to(at::kDouble), w.to(at::kDouble), with_bias ? b.to(at::kDouble) : Tensor());
+      EXPECT_EQ(y.sizes(), yd.sizes());
+      expect_rule(y, ya, yd, "rows " + std::to_string(rows) + (with_bias ? " with bias" : ""));
+    }
+  }
+  // Under autograd: the same bits as without (remat recomputes a no-grad forward), and ATen's gradients.
+  Tensor x0 = torch::randn({2, 64});
+  Tensor x = x0.clone().requires_grad_(), wg = w.clone().requires_grad_(), bg = b.clone().requires_grad_();
+  Tensor y = dew::nn::row_parallel_linear(x, wg, bg);
+  {
+    torch::NoGradGuard ng;
+    EXPECT_TRUE(torch::equal(y.detach(), dew::nn::row_parallel_linear(x0, w, b)));
+  }
+  Tensor g = torch::randn({2, 96});
+  y.backward(g);
+  Tensor xd = x0.to(at::kDouble).requires_grad_(), wd = w.to(at::kDouble).requires_grad_(),
+         bd = b.to(at::kDouble).requires_grad_();
+  at::linear(xd, wd, bd).backward(g.to(at::kDouble));
+  EXPECT_LT(max_diff(x.grad().to(at::kDouble), xd.grad()), 1e-5);
+  EXPECT_LT(max_diff(wg.grad().to(at::kDouble), wd.grad()), 1e-5);
+  EXPECT_LT(max_diff(bg.grad().to(at::kDouble), bd.grad()), 1e-5);
+}

@@ -20,6 +20,25 @@ void init_linear(torch::nn::Linear& l, double std) {
   if (l->bias.defined()) l->bias.zero_();
 }
 
+// Every id in [0, vocab): read on the host for a CPU tensor (no operator per token of a generation).
+void check_token_ids(const Tensor& ids, int64_t vocab, const std::string& w) {
+  int64_t lo = 0, hi = 0;
+  if (ids.device().is_cpu()) {
+    const Tensor c = ids.contiguous();
+    const int64_t* p = c.data_ptr<int64_t>();
+    if (c.numel() > 0) lo = hi = p[0];
+    for (int64_t i = 1; i < c.numel(); ++i) {
+      lo = std::min(lo, p[i]);
+      hi = std::max(hi, p[i]);
+    }
+  } else {
+    auto [mn, mx] = at::aminmax(ids);
+    lo = mn.item<int64_t>();
+    hi = mx.item<int64_t>();
+  }
+  DEW_CHECK(lo >= 0 && hi < vocab, w, ": token ids must be in [0, ", vocab, "), got [", lo, ", ", hi, "]");
+}
+
 Tensor branch_dropout(const Tensor& x, double p, bool training) {
   return (p > 0 && training) ? at::dropout(x, p, /*train=*/true) : x;
 }
@@ -32,12 +51,6 @@ int64_t CausalTransformerOptions::rotary_dim() const {
 
 const std::string& CausalTransformerOptions::layer_type(int64_t i) const {
   return layer_types_.empty() ? kFull : layer_types_.at(i);
-}
-
-Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, double offset) {
-  const Tensor xf = x.to(at::kFloat);
-  Tensor y = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return (y * (weight.to(at::kFloat) + offset)).to(x.scalar_type());
 }
 
 Tensor apply_partial_rope(const Tensor& x, const Rope& rope) {
@@ -57,7 +70,7 @@ Tensor apply_partial_rope(const Tensor& x, const Tensor& positions, int64_t rota
 void KVCache::select_rows(const Tensor& index) {
   for (auto& t : keys) t = t.index_select(0, index);
   for (auto& t : values) t = t.index_select(0, index);
-  if (valid.defined()) {
+  if (valid.defined()) {  // the flags stay: a subset of the rows is no less padded or segmented
     valid = valid.index_select(0, index);
     positions = positions.index_select(0, index);
     segments = segments.index_select(0, index);
@@ -116,7 +129,7 @@ void CausalAttentionImpl::reset_parameters() {
   init_linear(o_proj, std / std::sqrt(2.0 * options.num_layers()));
 }
 
-Tensor CausalAttentionImpl::forward(const Tensor& x, const Rope& rope, const Tensor& mask, Tensor* cache_k,
+Tensor CausalAttentionImpl::forward(const Tensor& x, const Rope& rope, const AttentionMask& mask, Tensor* cache_k,
                                     Tensor* cache_v) {
   const auto& o = options;
   const int64_t b = x.size(0), s = x.size(1), h = o.num_heads(), kv = o.kv_heads(), dh = o.head_size();
@@ -142,7 +155,7 @@ Tensor CausalAttentionImpl::forward(const Tensor& x, const Rope& rope, const Ten
     k = k.unsqueeze(2).expand({b, kv, rep, t, dh}).reshape({b, h, t, dh});
     v = v.unsqueeze(2).expand({b, kv, rep, t, dh}).reshape({b, h, t, dh});
   }
-  Tensor out = attention(q, k, v, mask, o.attention_impl(), o.force_fp32_for_softmax());  // [B, H, S, Dh]
+  Tensor out = attention_masked(q, k, v, mask, o.attention_impl(), o.force_fp32_for_softmax());  // [B, H, S, Dh]
   return dense(out.transpose(1, 2).reshape({b, s, h * dh}), o_proj);
 }
 
@@ -187,7 +200,7 @@ DecoderLayerImpl::DecoderLayerImpl(const CausalTransformerOptions& o, int64_t in
   mlp = register_module("mlp", GatedMLP(o));
 }
 
-Tensor DecoderLayerImpl::forward(const Tensor& h, const Rope& rope, const Tensor& mask, Tensor* cache_k,
+Tensor DecoderLayerImpl::forward(const Tensor& h, const Rope& rope, const AttentionMask& mask, Tensor* cache_k,
                                  Tensor* cache_v) {
   const double p = options.dropout();
   Tensor a = self_attn(input_layernorm(h), rope, mask, cache_k, cache_v);
@@ -275,9 +288,7 @@ Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& pos
   DEW_CHECK(past + s <= o.max_seq_len(), w, ": ", past + s, " tokens exceed max_seq_len ", o.max_seq_len());
   DEW_CHECK(past == 0 || cache->valid.size(0) == b, w, ": batch ", b, " does not match the cache's ",
             cache->valid.size(0));
-  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
-  DEW_CHECK(lo >= 0 && hi < o.vocab_size(), w, ": token ids must be in [0, ", o.vocab_size(), "), got [", lo, ", ",
-            hi, "]");
+  check_token_ids(ids, o.vocab_size(), w);
   auto check_bs = [&](const Tensor& t, const char* name) {
     DEW_CHECK(!t.defined() || (t.dim() == 2 && t.size(0) == b && t.size(1) == s), w, ": ", name, " must be [", b,
               ", ", s, "], got ", t.sizes());
@@ -287,11 +298,19 @@ Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& pos
   check_bs(attention_mask, "attention_mask");
   const auto lopts = at::TensorOptions(at::kLong).device(ids.device());
 
+  // Host flags of what the mask must express, so an unpadded forward (training, decoding) builds none
+  // when it is not needed: one new token attends to every cached one.
   Tensor valid = attention_mask.defined() ? attention_mask.to(at::kBool) : at::ones({b, s}, lopts.dtype(at::kBool));
+  const bool padded_now = attention_mask.defined() && !valid.all().item<bool>();
+  const bool padded = padded_now || (past > 0 && cache->padded);
+  const bool segmented = segment_ids.defined() || (past > 0 && cache->segmented);
   Tensor seg = segment_ids.defined() ? segment_ids.to(at::kLong) : at::zeros({b, s}, lopts);
   Tensor pos = positions_in;
+  const bool counted = !pos.defined() && !padded;  // positions past .. past + S - 1 in every row
   if (pos.defined()) {
     pos = pos.to(at::kLong);
+  } else if (counted) {
+    pos = at::arange(past, past + s, lopts).unsqueeze(0).expand({b, s});
   } else {
     // Each row counts its real tokens: padding does not advance the position (left or right padding).
     Tensor before = past > 0 ? cache->valid.sum(1, /*keepdim=*/true) : at::zeros({b, 1}, lopts);
@@ -307,20 +326,41 @@ Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& pos
     cache->positions = key_pos;
     cache->segments = key_seg;
     cache->valid = key_valid;
+    cache->padded = padded;
+    cache->segmented = segmented;
     cache->keys.resize(o.num_layers());
     cache->values.resize(o.num_layers());
   }
 
-  // One mask and one set of RoPE tables per layer kind, shared by the layers of that kind.
+  // One mask and one set of RoPE tables per layer kind, shared by the layers of that kind. A valid query
+  // always keeps its own key, so only padded queries can be left without one.
   bool any_full = false, any_sliding = false;
   for (const auto& l : layer_list) (l->sliding ? any_sliding : any_full) = true;
-  Tensor full_mask, sliding_mask;
-  if (any_full) full_mask = causal_mask(pos, seg, key_pos, key_seg, key_valid, past, 0);
-  if (any_sliding) sliding_mask = causal_mask(pos, seg, key_pos, key_seg, key_valid, past, o.sliding_window());
+  const bool full_needed = s > 1 || padded || segmented;
+  const bool sliding_needed = full_needed || positions_in.defined() || past + s > o.sliding_window();
+  AttentionMask full_mask, sliding_mask;
+  auto prepare = [&](int64_t window) {
+    return prepare_attention_mask(causal_mask(pos, seg, key_pos, key_seg, key_valid, past, window), dtype_, padded_now);
+  };
+  if (any_full && full_needed) full_mask = prepare(0);
+  if (any_sliding && sliding_needed) sliding_mask = prepare(o.sliding_window());
   const int64_t rd = o.rotary_dim();
   std::map<double, Rope> ropes;
-  for (const auto& l : layer_list)
-    if (rd > 0 && !ropes.count(l->theta)) ropes[l->theta] = rope_1d(pos, rd, l->theta);
+  for (const auto& l : layer_list) {
+    if (rd == 0 || ropes.count(l->theta)) continue;
+    if (positions_in.defined()) {
+      ropes[l->theta] = rope_1d(pos, rd, l->theta);
+      continue;
+    }
+    const Rope& table = rope_table(l->theta, past + s, ids.device());
+    if (counted) {
+      ropes[l->theta] = {table.cos.narrow(0, past, s), table.sin.narrow(0, past, s)};  // [S, rd]
+    } else {
+      const Tensor flat = pos.reshape({-1});
+      ropes[l->theta] = {table.cos.index_select(0, flat).view({b, 1, s, rd}),
+                         table.sin.index_select(0, flat).view({b, 1, s, rd})};
+    }
+  }
 
   Tensor h = at::embedding(embed_tokens->weight, ids).to(dtype_);
   if (o.embedding_scale() != 1.0) h = h * o.embedding_scale();
@@ -328,7 +368,7 @@ Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& pos
   const bool use_remat = o.remat() && !cache && at::GradMode::is_enabled() && is_training();
   for (size_t i = 0; i < layer_list.size(); ++i) {
     auto layer = layer_list[i];
-    const Tensor& mask = layer->sliding ? sliding_mask : full_mask;
+    const AttentionMask& mask = layer->sliding ? sliding_mask : full_mask;
     const Rope rope = rd > 0 ? ropes[layer->theta] : Rope{};
     if (use_remat) {
       // Captured by value: backward re-runs the layer after this frame is gone.
@@ -342,10 +382,21 @@ Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& pos
   return norm(h);
 }
 
+const Rope& CausalTransformerImpl::rope_table(double theta, int64_t length, const c10::Device& device) {
+  Rope& t = rope_tables_[theta];
+  if (!t.defined() || t.cos.size(0) < length || t.cos.device() != device) {
+    // Doubling keeps the rebuilds to a few per generation; never past max_seq_len.
+    const int64_t have = t.defined() ? t.cos.size(0) : 0;
+    const int64_t n = std::max(length, std::min(options.max_seq_len(), std::max<int64_t>(2 * have, 256)));
+    t = rope_1d(at::arange(n, at::TensorOptions(at::kLong).device(device)), options.rotary_dim(), theta);
+  }
+  return t;
+}
+
 Tensor CausalTransformerImpl::logits(const Tensor& hidden) {
   const Tensor& wt = head_weight();
-  Tensor out = at::linear(hidden, wt.scalar_type() == hidden.scalar_type() ? wt : wt.to(hidden.scalar_type()))
-                   .to(at::kFloat);
+  Tensor out = row_parallel_linear(hidden, wt.scalar_type() == hidden.scalar_type() ? wt : wt.to(hidden.scalar_type()), {});
+  if (out.scalar_type() != at::kFloat) out = out.to(at::kFloat);
   const double cap = options.final_logit_softcap();
   if (cap > 0) out = at::tanh(out / cap) * cap;
   return out;

@@ -20,9 +20,11 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <map>
 #include <optional>
 
 #include "dew/nn/attention.h"
+#include "dew/nn/fused.h"  // rms_norm
 #include "dew/core/registry.h"
 #include "dew/nn/backbones/backbone.h"
 
@@ -131,9 +133,6 @@ struct CausalTransformerOptions {
   }
 };
 
-/// RMSNorm over the last axis in fp32: x / sqrt(mean(x^2) + eps) * (offset + weight), returned in x's dtype.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset);
-
 /// Rotate-half RoPE of the first `rotary_dim` features of x: [B, H, S, Dh] at positions [B, S] (int64)
 /// with base theta, in fp32, the remaining Dh - rotary_dim features unchanged; returns x's dtype.
 at::Tensor apply_partial_rope(const at::Tensor& x, const at::Tensor& positions, int64_t rotary_dim, double theta);
@@ -147,6 +146,8 @@ struct KVCache {
   at::Tensor valid;                // [B, T] bool: false = padding
   at::Tensor positions;            // [B, T] int64
   at::Tensor segments;             // [B, T] int64
+  bool padded = false;             // some cached token is padding (valid has a false)
+  bool segmented = false;          // segment ids were given (the segments may differ)
   int64_t length() const { return valid.defined() ? valid.size(1) : 0; }
   void clear() { *this = KVCache{}; }
   /// Keeps rows `index` (int64 [B']) of every tensor, e.g. to drop finished sequences.
@@ -170,11 +171,11 @@ class CausalAttentionImpl : public torch::nn::Module {
  public:
   CausalAttentionImpl(const CausalTransformerOptions& options, double theta);
   void reset_parameters();
-  /// x: [B, S, D]; rope: tables of the S positions over rotary_dim (undefined = no rotation); mask
-  /// [B, 1, S, T] bool with T = cached + S; cache_k, cache_v: this layer's cached keys/values
+  /// x: [B, S, D]; rope: tables of the S positions over rotary_dim (undefined = no rotation); mask:
+  /// prepared from [B, 1, S, T] bool with T = cached + S (undefined = every key attends); cache_k, cache_v: this layer's cached keys/values
   /// [B, Hkv, T - S, Dh] (null = no cache; undefined = empty), replaced by the concatenation with the
   /// new ones. Returns [B, S, D].
-  at::Tensor forward(const at::Tensor& x, const Rope& rope, const at::Tensor& mask, at::Tensor* cache_k,
+  at::Tensor forward(const at::Tensor& x, const Rope& rope, const AttentionMask& mask, at::Tensor* cache_k,
                      at::Tensor* cache_v);
   CausalTransformerOptions options;
   double theta;
@@ -202,7 +203,7 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const CausalTransformerOptions& options, int64_t index);
   /// h: [B, S, D] compute dtype; the rest as CausalAttention. Returns [B, S, D].
-  at::Tensor forward(const at::Tensor& h, const Rope& rope, const at::Tensor& mask, at::Tensor* cache_k,
+  at::Tensor forward(const at::Tensor& h, const Rope& rope, const AttentionMask& mask, at::Tensor* cache_k,
                      at::Tensor* cache_v);
 
   CausalTransformerOptions options;
@@ -251,7 +252,13 @@ class CausalTransformerImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};    // untied only
 
  private:
+  /// RoPE tables of positions 0 .. at least `length` - 1 for base `theta` on `device`, built once and
+  /// grown as needed (up to max_seq_len): a forward at positions 0.. (or any computed positions) slices or
+  /// gathers them instead of recomputing cos and sin.
+  const Rope& rope_table(double theta, int64_t length, const c10::Device& device);
+
   at::ScalarType dtype_ = at::kFloat;
+  std::map<double, Rope> rope_tables_;
 };
 TORCH_MODULE(CausalTransformer);
 
