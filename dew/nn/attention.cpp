@@ -155,9 +155,11 @@ AttentionMask prepare_attention_mask(const Tensor& mask, at::ScalarType dtype, b
   return out;
 }
 
-Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask, const std::string& impl,
-                 bool force_fp32_for_softmax) {
-  check_qkv(q, k, v);
+namespace {
+
+// attention_masked once q, k and v are checked.
+Tensor attention_checked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
+                         const std::string& impl, bool force_fp32_for_softmax) {
   DEW_CHECK(!mask.defined() || (mask.mask.dim() == 4 && mask.mask.size(-1) == k.size(2)), "attention: mask ",
             mask.mask.sizes(), " does not match ", k.size(2), " keys");
   Tensor out;
@@ -183,11 +185,19 @@ Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const
   return out;
 }
 
+}  // namespace
+
+Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask, const std::string& impl,
+                        bool force_fp32_for_softmax) {
+  check_qkv(q, k, v);
+  return attention_checked(q, k, v, mask, impl, force_fp32_for_softmax);
+}
+
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const std::string& impl,
                  bool force_fp32_for_softmax) {
   check_qkv(q, k, v);
   const AttentionMask m = mask.defined() ? prepare_attention_mask(as_4d_mask(mask, q, k), q.scalar_type()) : AttentionMask{};
-  return attention_masked(q, k, v, m, impl, force_fp32_for_softmax);
+  return attention_checked(q, k, v, m, impl, force_fp32_for_softmax);
 }
 
 Tensor dense(const Tensor& x, const torch::nn::Linear& layer) {
