@@ -17,6 +17,14 @@ inline std::map<std::string, at::Tensor> golden(const std::string& name) {
   return io::load_safetensors(std::string(DEW_SOURCE_DIR) + "/tests/golden/" + name);
 }
 
+/// Float64 options, for building exact inputs.
+inline const at::TensorOptions kF64 = at::TensorOptions().dtype(at::kDouble);
+
+/// The largest absolute elementwise difference, in float64.
+inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
 inline double rms(const at::Tensor& x) { return x.to(at::kDouble).pow(2).mean().sqrt().item<double>(); }
 
 /// The golden rule for one tensor: ours (any dtype) against the reference's float32 and float64 results.

@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <array>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
 
 #include "dew/core/error.h"
@@ -37,6 +40,15 @@ struct TempDir {
   }
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
+
+/// The whole content of a file ("" if it cannot be read).
+inline std::string read_bytes(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+/// The number of newline characters in s.
+inline size_t count_lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
 
 /// Exit status and combined stdout + stderr of one run of the dew program.
 struct CliResult {

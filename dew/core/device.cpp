@@ -37,4 +37,9 @@ c10::Device parse_device(const std::string& name, const std::string& field) {
   return c10::Device(c10::kCUDA, c10::DeviceIndex(index));
 }
 
+c10::Device module_device(const torch::nn::Module& m) {
+  const auto params = m.parameters();
+  return params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+}
+
 }  // namespace dew

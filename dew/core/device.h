@@ -2,6 +2,7 @@
 // device when LibTorch sees one, else the CPU.
 #pragma once
 #include <c10/core/Device.h>
+#include <torch/nn/module.h>
 
 #include <string>
 
@@ -13,5 +14,8 @@ c10::Device parse_device(const std::string& name, const std::string& field = "--
 
 /// The devices this process can use, e.g. "cpu" or "cpu, cuda:0, cuda:1" (for messages and `dew version`).
 std::string available_devices();
+
+/// The device of a module's first parameter; the CPU for a module without parameters.
+c10::Device module_device(const torch::nn::Module& m);
 
 }  // namespace dew

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "dew/core/error.h"
+#include "dew/core/strings.h"
 #include "dew/data/tokenizer.h"
 
 namespace dew {
@@ -72,11 +73,6 @@ std::string rstrip_newlines(const std::string& s) {  // s.rstrip('\n')
 }
 
 std::string strip_newlines(const std::string& s) { return lstrip_newlines(rstrip_newlines(s)); }  // s.strip('\n')
-
-bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
 
 /// json.dumps(s, ensure_ascii=False): transformers' `tojson` filter on a string.
 std::string py_json_string(const std::string& s) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "dew/core/error.h"
+#include "dew/core/strings.h"
 
 namespace fs = std::filesystem;
 
@@ -18,9 +19,6 @@ bool blank(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

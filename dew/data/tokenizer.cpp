@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "dew/core/strings.h"
 #include "dew/data/tokenizer_detail.h"
 
 namespace fs = std::filesystem;
@@ -171,10 +172,6 @@ class ByteTokenizer : public Tokenizer {
   static constexpr const char* kEos = "<eos>";
   ByteTokenizerOptions o_;
 };
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 }  // namespace
 

@@ -47,6 +47,13 @@ Tensor layer_norm_fp32(const Tensor& x, double eps) {
   return at::layer_norm(x.to(norm_dtype(x)), {x.size(-1)}, {}, {}, eps).to(x.scalar_type());
 }
 
+Tensor layer_norm_affine(const Tensor& x, const torch::nn::LayerNorm& ln) {
+  const auto dt = norm_dtype(x);
+  return at::layer_norm(x.to(dt), ln->options.normalized_shape(), ln->weight.to(dt), ln->bias.to(dt),
+                        ln->options.eps())
+      .to(x.scalar_type());
+}
+
 Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
   // x + x * scale + shift in one fused op: addcmul(shift, x, 1 + scale).
   return at::addcmul(shift.unsqueeze(1), x, 1 + scale.unsqueeze(1));

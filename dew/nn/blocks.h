@@ -39,6 +39,8 @@ const std::vector<std::string>& activations();
 Tensor activation(const Tensor& x, const std::string& name);
 /// LayerNorm without affine parameters over the last axis, in fp32, returned in x's dtype.
 Tensor layer_norm_fp32(const Tensor& x, double eps);
+/// LayerNorm with the module's affine parameters, in fp32 at least (float64 stays), returned in x's dtype.
+Tensor layer_norm_affine(const Tensor& x, const torch::nn::LayerNorm& ln);
 /// adaLN modulation x * (1 + scale) + shift. x: [B, S, D]; shift, scale: [B, D].
 Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale);
 /// conv2d with the module's parameters cast to x's dtype (padding and stride from its options).

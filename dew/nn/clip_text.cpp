@@ -310,14 +310,6 @@ std::pair<Tensor, Tensor> ClipTokenizer::batch(const std::vector<std::string>& t
 // Model
 // ---------------------------------------------------------------------------------------------------------
 
-namespace {
-
-Tensor layer_norm_affine(const Tensor& x, const torch::nn::LayerNorm& ln) {
-  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, ln->weight, ln->bias, ln->options.eps()).to(x.scalar_type());
-}
-
-}  // namespace
-
 ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTextOptions& o)
     : heads_(o.num_attention_heads()), act_(o.hidden_act()), impl_(o.attention_impl()) {
   const int64_t d = o.hidden_size(), f = o.intermediate_size();

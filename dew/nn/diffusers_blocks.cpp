@@ -16,14 +16,6 @@ torch::nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel).stride(stride).padding(padding));
 }
 
-// LayerNorm with affine parameters in float32 at least (float64 stays), returned in x's dtype.
-Tensor layer_norm_affine(const Tensor& x, const torch::nn::LayerNorm& ln) {
-  const auto dt = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  return at::layer_norm(x.to(dt), ln->options.normalized_shape(), ln->weight.to(dt), ln->bias.to(dt),
-                        ln->options.eps())
-      .to(x.scalar_type());
-}
-
 // [B, S, H * D] -> [B, H, S, D]
 Tensor split_heads(const Tensor& x, int64_t heads) {
   return x.view({x.size(0), x.size(1), heads, -1}).transpose(1, 2);

@@ -4,6 +4,7 @@
 
 #include <torch/nn/init.h>
 
+#include "dew/core/device.h"
 #include "dew/core/error.h"
 #include "dew/nn/clip_text.h"
 
@@ -13,8 +14,7 @@ using at::Tensor;
 
 TextEncoding TextEncoderImpl::encode(const std::vector<std::string>& texts) {
   auto [ids, mask] = tokenize(texts);
-  const auto params = parameters();
-  const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().device();
+  const at::Device device = module_device(*this);
   return forward(ids.to(device), mask.to(device));
 }
 
@@ -76,15 +76,6 @@ TextEncoderPtr build(const json& record) {
 }  // namespace text_encoders
 
 namespace nn {
-
-namespace {
-
-/// LayerNorm with the module's affine parameters, computed in fp32 and returned in x's dtype.
-Tensor layer_norm_affine(const Tensor& x, const torch::nn::LayerNorm& ln) {
-  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, ln->weight, ln->bias, ln->options.eps()).to(x.scalar_type());
-}
-
-}  // namespace
 
 // ---- ByteTextLayer ----
 

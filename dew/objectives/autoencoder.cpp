@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "dew/core/device.h"
 #include "dew/io/image.h"
 #include "dew/metrics/metrics.h"
 
@@ -32,8 +33,7 @@ ReconstructionScores score_reconstructions(AutoencoderImpl& autoencoder, const a
   at::NoGradGuard ng;
   const bool was_training = autoencoder.is_training();
   autoencoder.eval();
-  const auto params = autoencoder.parameters();
-  const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+  const c10::Device device = module_device(autoencoder);
   ReconstructionScores s;
   s.items = images.size(0);
   double psnr_sum = 0, ssim_sum = 0, l1_sum = 0, kl_sum = 0;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "dew/core/device.h"
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
 #include "dew/nn/backbones/backbone.h"
@@ -12,11 +13,6 @@
 namespace dew {
 
 namespace {
-
-c10::Device device_of(torch::nn::Module& m) {
-  const auto p = m.parameters();
-  return p.empty() ? c10::Device(c10::kCPU) : p.front().device();
-}
 
 // Rows of `n` items of a dataset: the first n (the sets are shuffled sources; a fixed prefix keeps the probe
 // the same at every validation).
@@ -60,7 +56,7 @@ at::Tensor pooled_features(TokenEncoderImpl& encoder, const at::Tensor& images, 
   at::NoGradGuard ng;
   const bool was_training = encoder.is_training();
   encoder.eval();
-  const auto device = device_of(encoder);
+  const auto device = module_device(encoder);
   std::vector<at::Tensor> out;
   for (int64_t s = 0; s < images.size(0); s += batch) {
     const at::Tensor x = data::to_model_range(images.slice(0, s, std::min(images.size(0), s + batch))).to(device);
@@ -133,7 +129,7 @@ JEPAObjective::JEPAObjective(std::shared_ptr<TokenEncoderImpl> encoder, std::sha
   root_->register_module("predictor", predictor_);
   // The target encoder: the same architecture, holding the EMA averages (copied in before every loss).
   target_ = models::build_token_encoder(encoder_->config());
-  target_->to(device_of(*encoder_));
+  target_->to(module_device(*encoder_));
   for (auto& p : target_->parameters()) p.set_requires_grad(false);
   target_->eval();
 }
@@ -152,13 +148,13 @@ data::Masks JEPAObjective::draw_masks(int64_t batch, at::Generator gen) const {
 LossOutput JEPAObjective::loss(const data::Batch& batch, int64_t, at::Generator gen) {
   auto it = batch.find("image");
   DEW_CHECK(it != batch.end(), "objective jepa: the batch has no \"image\" field");
-  const auto device = device_of(*encoder_);
+  const auto device = module_device(*encoder_);
   const at::Tensor x = data::to_model_range(it->second).to(device);
   return loss_of(x, draw_masks(x.size(0), gen));
 }
 
 LossOutput JEPAObjective::loss_of(const at::Tensor& x, const data::Masks& masks) {
-  const auto device = device_of(*encoder_);
+  const auto device = module_device(*encoder_);
   const at::Tensor ctx = masks.context.to(device), tgt = masks.targets.to(device);
   const int64_t m = tgt.size(0);
   at::Tensor h;

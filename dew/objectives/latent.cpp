@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "dew/core/device.h"
 #include "dew/data/dataset.h"
 #include "dew/nn/roles.h"
 
@@ -57,19 +58,10 @@ LatentSpace::LatentSpace(std::shared_ptr<AutoencoderImpl> autoencoder, LatentOpt
   autoencoder_->eval();
 }
 
-namespace {
-
-c10::Device device_of(torch::nn::Module& m) {
-  const auto params = m.parameters();
-  return params.empty() ? c10::Device(c10::kCPU) : params.front().device();
-}
-
-}  // namespace
-
 at::Tensor LatentSpace::encode_raw(const at::Tensor& images, at::Generator gen) const {
   at::NoGradGuard ng;
   at::Tensor x = images.scalar_type() == at::kByte ? data::to_model_range(images) : images.to(at::kFloat);
-  const DiagonalGaussian q = autoencoder_->encode(x.to(device_of(*autoencoder_)));
+  const DiagonalGaussian q = autoencoder_->encode(x.to(module_device(*autoencoder_)));
   return o_.sample == "posterior" ? q.sample(gen) : q.mean;
 }
 
@@ -90,7 +82,7 @@ at::Tensor LatentSpace::encode(const at::Tensor& images, at::Generator gen) cons
 
 at::Tensor LatentSpace::decode(const at::Tensor& latents) const {
   at::NoGradGuard ng;
-  const auto device = device_of(*autoencoder_);
+  const auto device = module_device(*autoencoder_);
   std::vector<at::Tensor> out;
   for (int64_t b = 0; b < latents.size(0); b += o_.batch_size) {
     const at::Tensor z = from_latent(latents.slice(0, b, b + o_.batch_size).to(device).to(at::kFloat));
@@ -116,7 +108,7 @@ std::vector<int64_t> LatentSpace::latent_shape(const std::vector<int64_t>& image
   at::NoGradGuard ng;
   std::vector<int64_t> probe = {1};
   probe.insert(probe.end(), image_shape.begin(), image_shape.end());
-  const at::Tensor z = autoencoder_->encode(at::zeros(probe, at::TensorOptions().device(device_of(*autoencoder_)))).mean;
+  const at::Tensor z = autoencoder_->encode(at::zeros(probe, at::TensorOptions().device(module_device(*autoencoder_)))).mean;
   const at::Tensor back = autoencoder_->decode(z);
   DEW_CHECK(back.sizes() == at::IntArrayRef(probe), where, ": images ", image_shape[1], "x", image_shape[2],
             " come back from the autoencoder as ", back.size(-2), "x", back.size(-1),

@@ -2,6 +2,7 @@
 
 #include <cctype>
 
+#include "dew/core/device.h"
 #include "dew/io/image.h"
 #include "dew/io/video.h"
 #include "dew/sampling/sample.h"
@@ -61,7 +62,7 @@ at::Tensor sample_diffusion(BackboneImpl& model, const diffusion::DiffusionProce
   torch::NoGradGuard ng;
   const bool was_training = model.is_training();
   model.eval();
-  auto device = model.parameters().empty() ? at::Device(at::kCPU) : model.parameters().front().device();
+  const auto device = module_device(model);
   const int64_t num_classes = model.config().value("fields", json::object()).value("num_classes", int64_t(0));
   const bool text = !prompts.empty();
   const bool guided = o.guidance.scale != 1.0 && (o.labels.defined() || text);

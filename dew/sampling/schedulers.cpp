@@ -262,9 +262,9 @@ class Common : public Scheduler {
 };
 
 /// DDIM (Song et al. 2021): x_prev = sqrt(abar_prev) x0 + sqrt(1 - abar_prev - std^2) eps + std z.
-class DDIM : public Common {
+class DDIMScheduler : public Common {
  public:
-  explicit DDIM(const Reader& r) : Common(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "leading", true, false)) {
+  explicit DDIMScheduler(const Reader& r) : Common(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "leading", true, false)) {
     r.require_flag("thresholding", false, false, " (dynamic thresholding is not supported)");
     clip_ = r.flag("clip_sample", true);
     clip_range_ = r.number("clip_sample_range", 1.0);
@@ -317,9 +317,9 @@ class DDIM : public Common {
 
 /// PNDM (Liu et al. 2022): pseudo Runge-Kutta warm-up (unless skip_prk_steps), then linear multistep
 /// (55, -59, 37, -9)/24 on the model outputs, moved with the pseudo numerical transfer of the paper.
-class PNDM : public Common {
+class PNDMScheduler : public Common {
  public:
-  explicit PNDM(const Reader& r) : Common(r, parse_base(r, {"epsilon", "v_prediction"}, "leading", false, false)) {
+  explicit PNDMScheduler(const Reader& r) : Common(r, parse_base(r, {"epsilon", "v_prediction"}, "leading", false, false)) {
     skip_prk_ = r.flag("skip_prk_steps", false);
     final_ac_ = r.flag("set_alpha_to_one", false) ? 1.0 : b_.ac[0];
   }
@@ -481,9 +481,9 @@ class SigmaScheduler : public Common {
 };
 
 /// Euler (Karras et al. 2022, algorithm 2 without churn): x + (x - x0)/sigma (sigma_next - sigma).
-class Euler : public SigmaScheduler {
+class EulerDiscreteScheduler : public SigmaScheduler {
  public:
-  explicit Euler(const Reader& r)
+  explicit EulerDiscreteScheduler(const Reader& r)
       : SigmaScheduler(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "linspace", true, true)) {
     interpolation_ = r.choice("interpolation_type", "linear", {"linear", "log_linear"});
     karras_ = r.flag("use_karras_sigmas", false);
@@ -532,9 +532,9 @@ class Euler : public SigmaScheduler {
 };
 
 /// Euler ancestral (k-diffusion): Euler to sigma_down, then noise of std sigma_up.
-class EulerAncestral : public SigmaScheduler {
+class EulerAncestralDiscreteScheduler : public SigmaScheduler {
  public:
-  explicit EulerAncestral(const Reader& r)
+  explicit EulerAncestralDiscreteScheduler(const Reader& r)
       : SigmaScheduler(r, parse_base(r, {"epsilon", "v_prediction"}, "linspace", true, true)) {}
   void set_timesteps(int64_t n) override {
     check_steps(class_name_, n, b_.T);
@@ -818,10 +818,10 @@ std::unique_ptr<Scheduler> Scheduler::from_config(const json& cfg, const std::st
   DEW_CHECK(it != cfg.end() && it->is_string(), where, ": _class_name is missing; accepted: ", list);
   const auto cls = it->get<std::string>();
   Reader r(cfg, where, cls);
-  if (cls == "DDIMScheduler") return std::make_unique<DDIM>(r);
-  if (cls == "PNDMScheduler") return std::make_unique<PNDM>(r);
-  if (cls == "EulerDiscreteScheduler") return std::make_unique<Euler>(r);
-  if (cls == "EulerAncestralDiscreteScheduler") return std::make_unique<EulerAncestral>(r);
+  if (cls == "DDIMScheduler") return std::make_unique<DDIMScheduler>(r);
+  if (cls == "PNDMScheduler") return std::make_unique<PNDMScheduler>(r);
+  if (cls == "EulerDiscreteScheduler") return std::make_unique<EulerDiscreteScheduler>(r);
+  if (cls == "EulerAncestralDiscreteScheduler") return std::make_unique<EulerAncestralDiscreteScheduler>(r);
   if (cls == "LMSDiscreteScheduler") return std::make_unique<LMS>(r);
   if (cls == "DPMSolverMultistepScheduler") return std::make_unique<DPMSolver>(r);
   fail(where, ": _class_name \"", cls, "\" is not supported; accepted: ", list);

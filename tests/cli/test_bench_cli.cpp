@@ -14,7 +14,7 @@
 
 namespace {
 
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 void one_line_error(const dew::test::CliResult& r, const std::string& needle) {
   EXPECT_EQ(r.code, 2) << r.output;
@@ -53,15 +53,15 @@ constexpr int64_t kPostTrainingParams = 257 * 128 + 4 * (4 * 128 * 128 + 3 * 128
 }  // namespace
 
 TEST(BenchCli, LmArgumentsAreValidated) {
-  one_line_error(run("bench --seq-len 64"), "--seq-len: only the language model uses it");
-  one_line_error(run("bench --models lm --seq-len 0"), "--seq-len: must be >= 1, got 0");
-  one_line_error(run("bench --models lm,unet,lm"), "--models: \"lm\" is listed twice");
-  one_line_error(run("bench --models lm --lm-peer /nonexistent/lm_peer.py"), "--lm-peer: no such file");
+  one_line_error(run_dew("bench --seq-len 64"), "--seq-len: only the language model uses it");
+  one_line_error(run_dew("bench --models lm --seq-len 0"), "--seq-len: must be >= 1, got 0");
+  one_line_error(run_dew("bench --models lm,unet,lm"), "--models: \"lm\" is listed twice");
+  one_line_error(run_dew("bench --models lm --lm-peer /nonexistent/lm_peer.py"), "--lm-peer: no such file");
 }
 
 TEST(BenchCli, LmChildPrintsOneResultLine) {
   // The child a `dew bench --models lm` run starts per configuration, at its smallest.
-  auto r = run("bench --one lm --threads 1 --steps 1 --warmup 0 --batch 1 --seq-len 8");
+  auto r = run_dew("bench --one lm --threads 1 --steps 1 --warmup 0 --batch 1 --seq-len 8");
   ASSERT_EQ(r.code, 0) << r.output;
   auto j = result_line(r);
   // byte vocab 257, width 256, 4 layers, 4 heads, SwiGLU 704, qk-norm, tied head, counted by hand:
@@ -80,7 +80,7 @@ TEST(BenchCli, JepaChildMatchesThePythonPeersModel) {
   // encoder = patch conv 16*128 + 128, 4 blocks of (2 LayerNorms 4*128, qkv 128*384 + 384, proj 128*128 + 128,
   // MLP 128*512 + 512 + 512*128 + 128), final norm 2*128; predictor = embed 128*64 + 64, mask token 64,
   // 4 blocks at width 64, norm 2*64, projection 64*128 + 128.
-  auto r = run("bench --one jepa --threads 1 --steps 1 --warmup 0 --batch 2");
+  auto r = run_dew("bench --one jepa --threads 1 --steps 1 --warmup 0 --batch 2");
   ASSERT_EQ(r.code, 0) << r.output;
   auto j = result_line(r);
   auto block = [](int64_t d) { return 4 * d + d * 3 * d + 3 * d + d * d + d + d * 4 * d + 4 * d + 4 * d * d + d; };
@@ -94,7 +94,7 @@ TEST(BenchCli, JepaChildMatchesThePythonPeersModel) {
 TEST(BenchCli, DpoRunsBothSidesAndPrintsTheRatio) {
   // The child (DPOObjective's step on the post-training model) at its smallest, then one whole run against
   // bench/dpo_peer.py, which refuses to run unless it builds a model of the same parameter count.
-  auto r = run("bench --one dpo --threads 1 --steps 1 --warmup 0 --batch 2");
+  auto r = run_dew("bench --one dpo --threads 1 --steps 1 --warmup 0 --batch 2");
   ASSERT_EQ(r.code, 0) << r.output;
   auto j = result_line(r);
   EXPECT_EQ(j.at("params").get<int64_t>(), kPostTrainingParams);
@@ -102,7 +102,7 @@ TEST(BenchCli, DpoRunsBothSidesAndPrintsTheRatio) {
   EXPECT_NEAR(j.at("tokens_per_s").get<double>() * j.at("ms_per_step").get<double>(), 192000.0, 1e-6 * 192000.0);
   EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
   if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
-  r = run("bench --models dpo --steps 1 --warmup 0 --batch 2 --threads 1 --blas-threads 1 --rounds 1");
+  r = run_dew("bench --models dpo --steps 1 --warmup 0 --batch 2 --threads 1 --blas-threads 1 --rounds 1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("## dew bench: a DPO training step"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/step / C++ ms/step): "), std::string::npos) << r.output;
@@ -111,7 +111,7 @@ TEST(BenchCli, DpoRunsBothSidesAndPrintsTheRatio) {
 TEST(BenchCli, GrpoRolloutRunsBothSidesAndPrintsTheRatio) {
   // One rollout (128 rows x 16 sampled tokens) per side: the child's numbers, then the whole run against
   // bench/grpo_rollout_peer.py.
-  auto r = run("bench --one grpo_rollout --threads 1 --steps 1 --warmup 0");
+  auto r = run_dew("bench --one grpo_rollout --threads 1 --steps 1 --warmup 0");
   ASSERT_EQ(r.code, 0) << r.output;
   auto j = result_line(r);
   EXPECT_EQ(j.at("params").get<int64_t>(), kPostTrainingParams);
@@ -119,7 +119,7 @@ TEST(BenchCli, GrpoRolloutRunsBothSidesAndPrintsTheRatio) {
   EXPECT_NEAR(j.at("tokens_per_s").get<double>() * j.at("ms_per_step").get<double>(), 2048000.0, 1e-6 * 2048000.0);
   EXPECT_GT(j.at("prefill_ms").get<double>(), 0.0);
   if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
-  r = run("bench --models grpo_rollout --steps 1 --warmup 0 --threads 1 --blas-threads 1 --rounds 1");
+  r = run_dew("bench --models grpo_rollout --steps 1 --warmup 0 --threads 1 --blas-threads 1 --rounds 1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("## dew bench: a GRPO rollout"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (C++ tokens/s / Python tokens/s, higher is better for C++): "), std::string::npos)
@@ -129,13 +129,13 @@ TEST(BenchCli, GrpoRolloutRunsBothSidesAndPrintsTheRatio) {
 TEST(BenchCli, SdChildrenBuildTheDiffusersConfigs) {
   // The children of `dew bench --models sd_unet,sd_vae` at their smallest: each builds its model from the
   // diffusers config.json dict and counts diffusers' parameters.
-  auto r = run("bench --one sd_unet --threads 1 --steps 1 --warmup 0 --batch 1");
+  auto r = run_dew("bench --one sd_unet --threads 1 --steps 1 --warmup 0 --batch 1");
   ASSERT_EQ(r.code, 0) << r.output;
   auto j = result_line(r);
   EXPECT_EQ(j.at("params").get<int64_t>(), kSdUnetParams);
   EXPECT_GT(j.at("ms_per_step").get<double>(), 0.0);
   EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
-  r = run("bench --one sd_vae --threads 1 --steps 1 --warmup 0 --batch 1");
+  r = run_dew("bench --one sd_vae --threads 1 --steps 1 --warmup 0 --batch 1");
   ASSERT_EQ(r.code, 0) << r.output;
   j = result_line(r);
   EXPECT_EQ(j.at("params").get<int64_t>(), kSdVaeParams);
@@ -149,14 +149,14 @@ TEST(BenchCli, SdRunsWithoutThePeer) {
   // C++ only (--no-peer), then with a diffusers checkout that does not exist: one "peer: unavailable" line and
   // the C++ numbers all the same.
   const std::string tiny = " --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1";
-  auto r = run("bench --models sd_unet,sd_vae --no-peer" + tiny);
+  auto r = run_dew("bench --models sd_unet,sd_vae --no-peer" + tiny);
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* needle : {"## dew bench: Stable Diffusion components", "### sd_unet: a UNet2DConditionModel training step",
                              "### sd_vae: AutoencoderKL encode + decode", "\"_class_name\":\"UNet2DConditionModel\""})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   EXPECT_EQ(r.output.find("Speed-up"), std::string::npos) << r.output;
   if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
-  r = run("bench --models sd_vae --diffusers-src /nonexistent/diffusers/src" + tiny);
+  r = run_dew("bench --models sd_vae --diffusers-src /nonexistent/diffusers/src" + tiny);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("peer: unavailable (diffusers 0.34.0 cannot be imported from /nonexistent/diffusers/src"),
             std::string::npos)
@@ -169,7 +169,7 @@ TEST(BenchCli, SdRunsBothSidesWithDiffusers) {
   // Against the real diffusers classes (bench/sd_peer.py refuses to run unless its model has the C++ model's
   // parameter count). Needs a diffusers v0.34.0 checkout: skipped in CI.
   if (!have_diffusers()) GTEST_SKIP() << "no diffusers checkout (DEW_DIFFUSERS_SRC or /tmp/diffusers_src/src)";
-  auto r = run("bench --models sd_unet,sd_vae --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1");
+  auto r = run_dew("bench --models sd_unet,sd_vae --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("peer: unavailable"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/step / C++ ms/step): "), std::string::npos) << r.output;

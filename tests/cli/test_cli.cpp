@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Result = dew::test::CliResult;
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 std::string tmp(const std::string& name) {
   auto d = fs::path(::testing::TempDir()) / ("dew_cli_" + name);
@@ -32,7 +32,7 @@ const std::string kTiny =
 
 TEST(Cli, TrainsSamplesAndResumes) {
   auto dir = tmp("run");
-  auto r = run("train diffusion --run " + dir + " --trainer.steps 4" + kTiny);
+  auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 4" + kTiny);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_4" / "ema.safetensors")) << r.output;
   EXPECT_TRUE(fs::exists(fs::path(dir) / "samples" / "step_4.png"));
@@ -40,17 +40,17 @@ TEST(Cli, TrainsSamplesAndResumes) {
   EXPECT_EQ(record["model"]["fields"]["num_classes"], 3);  // filled in from the data
   EXPECT_EQ(record["derived"]["sample_shape"], dew::json({1, 8, 8}));
   // rerunning with more steps resumes from step 4
-  r = run("train diffusion --run " + dir + " --trainer.steps 6" + kTiny);
+  r = run_dew("train diffusion --run " + dir + " --trainer.steps 6" + kTiny);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("resuming"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_6"));
   // sampling writes a grid
   auto out = (fs::path(dir) / "grid.png").string();
-  r = run("sample " + dir + " --steps 3 --solver dpmsolver++ --count 6 --out " + out);
+  r = run_dew("sample " + dir + " --steps 3 --solver dpmsolver++ --count 6 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(out));
   // a different model on the same run directory is refused
-  r = run("train diffusion --run " + dir + " --trainer.steps 8" + kTiny + " --model.fields.num_layers 2");
+  r = run_dew("train diffusion --run " + dir + " --trainer.steps 8" + kTiny + " --model.fields.num_layers 2");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("was trained with model"), std::string::npos) << r.output;
 }
@@ -61,25 +61,25 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
     EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
   };
-  one_line_error(run("frobnicate"), "unknown command \"frobnicate\"");
-  one_line_error(run("train diffusion --trainer.stepz 3"), "unknown option --trainer.stepz; valid keys under trainer:");
-  one_line_error(run("train diffusion --trainer.steps many --run " + tmp("bad")), "trainer.steps: expected an integer");
-  one_line_error(run("train diffusion --preset.name cosin --run " + tmp("bad2")), "unknown preset \"cosin\"");
-  one_line_error(run("sample " + tmp("missing")), "does not exist");
+  one_line_error(run_dew("frobnicate"), "unknown command \"frobnicate\"");
+  one_line_error(run_dew("train diffusion --trainer.stepz 3"), "unknown option --trainer.stepz; valid keys under trainer:");
+  one_line_error(run_dew("train diffusion --trainer.steps many --run " + tmp("bad")), "trainer.steps: expected an integer");
+  one_line_error(run_dew("train diffusion --preset.name cosin --run " + tmp("bad2")), "unknown preset \"cosin\"");
+  one_line_error(run_dew("sample " + tmp("missing")), "does not exist");
   auto empty = tmp("empty");
   fs::create_directories(empty);
-  one_line_error(run("sample " + empty), "run.json");
-  one_line_error(run("sample x --colour red"), "unknown flag --colour");
-  one_line_error(run("list gizmos"), "unknown kind \"gizmos\"");
+  one_line_error(run_dew("sample " + empty), "run.json");
+  one_line_error(run_dew("sample x --colour red"), "unknown flag --colour");
+  one_line_error(run_dew("list gizmos"), "unknown kind \"gizmos\"");
 }
 
 TEST(Cli, HelpListsEveryRecipeField) {
-  auto r = run("train diffusion --help");
+  auto r = run_dew("train diffusion --help");
   EXPECT_EQ(r.code, 0);
   for (auto key : {"--trainer.steps", "--optim.lr", "--objective.guidance.scale", "--loader.batch_size",
                    "--preset.name", "feature_depths"})
     EXPECT_NE(r.output.find(key), std::string::npos) << key;
-  r = run("models");
+  r = run_dew("models");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.output.find("simple_dit"), std::string::npos);
   EXPECT_NE(r.output.find("unet"), std::string::npos);

@@ -20,7 +20,7 @@ using dew::json;
 namespace {
 
 using Result = dew::test::CliResult;
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 /// A run directory holding one checkpoint of a tiny causal_transformer, written with the library's
 /// checkpoint writer; the EMA differs from the live weights so the test can tell which one was exported.
@@ -49,7 +49,7 @@ TEST(ExportCli, ExportsTheLatestCheckpointAndItsEma) {
   json fields = {{"vocab_size", 257}, {"emb_features", 32}, {"num_layers", 1}, {"num_heads", 2}, {"head_dim", 16},
                  {"mlp_features", 32}, {"max_seq_len", 32}, {"qk_norm", false}};
   auto model = make_run(dir.file("run"), fields, "byte");
-  auto r = run("export " + dir.file("run") + " " + dir.file("hf") + " --family llama");
+  auto r = run_dew("export " + dir.file("run") + " " + dir.file("hf") + " --family llama");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("step 7"), std::string::npos) << r.output;
   auto back = dew::interop::load_pretrained_decoder(dir.file("hf"));
@@ -57,7 +57,7 @@ TEST(ExportCli, ExportsTheLatestCheckpointAndItsEma) {
     EXPECT_TRUE(torch::equal(p.value(), back->named_parameters()[p.key()])) << p.key();
   EXPECT_TRUE(fs::exists(dir.file("hf/tokenizer.json")));
 
-  r = run("export " + dir.file("run") + " " + dir.file("hf_ema") + " --ema");  // auto family: llama
+  r = run_dew("export " + dir.file("run") + " " + dir.file("hf_ema") + " --ema");  // auto family: llama
   ASSERT_EQ(r.code, 0) << r.output;
   auto ema = dew::interop::load_pretrained_decoder(dir.file("hf_ema"));
   for (const auto& p : model->named_parameters())
@@ -70,7 +70,7 @@ TEST(ExportCli, ErrorsExit2WithOneLine) {
                  {"max_seq_len", 16}, {"qk_norm", true}};
   make_run(dir.file("run"), fields, "byte");
   auto expect_error = [&](const std::string& args, const std::string& needle) {
-    auto r = run("export " + args);
+    auto r = run_dew("export " + args);
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
     EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;

@@ -14,17 +14,16 @@
 
 namespace {
 
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 std::string golden_dir(const std::string& name) { return std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/" + name; }
 
-size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
 
 // Writes `inputs` to DIR/in.safetensors, runs `dew forward FOLDER ... FLAGS`, returns the written outputs.
 std::map<std::string, at::Tensor> forward(const dew::test::TempDir& dir, const std::string& folder,
                                           const std::map<std::string, at::Tensor>& inputs, const std::string& flags) {
   dew::io::save_safetensors(dir.file("in.safetensors"), inputs);
-  const auto r = run("forward " + golden_dir(folder) + " --inputs " + dir.file("in.safetensors") + " --out " +
+  const auto r = run_dew("forward " + golden_dir(folder) + " --inputs " + dir.file("in.safetensors") + " --out " +
                      dir.file("out.safetensors") + " " + flags);
   EXPECT_EQ(r.code, 0) << r.output;
   if (r.code != 0) return {};
@@ -86,30 +85,30 @@ TEST(ForwardCli, MissingAndExtraInputsAreOneLineNamingThem) {
   dew::io::save_safetensors(dir.file("in.safetensors"), {{"sample", io.at("sample")}, {"noise", io.at("z")}});
   const std::string base = "forward " + golden_dir("vae") + " --inputs " + dir.file("in.safetensors") + " --out " +
                            dir.file("out.safetensors");
-  auto r = run(base + " --method decode");
+  auto r = run_dew(base + " --method decode");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
   EXPECT_NE(r.output.find("missing input z"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("unexpected inputs noise, sample"), std::string::npos) << r.output;
-  r = run(base + " --method encode");
+  r = run_dew(base + " --method encode");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
   EXPECT_NE(r.output.find("unexpected input noise"), std::string::npos) << r.output;
-  r = run(base + " --method sample");
+  r = run_dew(base + " --method sample");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("accepted: encode, decode, forward, tiled_encode, tiled_decode"), std::string::npos) << r.output;
-  r = run(base + " --class StableCascadeUNet");
+  r = run_dew(base + " --class StableCascadeUNet");
   EXPECT_EQ(r.code, 2);
-  EXPECT_EQ(lines(r.output), 1u) << r.output;
+  EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
   EXPECT_NE(r.output.find("accepted: AutoencoderKL, UNet2DConditionModel"), std::string::npos) << r.output;
-  r = run(base + " --dtype float16");
+  r = run_dew(base + " --dtype float16");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("accepted: float32, float64"), std::string::npos) << r.output;
-  r = run("forward " + dir.path.string() + " --inputs " + dir.file("in.safetensors") + " --out " + dir.file("o"));
+  r = run_dew("forward " + dir.path.string() + " --inputs " + dir.file("in.safetensors") + " --out " + dir.file("o"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("config.json: missing"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir.file("out.safetensors")));
-  r = run("forward --help");
+  r = run_dew("forward --help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.output.find("usage: dew forward DIR"), std::string::npos);
 }

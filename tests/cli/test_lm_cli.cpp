@@ -12,7 +12,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 std::string tmp(const std::string& name) {
   auto d = fs::path(::testing::TempDir()) / ("dew_lm_cli_" + name);
@@ -20,7 +20,6 @@ std::string tmp(const std::string& name) {
   return d.string();
 }
 
-int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
 
 std::string tiny_tokens() { return dew::test::write_tiny_tokens(tmp("tokens")); }
 
@@ -32,7 +31,7 @@ TEST(LmCli, TrainsAndGenerates) {
                            " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64}'"
                            " --objective.seq_len 16 --objective.sample_tokens 8 --loader.batch_size 4"
                            " --trainer.log_every 2 --trainer.val_every 0 --trainer.time_limit_minutes 0";
-  auto r = run("train lm --run " + dir + " --trainer.steps 4" + tiny);
+  auto r = run_dew("train lm --run " + dir + " --trainer.steps 4" + tiny);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_4" / "model.safetensors")) << r.output;
   EXPECT_TRUE(fs::exists(fs::path(dir) / "samples" / "step_4.txt"));
@@ -43,14 +42,14 @@ TEST(LmCli, TrainsAndGenerates) {
   EXPECT_EQ(record["model"]["fields"]["vocab_size"], 257);  // filled in from the data
   EXPECT_EQ(record["derived"]["tokenizer"]["name"], "byte");
   // greedy generation is deterministic; --json reports tokens and both log-probs
-  r = run("generate " + dir + " --prompt 'the ' --prompt 'a' --max-new-tokens 5 --temperature 0 --json");
+  r = run_dew("generate " + dir + " --prompt 'the ' --prompt 'a' --max-new-tokens 5 --temperature 0 --json");
   ASSERT_EQ(r.code, 0) << r.output;
-  ASSERT_EQ(lines(r.output), 2) << r.output;
+  ASSERT_EQ(dew::test::count_lines(r.output), 2u) << r.output;
   auto first = dew::json::parse(r.output.substr(0, r.output.find('\n')));
   EXPECT_EQ(first["prompt"], "the ");
   EXPECT_EQ(first["tokens"].size(), first["logprobs"].size());
   EXPECT_EQ(first["raw_logprobs"].size(), first["tokens"].size());
-  auto again = run("generate " + dir + " --prompt 'the ' --prompt 'a' --max-new-tokens 5 --temperature 0 --json");
+  auto again = run_dew("generate " + dir + " --prompt 'the ' --prompt 'a' --max-new-tokens 5 --temperature 0 --json");
   EXPECT_EQ(again.output, r.output);
 }
 
@@ -64,10 +63,10 @@ TEST(LmCli, BadInputIsOneLineAndExitTwo) {
         std::string("generate /nonexistent/run --temperature -1"),
         std::string("generate /nonexistent/run --bogus 1")}) {
     if (args.rfind("train", 0) == 0) args += " --run " + dir;
-    auto r = run(args);
+    auto r = run_dew(args);
     EXPECT_FALSE(fs::exists(dir)) << args;  // nothing is written before the input is valid
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
-    EXPECT_EQ(lines(r.output), 1) << args << "\n" << r.output;
+    EXPECT_EQ(dew::test::count_lines(r.output), 1u) << args << "\n" << r.output;
     EXPECT_EQ(r.output.rfind("dew: error: ", 0), 0u) << r.output;
   }
 }

@@ -12,12 +12,11 @@
 
 namespace {
 
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 const std::string kPipe = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/pipeline";
 const std::string kPrompt = "--prompt 'a photo of a cat on the moon' --negative-prompt 'blurry, low quality'";
 
-size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
 
 }  // namespace
 
@@ -28,7 +27,7 @@ TEST(PipelineCli, WritesDiffusersImageForTheSameLatents) {
   for (const std::string sched : {"DDIMScheduler", "EulerDiscreteScheduler"}) {
     SCOPED_TRACE(sched);
     const std::string png = dir.file(sched + ".png");
-    const auto r = run("sample --pipeline " + kPipe + " " + kPrompt + " --steps 5 --guidance 7.5 --size 32x32 --latents " +
+    const auto r = run_dew("sample --pipeline " + kPipe + " " + kPrompt + " --steps 5 --guidance 7.5 --size 32x32 --latents " +
                        dir.file("latents.safetensors") + " --scheduler " + sched + " --out " + png);
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find(sched), std::string::npos) << r.output;
@@ -56,9 +55,9 @@ TEST(PipelineCli, BadInputExitsTwoWithOneLine) {
         "sample --pipeline " + kPipe + " --prompt cat --out " + dir.file("x.jpg"),
         "sample --pipeline " + kPipe + out}) {
     SCOPED_TRACE(args);
-    const auto r = run(args);
+    const auto r = run_dew(args);
     EXPECT_EQ(r.code, 2) << r.output;
-    EXPECT_EQ(lines(r.output), 1u) << r.output;
+    EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
   }
   EXPECT_FALSE(std::filesystem::exists(dir.file("x.png")));
 }

@@ -13,7 +13,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 std::string tmp(const std::string& name) {
   auto d = fs::path(::testing::TempDir()) / ("dew_cli_tv_" + name);
@@ -30,7 +30,7 @@ const std::string kVideoData =
 
 TEST(CliText, TrainsOnCaptionsAndSamplesFromAPrompt) {
   auto dir = tmp("text");
-  auto r = run("train diffusion --run " + dir + " --trainer.steps 3 --trainer.checkpoint_every 3"
+  auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 3 --trainer.checkpoint_every 3"
                " --data '{\"name\":\"gaussian_blobs\",\"count\":32,\"size\":8,\"classes\":3}'"
                " --model.architecture simple_dit"
                " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'"
@@ -49,19 +49,19 @@ TEST(CliText, TrainsOnCaptionsAndSamplesFromAPrompt) {
   for (const auto& name : ck.names()) has_encoder |= name.rfind("text_encoder.token_embedding", 0) == 0;
   EXPECT_TRUE(has_encoder);
   auto out = (fs::path(dir) / "prompt.png").string();
-  r = run("sample " + dir + " --steps 2 --prompt 'a photo of a blob_1' --count 3 --out " + out);
+  r = run_dew("sample " + dir + " --steps 2 --prompt 'a photo of a blob_1' --count 3 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(out));
   // labels become captions; a prompt on a label-conditioned run is refused
-  r = run("sample " + dir + " --steps 2 --labels 0,2 --count 2 --out " + out);
+  r = run_dew("sample " + dir + " --steps 2 --labels 0,2 --count 2 --out " + out);
   EXPECT_EQ(r.code, 0) << r.output;
-  r = run("sample " + dir + " --steps 2 --prompt x --labels 1");
+  r = run_dew("sample " + dir + " --steps 2 --prompt x --labels 1");
   EXPECT_EQ(r.code, 2) << r.output;
 }
 
 TEST(CliVideo, VideoDiTTrainsOnMovingFashionMnistAndWritesStripAndGif) {
   auto dir = tmp("video_dit");
-  auto r = run("train diffusion --run " + dir + " --trainer.steps 2" + kVideoData +
+  auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 2" + kVideoData +
                " --model.architecture video_dit"
                " --model.fields '{\"patch_size\":4,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'");
   ASSERT_EQ(r.code, 0) << r.output;
@@ -69,7 +69,7 @@ TEST(CliVideo, VideoDiTTrainsOnMovingFashionMnistAndWritesStripAndGif) {
   EXPECT_EQ(record["derived"]["sample_shape"], dew::json({1, 4, 16, 16}));
   EXPECT_TRUE(fs::exists(fs::path(dir) / "samples" / "step_2.gif"));
   auto out = (fs::path(dir) / "v.png").string();
-  r = run("sample " + dir + " --steps 2 --labels 7 --count 2 --out " + out);
+  r = run_dew("sample " + dir + " --steps 2 --labels 7 --count 2 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(fs::exists(out));
   EXPECT_TRUE(fs::exists((fs::path(dir) / "v.gif").string()));
@@ -80,16 +80,16 @@ TEST(CliVideo, UnetRunInflatesIntoUnet3D) {
   const std::string unet_fields =
       " --model.fields '{\"emb_features\":16,\"feature_depths\":[8,16],\"attention_configs\":[null,null],"
       "\"num_res_blocks\":1,\"norm_groups\":4}'";
-  auto r = run("train diffusion --run " + dir2d + " --trainer.steps 2 --trainer.checkpoint_every 2"
+  auto r = run_dew("train diffusion --run " + dir2d + " --trainer.steps 2 --trainer.checkpoint_every 2"
                " --data '{\"name\":\"gaussian_blobs\",\"count\":16,\"size\":16,\"classes\":10}'"
                " --model.architecture unet --loader.batch_size 4 --objective.steps 2" + unet_fields);
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run("train diffusion --run " + dir3d + " --trainer.steps 2 --init_from " + dir2d + kVideoData +
+  r = run_dew("train diffusion --run " + dir3d + " --trainer.steps 2 --init_from " + dir2d + kVideoData +
           " --model.architecture unet_3d" + unet_fields);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("inflated"), std::string::npos) << r.output;
   // a 2D checkpoint of another shape is refused with the offending name
-  r = run("train diffusion --run " + tmp("unet3d_bad") + " --trainer.steps 1 --init_from " + dir2d + kVideoData +
+  r = run_dew("train diffusion --run " + tmp("unet3d_bad") + " --trainer.steps 1 --init_from " + dir2d + kVideoData +
           " --model.architecture unet_3d --model.fields '{\"emb_features\":16,\"feature_depths\":[8,8],"
           "\"attention_configs\":[null,null],\"num_res_blocks\":1,\"norm_groups\":4}'");
   EXPECT_EQ(r.code, 2) << r.output;
@@ -97,14 +97,14 @@ TEST(CliVideo, UnetRunInflatesIntoUnet3D) {
 
 TEST(CliText, AModelThatNeedsTextIsRefusedBeforeTraining) {
   auto dir = tmp("mmdit_no_text");
-  auto r = run("train diffusion --run " + dir + " --trainer.steps 1"
+  auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 1"
                " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":8,\"classes\":2}'"
                " --model.architecture simple_mmdit"
                " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":2,\"num_heads\":2}'");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("needs a text context: add --text_encoder.architecture"), std::string::npos) << r.output;
   // the same directory then trains once the encoder is given (nothing was recorded for the refused run)
-  r = run("train diffusion --run " + dir + " --trainer.steps 1 --trainer.checkpoint_every 1 --objective.steps 1"
+  r = run_dew("train diffusion --run " + dir + " --trainer.steps 1 --trainer.checkpoint_every 1 --objective.steps 1"
           " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":8,\"classes\":2}' --loader.batch_size 4"
           " --model.architecture simple_mmdit"
           " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":2,\"num_heads\":2}'"

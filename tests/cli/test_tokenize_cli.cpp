@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using Result = dew::test::CliResult;
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 std::string read(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -28,7 +28,7 @@ TEST(TokenizeCli, WritesPackedByteTokenFiles) {
   fs::create_directories(dir.path / "in");
   std::ofstream(dir.file("in/a.fortunes")) << "Hi\n%\nyo\n%\n";
   std::ofstream(dir.file("in/b.txt")) << "whole file\n";
-  auto r = run("tokenize --input " + dir.file("in") + " --out " + dir.file("out") +
+  auto r = run_dew("tokenize --input " + dir.file("in") + " --out " + dir.file("out") +
                " --tokenizer byte --val-fraction 0.2 --pack");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("3 documents"), std::string::npos) << r.output;
@@ -58,7 +58,7 @@ TEST(TokenizeCli, WritesPackedByteTokenFiles) {
 TEST(TokenizeCli, UnpackedBytesAreUint8) {
   dew::test::TempDir dir("tokenize_cli_u8");
   std::ofstream(dir.file("t.txt")) << "abc\xff";
-  auto r = run("tokenize --input " + dir.file("t.txt") + " --out " + dir.file("out") +
+  auto r = run_dew("tokenize --input " + dir.file("t.txt") + " --out " + dir.file("out") +
                " --tokenizer '{\"name\":\"byte\",\"eos\":false}' --val-fraction 0");
   ASSERT_EQ(r.code, 0) << r.output;
   auto meta = dew::json::parse(read(dir.file("out/meta.json")));
@@ -72,7 +72,7 @@ TEST(TokenizeCli, ErrorsExit2WithOneLine) {
   dew::test::TempDir dir("tokenize_cli_err");
   std::ofstream(dir.file("t.txt")) << "abc";
   auto expect_error = [&](const std::string& args, const std::string& needle) {
-    auto r = run("tokenize " + args);
+    auto r = run_dew("tokenize " + args);
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
     EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;

@@ -8,7 +8,7 @@
 
 namespace {
 
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 size_t lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }
 
@@ -25,7 +25,7 @@ TEST(ThreadsCli, BadFlagsAreOneLineErrorsNamingTheFlag) {
       {"tune", "tune"},
   };
   for (const auto& [args, flag] : cases) {
-    const auto r = run(args);
+    const auto r = run_dew(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
     EXPECT_EQ(lines(r.output), 1u) << args << "\n" << r.output;
     EXPECT_NE(r.output.find(flag), std::string::npos) << args << "\n" << r.output;
@@ -33,7 +33,7 @@ TEST(ThreadsCli, BadFlagsAreOneLineErrorsNamingTheFlag) {
 }
 
 TEST(ThreadsCli, DryRunShowsTheMachineAndTheDefaultsWithoutMeasuring) {
-  const auto r = run("tune threads --dry-run --splits 1x1,2x1 --workloads gemm");
+  const auto r = run_dew("tune threads --dry-run --splits 1x1,2x1 --workloads gemm");
   // DEW_THREADS_CACHE is "off" in the tests (test_threads.cpp) unless set: the dry run says so.
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("machine: "), std::string::npos) << r.output;
@@ -43,7 +43,7 @@ TEST(ThreadsCli, DryRunShowsTheMachineAndTheDefaultsWithoutMeasuring) {
   EXPECT_NE(r.output.find("(built-in default)"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("current default intra_op"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("wrote"), std::string::npos) << r.output;
-  const auto help = run("tune threads --help");
+  const auto help = run_dew("tune threads --help");
   EXPECT_EQ(help.code, 0) << help.output;
   EXPECT_NE(help.output.find("usage: dew tune threads"), std::string::npos) << help.output;
 }

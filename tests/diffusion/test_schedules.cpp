@@ -7,13 +7,14 @@
 
 #include "dew/core/rng.h"
 #include "dew/diffusion/process.h"
+#include "tests/golden_util.h"
 
 using namespace dew;
 using namespace dew::diffusion;
 
 namespace {
 
-const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+using dew::test::kF64;
 
 std::vector<std::string> all_schedules() {
   return {"linear", "cosine", "exp", "sqrt", "cosine_continuous", "karras_ve", "edm", "flow"};

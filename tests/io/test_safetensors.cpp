@@ -16,6 +16,7 @@
 
 #include "dew/core/error.h"
 #include "dew/io/safetensors.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -34,10 +35,7 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   ASSERT_TRUE(f.good()) << path;
 }
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+using dew::test::read_bytes;
 
 bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 

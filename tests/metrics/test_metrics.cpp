@@ -5,12 +5,13 @@
 
 #include "dew/core/rng.h"
 #include "dew/metrics/metrics.h"
+#include "tests/golden_util.h"
 
 using namespace dew;
 using namespace dew::metrics;
 
 namespace {
-const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+using dew::test::kF64;
 }
 
 TEST(Metrics, FrechetDistanceClosedForms) {

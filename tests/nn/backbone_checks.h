@@ -9,12 +9,9 @@
 #include <vector>
 
 #include "dew/nn/backbones/backbone.h"
+#include "tests/golden_util.h"
 
 namespace dew::test {
-
-inline double max_diff(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
-}
 
 inline std::vector<std::pair<std::string, std::vector<int64_t>>> param_shapes(const dew::BackboneImpl& m) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;

@@ -5,13 +5,14 @@
 #include "dew/core/error.h"
 #include "dew/nn/attention.h"
 #include "dew/nn/embeddings.h"
+#include "tests/golden_util.h"
 
 namespace {
 
 using at::Tensor;
 using dew::nn::attention;
 
-double max_diff(const Tensor& a, const Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
+using dew::test::max_diff;
 
 struct QKV {
   Tensor q, k, v;

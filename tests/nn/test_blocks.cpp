@@ -7,12 +7,13 @@
 #include "dew/core/error.h"
 #include "dew/nn/blocks.h"
 #include "dew/nn/scan.h"
+#include "tests/golden_util.h"
 
 namespace {
 
 using at::Tensor;
 
-double max_diff(const Tensor& a, const Tensor& b) { return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>(); }
+using dew::test::max_diff;
 
 void randomize(torch::nn::Module& m, double std = 0.2) {
   torch::NoGradGuard no_grad;

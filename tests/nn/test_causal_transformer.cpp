@@ -7,6 +7,7 @@
 
 #include "dew/nn/backbones/causal_transformer.h"
 #include "tests/test_util.h"
+#include "tests/golden_util.h"
 
 using dew::nn::CausalTransformer;
 using dew::nn::CausalTransformerOptions;
@@ -48,7 +49,7 @@ void randomise(CausalTransformer& m, uint64_t seed) {
   for (auto& p : m->parameters()) p.add_(torch::randn_like(p) * 0.1);
 }
 
-double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+using dew::test::max_diff;
 
 }  // namespace
 

@@ -17,13 +17,14 @@
 #include "dew/runs/diffusion_run.h"
 #include "dew/training/trainer.h"
 #include "tests/test_util.h"
+#include "tests/runs/checkpoint_checks.h"
 
 namespace fs = std::filesystem;
 using dew::json;
 
 namespace {
 
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 const std::string kBlobs = R"({"name":"gaussian_blobs","count":48,"size":16,"classes":3})";
 const std::string kHeldOut = R"({"name":"gaussian_blobs","count":24,"size":16,"classes":3,"seed":1})";
@@ -49,10 +50,7 @@ std::string latent_command(const std::string& dir, const std::string& autoencode
          "' --loader.batch_size 8 --trainer.log_every 2 --objective.steps 2 --objective.preview_per_class 1";
 }
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+using dew::test::read_bytes;
 
 // Width and height of a PNG file (its IHDR chunk).
 std::pair<int, int> png_size(const fs::path& p) {
@@ -64,25 +62,18 @@ std::pair<int, int> png_size(const fs::path& p) {
   return {be(16), be(20)};
 }
 
-void expect_same_checkpoint(const std::string& a, const std::string& b, int64_t step) {
-  for (const char* name : {"model.safetensors", "ema.safetensors", "optimizer.safetensors", "state.json"}) {
-    const auto pa = fs::path(a) / "checkpoints" / ("step_" + std::to_string(step)) / name;
-    const auto pb = fs::path(b) / "checkpoints" / ("step_" + std::to_string(step)) / name;
-    ASSERT_TRUE(fs::exists(pa) && fs::exists(pb)) << pa << " " << pb;
-    EXPECT_TRUE(read_bytes(pa) == read_bytes(pb)) << pa << " and " << pb << " differ";
-  }
-}
+using dew::test::expect_same_checkpoint;
 
 // Runs `command` to its end in `dir` twice: straight, and (in `dir`_resumed) with its last checkpoint removed
 // and the command rerun, so the rerun resumes from the one before; both must end on the same bits.
 void expect_resume_bit_for_bit(const std::string& command, const std::string& dir, int64_t last, int64_t before) {
-  auto r = run(command + " --run " + dir);
+  auto r = run_dew(command + " --run " + dir);
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string resumed = dir + "_resumed";
-  r = run(command + " --run " + resumed);
+  r = run_dew(command + " --run " + resumed);
   ASSERT_EQ(r.code, 0) << r.output;
   fs::remove_all(fs::path(resumed) / "checkpoints" / ("step_" + std::to_string(last)));
-  r = run(command + " --run " + resumed);
+  r = run_dew(command + " --run " + resumed);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("resuming " + resumed + " from step " + std::to_string(before)), std::string::npos)
       << r.output;
@@ -95,7 +86,7 @@ class LatentDiffusion : public ::testing::Test {
   static void SetUpTestSuite() {
     tmp_ = new dew::test::TempDir("latent_diffusion");
     autoencoder_ = tmp_->file("vae");
-    auto r = run(autoencoder_command(autoencoder_, 20));
+    auto r = run_dew(autoencoder_command(autoencoder_, 20));
     ASSERT_EQ(r.code, 0) << r.output;
   }
   static void TearDownTestSuite() {
@@ -130,7 +121,7 @@ std::string LatentDiffusion::autoencoder_;
 TEST(AutoencoderRun, TrainsLossFallsScoresAndResumesBitForBit) {
   dew::test::TempDir tmp("autoencoder_run");
   const std::string dir = tmp.file("vae");
-  auto r = run(autoencoder_command(dir, 60));
+  auto r = run_dew(autoencoder_command(dir, 60));
   ASSERT_EQ(r.code, 0) << r.output;
   std::vector<double> losses;
   std::ifstream metrics(fs::path(dir) / "metrics.jsonl");
@@ -154,7 +145,7 @@ TEST(AutoencoderRun, TrainsLossFallsScoresAndResumesBitForBit) {
   EXPECT_EQ(record["model"]["fields"]["sample_size"], 16);
   // dew eval scores the same held-out images with the same (EMA) weights as the last validation (to the float
   // rounding of another thread count)
-  r = run("eval " + dir);
+  r = run_dew("eval " + dir);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("| ema | 60 | 24 |"), std::string::npos) << r.output;
   const auto scores = dew::runs::score_autoencoder_run(dir);
@@ -245,13 +236,13 @@ TEST_F(LatentDiffusion, ResumesBitForBitThroughTheCliAndSamplesDecodedImages) {
   const std::string cmd = latent_command("", autoencoder_) + " --latent.sample posterior --trainer.steps 6 --trainer.checkpoint_every 3";
   expect_resume_bit_for_bit(cmd, file("ld"), 6, 3);
   const std::string out = file("ld") + "/grid.png";
-  auto r = run("sample " + file("ld") + " --labels 0,1,2 --count 3 --steps 2 --out " + out);
+  auto r = run_dew("sample " + file("ld") + " --labels 0,1,2 --count 3 --steps 2 --out " + out);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(png_size(out), std::make_pair(3 * 18 + 2, 20));  // three decoded 16 x 16 images, not 8 x 8 latents
   EXPECT_TRUE(fs::exists(file("ld") + "/samples/step_6.png"));
   EXPECT_EQ(png_size(file("ld") + "/samples/step_6.png"), std::make_pair(3 * 18 + 2, 20));
   // Another autoencoder checkpoint is another run.
-  r = run(cmd + " --autoencoder.step 10 --run " + file("ld"));
+  r = run_dew(cmd + " --autoencoder.step 10 --run " + file("ld"));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("was trained with autoencoder"), std::string::npos) << r.output;
 }
@@ -259,7 +250,7 @@ TEST_F(LatentDiffusion, ResumesBitForBitThroughTheCliAndSamplesDecodedImages) {
 TEST_F(LatentDiffusion, ADiffusersAutoencoderFolderUsesItsOwnScalingFactor) {
   const std::string vae = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/vae";  // 3 channels, 2 levels, 4 latents
   const std::string dir = file("folder");
-  auto r = run("train diffusion --run " + dir + " --autoencoder.folder " + vae +
+  auto r = run_dew("train diffusion --run " + dir + " --autoencoder.folder " + vae +
                " --data '{\"name\":\"gaussian_blobs\",\"count\":16,\"size\":8,\"channels\":3,\"classes\":2}'"
                " --model.architecture unet_2d_condition --model.fields '" + kUnetFields.dump() +
                "' --loader.batch_size 8 --trainer.steps 2 --objective.steps 2 --objective.preview_per_class 1");
@@ -268,7 +259,7 @@ TEST_F(LatentDiffusion, ADiffusersAutoencoderFolderUsesItsOwnScalingFactor) {
   EXPECT_EQ(record["derived"]["sample_shape"], json({4, 4, 4}));
   EXPECT_EQ(record["derived"]["latent_scaling"]["source"], "autoencoder");  // scale auto: a folder's own 0.18215
   EXPECT_EQ(record["autoencoder"]["folder"], vae);
-  r = run("sample " + dir + " --count 2 --labels 0,1 --steps 2 --out " + dir + "/s.png");
+  r = run_dew("sample " + dir + " --count 2 --labels 0,1 --steps 2 --out " + dir + "/s.png");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(png_size(dir + "/s.png"), std::make_pair(2 * 10 + 2, 12));
 }
@@ -277,13 +268,13 @@ TEST_F(LatentDiffusion, BadRecipesAreOneLineErrorsNamingTheField) {
   const std::string dir = file("bad");
   const std::string cmd = latent_command(dir, autoencoder_) + " --trainer.steps 2";
   auto expect_error = [&](const std::string& extra, const std::vector<std::string>& needles) {
-    auto r = run(cmd + extra);
+    auto r = run_dew(cmd + extra);
     EXPECT_EQ(r.code, 2) << extra << "\n" << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << extra << "\n" << r.output;
     for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << extra << "\n" << r.output;
     EXPECT_FALSE(fs::exists(dir)) << extra << ": a failed command wrote the run directory";
   };
-  auto pixel = run("train diffusion --run " + file("pixel_run") + " --data '" + kBlobs +
+  auto pixel = run_dew("train diffusion --run " + file("pixel_run") + " --data '" + kBlobs +
                    "' --model.fields.feature_depths '[8,16]' --model.fields.emb_features 16 --model.fields.norm_groups 4"
                    " --loader.batch_size 8 --trainer.steps 1 --objective.steps 1 --objective.preview_per_class 1");
   ASSERT_EQ(pixel.code, 0) << pixel.output;
@@ -299,7 +290,7 @@ TEST_F(LatentDiffusion, BadRecipesAreOneLineErrorsNamingTheField) {
                {"autoencoder: the images have 3 channels, the autoencoder takes 1"});
   expect_error(" --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":15}'", {"come back from the autoencoder as 14x14"});
   // The autoencoder kind checks its data the same way.
-  auto r = run(autoencoder_command(dir, 2) + " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":15}'");
+  auto r = run_dew(autoencoder_command(dir, 2) + " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":15}'");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("data: gaussian_blobs images 15x15 come back"), std::string::npos) << r.output;
 }

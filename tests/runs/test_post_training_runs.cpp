@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
@@ -37,24 +37,24 @@ const char* kTinyModel = " --model.fields '{\"emb_features\":32,\"num_layers\":1
 TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   dew::test::TempDir tmp("pt_runs");
   const std::string sums = tmp.file("sums");
-  auto r = run("task sums --digits 1 --test 20 --out " + sums);
+  auto r = run_dew("task sums --digits 1 --test 20 --out " + sums);
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string test = " --eval.prompts " + sums + "/test_prompts.jsonl --eval.max_new_tokens 6";
 
-  r = run("train sft --data " + sums + "/sft.jsonl --val_data " + sums + "/sft.jsonl" + kTinyModel + test +
+  r = run_dew("train sft --data " + sums + "/sft.jsonl --val_data " + sums + "/sft.jsonl" + kTinyModel + test +
           " --trainer.steps 6 --trainer.val_every 3 --loader.batch_size 8 --run " + tmp.file("sft"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("val/reward/exact:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("val/ce:"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(tmp.path / "sft/samples/step_6.txt"));
 
-  r = run("pairs " + tmp.file("sft") + " --prompts " + sums + "/train_prompts.jsonl --samples 2 --max-new-tokens 6 --out " +
+  r = run_dew("pairs " + tmp.file("sft") + " --prompts " + sums + "/train_prompts.jsonl --samples 2 --max-new-tokens 6 --out " +
           tmp.file("pairs.jsonl"));
   ASSERT_EQ(r.code, 0) << r.output;
   // A 6-step model is almost never right: nearly every prompt gets a pair (chosen = the answer).
   EXPECT_GE(count_lines(tmp.path / "pairs.jsonl"), 60) << r.output;
 
-  r = run("train dpo --init_from " + tmp.file("sft") + " --data " + tmp.file("pairs.jsonl") + test +
+  r = run_dew("train dpo --init_from " + tmp.file("sft") + " --data " + tmp.file("pairs.jsonl") + test +
           " --objective.reference_logps precompute --trainer.steps 4 --trainer.val_every 0 --loader.batch_size 8 --run " +
           tmp.file("dpo"));
   ASSERT_EQ(r.code, 0) << r.output;
@@ -76,7 +76,7 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
 
   const std::string grpo = " --prompts " + sums + "/train_prompts.jsonl --reward exact,length --loader.batch_size 4"
                            " --objective.group_size 2 --objective.max_new_tokens 4 --trainer.steps 4 --trainer.val_every 0";
-  r = run("train grpo --init_from " + tmp.file("sft") + grpo + test + " --run " + tmp.file("grpo"));
+  r = run_dew("train grpo --init_from " + tmp.file("sft") + grpo + test + " --run " + tmp.file("grpo"));
   ASSERT_EQ(r.code, 0) << r.output;
   // 4 steps, 2 per rollout: 2 rollouts of 4 prompts x 2 completions.
   EXPECT_EQ(count_lines(tmp.path / "grpo/rollouts.jsonl"), 16);
@@ -93,21 +93,21 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
                                " --eval.prompts '' --run " + tmp.file("grpo_cmd");
   // The scorer fails while a flag file exists (a crashed script, fixed later: the command line stays the same).
   const std::string scorer = " --reward-command \"test -e " + tmp.file("broken") + " && exit 3; awk '{print length(\\$0) % 3}'\"";
-  r = run(cmd_grpo + " --trainer.steps 2" + scorer);
+  r = run_dew(cmd_grpo + " --trainer.steps 2" + scorer);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(slurp(tmp.path / "grpo_cmd/metrics.jsonl").find("train/reward/command"), std::string::npos);
   std::ofstream(tmp.file("broken")) << "";
-  r = run(cmd_grpo + " --trainer.steps 4" + scorer);
+  r = run_dew(cmd_grpo + " --trainer.steps 4" + scorer);
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("exit status 3"), std::string::npos) << r.output;
   EXPECT_EQ(dew::training::latest_checkpoint(tmp.file("grpo_cmd")), 2);
   fs::remove(tmp.file("broken"));
-  r = run(cmd_grpo + " --trainer.steps 4" + scorer);
+  r = run_dew(cmd_grpo + " --trainer.steps 4" + scorer);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(dew::training::latest_checkpoint(tmp.file("grpo_cmd")), 4);
 
   // --reference: another run's weights as the frozen reference, held in the run's checkpoints.
-  r = run("train dpo --init_from " + tmp.file("sft") + " --reference " + tmp.file("grpo") + " --data " + tmp.file("pairs.jsonl") +
+  r = run_dew("train dpo --init_from " + tmp.file("sft") + " --reference " + tmp.file("grpo") + " --data " + tmp.file("pairs.jsonl") +
           " --eval.prompts '' --trainer.steps 2 --loader.batch_size 8 --run " + tmp.file("dpo_ref"));
   ASSERT_EQ(r.code, 0) << r.output;
   {
@@ -119,30 +119,30 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   }
 
   // Out through dew export, back in from the Hugging Face folder (its chat template is recognised).
-  r = run("export " + tmp.file("grpo") + " " + tmp.file("hf") + " --family qwen3");
+  r = run_dew("export " + tmp.file("grpo") + " " + tmp.file("hf") + " --family qwen3");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(slurp(tmp.path / "hf/tokenizer_config.json").find("chat_template"), std::string::npos);
-  r = run("train grpo --init_from " + tmp.file("hf") + grpo + test + " --run " + tmp.file("grpo_hf"));
+  r = run_dew("train grpo --init_from " + tmp.file("hf") + grpo + test + " --run " + tmp.file("grpo_hf"));
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run("train sft --init_from " + tmp.file("hf") + " --data " + sums + "/sft.jsonl --trainer.steps 2 --eval.prompts ''"
+  r = run_dew("train sft --init_from " + tmp.file("hf") + " --data " + sums + "/sft.jsonl --trainer.steps 2 --eval.prompts ''"
           " --loader.batch_size 8 --run " + tmp.file("sft_hf"));
   ASSERT_EQ(r.code, 0) << r.output;
 
-  r = run("eval " + tmp.file("grpo") + " --prompts " + sums + "/test_prompts.jsonl --max-new-tokens 6 --samples 2");
+  r = run_dew("eval " + tmp.file("grpo") + " --prompts " + sums + "/test_prompts.jsonl --max-new-tokens 6 --samples 2");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("reward/exact: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("<|assistant|>"), std::string::npos) << r.output;
-  r = run("generate " + tmp.file("dpo") + " --prompt 'x' --max-new-tokens 3");
+  r = run_dew("generate " + tmp.file("dpo") + " --prompt 'x' --max-new-tokens 3");
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
 TEST(PostTrainingRuns, BadInputIsOneLineAndLeavesTheRunAsItWas) {
   dew::test::TempDir tmp("pt_bad");
-  auto r = run("task sums --digits 1 --test 20 --out " + tmp.file("sums"));
+  auto r = run_dew("task sums --digits 1 --test 20 --out " + tmp.file("sums"));
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string sft = "train sft --data " + tmp.file("sums/sft.jsonl") + kTinyModel +
                           " --eval.prompts '' --trainer.steps 2 --loader.batch_size 8 --run " + tmp.file("sft");
-  r = run(sft);
+  r = run_dew(sft);
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string before = slurp(tmp.path / "sft/run.json");
   std::ofstream(tmp.file("bad.jsonl")) << R"({"prompt":"p","chosen":"a"})" << "\n";
@@ -169,7 +169,7 @@ TEST(PostTrainingRuns, BadInputIsOneLineAndLeavesTheRunAsItWas) {
       {"eval " + tmp.file("sft") + " --prompts " + tmp.file("missing.jsonl"), "missing.jsonl is not a file"},
   };
   for (const auto& c : cases) {
-    r = run(c.args);
+    r = run_dew(c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
     EXPECT_LE(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;

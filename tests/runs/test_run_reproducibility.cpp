@@ -16,6 +16,7 @@
 #include "tests/data/tiny_tokens.h"
 #include "dew/training/checkpoint.h"
 #include "tests/test_util.h"
+#include "tests/runs/checkpoint_checks.h"
 
 extern char** environ;
 
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr auto& run = dew::test::run_dew;
+using dew::test::run_dew;
 
 const std::string kDiffusion =
     "train diffusion --data '{\"name\":\"gaussian_blobs\",\"count\":64,\"size\":8,\"classes\":3}'"
@@ -31,26 +32,8 @@ const std::string kDiffusion =
     " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'"
     " --loader.batch_size 8 --trainer.log_every 2 --objective.steps 2 --objective.preview_per_class 1";
 
-std::string read_bytes(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-// Every file of two checkpoints is byte-for-byte equal (model, EMA, optimizer moments and state.json).
-void expect_same_checkpoint(const std::string& a, const std::string& b, int64_t step) {
-  for (const char* name : {"model.safetensors", "ema.safetensors", "optimizer.safetensors", "state.json"}) {
-    const auto pa = fs::path(a) / "checkpoints" / ("step_" + std::to_string(step)) / name;
-    const auto pb = fs::path(b) / "checkpoints" / ("step_" + std::to_string(step)) / name;
-    ASSERT_TRUE(fs::exists(pa)) << pa;
-    ASSERT_TRUE(fs::exists(pb)) << pb;
-    EXPECT_TRUE(read_bytes(pa) == read_bytes(pb)) << pa << " and " << pb << " differ";
-  }
-  // The objective's state (GRPO's rollout buffer), where it has one.
-  const auto oa = fs::path(a) / "checkpoints" / ("step_" + std::to_string(step)) / "objective.safetensors";
-  const auto ob = fs::path(b) / "checkpoints" / ("step_" + std::to_string(step)) / "objective.safetensors";
-  EXPECT_EQ(fs::exists(oa), fs::exists(ob)) << oa;
-  if (fs::exists(oa)) EXPECT_TRUE(read_bytes(oa) == read_bytes(ob)) << oa << " and " << ob << " differ";
-}
+using dew::test::expect_same_checkpoint;
+using dew::test::read_bytes;
 
 // Starts `dew ARGS` (through the shell, which execs it) with its output discarded; returns the pid.
 pid_t spawn_dew(const std::string& args) {
@@ -108,13 +91,13 @@ int kill_and_rerun(const std::string& args, const std::string& dir, int64_t chec
       EXPECT_FALSE(c.model.empty());
     }
   }
-  auto r = run(args);
+  auto r = run_dew(args);
   EXPECT_EQ(r.code, 0) << r.output;
   return hit;
 }
 
 // A JEPA run on 16 x 16 blobs (8 x 8 tokens): masks, the EMA target encoder and the predictor.
-const std::string kJepa =
+const std::string kJepaRun =
     "train jepa --data '{\"name\":\"gaussian_blobs\",\"count\":64,\"size\":16,\"classes\":4}'"
     " --model.fields '{\"patch_size\":2,\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"
     " --predictor.fields '{\"emb_features\":8,\"num_layers\":1,\"num_heads\":2}'"
@@ -134,7 +117,7 @@ TEST(RunReproducibility, DiffusionSameCommandSameBitsAtAnyWorkerCount) {
   const std::string steps = " --trainer.steps 6 --trainer.checkpoint_every 3";
   for (const char* dir : {"w0a", "w0b", "w1a", "w1b"}) {
     const std::string workers = dir[1] == '0' ? " --loader.num_workers 0" : " --loader.num_workers 1";
-    auto r = run(kDiffusion + steps + workers + " --run " + tmp.file(dir));
+    auto r = run_dew(kDiffusion + steps + workers + " --run " + tmp.file(dir));
     ASSERT_EQ(r.code, 0) << r.output;
   }
   for (const char* dir : {"w0b", "w1a", "w1b"}) {
@@ -142,7 +125,7 @@ TEST(RunReproducibility, DiffusionSameCommandSameBitsAtAnyWorkerCount) {
     expect_same_checkpoint(tmp.file("w0a"), tmp.file(dir), 6);
   }
   // Another seed is another run: other initial weights, other data order and noise.
-  auto r = run(kDiffusion + steps + " --seed 1 --run " + tmp.file("seed1"));
+  auto r = run_dew(kDiffusion + steps + " --seed 1 --run " + tmp.file("seed1"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_FALSE(read_bytes(tmp.path / "w0a/checkpoints/step_6/model.safetensors") ==
                read_bytes(tmp.path / "seed1/checkpoints/step_6/model.safetensors"));
@@ -152,16 +135,16 @@ TEST(RunReproducibility, LanguageModelSameCommandSameBits) {
   dew::test::TempDir tmp("repro_lm");
   const std::string cmd = lm_command(dew::test::write_tiny_tokens(tmp.file("tokens"))) + " --trainer.steps 6 --trainer.checkpoint_every 3";
   for (const char* dir : {"a", "b"}) {
-    auto r = run(cmd + " --run " + tmp.file(dir));
+    auto r = run_dew(cmd + " --run " + tmp.file(dir));
     ASSERT_EQ(r.code, 0) << r.output;
   }
-  auto r = run(cmd + " --loader.num_workers 0 --run " + tmp.file("w0"));
+  auto r = run_dew(cmd + " --loader.num_workers 0 --run " + tmp.file("w0"));
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* dir : {"b", "w0"}) {
     expect_same_checkpoint(tmp.file("a"), tmp.file(dir), 3);
     expect_same_checkpoint(tmp.file("a"), tmp.file(dir), 6);
   }
-  r = run(cmd + " --seed 7 --run " + tmp.file("seed7"));
+  r = run_dew(cmd + " --seed 7 --run " + tmp.file("seed7"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_FALSE(read_bytes(tmp.path / "a/checkpoints/step_6/model.safetensors") ==
                read_bytes(tmp.path / "seed7/checkpoints/step_6/model.safetensors"));
@@ -169,9 +152,9 @@ TEST(RunReproducibility, LanguageModelSameCommandSameBits) {
 
 TEST(RunReproducibility, JepaSameCommandSameBitsAndKilledRunsEndBitForBit) {
   dew::test::TempDir tmp("repro_jepa");
-  const std::string cmd = kJepa + " --trainer.steps 60 --trainer.checkpoint_every 2";
+  const std::string cmd = kJepaRun + " --trainer.steps 60 --trainer.checkpoint_every 2";
   for (const char* dir : {"a", "b"}) {
-    auto r = run(cmd + " --run " + tmp.file(dir));
+    auto r = run_dew(cmd + " --run " + tmp.file(dir));
     ASSERT_EQ(r.code, 0) << r.output;
   }
   expect_same_checkpoint(tmp.file("a"), tmp.file("b"), 60);
@@ -183,9 +166,9 @@ TEST(RunReproducibility, JepaSameCommandSameBitsAndKilledRunsEndBitForBit) {
 
 TEST(RunReproducibility, GrpoSameCommandSameBitsAndKilledRunsEndBitForBit) {
   dew::test::TempDir tmp("repro_grpo");
-  auto r = run("task sums --digits 1 --test 20 --out " + tmp.file("sums"));
+  auto r = run_dew("task sums --digits 1 --test 20 --out " + tmp.file("sums"));
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run("train sft --data " + tmp.file("sums/sft.jsonl") +
+  r = run_dew("train sft --data " + tmp.file("sums/sft.jsonl") +
           " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":48}'"
           " --trainer.steps 4 --trainer.val_every 0 --eval.prompts '' --loader.batch_size 8 --run " + tmp.file("sft"));
   ASSERT_EQ(r.code, 0) << r.output;
@@ -198,7 +181,7 @@ TEST(RunReproducibility, GrpoSameCommandSameBitsAndKilledRunsEndBitForBit) {
                           " --objective.mini_batches 2 --trainer.log_every 2 --trainer.time_limit_minutes 0"
                           " --trainer.steps 40 --trainer.checkpoint_every 1";
   for (const char* dir : {"a", "b"}) {
-    r = run(cmd + " --run " + tmp.file(dir));
+    r = run_dew(cmd + " --run " + tmp.file(dir));
     ASSERT_EQ(r.code, 0) << r.output;
   }
   expect_same_checkpoint(tmp.file("a"), tmp.file("b"), 40);
@@ -216,7 +199,7 @@ TEST(RunReproducibility, DiffusionKilledAtRandomMomentsEndsBitForBit) {
   dew::test::TempDir tmp("kill_diffusion");
   // A checkpoint every step: much of the run is spent writing checkpoints, so kills land inside writes too.
   const std::string cmd = kDiffusion + " --trainer.steps 160 --trainer.checkpoint_every 1";
-  auto r = run(cmd + " --run " + tmp.file("whole"));
+  auto r = run_dew(cmd + " --run " + tmp.file("whole"));
   ASSERT_EQ(r.code, 0) << r.output;
   // 12 kills advance the run by at most 8 x 3 checkpoints of its 160: every kill finds it running.
   const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), 1, 12, 20261201);
@@ -228,7 +211,7 @@ TEST(RunReproducibility, LanguageModelKilledAtRandomMomentsEndsBitForBit) {
   dew::test::TempDir tmp("kill_lm");
   // Dropout on: its draws must come from the run's seed and step, not the process.
   const std::string cmd = lm_command(dew::test::write_tiny_tokens(tmp.file("tokens"))) + " --trainer.steps 160 --trainer.checkpoint_every 3";
-  auto r = run(cmd + " --run " + tmp.file("whole"));
+  auto r = run_dew(cmd + " --run " + tmp.file("whole"));
   ASSERT_EQ(r.code, 0) << r.output;
   // 12 kills advance the run by at most 8 x 3 checkpoints (72 steps) of its 160.
   const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), 3, 12, 7);
@@ -251,7 +234,7 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
 TEST(RunValidation, FailedCommandsLeaveTheRunDirectoryAsItWas) {
   dew::test::TempDir tmp("validate_first");
   const std::string dir = tmp.file("run");
-  auto r = run(kDiffusion + " --trainer.steps 2 --trainer.checkpoint_every 2 --run " + dir);
+  auto r = run_dew(kDiffusion + " --trainer.steps 2 --trainer.checkpoint_every 2 --run " + dir);
   ASSERT_EQ(r.code, 0) << r.output;
   const auto before = snapshot(dir);
   // An empty classifier cache: `dew eval` would train the classifier (minutes) before sampling.
@@ -274,20 +257,20 @@ TEST(RunValidation, FailedCommandsLeaveTheRunDirectoryAsItWas) {
       {"export " + dir + " " + tmp.file("hf"), "not a language-model run"},
   };
   for (const auto& c : cases) {
-    r = run(c.args);
+    r = run_dew(c.args);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
   }
   // eval checks its solvers before the classifier trains, on a (one-step) Fashion-MNIST run.
   const std::string fm = tmp.file("fm");
-  r = run("train diffusion --data '{\"name\":\"fashion_mnist\",\"split\":\"test\"}' --model.architecture simple_dit"
+  r = run_dew("train diffusion --data '{\"name\":\"fashion_mnist\",\"split\":\"test\"}' --model.architecture simple_dit"
           " --model.fields '{\"patch_size\":4,\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"
           " --loader.batch_size 4 --trainer.steps 1 --objective.steps 1 --objective.preview_per_class 1 --run " + fm);
   ASSERT_EQ(r.code, 0) << r.output;
   const auto fm_before = snapshot(fm);
   for (const std::string flags : {"--solvers euler,bogus", "--solvers euler --count 15", "--solvers euler --steps 0",
                                   "--solvers rk4"}) {
-    r = run(env + "eval " + fm + " " + flags);
+    r = run_dew(env + "eval " + fm + " " + flags);
     EXPECT_EQ(r.code, 2) << flags << "\n" << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   }

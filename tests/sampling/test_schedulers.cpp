@@ -15,7 +15,7 @@ using dew::test::error_of;
 
 namespace {
 
-const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+using dew::test::kF64;
 
 std::string golden_dir() { return std::string(DEW_SOURCE_DIR) + "/tests/golden/schedulers/"; }
 

@@ -9,6 +9,7 @@
 
 #include "dew/core/rng.h"
 #include "dew/sampling/sample.h"
+#include "tests/golden_util.h"
 
 using namespace dew;
 using namespace dew::diffusion;
@@ -16,7 +17,7 @@ using namespace dew::sampling;
 
 namespace {
 
-const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+using dew::test::kF64;
 
 // The exact raw network output of a transform for the Gaussian data, at schedule time t.
 RawFn gaussian_oracle(SchedulePtr s, TransformPtr tr) {

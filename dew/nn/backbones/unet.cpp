@@ -10,12 +10,6 @@ using at::Tensor;
 
 namespace {
 
-// LayerNorm over the last axis with the module's affine parameters, in fp32.
-Tensor layer_norm_affine(const Tensor& x, const torch::nn::LayerNorm& ln) {
-  return at::layer_norm(x.to(at::kFloat), ln->options.normalized_shape(), ln->weight, ln->bias, ln->options.eps())
-      .to(x.scalar_type());
-}
-
 torch::nn::Conv2d conv3x3(int64_t in, int64_t out, int64_t stride = 1) {
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1));
 }

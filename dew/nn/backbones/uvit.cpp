@@ -18,12 +18,6 @@ void xavier_zero(torch::nn::Linear& l) {
   if (l->bias.defined()) l->bias.zero_();
 }
 
-// LayerNorm with the module's affine parameters over the last axis, in fp32, returned in x's dtype.
-Tensor layer_norm_affine_fp32(const Tensor& x, const torch::nn::LayerNorm& norm) {
-  const auto& o = norm->options;
-  return at::layer_norm(x.to(at::kFloat), o.normalized_shape(), norm->weight, norm->bias, o.eps()).to(x.scalar_type());
-}
-
 }  // namespace
 
 // ---- UViTAttention ----
@@ -299,7 +293,7 @@ Tensor UViTImpl::forward(const Tensor& x, const Tensor& time_in, const Condition
     h = run_block(up_list[i], h, key_mask);
   }
 
-  Tensor out = dense(layer_norm_affine_fp32(h, final_norm).narrow(1, 0, N), final_proj);  // [B, N, p p out]
+  Tensor out = dense(layer_norm_affine(h, final_norm).narrow(1, 0, N), final_proj);  // [B, N, p p out]
   Scan raster;
   raster.order = "raster";
   raster.h = gh;
@@ -307,7 +301,7 @@ Tensor UViTImpl::forward(const Tensor& x, const Tensor& time_in, const Condition
   Tensor image = unpatchify(out, p, raster);  // [B, out, H, W]
   if (!o.add_residualblock_output()) return image.to(at::kFloat);
   Tensor r = conv(at::cat({x.to(dtype_), image}, 1), final_conv1);                            // [B, 64, H, W]
-  r = layer_norm_affine_fp32(r.permute({0, 2, 3, 1}), final_norm_conv).permute({0, 3, 1, 2});  // over channels
+  r = layer_norm_affine(r.permute({0, 2, 3, 1}), final_norm_conv).permute({0, 3, 1, 2});  // over channels
   r = activation(r, o.activation());
   return conv(r.to(at::kFloat), final_conv2);  // the original runs this conv in float32
 }
