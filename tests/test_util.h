@@ -12,6 +12,8 @@
 #include <iterator>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "dew/core/error.h"
 
 namespace dew::test {
@@ -39,6 +41,11 @@ struct TempDir {
     std::filesystem::remove_all(path, ec);
   }
   std::string file(const std::string& name) const { return (path / name).string(); }
+  /// Writes `text` to the file `name` in this directory and returns its path.
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(file(name), std::ios::binary) << text;
+    return file(name);
+  }
 };
 
 /// The whole content of a file ("" if it cannot be read).
@@ -46,6 +53,9 @@ inline std::string read_bytes(const std::filesystem::path& p) {
   std::ifstream f(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
 }
+
+/// The JSON document in a file.
+inline nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); }
 
 /// The number of newline characters in s.
 inline size_t count_lines(const std::string& s) { return size_t(std::count(s.begin(), s.end(), '\n')); }

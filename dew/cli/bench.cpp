@@ -444,12 +444,6 @@ std::vector<int64_t> int_list(const Flags& f, const std::string& flag, const std
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Peak resident set size of this process (VmHWM), in MB.
 double peak_rss_mb() {
   std::ifstream in("/proc/self/status");
@@ -1105,12 +1099,6 @@ Measurement measure(const std::vector<std::string>& argv, int64_t intra, int64_t
   return m;
 }
 
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 std::string grouped(int64_t v) {
   std::string s = std::to_string(v), out;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -1173,19 +1161,6 @@ int usable_cpus() {
 }
 
 // The 1-minute load average: on a shared machine, other work during the run shows up here.
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string one;
-  return in >> one ? one : std::string("n/a");
-}
-
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
-  return buf;
-}
-
 // The peer script: --peer, else bench/peer.py beside the build directory holding this binary, else in
 // the working directory. Empty when none is found.
 // `flag` and `file` name the peer: "peer", "peer.py" or "lm-peer", "lm_peer.py".

@@ -1,8 +1,12 @@
 #include "dew/cli/measure.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <fstream>
 
 #include "dew/core/error.h"
 #include "dew/data/dataset.h"
@@ -33,6 +37,32 @@ std::unique_ptr<training::Trainer> fixed_batch_trainer(const ObjectivePtr& objec
   to.steps = steps;
   to.autocast = "off";
   return std::make_unique<training::Trainer>(objective, loader, optim, to, run_dir, /*seed=*/0);
+}
+
+double median(std::vector<double> v) {
+  DEW_CHECK(!v.empty(), "median of no values (no timed repetitions)");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  return in >> one ? one : std::string("n/a");
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  return buf;
+}
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
 }
 
 }  // namespace dew::cli

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dew/training/trainer.h"
 
@@ -18,6 +19,15 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+
+/// The median of v (the mean of the middle two for an even count); dew::Error for an empty v.
+double median(std::vector<double> v);
+/// The 1-minute load average as /proc/loadavg writes it ("n/a" where it cannot be read).
+std::string load_average();
+/// The current time, e.g. "2026-12-02 05:17 UTC".
+std::string utc_now();
+/// v with `digits` digits after the point.
+std::string fixed(double v, int digits);
 
 /// A Trainer of `objective` whose loader serves exactly `batch` every step (in order, no worker thread, so
 /// data costs one gather), for `steps` steps under `optim`, autocast off (fp32 on both sides of a

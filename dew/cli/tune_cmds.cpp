@@ -62,29 +62,8 @@ constexpr int64_t kPromptTokens = 32;
 constexpr double kTie = 0.02;
 constexpr int64_t kNewTokens = 64;
 
-double median(std::vector<double> v) {
-  DEW_CHECK(!v.empty(), "tune threads: no timed repetitions");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
-  return buf;
-}
-
-double load_average() {
-  std::ifstream in("/proc/loadavg");
-  double one = -1;
-  in >> one;
-  return one;
 }
 
 std::string split_text(const ThreadSplit& s) { return std::to_string(s.intra) + "x" + std::to_string(s.blas); }
@@ -218,17 +197,11 @@ double measure(Workload w, const ThreadSplit& split, int64_t warmup, int64_t ste
   return median(j["ms"].get<std::vector<double>>());
 }
 
-struct Row {
+struct SplitRow {
   ThreadSplit split;
   std::vector<double> round_ms;  // the median of each round
   double best() const { return *std::min_element(round_ms.begin(), round_ms.end()); }
 };
-
-std::string fixed(double v, int digits) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(digits) << v;
-  return s.str();
-}
 
 // The current default of a workload, as set_threads(0, w) would choose it with OMP_NUM_THREADS unset.
 std::string current_default(Workload w, const std::string& cache) {
@@ -287,31 +260,31 @@ int cmd_tune(const std::vector<std::string>& args) {
     std::cout << "current default " << workload_name(w) << ": " << current_default(w, cache) << "\n";
   if (f.has("dry-run")) return 0;
 
-  const double load_before = load_average();
-  std::map<Workload, std::vector<Row>> table;
+  const std::string load_before = load_average();
+  std::map<Workload, std::vector<SplitRow>> table;
   for (const Workload w : workloads)
-    for (const auto& s : splits) table[w].push_back(Row{s, {}});
+    for (const auto& s : splits) table[w].push_back(SplitRow{s, {}});
   for (int64_t r = 0; r < rounds; ++r)
     for (const Workload w : workloads)
       for (size_t k = 0; k < splits.size(); ++k) {
-        Row& row = table[w][r % 2 ? splits.size() - 1 - k : k];  // every other round in reverse order
+        SplitRow& row = table[w][r % 2 ? splits.size() - 1 - k : k];  // every other round in reverse order
         row.round_ms.push_back(measure(w, row.split, warmup, steps));
         std::cerr << "[dew tune] round " << r + 1 << "/" << rounds << " " << workload_name(w) << " "
                   << split_text(row.split) << ": " << fixed(row.round_ms.back(), 1) << " ms\n";
       }
-  const double load_after = load_average();
+  const std::string load_after = load_average();
   const std::string when = utc_now();
 
   std::map<Workload, MeasuredSplit> winners;
-  std::cout << "\n" << when << "; 1-minute load average " << fixed(load_before, 2) << " before, "
-            << fixed(load_after, 2) << " after (the measurement adds its own threads)\n";
+  std::cout << "\n" << when << "; 1-minute load average " << load_before << " before, "
+            << load_after << " after (the measurement adds its own threads)\n";
   for (const Workload w : workloads) {
     auto& rows = table[w];
-    std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.best() < b.best(); });
+    std::stable_sort(rows.begin(), rows.end(), [](const SplitRow& a, const SplitRow& b) { return a.best() < b.best(); });
     const ThreadSplit builtin = builtin_split(w);
     std::cout << "\n" << workload_name(w) << ": " << describe(w) << "\n\n| intra | blas | ms (best round) | each round | vs fastest | |\n"
               << "|---:|---:|---:|---|---:|---|\n";
-    const Row* winner = &rows.front();
+    const SplitRow* winner = &rows.front();
     for (const auto& row : rows)
       if (row.split.intra == builtin.intra && row.split.blas == builtin.blas && row.best() <= (1 + kTie) * winner->best())
         winner = &row;

@@ -27,6 +27,11 @@ namespace dew {
 
 using json = nlohmann::json;
 
+/// The options of a registry entry that takes none (`{}` is its only valid JSON).
+struct NoOptions {
+  template <class V> void visit(V&) {}
+};
+
 /// One field of an options struct as shown to users.
 struct FieldInfo {
   std::string name;

@@ -133,10 +133,6 @@ struct FlowOptions {
   }
 };
 
-struct NoOptions {
-  template <class V> void visit(V&) {}
-};
-
 /// The registry of schedules: linear, scaled_linear, cosine, exp (discrete); sqrt, cosine_continuous,
 /// karras_ve, edm, flow (continuous).
 Registry<Schedule>& schedules();

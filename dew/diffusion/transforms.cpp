@@ -99,10 +99,6 @@ class KarrasTransform : public Transform {
   double sd_;
 };
 
-struct NoOpts {
-  template <class V> void visit(V&) {}
-};
-
 }  // namespace
 
 TransformPtr make_transform(const std::string& name, double sigma_data) {
@@ -113,14 +109,14 @@ TransformPtr make_transform(const std::string& name, double sigma_data) {
 Registry<Transform>& transforms() {
   static Registry<Transform>* r = [] {
     auto* r = new Registry<Transform>("transform");
-    r->add<NoOpts>("epsilon", "predict eps; x0 = (x_t - sigma F)/alpha",
-                   [](const NoOpts&) { return std::make_shared<EpsilonTransform>(); });
-    r->add<NoOpts>("x0", "predict x0 directly; eps = (x_t - alpha F)/sigma",
-                   [](const NoOpts&) { return std::make_shared<X0Transform>(); });
-    r->add<NoOpts>("v", "predict v/sqrt(alpha^2 + sigma^2), v = alpha eps - sigma x0",
-                   [](const NoOpts&) { return std::make_shared<VTransform>(); });
-    r->add<NoOpts>("flow", "predict the velocity u = eps - x0",
-                   [](const NoOpts&) { return std::make_shared<FlowTransform>(); });
+    r->add<NoOptions>("epsilon", "predict eps; x0 = (x_t - sigma F)/alpha",
+                   [](const NoOptions&) { return std::make_shared<EpsilonTransform>(); });
+    r->add<NoOptions>("x0", "predict x0 directly; eps = (x_t - alpha F)/sigma",
+                   [](const NoOptions&) { return std::make_shared<X0Transform>(); });
+    r->add<NoOptions>("v", "predict v/sqrt(alpha^2 + sigma^2), v = alpha eps - sigma x0",
+                   [](const NoOptions&) { return std::make_shared<VTransform>(); });
+    r->add<NoOptions>("flow", "predict the velocity u = eps - x0",
+                   [](const NoOptions&) { return std::make_shared<FlowTransform>(); });
     r->add<KarrasTransformOptions>("karras", "EDM preconditioning D = c_skip x_t + c_out F(c_in x_t)",
                                    [](const KarrasTransformOptions& o) {
                                      DEW_CHECK(o.sigma_data > 0, "transform.sigma_data: must be > 0, got ", o.sigma_data);

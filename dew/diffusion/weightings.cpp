@@ -9,10 +9,6 @@ Tensor min_snr_weight(const Tensor& snr, double gamma, const Transform& tr) {
 
 namespace {
 
-struct NoOpts {
-  template <class V> void visit(V&) {}
-};
-
 class ScheduleWeighting : public Weighting {
  public:
   std::string name() const override { return "schedule"; }
@@ -44,13 +40,13 @@ class ConstantWeighting : public Weighting {
 Registry<Weighting>& weightings() {
   static Registry<Weighting>* r = [] {
     auto* r = new Registry<Weighting>("weighting");
-    r->add<NoOpts>("schedule", "the training schedule's own weight (P2, 1/(1+SNR), EDM lambda, 1)",
-                   [](const NoOpts&) { return std::make_shared<ScheduleWeighting>(); });
+    r->add<NoOptions>("schedule", "the training schedule's own weight (P2, 1/(1+SNR), EDM lambda, 1)",
+                   [](const NoOptions&) { return std::make_shared<ScheduleWeighting>(); });
     r->add<MinSNROptions>("min_snr", "Min-SNR-gamma (Hang et al. 2023)", [](const MinSNROptions& o) {
       DEW_CHECK(o.gamma > 0, "weighting.gamma: must be > 0, got ", o.gamma);
       return std::make_shared<MinSNRWeighting>(o.gamma);
     });
-    r->add<NoOpts>("constant", "w = 1", [](const NoOpts&) { return std::make_shared<ConstantWeighting>(); });
+    r->add<NoOptions>("constant", "w = 1", [](const NoOptions&) { return std::make_shared<ConstantWeighting>(); });
     return r;
   }();
   return *r;

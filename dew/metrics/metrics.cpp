@@ -75,10 +75,6 @@ double ssim(const Tensor& a, const Tensor& b, double range) {
 
 namespace {
 
-struct NoOpts {
-  template <class V> void visit(V&) {}
-};
-
 class Fn : public Metric {
  public:
   Fn(std::string name, std::function<double(const Tensor&, const Tensor&)> f) : name_(std::move(name)), f_(std::move(f)) {}
@@ -101,8 +97,8 @@ Registry<Metric>& registry() {
     r->add<RangeOptions>("ssim", "structural similarity (11x11 Gaussian, sigma 1.5)", [](const RangeOptions& o) {
       return std::make_shared<Fn>("ssim", [o](const Tensor& a, const Tensor& b) { return ssim(a, b, o.range); });
     });
-    r->add<NoOpts>("frechet_distance", "Frechet distance between Gaussian fits of two feature sets [N, D]",
-                   [](const NoOpts&) {
+    r->add<NoOptions>("frechet_distance", "Frechet distance between Gaussian fits of two feature sets [N, D]",
+                   [](const NoOptions&) {
                      return std::make_shared<Fn>("frechet_distance", [](const Tensor& a, const Tensor& b) {
                        return frechet_distance(a, b);
                      });

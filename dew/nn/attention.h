@@ -46,6 +46,10 @@ struct AttentionMask {
 /// undefined AttentionMask (no masking). rows_may_be_empty = false skips the empty-row handling: the caller
 /// guarantees every query row keeps a key (a causal mask over valid tokens keeps the query's own key).
 AttentionMask prepare_attention_mask(const Tensor& mask, at::ScalarType dtype, bool rows_may_be_empty = true);
+/// Fused projections to heads: [B, S, n * H * Dh] -> n tensors [B, H, S, Dh] (e.g. n = 3 for q, k, v).
+std::vector<Tensor> split_heads(const Tensor& t, int64_t n, int64_t heads);
+/// [B, H, S, Dh] -> [B, S, H * Dh].
+Tensor merge_heads(const Tensor& t);
 /// attention() with a prepared mask (its shape is checked against k only).
 Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                  const std::string& impl = "auto", bool force_fp32_for_softmax = true);

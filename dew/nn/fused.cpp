@@ -769,7 +769,7 @@ std::array<Tensor, 2> group_norm_silu_and_input(const Tensor& x, int64_t groups,
   check_channel_shift(x, shift);
   // SSE2 only: the NCHW kernel is slower than the composite (2.8 vs 1.3 ms at 32 x 32 x 28 x 28), the
   // channels-last one faster (3.1 vs 7.5 ms): measured per variant in bench/bench_fused.cpp.
-  const bool slower_here = active().isa == "base" && x.is_contiguous();
+  const bool slower_here = std::strcmp(active().isa, "base") == 0 && x.is_contiguous();
   const bool fused = fused_kernels_apply(x) && x.numel() > 0 && weight.defined() && bias.defined() &&
                      fused_kernels_apply(weight) && fused_kernels_apply(bias) &&
                      (!shift.defined() || fused_kernels_apply(shift)) && !slower_here;
@@ -808,7 +808,7 @@ bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) 
          q.sizes() == at::IntArrayRef({k.size(0), k.size(1), q.size(2), k.size(3)}) && v.sizes() == k.sizes();
 }
 
-bool fused_attention_preferred() { return active().isa != "base"; }
+bool fused_attention_preferred() { return std::strcmp(active().isa, "base") != 0; }
 
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   DEW_CHECK(fused_attention_applies(q, k, v), "fused_attention: needs float32 CPU q [B, H, Sq, D] and k, v [B, H, Sk, D] "

@@ -47,8 +47,6 @@ json autoencoder_defaults() {
   return r;
 }
 
-json data_spec(const json& d) { return d.is_string() ? json{{"name", d}} : d; }
-
 std::string autoencoder_help(const json& recipe) {
   const std::string arch = recipe["model"]["architecture"];
   return "model fields (" + arch + "):\n" + format_fields(models::autoencoders().info(arch).fields, "  ") +

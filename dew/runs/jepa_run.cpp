@@ -67,8 +67,6 @@ json jepa_defaults() {
   return r;
 }
 
-json data_spec(const json& d) { return d.is_string() ? json{{"name", d}} : d; }
-
 // The held-out split of the run's data: test_data, or the data with split "test" when its source has
 // splits; null when there is none.
 json test_spec(const json& r) {

@@ -88,6 +88,8 @@ json read_record_of_kind(const std::string& run_dir, const std::string& kind, co
   return r;
 }
 
+json data_spec(const json& d) { return d.is_string() ? json{{"name", d}} : d; }
+
 int64_t parameter_count(torch::nn::Module& m) {
   int64_t n = 0;
   for (const auto& p : m.parameters()) n += p.numel();

@@ -110,6 +110,9 @@ json read_record(const std::string& run_dir);
 /// read_record() of a run that must be of `kind` (`what` names it in the error, e.g. "a language-model run").
 json read_record_of_kind(const std::string& run_dir, const std::string& kind, const std::string& what);
 
+/// A recipe's data spec as an object: a bare name such as "fashion_mnist" becomes {"name": "fashion_mnist"}.
+json data_spec(const json& d);
+
 /// Parameter count of a module, for the run's summary line.
 int64_t parameter_count(torch::nn::Module& m);
 

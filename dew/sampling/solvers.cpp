@@ -22,10 +22,6 @@ Prediction denoise_at(const Denoiser& d, const Tensor& x, double t) {
 
 namespace {
 
-struct NoOpts {
-  template <class V> void visit(V&) {}
-};
-
 void require_ve(const std::string& solver, const Schedule& s) {
   DEW_CHECK(s.kind() == ScheduleKind::variance_exploding, "solver ", solver,
             " works in sigma space and needs a variance-exploding schedule (alpha = 1: karras_ve, edm); schedule ",
@@ -276,17 +272,17 @@ Registry<Solver>& solvers() {
       DEW_CHECK(o.eta >= 0, "solver ddim.eta: must be >= 0, got ", o.eta);
       return std::make_shared<DDIM>(o.eta);
     });
-    r->add<NoOpts>("euler", "Euler on the probability-flow ODE (any schedule)",
-                   [](const NoOpts&) { return std::make_shared<Euler>(); });
-    r->add<NoOpts>("euler_ancestral", "Euler ancestral (k-diffusion; VE)",
-                   [](const NoOpts&) { return std::make_shared<EulerAncestral>(); });
+    r->add<NoOptions>("euler", "Euler on the probability-flow ODE (any schedule)",
+                   [](const NoOptions&) { return std::make_shared<Euler>(); });
+    r->add<NoOptions>("euler_ancestral", "Euler ancestral (k-diffusion; VE)",
+                   [](const NoOptions&) { return std::make_shared<EulerAncestral>(); });
     r->add<HeunOptions>("heun", "Heun 2nd order, EDM algorithm 2 with churn (VE)", [](const HeunOptions& o) {
       DEW_CHECK(o.s_churn >= 0, "solver heun.s_churn: must be >= 0, got ", o.s_churn);
       DEW_CHECK(o.s_noise >= 0, "solver heun.s_noise: must be >= 0, got ", o.s_noise);
       return std::make_shared<Heun>(o);
     });
-    r->add<NoOpts>("rk4", "classic Runge-Kutta 4 on dx/dsigma (VE)",
-                   [](const NoOpts&) { return std::make_shared<RK4>(); });
+    r->add<NoOptions>("rk4", "classic Runge-Kutta 4 on dx/dsigma (VE)",
+                   [](const NoOptions&) { return std::make_shared<RK4>(); });
     r->add<MultistepOptions>("multistep_dpm", "linear multistep in sigma, orders 1-3 (VE)",
                              [](const MultistepOptions& o) {
                                DEW_CHECK(o.order >= 1 && o.order <= 3, "solver multistep_dpm.order: must be 1, 2 or 3, got ", o.order);
@@ -294,9 +290,9 @@ Registry<Solver>& solvers() {
                              });
     r->add<DPMSolverOptions>("dpmsolver++", "DPM-Solver++(2M) (Lu et al. 2022)",
                              [](const DPMSolverOptions& o) { return std::make_shared<DPMSolverPP>(o.lower_order_final); });
-    r->add<NoOpts>("pndm", "PNDM: pseudo-Runge-Kutta warm-up then PLMS (Liu et al. 2022)",
-                   [](const NoOpts&) { return std::make_shared<PNDM>("pndm"); });
-    r->add<NoOpts>("plms", "alias of pndm", [](const NoOpts&) { return std::make_shared<PNDM>("plms"); });
+    r->add<NoOptions>("pndm", "PNDM: pseudo-Runge-Kutta warm-up then PLMS (Liu et al. 2022)",
+                   [](const NoOptions&) { return std::make_shared<PNDM>("pndm"); });
+    r->add<NoOptions>("plms", "alias of pndm", [](const NoOptions&) { return std::make_shared<PNDM>("plms"); });
     return r;
   }();
   return *r;

@@ -14,16 +14,17 @@
 
 namespace {
 
+using dew::test::sd_golden;
+
 using dew::test::run_dew;
 
-std::string golden_dir(const std::string& name) { return std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/" + name; }
 
 
 // Writes `inputs` to DIR/in.safetensors, runs `dew forward FOLDER ... FLAGS`, returns the written outputs.
 std::map<std::string, at::Tensor> forward(const dew::test::TempDir& dir, const std::string& folder,
                                           const std::map<std::string, at::Tensor>& inputs, const std::string& flags) {
   dew::io::save_safetensors(dir.file("in.safetensors"), inputs);
-  const auto r = run_dew("forward " + golden_dir(folder) + " --inputs " + dir.file("in.safetensors") + " --out " +
+  const auto r = run_dew("forward " + sd_golden(folder) + " --inputs " + dir.file("in.safetensors") + " --out " +
                      dir.file("out.safetensors") + " " + flags);
   EXPECT_EQ(r.code, 0) << r.output;
   if (r.code != 0) return {};
@@ -83,7 +84,7 @@ TEST(ForwardCli, MissingAndExtraInputsAreOneLineNamingThem) {
   dew::test::TempDir dir("forward_errors");
   const auto io = dew::test::golden("sd/vae/io.safetensors");
   dew::io::save_safetensors(dir.file("in.safetensors"), {{"sample", io.at("sample")}, {"noise", io.at("z")}});
-  const std::string base = "forward " + golden_dir("vae") + " --inputs " + dir.file("in.safetensors") + " --out " +
+  const std::string base = "forward " + sd_golden("vae") + " --inputs " + dir.file("in.safetensors") + " --out " +
                            dir.file("out.safetensors");
   auto r = run_dew(base + " --method decode");
   EXPECT_EQ(r.code, 2) << r.output;

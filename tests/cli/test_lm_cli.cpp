@@ -14,19 +14,19 @@ namespace {
 
 using dew::test::run_dew;
 
-std::string tmp(const std::string& name) {
+std::string lm_tmp(const std::string& name) {
   auto d = fs::path(::testing::TempDir()) / ("dew_lm_cli_" + name);
   fs::remove_all(d);
   return d.string();
 }
 
 
-std::string tiny_tokens() { return dew::test::write_tiny_tokens(tmp("tokens")); }
+std::string tiny_tokens() { return dew::test::write_tiny_tokens(lm_tmp("tokens")); }
 
 }  // namespace
 
 TEST(LmCli, TrainsAndGenerates) {
-  const std::string data = tiny_tokens(), dir = tmp("run");
+  const std::string data = tiny_tokens(), dir = lm_tmp("run");
   const std::string tiny = " --data.name tokens --data.dir " + data +
                            " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64}'"
                            " --objective.seq_len 16 --objective.sample_tokens 8 --loader.batch_size 4"
@@ -54,7 +54,7 @@ TEST(LmCli, TrainsAndGenerates) {
 }
 
 TEST(LmCli, BadInputIsOneLineAndExitTwo) {
-  const std::string data = tiny_tokens(), dir = tmp("bad");
+  const std::string data = tiny_tokens(), dir = lm_tmp("bad");
   for (std::string args :
        {std::string("train lm --model.fields.num_heads 3 --data.name tokens --data.dir ") + data,
         std::string("train lm --objective.loss_role everything --data.name tokens --data.dir ") + data,

@@ -15,7 +15,7 @@ namespace {
 
 using dew::test::run_dew;
 
-std::string tmp(const std::string& name) {
+std::string tv_tmp(const std::string& name) {
   auto d = fs::path(::testing::TempDir()) / ("dew_cli_tv_" + name);
   fs::remove_all(d);
   return d.string();
@@ -29,7 +29,7 @@ const std::string kVideoData =
 }  // namespace
 
 TEST(CliText, TrainsOnCaptionsAndSamplesFromAPrompt) {
-  auto dir = tmp("text");
+  auto dir = tv_tmp("text");
   auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 3 --trainer.checkpoint_every 3"
                " --data '{\"name\":\"gaussian_blobs\",\"count\":32,\"size\":8,\"classes\":3}'"
                " --model.architecture simple_dit"
@@ -60,7 +60,7 @@ TEST(CliText, TrainsOnCaptionsAndSamplesFromAPrompt) {
 }
 
 TEST(CliVideo, VideoDiTTrainsOnMovingFashionMnistAndWritesStripAndGif) {
-  auto dir = tmp("video_dit");
+  auto dir = tv_tmp("video_dit");
   auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 2" + kVideoData +
                " --model.architecture video_dit"
                " --model.fields '{\"patch_size\":4,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'");
@@ -76,7 +76,7 @@ TEST(CliVideo, VideoDiTTrainsOnMovingFashionMnistAndWritesStripAndGif) {
 }
 
 TEST(CliVideo, UnetRunInflatesIntoUnet3D) {
-  auto dir2d = tmp("unet2d"), dir3d = tmp("unet3d");
+  auto dir2d = tv_tmp("unet2d"), dir3d = tv_tmp("unet3d");
   const std::string unet_fields =
       " --model.fields '{\"emb_features\":16,\"feature_depths\":[8,16],\"attention_configs\":[null,null],"
       "\"num_res_blocks\":1,\"norm_groups\":4}'";
@@ -89,14 +89,14 @@ TEST(CliVideo, UnetRunInflatesIntoUnet3D) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("inflated"), std::string::npos) << r.output;
   // a 2D checkpoint of another shape is refused with the offending name
-  r = run_dew("train diffusion --run " + tmp("unet3d_bad") + " --trainer.steps 1 --init_from " + dir2d + kVideoData +
+  r = run_dew("train diffusion --run " + tv_tmp("unet3d_bad") + " --trainer.steps 1 --init_from " + dir2d + kVideoData +
           " --model.architecture unet_3d --model.fields '{\"emb_features\":16,\"feature_depths\":[8,8],"
           "\"attention_configs\":[null,null],\"num_res_blocks\":1,\"norm_groups\":4}'");
   EXPECT_EQ(r.code, 2) << r.output;
 }
 
 TEST(CliText, AModelThatNeedsTextIsRefusedBeforeTraining) {
-  auto dir = tmp("mmdit_no_text");
+  auto dir = tv_tmp("mmdit_no_text");
   auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 1"
                " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":8,\"classes\":2}'"
                " --model.architecture simple_mmdit"

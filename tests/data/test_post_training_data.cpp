@@ -17,11 +17,6 @@ namespace {
 
 ChatFormat byte_plain() { return {dew::data::load_tokenizer("byte"), ChatTemplate::plain, {}}; }
 
-std::string write(const dew::test::TempDir& d, const std::string& name, const std::string& text) {
-  std::ofstream(d.file(name), std::ios::binary) << text;
-  return d.file(name);
-}
-
 std::string row_text(const at::Tensor& ids, const at::Tensor& keep) {
   std::string s;
   for (int64_t t = 0; t < ids.size(0); ++t)
@@ -33,7 +28,7 @@ std::string row_text(const at::Tensor& ids, const at::Tensor& keep) {
 
 TEST(PostTrainingData, SftRowsMaskExactlyTheAssistantTurns) {
   dew::test::TempDir d("pt_sft");
-  const std::string f = write(d, "c.jsonl",
+  const std::string f = d.write("c.jsonl",
                               R"({"messages":[{"role":"user","content":"1+2="},{"role":"assistant","content":"3"}]})"
                               "\n\n"
                               R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},)"
@@ -68,7 +63,7 @@ TEST(PostTrainingData, SftRowsMaskExactlyTheAssistantTurns) {
 
 TEST(PostTrainingData, PromptCompletionRecordsAndPreferenceRows) {
   dew::test::TempDir d("pt_pairs");
-  const std::string f = write(d, "p.jsonl",
+  const std::string f = d.write("p.jsonl",
                               R"({"prompt":[{"role":"user","content":"2+2="}],"chosen":"4","rejected":[{"role":"assistant","content":"5"}]})"
                               "\n"
                               R"({"prompt":"Q: hi A:","chosen":" yes","rejected":" no"})"
@@ -83,7 +78,7 @@ TEST(PostTrainingData, PromptCompletionRecordsAndPreferenceRows) {
   EXPECT_EQ(m[1][0].sum().item<int64_t>(), 5);
   EXPECT_EQ(b.at("index").sizes(), (std::vector<int64_t>{2}));
 
-  auto prompts = dew::data::read_prompts(write(d, "q.jsonl", R"({"prompt":[{"role":"user","content":"7+1="}],"answer":"8"})"
+  auto prompts = dew::data::read_prompts(d.write("q.jsonl", R"({"prompt":[{"role":"user","content":"7+1="}],"answer":"8"})"
                                                              "\n"),
                                          byte_plain(), 128);
   ASSERT_EQ(prompts.size(), 1u);
@@ -118,7 +113,7 @@ TEST(PostTrainingData, BadFilesNameTheFileAndLine) {
       {"", "c.jsonl: no records", 2},
   };
   for (const auto& c : cases) {
-    const std::string f = write(d, "c.jsonl", c.text);
+    const std::string f = d.write("c.jsonl", c.text);
     const std::string e = dew::test::error_of([&] {
       if (c.kind == 0) dew::data::sft_rows(f, fmt, 100);
       if (c.kind == 1) dew::data::preference_rows(f, fmt, 100);

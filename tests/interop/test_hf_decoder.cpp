@@ -58,7 +58,7 @@ void expect_identical(CausalTransformer& a, CausalTransformer& b) {
   EXPECT_TRUE(torch::equal(a->forward_tokens(ids), b->forward_tokens(ids)));
 }
 
-json read_json(const std::string& path) { return json::parse(std::ifstream(path)); }
+using dew::test::read_json;
 
 class HfDecoderFamilies : public ::testing::TestWithParam<std::string> {};
 

@@ -21,15 +21,16 @@
 
 namespace {
 
+using dew::test::sd_golden;
+
 using dew::json;
 using dew::test::error_of;
 
-std::string golden_dir(const std::string& name) { return std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/" + name; }
 
 std::shared_ptr<dew::nn::AutoencoderKLImpl> load(const std::string& name, at::ScalarType dtype = at::kFloat) {
   dew::interop::DiffusersLoadOptions o;
   o.dtype = dtype;
-  auto m = dew::interop::load_diffusers_folder(golden_dir(name), o);
+  auto m = dew::interop::load_diffusers_folder(sd_golden(name), o);
   EXPECT_EQ(m.family, "autoencoder_kl");
   auto vae = std::dynamic_pointer_cast<dew::nn::AutoencoderKLImpl>(m.module);
   EXPECT_TRUE(vae);
@@ -79,8 +80,8 @@ TEST_P(AutoencoderKLGolden, AFloat64RunAgreesWithDiffusersFloat64) {
 
 TEST_P(AutoencoderKLGolden, ParameterNamesAreTheCheckpointsExactly) {
   const std::string name = GetParam();
-  const auto source = dew::io::WeightSource::open(golden_dir(name));
-  auto m = dew::interop::load_diffusers_folder(golden_dir(name));
+  const auto source = dew::io::WeightSource::open(sd_golden(name));
+  auto m = dew::interop::load_diffusers_folder(sd_golden(name));
   std::set<std::string> ours, theirs;
   for (const auto& kv : m.module->named_parameters()) ours.insert(kv.key());
   for (const auto& n : source.names()) theirs.insert(n);
@@ -93,7 +94,7 @@ TEST_P(AutoencoderKLGolden, ParameterNamesAreTheCheckpointsExactly) {
 
 TEST_P(AutoencoderKLGolden, TheConfigTranslatesBothWays) {
   const std::string name = GetParam();
-  std::ifstream in(golden_dir(name) + "/config.json");
+  std::ifstream in(sd_golden(name) + "/config.json");
   const json config = json::parse(in);
   const json fields = dew::models::fields_from_reference_config("autoencoder_kl", config);
   const auto options = dew::from_json<dew::nn::AutoencoderKLOptions>(fields);
@@ -176,7 +177,7 @@ TEST(AutoencoderKL, ATileAsLargeAsTheInputIsThePlainPath) {
 }
 
 TEST(AutoencoderKL, UnsupportedConfigSettingsAreRefusedByName) {
-  std::ifstream in(golden_dir("vae") + "/config.json");
+  std::ifstream in(sd_golden("vae") + "/config.json");
   const json config = json::parse(in);
   auto refusal = [&](const std::string& key, const json& value) {
     json c = config;
@@ -241,7 +242,7 @@ std::map<std::string, at::Tensor> as_ldm_checkpoint(const std::string& folder, i
 
 TEST(AutoencoderKL, OldCheckpointLayoutsLoadThroughTheKeyMap) {
   dew::test::TempDir dir("vae_ldm");
-  const std::string folder = golden_dir("vae");
+  const std::string folder = sd_golden("vae");
   auto reference = load("vae");
   const json fields = dew::models::fields_from_reference_config(
       "autoencoder_kl", json::parse(std::ifstream(folder + "/config.json")));
@@ -277,7 +278,7 @@ TEST(AutoencoderKL, OldCheckpointLayoutsLoadThroughTheKeyMap) {
 
 TEST(AutoencoderKL, DtypeAttentionImplAndRematKeepTheTreeAndTheFunction) {
   const json fields = dew::models::fields_from_reference_config(
-      "autoencoder_kl", json::parse(std::ifstream(golden_dir("vae") + "/config.json")));
+      "autoencoder_kl", json::parse(std::ifstream(sd_golden("vae") + "/config.json")));
   const auto io = dew::test::golden("sd/vae/io.safetensors");
   auto reference = load("vae");
   torch::NoGradGuard ng;
@@ -289,7 +290,7 @@ TEST(AutoencoderKL, DtypeAttentionImplAndRematKeepTheTreeAndTheFunction) {
     json f = fields;
     f.update(change);
     auto m = dew::models::build_autoencoder({{"architecture", "autoencoder_kl"}, {"fields", f}});
-    dew::models::load_reference_weights(*m, "autoencoder_kl", f, golden_dir("vae"));
+    dew::models::load_reference_weights(*m, "autoencoder_kl", f, sd_golden("vae"));
     const double tol = change.contains("dtype") ? 0.1 : 1e-5;  // bf16 compute: 8 mantissa bits
     const at::Tensor mean2 = m->encode(io.at("sample")).mean, x2 = m->decode(io.at("z"));
     EXPECT_EQ(mean2.scalar_type(), at::kFloat);

@@ -500,7 +500,7 @@ json tiny_vocab() {
               {"hello</w>", 18}, {"wor", 19}, {"<|startoftext|>", 20}, {"<|endoftext|>", 21}, {"a</w>", 22},
               {"'", 23},  {"s</w>", 24}, {"'s</w>", 25},  {"wo", 26}};
 }
-const std::vector<std::string> kMerges{"h e", "l l", "ll o</w>", "he llo</w>", "w o", "wo r", "' s</w>"};
+const std::vector<std::string> kClipMerges{"h e", "l l", "ll o</w>", "he llo</w>", "w o", "wo r", "' s</w>"};
 
 std::vector<int64_t> row(const at::Tensor& t, int i) {
   auto r = t[i].to(torch::kLong).contiguous();
@@ -517,9 +517,9 @@ TEST(ClipTokenizer, HandWrittenVocabulary) {
   {
     std::ofstream m(dir.file("slow/merges.txt"));
     m << "#version: 0.2\n";
-    for (const auto& s : kMerges) m << s << "\n";
+    for (const auto& s : kClipMerges) m << s << "\n";
   }
-  json tj{{"model", {{"type", "BPE"}, {"vocab", tiny_vocab()}, {"merges", kMerges}, {"end_of_word_suffix", "</w>"},
+  json tj{{"model", {{"type", "BPE"}, {"vocab", tiny_vocab()}, {"merges", kClipMerges}, {"end_of_word_suffix", "</w>"},
                      {"unk_token", "<|endoftext|>"}}},
           {"added_tokens", json::array({json{{"id", 20}, {"content", "<|startoftext|>"}},
                                         json{{"id", 21}, {"content", "<|endoftext|>"}}})}};

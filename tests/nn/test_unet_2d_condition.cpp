@@ -17,12 +17,9 @@ using dew::test::error_of;
 
 namespace {
 
-const std::string kDir = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/";
+const std::string kSdGolden = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/";
 
-json read_json(const std::string& path) {
-  std::ifstream f(path);
-  return json::parse(f);
-}
+using dew::test::read_json;
 
 // Builds the folder's model as a user's `dew forward` would: config -> fields -> model -> weights.
 std::shared_ptr<dew::nn::UNet2DConditionImpl> load_folder(const std::string& folder) {
@@ -40,7 +37,7 @@ std::shared_ptr<dew::nn::UNet2DConditionImpl> load_folder(const std::string& fol
 // `rel_f64`: the float64 agreement; diffusers' upcast_attention computes the scores in float32 even in a
 // float64 model (q.float(), k.float()), so such a case agrees only to float32 precision.
 void run_case(const std::string& name, double rel_f64 = 1e-9) {
-  const std::string folder = kDir + name;
+  const std::string folder = kSdGolden + name;
   ASSERT_TRUE(std::filesystem::exists(folder + "/io.safetensors")) << folder;
   std::printf("%s\n", name.c_str());
   auto io = dew::io::load_safetensors(folder + "/io.safetensors");
@@ -117,7 +114,7 @@ TEST(UNet2DCondition, SDXLConfigGivesItsLayout) {
 }
 
 TEST(UNet2DCondition, UnsupportedSettingsAreRefusedByName) {
-  const json base = read_json(kDir + "unet_sd/config.json");
+  const json base = read_json(kSdGolden + "unet_sd/config.json");
   auto refusal = [&](const std::string& key, const json& value) {
     json c = base;
     c[key] = value;
@@ -136,8 +133,8 @@ TEST(UNet2DCondition, UnsupportedSettingsAreRefusedByName) {
 }
 
 TEST(UNet2DCondition, InputsItDoesNotTakeAreRefused) {
-  auto model = load_folder(kDir + "unet_sd");
-  auto io = dew::io::load_safetensors(kDir + "unet_sd/io.safetensors");
+  auto model = load_folder(kSdGolden + "unet_sd");
+  auto io = dew::io::load_safetensors(kSdGolden + "unet_sd/io.safetensors");
   torch::NoGradGuard no_grad;
   dew::Conditioning c;
   EXPECT_NE(error_of([&] { model->forward(io.at("sample"), io.at("timestep"), c); }).find("encoder_hidden_states"),

@@ -25,12 +25,7 @@ dew::nn::CausalTransformer tiny_model(uint64_t seed = 1) {
   return dew::nn::CausalTransformer(o);
 }
 
-dew::data::ChatFormat byte_plain() { return {dew::data::load_tokenizer("byte"), dew::data::ChatTemplate::plain, {}}; }
-
-std::string write(const dew::test::TempDir& d, const std::string& name, const std::string& text) {
-  std::ofstream(d.file(name), std::ios::binary) << text;
-  return d.file(name);
-}
+dew::data::ChatFormat byte_plain_chat() { return {dew::data::load_tokenizer("byte"), dew::data::ChatTemplate::plain, {}}; }
 
 dew::training::NamedTensors trainable(torch::nn::Module& m) {
   dew::training::NamedTensors out;
@@ -47,7 +42,7 @@ const char* kPairs =
 
 TEST(DpoObjective, AtTheStartTheLossIsLog2AndItsGradientTheClosedForm) {
   dew::test::TempDir d("dpo_obj");
-  auto rows = dew::data::preference_rows(write(d, "p.jsonl", kPairs), byte_plain(), 64);
+  auto rows = dew::data::preference_rows(d.write("p.jsonl", kPairs), byte_plain_chat(), 64);
   auto model = tiny_model();
   auto obj = std::make_shared<dew::DPOObjective>(model, dew::DPOObjectiveOptions{}, rows, nullptr);
   const auto params = trainable(*model);
@@ -77,7 +72,7 @@ TEST(DpoObjective, AtTheStartTheLossIsLog2AndItsGradientTheClosedForm) {
 
 TEST(DpoObjective, TheSftTermAddsTheChosenTokensMeanNegativeLogLikelihood) {
   dew::test::TempDir d("dpo_sft");
-  auto rows = dew::data::preference_rows(write(d, "p.jsonl", kPairs), byte_plain(), 64);
+  auto rows = dew::data::preference_rows(d.write("p.jsonl", kPairs), byte_plain_chat(), 64);
   auto model = tiny_model();
   dew::DPOObjectiveOptions o;
   o.sft_weight = 0.5;
@@ -96,7 +91,7 @@ TEST(DpoObjective, TheSftTermAddsTheChosenTokensMeanNegativeLogLikelihood) {
 
 TEST(DpoObjective, TheReferenceStaysFrozenAndPrecomputingGivesTheSameLoss) {
   dew::test::TempDir d("dpo_ref");
-  auto rows = dew::data::preference_rows(write(d, "p.jsonl", kPairs), byte_plain(), 64);
+  auto rows = dew::data::preference_rows(d.write("p.jsonl", kPairs), byte_plain_chat(), 64);
   for (const char* mode : {"batch", "precompute"}) {
     auto model = tiny_model();
     dew::DPOObjectiveOptions o;
@@ -128,8 +123,8 @@ TEST(DpoObjective, TheReferenceStaysFrozenAndPrecomputingGivesTheSameLoss) {
 
 TEST(GrpoObjective, RolloutAdvantagesFollowTheGroupFormulaAndTheFirstUpdateIsOnPolicy) {
   dew::test::TempDir d("grpo_obj");
-  auto fmt = byte_plain();
-  auto prompts = dew::data::read_prompts(write(d, "q.jsonl",
+  auto fmt = byte_plain_chat();
+  auto prompts = dew::data::read_prompts(d.write("q.jsonl",
                                                R"({"prompt":[{"role":"user","content":"1+1="}],"answer":"2"})" "\n"
                                                R"({"prompt":[{"role":"user","content":"3+4="}],"answer":"7"})" "\n"),
                                          fmt, 64);

@@ -20,20 +20,20 @@ using at::Tensor;
 
 namespace {
 
-using Golden = std::map<std::string, Tensor>;
+using GoldenTensors = std::map<std::string, Tensor>;
 
-Golden golden(const std::string& name) {
+GoldenTensors post_training_golden(const std::string& name) {
   return dew::io::load_safetensors(std::string(DEW_SOURCE_DIR) + "/tests/golden/post_training/" + name +
                                    ".safetensors");
 }
 
-const Tensor& at_key(const Golden& g, const std::string& key) {
+const Tensor& at_key(const GoldenTensors& g, const std::string& key) {
   auto it = g.find(key);
   if (it == g.end()) throw std::runtime_error("golden has no tensor " + key);
   return it->second;
 }
 
-double scalar(const Golden& g, const std::string& key) { return at_key(g, key).item<double>(); }
+double scalar(const GoldenTensors& g, const std::string& key) { return at_key(g, key).item<double>(); }
 
 // A fresh leaf copy of a golden input (never the golden tensor itself) in `dtype`, requiring grad.
 Tensor leaf(const Tensor& t, at::ScalarType dtype = at::kDouble) {
@@ -65,7 +65,7 @@ void expect_grad(const std::string& what, const Tensor& got, const Tensor& want,
 constexpr double kValueTol = 1e-6;
 
 void check_dpo(const std::string& file, bool has_per_pair, bool has_f32) {
-  const Golden g = golden(file);
+  const GoldenTensors g = post_training_golden(file);
   const double beta = scalar(g, "beta"), ls = scalar(g, "label_smoothing");
   std::cout << file << " (beta " << beta << ", label_smoothing " << ls << ")\n";
   std::vector<at::ScalarType> dtypes{at::kDouble};
@@ -125,7 +125,7 @@ TEST(PostTrainingDpo, SequenceLogpsShiftAndMask) {
 }
 
 TEST(PostTrainingDpo, PrecomputedReferenceLogpsGiveTheSameLoss) {
-  const Golden g = golden("dpo_sigmoid");
+  const GoldenTensors g = post_training_golden("dpo_sigmoid");
   const Tensor ids = at_key(g, "ids"), mask = at_key(g, "completion_mask");
   Tensor policy = leaf(at_key(g, "policy_logits"));
   const Tensor ref_logps = pt::sequence_logps(at_key(g, "reference_logits"), ids, mask);
@@ -136,7 +136,7 @@ TEST(PostTrainingDpo, PrecomputedReferenceLogpsGiveTheSameLoss) {
 }
 
 TEST(PostTrainingAdvantages, GrpoRlooAndMeanMatchVerl) {
-  const Golden g = golden("advantages");
+  const GoldenTensors g = post_training_golden("advantages");
   const Tensor scores = at_key(g, "scores"), ids = at_key(g, "group_ids"), mask = at_key(g, "response_mask");
   std::cout << "advantages (groups of 4, 4, 1 and 3 equal scores)\n";
   // The group of one: verl divides by torch.tensor(1.0) + 1e-6 in float32, i.e. 1 + 9.54e-7; here
@@ -155,7 +155,7 @@ TEST(PostTrainingAdvantages, GrpoRlooAndMeanMatchVerl) {
 }
 
 TEST(PostTrainingPolicyLoss, PpoClipWithDualClipMatchesVerl) {
-  const Golden g = golden("policy_loss");
+  const GoldenTensors g = post_training_golden("policy_loss");
   const Tensor old = at_key(g, "old_log_prob"), adv = at_key(g, "advantages"), mask = at_key(g, "response_mask");
   const std::vector<std::pair<std::string, std::string>> cases{
       {"token_mean", "token-mean"}, {"seq_mean_token_mean", "seq-mean-token-mean"}, {"token_mean_sym", "token-mean"}};
@@ -183,7 +183,7 @@ TEST(PostTrainingPolicyLoss, PpoClipWithDualClipMatchesVerl) {
 }
 
 TEST(PostTrainingKl, K3AndItsAggregationsMatchVerl) {
-  const Golden g = golden("kl");
+  const GoldenTensors g = post_training_golden("kl");
   const Tensor mask = at_key(g, "response_mask");
   std::cout << "k3 (low_var_kl)\n";
   Tensor logp = leaf(at_key(g, "log_prob"));

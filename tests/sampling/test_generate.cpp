@@ -21,7 +21,7 @@ void expect_probs(const at::Tensor& got, const std::vector<double>& want) {
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[int64_t(i)].item<double>(), want[i], 1e-6) << i;
 }
 
-dew::nn::CausalTransformer tiny_model() {
+dew::nn::CausalTransformer tiny_lm() {
   torch::manual_seed(5);
   dew::nn::CausalTransformer m(dew::nn::CausalTransformerOptions()
                                    .vocab_size(17)
@@ -68,7 +68,7 @@ TEST(Generate, FiltersMatchHandComputedDistributions) {
 }
 
 TEST(Generate, GreedyIsDeterministicAndPaddingDoesNotChangeRows) {
-  auto m = tiny_model();
+  auto m = tiny_lm();
   GenerationOptions o;
   o.temperature = 0;
   o.max_new_tokens = 8;
@@ -96,7 +96,7 @@ TEST(Generate, GreedyIsDeterministicAndPaddingDoesNotChangeRows) {
 }
 
 TEST(Generate, SamplingFollowsTheSeedAndReportsBothLogProbs) {
-  auto m = tiny_model();
+  auto m = tiny_lm();
   GenerationOptions o;
   o.temperature = 0.7;
   o.top_k = 5;
@@ -120,7 +120,7 @@ TEST(Generate, SamplingFollowsTheSeedAndReportsBothLogProbs) {
 }
 
 TEST(Generate, StopsAtEosAndStopStrings) {
-  auto m = tiny_model();
+  auto m = tiny_lm();
   GenerationOptions o;
   o.temperature = 0;
   o.max_new_tokens = 10;
@@ -148,7 +148,7 @@ TEST(Generate, StopsAtEosAndStopStrings) {
 }
 
 TEST(Generate, BadOptionsNameTheField) {
-  auto m = tiny_model();
+  auto m = tiny_lm();
   using dew::test::error_of;
   GenerationOptions o;
   o.top_p = 0;

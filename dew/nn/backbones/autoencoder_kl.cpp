@@ -15,7 +15,8 @@ using at::Tensor;
 
 namespace {
 
-torch::nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel) {
+// A convolution padded to keep the spatial size (odd kernels).
+torch::nn::Conv2d same_conv2d(int64_t in, int64_t out, int64_t kernel) {
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel).padding(kernel / 2));
 }
 
@@ -135,7 +136,7 @@ Tensor VaeLevelImpl::forward(const Tensor& x) {
 VaeEncoderImpl::VaeEncoderImpl(const AutoencoderKLOptions& o) : remat(o.remat()) {
   const auto& ch = o.block_out_channels();
   const int64_t levels = int64_t(ch.size());
-  conv_in = register_module("conv_in", conv2d(o.in_channels(), ch[0], 3));
+  conv_in = register_module("conv_in", same_conv2d(o.in_channels(), ch[0], 3));
   auto list = register_module("down_blocks", torch::nn::ModuleList());
   int64_t prev = ch[0];
   for (int64_t i = 0; i < levels; ++i) {
@@ -145,7 +146,7 @@ VaeEncoderImpl::VaeEncoderImpl(const AutoencoderKLOptions& o) : remat(o.remat())
   }
   mid_block = register_module("mid_block", VaeMidBlock(ch.back(), o));
   conv_norm_out = register_module("conv_norm_out", group_norm(ch.back(), o));
-  conv_out = register_module("conv_out", conv2d(ch.back(), 2 * o.latent_channels(), 3));
+  conv_out = register_module("conv_out", same_conv2d(ch.back(), 2 * o.latent_channels(), 3));
 }
 
 Tensor VaeEncoderImpl::forward(const Tensor& x) {
@@ -158,7 +159,7 @@ Tensor VaeEncoderImpl::forward(const Tensor& x) {
 VaeDecoderImpl::VaeDecoderImpl(const AutoencoderKLOptions& o) : remat(o.remat()) {
   const auto& ch = o.block_out_channels();
   const int64_t levels = int64_t(ch.size());
-  conv_in = register_module("conv_in", conv2d(o.latent_channels(), ch.back(), 3));
+  conv_in = register_module("conv_in", same_conv2d(o.latent_channels(), ch.back(), 3));
   mid_block = register_module("mid_block", VaeMidBlock(ch.back(), o));
   auto list = register_module("up_blocks", torch::nn::ModuleList());
   int64_t prev = ch.back();
@@ -169,7 +170,7 @@ VaeDecoderImpl::VaeDecoderImpl(const AutoencoderKLOptions& o) : remat(o.remat())
     prev = out;
   }
   conv_norm_out = register_module("conv_norm_out", group_norm(ch[0], o));
-  conv_out = register_module("conv_out", conv2d(ch[0], o.out_channels(), 3));
+  conv_out = register_module("conv_out", same_conv2d(ch[0], o.out_channels(), 3));
 }
 
 Tensor VaeDecoderImpl::forward(const Tensor& z) {
@@ -217,8 +218,8 @@ void AutoencoderKLImpl::reset() {
   encoder = register_module("encoder", VaeEncoder(o));
   decoder = register_module("decoder", VaeDecoder(o));
   const int64_t c = o.latent_channels();
-  if (o.use_quant_conv()) quant_conv = register_module("quant_conv", conv2d(2 * c, 2 * c, 1));
-  if (o.use_post_quant_conv()) post_quant_conv = register_module("post_quant_conv", conv2d(c, c, 1));
+  if (o.use_quant_conv()) quant_conv = register_module("quant_conv", same_conv2d(2 * c, 2 * c, 1));
+  if (o.use_post_quant_conv()) post_quant_conv = register_module("post_quant_conv", same_conv2d(c, c, 1));
 }
 
 int64_t AutoencoderKLImpl::downsampling() const { return int64_t(1) << (options.block_out_channels().size() - 1); }

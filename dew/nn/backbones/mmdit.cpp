@@ -9,15 +9,6 @@ using at::Tensor;
 
 namespace {
 
-// [B, S, n * H * Dh] -> n tensors [B, H, S, Dh] with one unbind (one backward node, not n).
-std::vector<Tensor> split_heads(const Tensor& t, int64_t n, int64_t heads) {
-  const int64_t B = t.size(0), S = t.size(1), dh = t.size(2) / (n * heads);
-  return t.view({B, S, n, heads, dh}).permute({2, 0, 3, 1, 4}).unbind(0);
-}
-
-// [B, H, S, Dh] -> [B, S, H * Dh]
-Tensor merge_heads(const Tensor& t) { return t.transpose(1, 2).reshape({t.size(0), t.size(2), t.size(1) * t.size(3)}); }
-
 void init_linear(const torch::nn::Linear& l) {
   torch::nn::init::xavier_uniform_(l->weight);
   if (l->bias.defined()) l->bias.zero_();
