@@ -546,7 +546,7 @@ class FixedContextDiffusion : public Objective {
   std::string name() const override { return "bench_fixed_context_diffusion"; }
   torch::nn::Module& module() override { return *model_; }
   LossOutput loss(const data::Batch& batch, int64_t, at::Generator gen) override {
-    const auto device = model_->parameters().front().device();
+    const auto device = module_device(*model_);
     const at::Tensor x0 = data::to_model_range(batch.at("image")).to(device);
     auto in = process_.training_inputs(x0, gen);
     Conditioning c = context_;

@@ -76,7 +76,7 @@ AutoencoderObjective::AutoencoderObjective(std::shared_ptr<AutoencoderImpl> auto
 LossOutput AutoencoderObjective::loss(const data::Batch& batch, int64_t step, at::Generator gen) {
   auto it = batch.find(o_.image_field);
   DEW_CHECK(it != batch.end(), "autoencoder objective: batch has no field \"", o_.image_field, "\"");
-  const auto device = autoencoder_->parameters().front().device();
+  const auto device = module_device(*autoencoder_);
   const at::Tensor x = data::to_model_range(it->second).to(device);
   const DiagonalGaussian q = autoencoder_->encode(x);
   const at::Tensor x_hat = autoencoder_->decode(o_.posterior == "sample" ? q.sample(gen) : q.mean);
@@ -93,7 +93,7 @@ std::map<std::string, double> AutoencoderObjective::validate(int64_t step, const
     // Rows of 8 originals, each over the row of their reconstructions.
     at::NoGradGuard ng;
     const at::Tensor x = data::to_model_range(images.slice(0, 0, std::min(o_.preview_count, images.size(0))));
-    const auto device = autoencoder_->parameters().front().device();
+    const auto device = module_device(*autoencoder_);
     const at::Tensor x_hat = autoencoder_->decode(autoencoder_->encode(x.to(device)).mean).to(at::kFloat).clamp(-1, 1).cpu();
     std::vector<at::Tensor> rows;
     const int64_t nrow = 8;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "dew/core/device.h"
 #include "dew/io/image.h"
 #include "dew/io/video.h"
 #include "dew/sampling/sample.h"
@@ -41,7 +42,7 @@ std::vector<std::string> DiffusionObjective::batch_fields() const {
 }
 
 LossOutput DiffusionObjective::loss(const data::Batch& batch, int64_t step, at::Generator gen) {
-  auto device = model_->parameters().front().device();
+  const auto device = module_device(*model_);
   at::Tensor x0;
   if (auto cached = batch.find(kLatentField); latent_ && cached != batch.end()) {
     x0 = cached->second.to(device);  // latents the run encoded once
