@@ -550,6 +550,7 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     ap.add_argument("--optim", default="{}", help="dew's OptimOptions as JSON (lr, schedule, warm-up, grad_clip, ...)")
     ap.add_argument("--unconditional-prob", type=float, default=0.12, help="probability of the null label")
+    ap.add_argument("--profile", default="", help="write a Chrome trace of the timed steps (torch.profiler) here")
     a = ap.parse_args()
     use_device(a.device)
     optim = parse_optim(a.optim)
@@ -579,13 +580,21 @@ def main():
     step = Step(model, images, labels, seed=2, num_classes=fields.get("num_classes", 0), drop=a.unconditional_prob,
                 optim=optim, total=a.warmup + a.steps, context=context, context_mask=mask)
     times, loss = [], 0.0
+    prof = None
     for i in range(a.warmup + a.steps):
+        if i == a.warmup and a.profile:
+            # the same window as `dew bench --one MODEL --profile`: the timed steps only
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
         t0 = time.perf_counter()
         fwd, bwd, opt, loss = step.run()
         if not math.isfinite(loss):
             fail(f"non-finite loss {loss} at step {i}")
         if i >= a.warmup:
             times.append((time.perf_counter() - t0, fwd, bwd, opt))
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        prof.export_chrome_trace(a.profile)
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
     print(json.dumps(result(med, a.batch, n, loss)), flush=True)
 
