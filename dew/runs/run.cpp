@@ -114,6 +114,7 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   p.trainer = from_json<training::TrainerOptions>(recipe.value("trainer", json::object()), "trainer");
   training::validate(p.optim);
   training::validate(p.trainer);
+  training::check_autocast(p.trainer.autocast, p.device);  // before the model is built
   const std::string dir = p.options.run;
   DEW_CHECK(!fs::exists(dir) || fs::is_directory(dir), "run: ", dir, " exists and is not a directory");
 

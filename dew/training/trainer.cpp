@@ -35,28 +35,38 @@ struct SignalScope {
   }
 };
 
-// Mixed precision of the forward on CUDA (SPEC section 2: bf16 by default there); nothing on the CPU, where
-// the model's dtype field decides. Restores the previous autocast state at scope exit.
+// Mixed precision of the forward (SPEC section 2: bf16 by default on CUDA). On the CPU only when asked
+// (`bfloat16`, as torch.autocast("cpu")): measured no faster there (docs/benchmarks.md). Restores the previous
+// autocast state at scope exit.
 struct AutocastScope {
+  c10::DeviceType type = c10::kCPU;
   bool on = false;
-  AutocastScope(const std::string& mode, const c10::Device& device) {
-    if (!device.is_cuda() || mode == "off") return;
+  AutocastScope(const std::string& mode, const c10::Device& device) : type(device.type()) {
+    if (mode == "off" || (mode == "auto" && !device.is_cuda())) return;
     const auto dtype = mode == "float16" ? at::kHalf : at::kBFloat16;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(type, dtype);
+    at::autocast::set_autocast_enabled(type, true);
 #else
-    at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(true);
+    if (device.is_cuda()) {
+      at::autocast::set_autocast_gpu_dtype(dtype);
+      at::autocast::set_enabled(true);
+    } else {
+      at::autocast::set_autocast_cpu_dtype(dtype);
+      at::autocast::set_cpu_enabled(true);
+    }
 #endif
     on = true;
   }
   ~AutocastScope() {
     if (!on) return;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::set_autocast_enabled(type, false);
 #else
-    at::autocast::set_enabled(false);
+    if (type == c10::kCUDA)
+      at::autocast::set_enabled(false);
+    else
+      at::autocast::set_cpu_enabled(false);
 #endif
     at::autocast::clear_cache();
   }
@@ -82,6 +92,11 @@ void validate(const TrainerOptions& o) {
   DEW_CHECK(o.keep_checkpoints >= 1, "trainer.keep_checkpoints: must be >= 1, got ", o.keep_checkpoints);
   DEW_CHECK(o.max_bad_loss_steps >= 1, "trainer.max_bad_loss_steps: must be >= 1, got ", o.max_bad_loss_steps);
   DEW_CHECK(o.time_limit_minutes >= 0, "trainer.time_limit_minutes: must be >= 0, got ", o.time_limit_minutes);
+}
+
+void check_autocast(const std::string& mode, const c10::Device& device) {
+  DEW_CHECK(device.is_cuda() || mode != "float16", "trainer.autocast: float16 runs on CUDA only, got it with device ",
+            device.str(), "; accepted on the CPU: auto, off, bfloat16");
 }
 
 void truncate_metrics(const std::string& run_dir, int64_t step) {
@@ -125,6 +140,7 @@ Trainer::Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loade
   for (const auto& kv : obj_->module().named_parameters())
     if (kv.value().requires_grad()) params_.emplace_back(kv.key(), kv.value());
   DEW_CHECK(!params_.empty(), "objective ", obj_->name(), " has no trainable parameters");
+  check_autocast(to_.autocast, params_.front().second.device());
   opt_ = std::make_unique<Optimizer>(params_, oo_);
   ema_ = std::make_unique<EMA>(params_, obj_->ema(), to_.steps);
   obj_->bind_ema(ema_->averages());

@@ -20,7 +20,7 @@ struct TrainerOptions {
   double time_limit_minutes = 0;      // stop (with a checkpoint) after this wall time; 0 = none
   std::string best_metric;            // validation metric that selects the best checkpoint, e.g. "val/loss"
   bool best_mode_max = false;         // the best is the largest value instead of the smallest
-  std::string autocast = "auto";      // mixed precision of the forward: auto (bfloat16 on CUDA, none on the CPU) | off | bfloat16 | float16
+  std::string autocast = "auto";      // mixed precision of the forward: auto (bfloat16 on CUDA, none on the CPU) | off | bfloat16 | float16 (CUDA only)
   template <class V> void visit(V& v) {
     v("steps", steps, "optimizer steps in the run");
     v("accumulation", accumulation, "micro-batches per optimizer step");
@@ -33,11 +33,13 @@ struct TrainerOptions {
     v("best_metric", best_metric, "validation metric that selects the best checkpoint (empty = none)");
     v("best_mode_max", best_mode_max, "larger best_metric is better");
     v.choice("autocast", autocast, {"auto", "off", "bfloat16", "float16"},
-             "mixed precision on CUDA (auto = bfloat16; the CPU computes in the model's dtype)");
+             "mixed precision of the forward (auto = bfloat16 on CUDA, fp32 on the CPU; float16 on CUDA only)");
   }
 };
 
 void validate(const TrainerOptions& o);
+/// Refuses an autocast mode the device cannot run (float16 on the CPU) with a dew::Error naming the field.
+void check_autocast(const std::string& mode, const c10::Device& device);
 
 /// How a run ended.
 struct TrainResult {

@@ -139,6 +139,7 @@ TEST(JepaRun, BadRecipesAreRefusedBeforeAnythingIsWritten) {
       {"--objective.knn_temperature 0", "objective.knn_temperature: must be > 0, got 0"},
       {"--model.fields.patch_size 5", "image_size: must be a positive multiple of patch_size 5"},
       {"--predictor.fields.patch_size 4", "model.predictor.fields.patch_size: must be the encoder's 2"},
+      {"--device cpu --trainer.autocast float16", "trainer.autocast: float16 runs on CUDA only"},
   };
   for (const auto& c : cases) {
     auto r = dew::test::run_dew(kJepa + " --trainer.steps 1 " + c.flags + " --run " + tmp.file("x"));

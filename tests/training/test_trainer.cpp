@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <csignal>
@@ -35,7 +37,9 @@ class RegressionObjective : public Objective {
     auto x = b.at("x");
     auto y = b.at("y");
     if (noisy_) y = y + 0.01 * at::randn(y.sizes(), gen);
-    auto l = (m_->lin->forward(x) - y).square().mean();
+    auto out = m_->lin->forward(x);
+    forward_dtype = out.scalar_type();
+    auto l = (out.to(at::kFloat) - y).square().mean();
     if (step == nan_at_) l = l * std::numeric_limits<double>::quiet_NaN();
     if (step == interrupt_at_) std::raise(SIGINT);  // as a user's Ctrl-C during this step
     return {l, {{"abs", l.item<double>()}}};
@@ -43,6 +47,7 @@ class RegressionObjective : public Objective {
   training::EmaSpec ema() const override { return {0.9}; }
   std::vector<std::string> batch_fields() const override { return {"x", "y"}; }
   std::shared_ptr<Regression> m_;
+  at::ScalarType forward_dtype = at::kDouble;  // of the last forward's linear output
 
  private:
   int64_t nan_at_;
@@ -79,6 +84,18 @@ TrainerOptions topts(int64_t steps) {
   t.log_every = 5;
   t.checkpoint_every = 4;
   return t;
+}
+
+// SGD at a constant 0.1 without momentum or clipping: one step is the gradient times 0.1.
+OptimOptions plain_sgd() {
+  OptimOptions oo;
+  oo.name = "sgd";
+  oo.momentum = 0;
+  oo.lr = 0.1;
+  oo.warmup_steps = 0;
+  oo.schedule = "constant";
+  oo.grad_clip = 0;
+  return oo;
 }
 
 void expect_bitwise(const TensorMap& a, const TensorMap& b, const std::string& what) {
@@ -152,13 +169,7 @@ TEST(Trainer, TornCheckpointLeavesThePreviousOneLoadable) {
 }
 
 TEST(Trainer, AccumulationEqualsOneLargeBatch) {
-  OptimOptions oo;
-  oo.name = "sgd";
-  oo.momentum = 0;
-  oo.lr = 0.1;
-  oo.warmup_steps = 0;
-  oo.schedule = "constant";
-  oo.grad_clip = 0;
+  const OptimOptions oo = plain_sgd();
   auto obj_a = std::make_shared<RegressionObjective>(-1, /*noisy=*/false);
   auto ta = topts(1);
   ta.accumulation = 4;
@@ -171,6 +182,49 @@ TEST(Trainer, AccumulationEqualsOneLargeBatch) {
   EXPECT_LT((wa - wb).abs().max().item<double>(), 1e-6);
   auto w0 = RegressionObjective(-1, false).m_->lin->weight;
   EXPECT_GT((wa - w0).abs().max().item<double>(), 1e-3);  // it moved
+}
+
+TEST(Trainer, CpuBfloat16AutocastRunsTheForwardInBfloat16AndKeepsFloat32Parameters) {
+  const OptimOptions oo = plain_sgd();
+  auto run = [&](const std::string& mode, const std::string& dir) {
+    auto obj = std::make_shared<RegressionObjective>(-1, /*noisy=*/false);
+    auto t = topts(1);
+    t.autocast = mode;
+    Trainer tr(obj, loader(20, false), oo, t, fresh_dir(dir), 0);
+    tr.fit();
+    return obj;
+  };
+  auto off = run("off", "ac_off");
+  auto bf = run("bfloat16", "ac_bf16");
+  auto fp = run("auto", "ac_auto");  // auto is fp32 on the CPU
+  EXPECT_EQ(off->forward_dtype, at::kFloat);
+  EXPECT_EQ(fp->forward_dtype, at::kFloat);
+  EXPECT_EQ(bf->forward_dtype, at::kBFloat16);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));  // restored after the step
+#else
+  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+#endif
+  const auto wb = bf->m_->lin->weight, wo = off->m_->lin->weight, w0 = RegressionObjective(-1, false).m_->lin->weight;
+  EXPECT_EQ(wb.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(wo, fp->m_->lin->weight));
+  // One SGD step of 0.1: bf16's 8-bit mantissa moves the update by about 2^-8 of it, not more.
+  const double step = (wo - w0).abs().max().item<double>(), diff = (wb - wo).abs().max().item<double>();
+  EXPECT_GT(step, 1e-2);
+  EXPECT_GT(diff, 0.0) << "autocast did not change the forward";
+  EXPECT_LT(diff, 0.05 * step);
+  printf("bf16 autocast: update %.4g, max |bf16 - fp32| %.3g\n", step, diff);
+}
+
+TEST(Trainer, Float16AutocastOnTheCpuIsRefusedByName) {
+  auto t = topts(1);
+  t.autocast = "float16";
+  try {
+    Trainer tr(std::make_shared<RegressionObjective>(), loader(5), OptimOptions{}, t, fresh_dir("ac_f16"), 0);
+    FAIL() << "no error";
+  } catch (const dew::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("trainer.autocast: float16 runs on CUDA only"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Trainer, NonFiniteLossIsSkippedAndCounted) {
