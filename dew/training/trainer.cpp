@@ -35,6 +35,22 @@ struct SignalScope {
   }
 };
 
+// One place for LibTorch's two autocast APIs (per device type from 2.4, per device kind before).
+void set_autocast(c10::DeviceType type, bool enabled, at::ScalarType dtype) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  if (enabled) at::autocast::set_autocast_dtype(type, dtype);
+  at::autocast::set_autocast_enabled(type, enabled);
+#else
+  if (type == c10::kCUDA) {
+    if (enabled) at::autocast::set_autocast_gpu_dtype(dtype);
+    at::autocast::set_enabled(enabled);
+  } else {
+    if (enabled) at::autocast::set_autocast_cpu_dtype(dtype);
+    at::autocast::set_cpu_enabled(enabled);
+  }
+#endif
+}
+
 // Mixed precision of the forward (SPEC section 2: bf16 by default on CUDA). On the CPU only when asked
 // (`bfloat16`, as torch.autocast("cpu")): measured no faster there (docs/benchmarks.md). Restores the previous
 // autocast state at scope exit.
@@ -43,31 +59,12 @@ struct AutocastScope {
   bool on = false;
   AutocastScope(const std::string& mode, const c10::Device& device) : type(device.type()) {
     if (mode == "off" || (mode == "auto" && !device.is_cuda())) return;
-    const auto dtype = mode == "float16" ? at::kHalf : at::kBFloat16;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_dtype(type, dtype);
-    at::autocast::set_autocast_enabled(type, true);
-#else
-    if (device.is_cuda()) {
-      at::autocast::set_autocast_gpu_dtype(dtype);
-      at::autocast::set_enabled(true);
-    } else {
-      at::autocast::set_autocast_cpu_dtype(dtype);
-      at::autocast::set_cpu_enabled(true);
-    }
-#endif
+    set_autocast(type, true, mode == "float16" ? at::kHalf : at::kBFloat16);
     on = true;
   }
   ~AutocastScope() {
     if (!on) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(type, false);
-#else
-    if (type == c10::kCUDA)
-      at::autocast::set_enabled(false);
-    else
-      at::autocast::set_cpu_enabled(false);
-#endif
+    set_autocast(type, false, at::kBFloat16);
     at::autocast::clear_cache();
   }
 };
