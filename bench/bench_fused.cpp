@@ -8,7 +8,10 @@
 //   few-rows linear (a decoding step, 1 row, 256 -> 768, no gradient) forward
 //   channel shift (unet's time embedding added to 32 x 32 x 28 x 28) forward + backward
 //   Adam(W) update, EMA update, sum of squares (1M float32 parameters) one pass each
-// Args: intra-op threads (1, 2) and, for attention, tokens and head width.
+//   Winograd 3 x 3 convolution (dew/nn/winograd.h) at the unet's shapes, batch 32, channels-last
+//                                                                 forward alone, or forward + backward (dx, dw, db)
+// Args: intra-op threads (1, 2) and, for attention, tokens and head width; for the convolution, input and
+// output channels, the image side and 1 for a training step (0: forward without gradients).
 //   OPENBLAS_NUM_THREADS=1 build/dew_microbench --benchmark_filter=Fused
 #include <benchmark/benchmark.h>
 
@@ -17,6 +20,7 @@
 #include "dew/core/error.h"
 #include "dew/nn/attention.h"
 #include "dew/nn/fused.h"
+#include "dew/nn/winograd.h"
 
 namespace {
 
@@ -222,6 +226,28 @@ void BM_FusedSumOfSquares(benchmark::State& state, std::string isa) {
   state.SetItemsProcessed(state.iterations() * kParameters);
 }
 
+// A 3 x 3 convolution (stride 1, padding 1) of 32 channels-last images: oneDNN's direct convolution
+// through at::conv2d ("aten") against conv3x3_winograd, as dew::nn::conv() would choose between them.
+void BM_WinogradConv(benchmark::State& state, std::string isa) {
+  if (!use_isa(state, isa)) return;
+  at::set_num_threads(static_cast<int>(state.range(0)));
+  const int64_t C = state.range(1), O = state.range(2), S = state.range(3);
+  const bool train = state.range(4) == 1, winograd = !isa.empty();
+  torch::manual_seed(0);
+  Tensor x = torch::randn({32, C, S, S}).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(train);
+  Tensor w = (torch::randn({O, C, 3, 3}) * 0.05).requires_grad_(train), b = torch::zeros({O}).requires_grad_(train);
+  Tensor g = torch::randn({32, O, S, S}).contiguous(at::MemoryFormat::ChannelsLast);
+  for (auto _ : state) {
+    Tensor y = winograd ? dew::nn::conv3x3_winograd(x, w, b) : at::conv2d(x, w, b, 1, 1);
+    if (train) {
+      y.backward(g);
+      for (Tensor* t : {&x, &w, &b}) t->mutable_grad().reset();
+    }
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.SetItemsProcessed(state.iterations() * 32 * S * S);
+}
+
 // Each fused benchmark for ATen ("aten", isa "") and every ISA.
 #define DEW_FUSED_ISAS(fn, args)                                                         \
   BENCHMARK_CAPTURE(fn, aten, std::string()) args->Unit(benchmark::kMillisecond);        \
@@ -238,6 +264,11 @@ DEW_FUSED_ISAS(BM_FusedChannelShift, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedAdamW, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedEma, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedSumOfSquares, DEW_THREADS);
+// unet's 3 x 3 convolutions: 32 -> 32 at 28 x 28, 64 -> 64 and 128 -> 64 at 14 x 14, 96 -> 32 at 28 x 28.
+DEW_FUSED_ISAS(BM_WinogradConv, ->ArgsProduct({{1, 2}, {32}, {32}, {28}, {0, 1}})
+                                    ->ArgsProduct({{1, 2}, {64}, {64}, {14}, {0, 1}})
+                                    ->ArgsProduct({{2}, {128}, {64}, {14}, {1}})
+                                    ->ArgsProduct({{2}, {96}, {32}, {28}, {1}}));
 DEW_FUSED_ISAS(BM_FusedRmsNorm, ->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args({2, 1}));
 DEW_FUSED_ISAS(BM_FusedRope, DEW_THREADS);
 BENCHMARK_CAPTURE(BM_FewRowsLinear, aten, false) DEW_THREADS->Unit(benchmark::kMicrosecond);

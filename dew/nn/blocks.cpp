@@ -7,6 +7,7 @@
 
 #include "dew/core/error.h"
 #include "dew/nn/fused.h"
+#include "dew/nn/winograd.h"
 
 namespace dew::nn {
 
@@ -59,19 +60,36 @@ Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale) {
   return at::addcmul(shift.unsqueeze(1), x, 1 + scale.unsqueeze(1));
 }
 
+namespace {
+
+// Whether a Conv2d's padding is one pixel on every side for a 3 x 3 kernel: explicit {1, 1}, or "same".
+// A visitor found by argument-dependent lookup reads the variant, which is c10's in LibTorch 1.13 and
+// std's in 2.x.
+struct PadsOne {
+  bool operator()(const torch::ExpandingArray<2>& p) const { return (*p)[0] == 1 && (*p)[1] == 1; }
+  bool operator()(const torch::enumtype::kSame&) const { return true; }
+  bool operator()(const torch::enumtype::kValid&) const { return false; }
+};
+
+// A 3 x 3 convolution with stride 1, padding 1, no dilation and no groups: what conv3x3_winograd computes.
+bool same_size_3x3(const torch::nn::detail::ConvNdOptions<2>& o) {
+  const auto &k = *o.kernel_size(), &s = *o.stride(), &d = *o.dilation();
+  return k[0] == 3 && k[1] == 3 && s[0] == 1 && s[1] == 1 && d[0] == 1 && d[1] == 1 && o.groups() == 1 &&
+         visit(PadsOne{}, o.padding());
+}
+
+}  // namespace
+
 Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer) {
   const auto& o = layer->options;
-  // The padding variant is passed through untouched (c10::variant in 1.13, std::variant in 2.x).
   DEW_CHECK(torch::enumtype::get_enum_name(o.padding_mode()) == "kZeros", "conv: only zero padding is supported");
   const auto dt = x.scalar_type();
-  const Tensor& b = layer->bias;
+  const Tensor w = layer->weight.to(dt);
+  const Tensor b = layer->bias.defined() ? layer->bias.to(dt) : layer->bias;
+  if (same_size_3x3(o) && winograd_conv_preferred() && winograd_conv_applies(x, w, b)) return conv3x3_winograd(x, w, b);
+  // The padding variant is passed through untouched.
   namespace F = torch::nn::functional;
-  return F::conv2d(x, layer->weight.to(dt), F::Conv2dFuncOptions()
-                                                .bias(b.defined() ? b.to(dt) : b)
-                                                .stride(o.stride())
-                                                .padding(o.padding())
-                                                .dilation(o.dilation())
-                                                .groups(o.groups()));
+  return F::conv2d(x, w, F::Conv2dFuncOptions().bias(b).stride(o.stride()).padding(o.padding()).dilation(o.dilation()).groups(o.groups()));
 }
 
 Tensor group_norm_fp32(const Tensor& x, const torch::nn::GroupNorm& layer) {

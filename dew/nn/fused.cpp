@@ -13,8 +13,10 @@
 #include <cstring>
 
 #include "dew/core/error.h"
+#include "dew/nn/autograd_detail.h"
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define DEW_SIMD_X86 1  // the kernels' intrinsics (dew/nn/simd.inc)
 #include <immintrin.h>
 #endif
 
@@ -25,31 +27,30 @@ namespace dew::nn {
 
 // ---- the kernels, compiled once per instruction set ----
 namespace kernels {
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define DEW_FUSED_X86 1
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx2,fma")
-#define DEW_FUSED_AVX512 1
-namespace avx512 {
-#include "dew/nn/fused_kernels.inc"
-}
-#undef DEW_FUSED_AVX512
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#define DEW_FUSED_AVX2 1
-namespace avx2 {
-#include "dew/nn/fused_kernels.inc"
-}
-#undef DEW_FUSED_AVX2
-#pragma GCC pop_options
-#endif
-namespace base {
-#include "dew/nn/fused_kernels.inc"
-}
+#define DEW_SIMD_KERNELS "dew/nn/fused_kernels.inc"
+#include "dew/nn/simd_variants.inc"
+#undef DEW_SIMD_KERNELS
 }  // namespace kernels
 
+torch::autograd::variable_list detail::composite_grads(const Tensor& y, const std::vector<Tensor>& inputs,
+                                                       size_t n, const Tensor& grad, size_t total) {
+  torch::autograd::variable_list out(total);
+  std::vector<Tensor> wrt;
+  std::vector<size_t> slot;
+  for (size_t i = 0; i < n; ++i)
+    if (inputs[i].numel() > 0 && inputs[i].requires_grad()) {
+      wrt.push_back(inputs[i]);
+      slot.push_back(i);
+    }
+  if (wrt.empty()) return out;
+  auto g = torch::autograd::grad({y}, wrt, {grad}, /*retain_graph=*/true, /*create_graph=*/true);
+  for (size_t j = 0; j < slot.size(); ++j) out[slot[j]] = g[j];
+  return out;
+}
+
 namespace {
+
+using detail::composite_grads;
 
 struct KernelSet {
   const char* isa;
@@ -86,7 +87,7 @@ struct KernelSet {
   }
 
 bool cpu_has(const std::string& isa) {
-#ifdef DEW_FUSED_X86
+#ifdef DEW_SIMD_X86
   __builtin_cpu_init();
   if (isa == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -95,7 +96,7 @@ bool cpu_has(const std::string& isa) {
 }
 
 KernelSet kernel_set(const std::string& isa) {
-#ifdef DEW_FUSED_X86
+#ifdef DEW_SIMD_X86
   if (isa == "avx512") return DEW_KERNEL_SET(avx512);
   if (isa == "avx2") return DEW_KERNEL_SET(avx2);
 #endif
@@ -133,25 +134,6 @@ Tensor dense_storage(const Tensor& t) { return t.is_non_overlapping_and_dense() 
 Tensor same_strides(const Tensor& t, const Tensor& like) {
   if (t.strides() == like.strides()) return t;
   return at::empty_like(like).copy_(t);
-}
-
-// For a create_graph backward: the gradients of the composite `y` (rebuilt from the saved inputs, in grad
-// mode) with respect to those of inputs[0..n) that require grad, so the result is itself differentiable.
-// Slots of the other inputs (and of the `total - n` non-tensor arguments) stay undefined.
-torch::autograd::variable_list composite_grads(const Tensor& y, const std::vector<Tensor>& inputs, size_t n,
-                                               const Tensor& grad, size_t total) {
-  torch::autograd::variable_list out(total);
-  std::vector<Tensor> wrt;
-  std::vector<size_t> slot;
-  for (size_t i = 0; i < n; ++i)
-    if (inputs[i].numel() > 0 && inputs[i].requires_grad()) {
-      wrt.push_back(inputs[i]);
-      slot.push_back(i);
-    }
-  if (wrt.empty()) return out;
-  auto g = torch::autograd::grad({y}, wrt, {grad}, /*retain_graph=*/true, /*create_graph=*/true);
-  for (size_t j = 0; j < slot.size(); ++j) out[slot[j]] = g[j];
-  return out;
 }
 
 // ---- GELU ----

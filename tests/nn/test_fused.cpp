@@ -11,25 +11,16 @@
 #include "dew/nn/attention.h"
 #include "dew/nn/fused.h"
 #include "tests/nn/backbone_checks.h"
+#include "tests/nn/isa_util.h"
 #include "tests/test_util.h"
 
 namespace {
 
 using at::Tensor;
 using dew::test::error_of;
+using dew::test::IsaGuard;
+using dew::test::runnable_isas;
 using dew::test::max_diff;
-
-// The variants this CPU runs; the widest is restored when the guard leaves scope.
-std::vector<std::string> runnable_isas() {
-  std::vector<std::string> out;
-  for (const char* isa : {"avx512", "avx2", "base"})
-    if (error_of([&] { dew::nn::set_fused_kernel_isa(isa); }).empty()) out.push_back(isa);
-  return out;
-}
-struct IsaGuard {
-  std::string saved = dew::nn::fused_kernel_isa();
-  ~IsaGuard() { dew::nn::set_fused_kernel_isa(saved); }
-};
 
 TEST(Fused, GeluTanhHandValues) {
   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) evaluated in double by hand.
