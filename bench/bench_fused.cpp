@@ -79,8 +79,8 @@ void BM_FusedGroupNormSiluChannelsLast(benchmark::State& state, std::string isa)
   BM_FusedGroupNormSilu(state, isa, true);
 }
 
-// softmax(q k^T / sqrt(D)) v, forward + backward for q, k, v: simple_dit's 32 x 4 heads x 49 tokens x 32
-// and the most keys it takes, 128 (head 16).
+// softmax(q k^T / sqrt(D)) v, forward + backward for q, k, v: simple_dit's 32 x 4 heads x 49 tokens x 32,
+// the most keys it takes, 128 (head 16), and unet_attn's 196 tokens (14 x 14) of head 16.
 void BM_FusedAttention(benchmark::State& state, std::string isa) {
   if (!use_isa(state, isa)) return;
   at::set_num_threads(static_cast<int>(state.range(0)));
@@ -256,7 +256,8 @@ void BM_WinogradConv(benchmark::State& state, std::string isa) {
   BENCHMARK_CAPTURE(fn, base, std::string("base")) args->Unit(benchmark::kMillisecond)
 
 #define DEW_THREADS ->Arg(1)->Arg(2)
-DEW_FUSED_ISAS(BM_FusedAttention, ->Args({1, 49, 32})->Args({2, 49, 32})->Args({1, 128, 16})->Args({2, 128, 16}));
+DEW_FUSED_ISAS(BM_FusedAttention, ->Args({1, 49, 32})->Args({2, 49, 32})->Args({1, 128, 16})->Args({2, 128, 16})
+                                      ->Args({1, 196, 16})->Args({2, 196, 16})->Args({2, 512, 64})->Args({2, 256, 128}));
 DEW_FUSED_ISAS(BM_FusedGeluTanh, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedGroupNormSiluNchw, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedGroupNormSiluChannelsLast, DEW_THREADS);

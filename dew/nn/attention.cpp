@@ -173,7 +173,7 @@ Tensor attention_checked(const Tensor& q, const Tensor& k, const Tensor& v, cons
     // Without sdpa (LibTorch 1.x), small unmasked float32 attention on the CPU runs the fused kernel.
     if (sdpa_available()) {
       out = attention_sdpa(q, k, v, mask.mask);
-    } else if (!mask.defined() && fused_attention_applies(q, k, v) && fused_attention_preferred()) {
+    } else if (!mask.defined() && fused_attention_applies(q, k, v) && fused_attention_preferred(k.size(2))) {
       out = fused_attention(q, k, v);
     } else {
       out = reference_with_bias(q, k, v, mask.bias, force_fp32_for_softmax);

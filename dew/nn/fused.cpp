@@ -442,7 +442,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto& kern = active();
     const float *qp = q.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
     float *op = o.data_ptr<float>(), *pp = p.data_ptr<float>();
-    const int64_t scratch = (D + 1) * ((Sk + 15) / 16 * 16);  // transposed matrix + row, padded for any variant
+    const int64_t scratch = D * ((Sk + 15) / 16 * 16);  // the transposed keys, padded for any variant
     parallel(B * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> buf(scratch);
       for (int64_t bh = begin; bh < end; ++bh) {
@@ -473,7 +473,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
            dv = heads_last(B, H, Sk, D, q.options());
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     const auto& kern = active();
-    const int64_t scratch = (D + 1) * ((Sk + 15) / 16 * 16);  // transposed matrix + row, padded for any variant
+    const int64_t scratch = D * ((Sk + 15) / 16 * 16) + Sq * Sk;  // the transposed values, padded; dS
     parallel(B * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> buf(scratch);
       for (int64_t bh = begin; bh < end; ++bh) {
@@ -786,15 +786,17 @@ Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 
 bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) {
   return fused_kernels_apply(q) && fused_kernels_apply(k) && fused_kernels_apply(v) && q.dim() == 4 &&
-         k.dim() == 4 && v.dim() == 4 && k.size(2) <= kFusedAttentionMaxKeys && q.numel() > 0 && k.numel() > 0 &&
+         k.dim() == 4 && v.dim() == 4 && q.numel() > 0 && k.numel() > 0 &&
          q.sizes() == at::IntArrayRef({k.size(0), k.size(1), q.size(2), k.size(3)}) && v.sizes() == k.sizes();
 }
 
-bool fused_attention_preferred() { return std::strcmp(active().isa, "base") != 0; }
+bool fused_attention_preferred(int64_t keys) {
+  return std::strcmp(active().isa, "base") != 0 && keys <= kFusedAttentionMaxKeys;
+}
 
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
-  DEW_CHECK(fused_attention_applies(q, k, v), "fused_attention: needs float32 CPU q [B, H, Sq, D] and k, v [B, H, Sk, D] "
-            "with Sk <= ", kFusedAttentionMaxKeys, ", got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  DEW_CHECK(fused_attention_applies(q, k, v), "fused_attention: needs float32 CPU q [B, H, Sq, D] and k, v [B, H, Sk, D]"
+            ", got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   return AttentionFunction::apply(q, k, v);
 }
 

@@ -55,20 +55,19 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, double offset
 /// and tables that need no gradient; the ATen composite otherwise. The output has x's layout.
 Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
-/// softmax(q k^T / sqrt(D)) v without a mask, for float32 CPU q: [B, H, Sq, D], k, v: [B, H, Sk, D] with
-/// Sk <= kFusedAttentionMaxKeys (check fused_attention_applies; dew::Error otherwise). One pass per
-/// (batch, head) over rows that may be strided views (the heads of a fused qkv projection); the output is
-/// [B, H, Sq, D] laid out as [B, Sq, H, D], so merging the heads back is free. Saves the probabilities,
-/// as the composite does.
+/// softmax(q k^T / sqrt(D)) v without a mask, for float32 CPU q: [B, H, Sq, D], k, v: [B, H, Sk, D] (check
+/// fused_attention_applies; dew::Error otherwise). One pass per (batch, head) over rows that may be strided
+/// views (the heads of a fused qkv projection); the output is [B, H, Sq, D] laid out as [B, Sq, H, D], so
+/// merging the heads back is free. Saves the probabilities, as the composite does.
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v);
-/// Whether attention() should take the fused kernel where it applies: false on the SSE2-only variant
-/// ("base"), measured slower than the composite there at 128 keys and at one thread (docs/benchmarks.md,
-/// "Every fused kernel on every instruction set").
-bool fused_attention_preferred();
-/// Above this many keys the blocked GEMMs of the composite win (measured: faster at 49 keys, slower at
-/// 196; build/dew_microbench --benchmark_filter=Attention); attention() keeps the composite there.
-constexpr int64_t kFusedAttentionMaxKeys = 128;
+/// Whether attention() should take the fused kernel for `keys` keys where it applies: not on the SSE2-only
+/// variant ("base"), measured slower than the composite there at 128 keys and at one thread
+/// (docs/benchmarks.md, "Every fused kernel on every instruction set"), nor above kFusedAttentionMaxKeys.
+bool fused_attention_preferred(int64_t keys);
+/// The most keys attention() gives the fused kernel: measured faster than the composite up to here (49 to
+/// 512 keys, heads of 16 to 128; build/dew_microbench --benchmark_filter=Attention), not measured beyond.
+constexpr int64_t kFusedAttentionMaxKeys = 512;
 
 /// at::linear(x, weight, bias) (x: [..., K], weight: [N, K]) with the rows of x split into one block per
 /// intra-op thread, each block's GEMM run single-threaded on its thread, forward and backward (dW split

@@ -46,13 +46,13 @@ struct WinoKernels {
   decltype(&wino_kernels::base::wino_input) input;
   decltype(&wino_kernels::base::wino_grad_tiles) grad_tiles;
   decltype(&wino_kernels::base::wino_output) output;
-  decltype(&wino_kernels::base::wino_gemm) gemm;
+  decltype(&wino_kernels::base::small_gemm) gemm;
 };
 
 #define DEW_WINO_SET(NS)                                                                                     \
   WinoKernels {                                                                                              \
     wino_kernels::NS::wino_input, wino_kernels::NS::wino_grad_tiles, wino_kernels::NS::wino_output,         \
-        wino_kernels::NS::wino_gemm                                                                          \
+        wino_kernels::NS::small_gemm                                                                          \
   }
 
 // The variant of the fused kernels' instruction set (fused_kernel_isa(), which tests switch).
@@ -196,7 +196,7 @@ bool winograd_conv_applies(const Tensor& x, const Tensor& weight, const Tensor& 
   return x.is_contiguous(at::MemoryFormat::ChannelsLast) && !autocast_cpu_enabled();
 }
 
-bool winograd_conv_preferred() { return fused_kernel_isa() == "avx2"; }
+bool winograd_conv_preferred() { return fused_kernel_isa() != "avx512"; }
 
 Tensor conv3x3_winograd(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   DEW_CHECK(winograd_conv_applies(x, weight, bias), "conv3x3_winograd: needs float32 CPU x [N, C, H, W] in channels-last "

@@ -256,9 +256,9 @@ TEST(Fused, AttentionMatchesTheFloat64DefinitionOnEveryIsa) {
   struct Case {
     int64_t B, H, Sq, Sk, D;
   };
-  // simple_dit's shape (49 tokens, head 32), the most keys it takes (128, head 16), cross-attention shapes
+  // simple_dit's shape (49 tokens, head 32), unet_attn's (196 tokens, head 16), cross-attention shapes
   // with Sq != Sk, a head size that is not a whole vector, and a single key.
-  const std::vector<Case> cases{{2, 4, 49, 49, 32}, {1, 2, 100, 128, 16}, {2, 3, 5, 17, 64},
+  const std::vector<Case> cases{{2, 4, 49, 49, 32}, {1, 2, 100, 128, 16}, {1, 2, 60, 196, 16}, {2, 3, 5, 17, 64},
                                 {1, 2, 7, 3, 24},   {1, 1, 4, 1, 8}};
   for (const auto& isa : runnable_isas()) {
     dew::nn::set_fused_kernel_isa(isa);
@@ -293,8 +293,9 @@ TEST(Fused, AttentionAutoUsesItOnlyWhereItApplies) {
   Tensor mask = torch::rand({2, 9}) > 0.3;
   EXPECT_TRUE(torch::equal(dew::nn::attention(q, k, v, mask, "auto"), dew::nn::attention(q, k, v, mask, "reference")));
   EXPECT_FALSE(dew::nn::fused_attention_applies(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble)));
-  Tensor kl = torch::randn({1, 1, dew::nn::kFusedAttentionMaxKeys + 1, 4});
-  EXPECT_FALSE(dew::nn::fused_attention_applies(torch::randn({1, 1, 2, 4}), kl, kl));
+  EXPECT_FALSE(dew::nn::fused_attention_preferred(dew::nn::kFusedAttentionMaxKeys + 1));
+  Tensor kl = torch::randn({1, 1, dew::nn::kFusedAttentionMaxKeys + 1, 4}), ql = torch::randn({1, 1, 2, 4});
+  EXPECT_TRUE(torch::equal(dew::nn::attention(ql, kl, kl, {}, "auto"), dew::nn::attention(ql, kl, kl, {}, "reference")));
   EXPECT_NE(error_of([&] { dew::nn::fused_attention(q.to(at::kDouble), k, v); }).find("needs float32 CPU"),
             std::string::npos);
 }
