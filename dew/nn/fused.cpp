@@ -790,9 +790,7 @@ bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) 
          q.sizes() == at::IntArrayRef({k.size(0), k.size(1), q.size(2), k.size(3)}) && v.sizes() == k.sizes();
 }
 
-bool fused_attention_preferred(int64_t keys) {
-  return std::strcmp(active().isa, "base") != 0 && keys <= kFusedAttentionMaxKeys;
-}
+bool fused_attention_preferred(int64_t keys) { return keys <= kFusedAttentionMaxKeys; }
 
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   DEW_CHECK(fused_attention_applies(q, k, v), "fused_attention: needs float32 CPU q [B, H, Sq, D] and k, v [B, H, Sk, D]"

@@ -61,9 +61,10 @@ Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin);
 /// merging the heads back is free. Saves the probabilities, as the composite does.
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v);
-/// Whether attention() should take the fused kernel for `keys` keys where it applies: not on the SSE2-only
-/// variant ("base"), measured slower than the composite there at 128 keys and at one thread
-/// (docs/benchmarks.md, "Every fused kernel on every instruction set"), nor above kFusedAttentionMaxKeys.
+/// Whether attention() should take the fused kernel for `keys` keys where it applies: up to
+/// kFusedAttentionMaxKeys, on every instruction set (measured faster than the composite with AVX2 and on the
+/// SSE2 variant against ATen's default kernels: docs/benchmarks.md, "Winograd convolutions and attention as
+/// small GEMMs").
 bool fused_attention_preferred(int64_t keys);
 /// The most keys attention() gives the fused kernel: measured faster than the composite up to here (49 to
 /// 512 keys, heads of 16 to 128; build/dew_microbench --benchmark_filter=Attention), not measured beyond.

@@ -26,9 +26,9 @@ using at::Tensor;
 bool winograd_conv_applies(const Tensor& x, const Tensor& weight, const Tensor& bias);
 /// Whether dew::nn::conv() takes it where it applies, by the fused kernels' instruction set
 /// (fused_kernel_isa()), as measured against oneDNN's direct convolutions (docs/benchmarks.md, "Winograd
-/// convolutions"): yes with AVX2 (1.4-2x a training step's convolution) and on the SSE2 variant (2-3.6x
-/// oneDNN capped at SSE4.1, what a CPU without AVX2 runs); not with AVX-512, where it has not been measured
-/// against oneDNN's AVX-512 kernels.
+/// convolutions and attention as small GEMMs"): yes with AVX2 (1.4-2x a training step's convolution) and
+/// on the SSE2 variant (2-3.6x oneDNN capped at SSE4.1, what a CPU without AVX2 runs); not with AVX-512,
+/// where it has not been measured against oneDNN's AVX-512 kernels.
 bool winograd_conv_preferred();
 /// at::conv2d(x, weight, bias, /*stride=*/1, /*padding=*/1) for operands where winograd_conv_applies
 /// (dew::Error otherwise): x [N, C, H, W] -> [N, O, H, W], channels-last. Differentiable in x, weight and
