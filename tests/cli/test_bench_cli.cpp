@@ -41,11 +41,11 @@ bool have_python_torch() { return std::system("/usr/bin/python3 -c 'import torch
 constexpr int64_t kSdUnetParams = 4399684;
 constexpr int64_t kSdVaeParams = 5120039;
 
-// A diffusers v0.34.0 source tree the SD peer can import (CI has none): $DEW_DIFFUSERS_SRC or the default.
+// A diffusers v0.34.0 source tree the SD peer can import (CI has none): $DEW_DIFFUSERS_SRC or the default,
+// asked of the peer itself (`sd_peer.py --probe`), so a checkout whose imports fail here skips too.
 bool have_diffusers() {
-  const char* env = std::getenv("DEW_DIFFUSERS_SRC");
-  const std::string src = env && *env ? env : "/tmp/diffusers_src/src";
-  return have_python_torch() && std::system(("test -f '" + src + "/diffusers/__init__.py'").c_str()) == 0;
+  return have_python_torch() &&
+         std::system("/usr/bin/python3 " DEW_SOURCE_DIR "/bench/sd_peer.py --probe >/dev/null 2>&1") == 0;
 }
 
 constexpr int64_t kPostTrainingParams = 257 * 128 + 4 * (4 * 128 * 128 + 3 * 128 * 384 + 2 * 128 + 2 * 32) + 128;
@@ -168,7 +168,7 @@ TEST(BenchCli, SdRunsWithoutThePeer) {
 TEST(BenchCli, SdRunsBothSidesWithDiffusers) {
   // Against the real diffusers classes (bench/sd_peer.py refuses to run unless its model has the C++ model's
   // parameter count). Needs a diffusers v0.34.0 checkout: skipped in CI.
-  if (!have_diffusers()) GTEST_SKIP() << "no diffusers checkout (DEW_DIFFUSERS_SRC or /tmp/diffusers_src/src)";
+  if (!have_diffusers()) GTEST_SKIP() << "no importable diffusers checkout (DEW_DIFFUSERS_SRC or /tmp/diffusers_src/src)";
   auto r = run_dew("bench --models sd_unet,sd_vae --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("peer: unavailable"), std::string::npos) << r.output;
