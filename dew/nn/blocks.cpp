@@ -92,6 +92,14 @@ Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer) {
   return F::conv2d(x, w, F::Conv2dFuncOptions().bias(b).stride(o.stride()).padding(o.padding()).dilation(o.dilation()).groups(o.groups()));
 }
 
+Tensor cpu_channels_last(const Tensor& x) {
+  if (x.dim() != 4 || !x.device().is_cpu() || x.scalar_type() != at::kFloat) return x;
+  const auto n = x.sizes();
+  const std::vector<int64_t> nhwc{n[1] * n[2] * n[3], 1, n[3] * n[1], n[1]};
+  if (x.strides() == at::IntArrayRef(nhwc)) return x;
+  return at::empty(n, x.options().memory_format(at::MemoryFormat::ChannelsLast)).copy_(x);
+}
+
 Tensor group_norm_fp32(const Tensor& x, const torch::nn::GroupNorm& layer) {
   const auto& o = layer->options;
   const auto dt = norm_dtype(x);

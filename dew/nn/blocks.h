@@ -45,6 +45,11 @@ Tensor layer_norm_affine(const Tensor& x, const torch::nn::LayerNorm& ln);
 Tensor modulate(const Tensor& x, const Tensor& shift, const Tensor& scale);
 /// conv2d with the module's parameters cast to x's dtype (padding and stride from its options).
 Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer);
+/// x: [B, C, H, W] with channels-last (NHWC) strides when it is a float32 CPU tensor, else x itself. On the
+/// CPU the convolutional networks run that way: oneDNN's convolutions and the Winograd path (conv()) take
+/// it, the fused GroupNorm + SiLU reads it natively, and a [B, H W, C] token view needs no copy. Strides are
+/// set even for one channel, where contiguous(ChannelsLast) would keep NCHW's (convolutions then return NCHW).
+Tensor cpu_channels_last(const Tensor& x);
 /// GroupNorm computed in fp32 with the module's affine parameters, returned in x's dtype.
 Tensor group_norm_fp32(const Tensor& x, const torch::nn::GroupNorm& layer);
 /// activation(group_norm_fp32(x + shift, layer), act) with shift: [B, C] broadcast over the positions

@@ -149,11 +149,13 @@ VaeEncoderImpl::VaeEncoderImpl(const AutoencoderKLOptions& o) : remat(o.remat())
   conv_out = register_module("conv_out", same_conv2d(ch.back(), 2 * o.latent_channels(), 3));
 }
 
+// Both halves run channels-last on the CPU in float32 (cpu_channels_last), so their 3 x 3 convolutions
+// take the Winograd path; the output is returned contiguous.
 Tensor VaeEncoderImpl::forward(const Tensor& x) {
-  Tensor h = conv(x, conv_in);
+  Tensor h = cpu_channels_last(conv(cpu_channels_last(x), conv_in));
   for (auto& b : down_blocks) h = run_block(b, h, remat);
   h = run_block(mid_block, h, remat);
-  return conv(group_norm_act(h, conv_norm_out, "silu"), conv_out);
+  return conv(group_norm_act(h, conv_norm_out, "silu"), conv_out).contiguous();
 }
 
 VaeDecoderImpl::VaeDecoderImpl(const AutoencoderKLOptions& o) : remat(o.remat()) {
@@ -174,10 +176,10 @@ VaeDecoderImpl::VaeDecoderImpl(const AutoencoderKLOptions& o) : remat(o.remat())
 }
 
 Tensor VaeDecoderImpl::forward(const Tensor& z) {
-  Tensor h = conv(z, conv_in);
+  Tensor h = cpu_channels_last(conv(cpu_channels_last(z), conv_in));
   h = run_block(mid_block, h, remat);
   for (auto& b : up_blocks) h = run_block(b, h, remat);
-  return conv(group_norm_act(h, conv_norm_out, "silu"), conv_out);
+  return conv(group_norm_act(h, conv_norm_out, "silu"), conv_out).contiguous();
 }
 
 // ---- AutoencoderKL ----
