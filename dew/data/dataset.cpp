@@ -368,6 +368,40 @@ struct Slot {
 
 }  // namespace
 
+namespace {
+
+bool resized_crop_on(const LoaderOptions& o) { return o.crop_scale != std::pair<double, double>{1.0, 1.0}; }
+
+}  // namespace
+
+CropBox random_resized_crop_box(int64_t height, int64_t width, std::pair<double, double> scale,
+                                std::pair<double, double> ratio, const std::function<uint32_t()>& draw) {
+  auto uniform = [&](double lo, double hi) { return lo + (hi - lo) * (double(draw()) / 4294967296.0); };
+  // std::nearbyint rounds half to even, as Python's round() does in torchvision.
+  auto round_int = [](double v) { return int64_t(std::nearbyint(v)); };
+  const double area = double(height) * double(width);
+  const double log_lo = std::log(ratio.first), log_hi = std::log(ratio.second);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const double target_area = area * uniform(scale.first, scale.second);
+    const double aspect = std::exp(uniform(log_lo, log_hi));
+    const int64_t w = round_int(std::sqrt(target_area * aspect));
+    const int64_t h = round_int(std::sqrt(target_area / aspect));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      const int64_t top = int64_t(draw() % uint32_t(height - h + 1));
+      const int64_t left = int64_t(draw() % uint32_t(width - w + 1));
+      return {top, left, h, w};
+    }
+  }
+  const double in_ratio = double(width) / double(height);
+  int64_t w = width, h = height;
+  if (in_ratio < ratio.first) {
+    h = round_int(double(w) / ratio.first);
+  } else if (in_ratio > ratio.second) {
+    w = round_int(double(h) * ratio.second);
+  }
+  return {(height - h) / 2, (width - w) / 2, h, w};
+}
+
 struct DataLoader::Impl {
   std::shared_ptr<const TensorDataset> ds;
   LoaderOptions o;
@@ -415,18 +449,30 @@ struct DataLoader::Impl {
   }
 
   void augment(Batch& b, const Ticket& t) const {
-    if (!o.hflip && o.crop_padding == 0) return;
+    const bool resized_crop = resized_crop_on(o);
+    if (!o.hflip && o.crop_padding == 0 && !resized_crop) return;
     auto& img = b.at(o.image_field);
     const int64_t p = o.crop_padding, h = img.size(-2), w = img.size(-1);
     for (int64_t i = 0; i < img.size(0); ++i) {
       const uint64_t step = (uint64_t(t.at.epoch) << 32) | uint64_t(t.at.index + i);
       auto gen = rng::generator(uint64_t(o.seed), step, "data/augment");
       auto* g = gen.get<at::CPUGeneratorImpl>();
-      // Always three draws in this order, so enabling one augmentation never changes the other's.
+      // Always three draws in this order, so enabling one augmentation never changes the other's; the
+      // resized crop's draws come after them for the same reason.
       const bool flip = (g->random() & 1u) != 0;
       const int64_t dy = int64_t(g->random() % uint32_t(2 * p + 1));
       const int64_t dx = int64_t(g->random() % uint32_t(2 * p + 1));
       auto item = img[i];
+      if (resized_crop) {
+        const auto box = random_resized_crop_box(h, w, o.crop_scale, o.crop_ratio, [g] { return g->random(); });
+        if (box.height != h || box.width != w) {
+          auto crop = item.narrow(-2, box.top, box.height).narrow(-1, box.left, box.width);
+          auto out = at::upsample_bilinear2d(crop.reshape({1, -1, box.height, box.width}).to(at::kFloat), {h, w},
+                                             /*align_corners=*/false);
+          if (item.scalar_type() == at::kByte) out.round_().clamp_(0, 255);  // as torchvision resizes uint8
+          item.copy_(out.reshape(item.sizes()));
+        }
+      }
       if (p > 0 && (dy != p || dx != p)) {
         auto padded = at::constant_pad_nd(item, {p, p, p, p}, 0);
         item.copy_(padded.narrow(-2, dy, h).narrow(-1, dx, w));
@@ -502,12 +548,21 @@ DataLoader::DataLoader(std::shared_ptr<const TensorDataset> dataset, LoaderOptio
   DEW_CHECK(o.prefetch >= 1, "loader.prefetch: must be >= 1, got ", o.prefetch);
   DEW_CHECK(o.crop_padding >= 0 && o.crop_padding <= 1024, "loader.crop_padding: must be in [0, 1024], got ",
             o.crop_padding);
-  if (o.hflip || o.crop_padding > 0) {
+  const auto [s0, s1] = o.crop_scale;
+  DEW_CHECK(s0 > 0 && s0 <= s1 && s1 <= 1, "loader.crop_scale: must be [min, max] with 0 < min <= max <= 1, got [",
+            s0, ", ", s1, "]");
+  const auto [r0, r1] = o.crop_ratio;
+  DEW_CHECK(r0 > 0 && r0 <= r1 && std::isfinite(r1), "loader.crop_ratio: must be [min, max] with 0 < min <= max, got [",
+            r0, ", ", r1, "]");
+  if (o.hflip || o.crop_padding > 0 || resized_crop_on(o)) {
     DEW_CHECK(dataset->contains(o.image_field), "loader.image_field: dataset \"", name, "\" has no field \"",
               o.image_field, "\"; fields: ", field_list(dataset->fields()));
     const auto& img = dataset->field(o.image_field);
     DEW_CHECK(img.dim() >= 3, "loader.image_field: field \"", o.image_field, "\" must be [N, ..., H, W], got shape ",
               shape_of(img));
+    DEW_CHECK(!resized_crop_on(o) || img.scalar_type() == at::kByte || at::isFloatingType(img.scalar_type()),
+              "loader.crop_scale: the resized crop needs uint8 or floating-point images; field \"", o.image_field,
+              "\" is ", img.scalar_type());
   }
   impl_->ds = std::move(dataset);
   impl_->o = o;

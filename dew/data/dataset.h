@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dew/core/registry.h"
@@ -196,6 +197,8 @@ struct LoaderOptions {
   int64_t seed = 0;                   // the run seed
   bool hflip = false;                 // flip `image_field` horizontally with probability 0.5
   int64_t crop_padding = 0;           // random crop: zero-pad by this many pixels, crop back to H x W
+  std::pair<double, double> crop_scale{1.0, 1.0};       // random resized crop: area fraction; [1, 1] is off
+  std::pair<double, double> crop_ratio{0.75, 4.0 / 3};  // random resized crop: aspect (width / height)
   std::string image_field = "image";  // the field augmentations apply to ([N, ..., H, W])
   template <class V> void visit(V& v) {
     v("batch_size", batch_size, "items per batch");
@@ -206,9 +209,23 @@ struct LoaderOptions {
     v("seed", seed, "seed of shuffling and augmentation");
     v("hflip", hflip, "random horizontal flip, p = 0.5");
     v("crop_padding", crop_padding, "random crop after zero padding by this many pixels (0: off)");
+    v("crop_scale", crop_scale, "random resized crop (torchvision's): [min, max] area fraction ([1, 1]: off)");
+    v("crop_ratio", crop_ratio, "random resized crop: [min, max] aspect ratio, width / height");
     v("image_field", image_field, "field the augmentations apply to");
   }
 };
+
+/// A box of an H x W image: rows [top, top + height), columns [left, left + width).
+struct CropBox {
+  int64_t top = 0, left = 0, height = 0, width = 0;
+};
+
+/// The box torchvision's RandomResizedCrop.get_params draws: up to 10 tries of an area fraction uniform in
+/// `scale` and a log-uniform aspect (width / height) in `ratio`, sides rounded, a uniform corner; when no
+/// try fits, the centred crop of the image clamped to `ratio`. `draw` gives uniform 32-bit integers: two
+/// per try, two more for the corner of the try that fits.
+CropBox random_resized_crop_box(int64_t height, int64_t width, std::pair<double, double> scale,
+                                std::pair<double, double> ratio, const std::function<uint32_t()>& draw);
 
 /// Yields batches of an in-memory dataset forever, epoch after epoch.
 ///
@@ -216,7 +233,9 @@ struct LoaderOptions {
 /// (identity without shuffle). The item at position p of epoch e (p counts items from the start of the
 /// epoch's order) is augmented with dew::rng::generator(seed, (e << 32) | p, "data/augment"), whose
 /// first three 32-bit draws give flip (bit 0 of the first), crop dy and crop dx (the others, modulo
-/// 2 * crop_padding + 1). Batches are delivered in order whatever thread built them, so the stream is
+/// 2 * crop_padding + 1); the draws after them give the resized crop's box. The resized crop comes first
+/// (the box, bilinearly resized back to H x W, every frame of a clip alike), then the padded crop, then
+/// the flip. Batches are delivered in order whatever thread built them, so the stream is
 /// identical for any num_workers. Batch k of an epoch holds positions [k B, min((k + 1) B, N)).
 /// One consumer thread calls next(); the workers are internal.
 class DataLoader {

@@ -7,16 +7,20 @@
 #include "tests/test_util.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <set>
 #include <unistd.h>
 
 #include "dew/core/error.h"
+#include "dew/core/rng.h"
 #include "dew/data/dataset.h"
 #include "dew/io/image.h"
 
@@ -399,6 +403,103 @@ TEST(DataLoader, AugmentationsFlipAndShiftItems) {
   EXPECT_GT(n_moved, 20);
 }
 
+// torchvision's RandomResizedCrop.get_params on scripted draws: hand-worked boxes, Python's round-half-even,
+// and both fallbacks once 10 tries miss.
+TEST(DataLoader, ResizedCropBoxFollowsTorchvision) {
+  using dew::data::CropBox;
+  auto box_of = [](int64_t h, int64_t w, std::pair<double, double> scale, std::pair<double, double> ratio,
+                   std::vector<uint32_t> draws, size_t* used = nullptr) {
+    size_t k = 0;
+    auto b = dew::data::random_resized_crop_box(h, w, scale, ratio, [&] { return draws.at(k++); });
+    if (used) *used = k;
+    return b;
+  };
+  auto expect_box = [](const CropBox& b, CropBox want, const char* what) {
+    EXPECT_EQ(std::vector<int64_t>({b.top, b.left, b.height, b.width}),
+              std::vector<int64_t>({want.top, want.left, want.height, want.width}))
+        << what;
+  };
+  // Area 0.25 * 400 = 100 at aspect 1: a 10 x 10 box; its corner is draw % 11.
+  size_t used = 0;
+  expect_box(box_of(20, 20, {0.25, 0.25}, {1, 1}, {123, 456, 7, 25}, &used), {7, 3, 10, 10}, "10 x 10");
+  EXPECT_EQ(used, 4u);
+  // sqrt(0.0625 * 100) = 2.5 rounds to 2, as round(2.5) does in Python.
+  expect_box(box_of(10, 10, {0.0625, 0.0625}, {1, 1}, {0, 0, 0, 0}), {0, 0, 2, 2}, "half to even");
+  // A wide image whose boxes are all too tall: 10 misses (20 draws), then the centred crop at the largest
+  // ratio, 10 x round(10 * 1.0).
+  expect_box(box_of(10, 40, {0.9, 1.0}, {0.5, 1.0}, std::vector<uint32_t>(20, 99), &used), {0, 15, 10, 10}, "wide");
+  EXPECT_EQ(used, 20u);
+  // A tall image whose boxes are all too wide: the full width, height round(10 / 2).
+  expect_box(box_of(40, 10, {0.9, 1.0}, {2.0, 3.0}, std::vector<uint32_t>(20, 5)), {17, 0, 5, 10}, "tall");
+  // Random draws: every box lies in the image, its rounded sides bracket the area and aspect ranges, and the
+  // corners reach both edges.
+  std::mt19937 mt(7);
+  int64_t top_zero = 0, top_last = 0;
+  for (int i = 0; i < 4000; ++i) {
+    auto b = dew::data::random_resized_crop_box(28, 28, {0.3, 1.0}, {0.75, 4.0 / 3}, [&] { return uint32_t(mt()); });
+    ASSERT_TRUE(b.height >= 1 && b.width >= 1 && b.top >= 0 && b.left >= 0 && b.top + b.height <= 28 &&
+                b.left + b.width <= 28)
+        << i;
+    const double h = double(b.height), w = double(b.width);
+    EXPECT_GE((h + 0.5) * (w + 0.5), 0.3 * 784) << i;
+    EXPECT_GE((w + 0.5) / (h - 0.5), 0.75) << i;
+    EXPECT_LE((w - 0.5) / (h + 0.5), 4.0 / 3) << i;
+    top_zero += b.top == 0;
+    top_last += b.top == 28 - b.height;
+  }
+  EXPECT_GT(top_zero, 100);
+  EXPECT_GT(top_last, 100);
+}
+
+// The loader resizes each item's box back to H x W bilinearly (align_corners false, as torchvision). On a
+// linear ramp that has a closed form: the ramp at the box coordinate each output pixel samples, clamped to
+// the box. Every frame of a clip gets the same box.
+TEST(DataLoader, ResizedCropResizesTheBoxBilinearly) {
+  const int64_t n = 24, frames = 2, side = 28;
+  auto ramp = [](double y, double x, int64_t t) { return 3.0 * y + 5.0 * x + 10.0 + 20.0 * double(t); };
+  auto clip = at::empty({n, 1, frames, side, side}, at::kByte);
+  auto a = clip.accessor<uint8_t, 5>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t t = 0; t < frames; ++t)
+      for (int64_t y = 0; y < side; ++y)
+        for (int64_t x = 0; x < side; ++x) a[i][0][t][y][x] = uint8_t(ramp(double(y), double(x), t));
+  auto ds = std::make_shared<TensorDataset>(dew::data::Batch{{"image", clip}, {"id", at::arange(n, at::kLong)}}, "ramps");
+  LoaderOptions o;
+  o.batch_size = n;
+  o.shuffle = false;
+  o.num_workers = 0;
+  o.seed = 5;
+  o.crop_scale = {0.3, 1.0};
+  auto out = DataLoader(ds, o).next()["image"];
+  ASSERT_EQ(out.sizes(), clip.sizes());
+  auto got = out.accessor<uint8_t, 5>();
+  int64_t resized = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    // The item's stream: three draws (flip, dy, dx), then the box's.
+    auto gen = dew::rng::generator(5, uint64_t(i), "data/augment");
+    auto* g = gen.get<at::CPUGeneratorImpl>();
+    for (int k = 0; k < 3; ++k) g->random();
+    auto b = dew::data::random_resized_crop_box(side, side, o.crop_scale, o.crop_ratio, [g] { return g->random(); });
+    resized += b.height != side || b.width != side;
+    double worst = 0;
+    for (int64_t t = 0; t < frames; ++t)
+      for (int64_t y = 0; y < side; ++y)
+        for (int64_t x = 0; x < side; ++x) {
+          const double sy = std::clamp((y + 0.5) * double(b.height) / side - 0.5, 0.0, double(b.height - 1));
+          const double sx = std::clamp((x + 0.5) * double(b.width) / side - 0.5, 0.0, double(b.width - 1));
+          const double want = ramp(double(b.top) + sy, double(b.left) + sx, t);
+          worst = std::max(worst, std::abs(double(got[i][0][t][y][x]) - want));
+        }
+    EXPECT_LE(worst, 0.5 + 1e-3) << "item " << i << " box " << b.top << "," << b.left << " " << b.height << "x"
+                                 << b.width;
+  }
+  EXPECT_GT(resized, n / 2);
+
+  // [1, 1] is off: the items as stored.
+  o.crop_scale = {1.0, 1.0};
+  EXPECT_TRUE(at::equal(DataLoader(ds, o).next()["image"], clip));
+}
+
 TEST(DataLoader, WorkerErrorsAreRethrownInOrder) {
   auto ds = id_dataset(40);
   LoaderOptions o;
@@ -472,6 +573,13 @@ TEST(DataLoader, OptionsAreValidated) {
     o.image_field = "label";
   });
   EXPECT_NE(m4.find("must be [N, ..., H, W]"), std::string::npos) << m4;
+  auto m5 = make([](LoaderOptions& o) { o.crop_scale = {0.5, 1.2}; });
+  EXPECT_NE(m5.find("loader.crop_scale: must be [min, max] with 0 < min <= max <= 1, got [0.5, 1.2]"),
+            std::string::npos)
+      << m5;
+  auto m6 = make([](LoaderOptions& o) { o.crop_ratio = {1.5, 0.5}; });
+  EXPECT_NE(m6.find("loader.crop_ratio: must be [min, max] with 0 < min <= max, got [1.5, 0.5]"), std::string::npos)
+      << m6;
   auto parsed = dew::from_json<LoaderOptions>(dew::json{{"batch_size", 5}, {"hflip", true}}, "loader");
   EXPECT_EQ(parsed.batch_size, 5);
   EXPECT_TRUE(parsed.hflip);
