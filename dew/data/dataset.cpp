@@ -368,11 +368,9 @@ struct Slot {
 
 }  // namespace
 
-namespace {
+bool LoaderOptions::resized_crop_on() const { return crop_scale != std::pair<double, double>{1.0, 1.0}; }
 
-bool resized_crop_on(const LoaderOptions& o) { return o.crop_scale != std::pair<double, double>{1.0, 1.0}; }
-
-}  // namespace
+bool LoaderOptions::augments() const { return hflip || crop_padding > 0 || resized_crop_on(); }
 
 CropBox random_resized_crop_box(int64_t height, int64_t width, std::pair<double, double> scale,
                                 std::pair<double, double> ratio, const std::function<uint32_t()>& draw) {
@@ -400,6 +398,17 @@ CropBox random_resized_crop_box(int64_t height, int64_t width, std::pair<double,
     w = round_int(double(h) * ratio.second);
   }
   return {(height - h) / 2, (width - w) / 2, h, w};
+}
+
+at::Tensor resized_crop(const at::Tensor& image, const CropBox& box) {
+  const int64_t h = image.size(-2), w = image.size(-1);
+  auto crop = image.narrow(-2, box.top, box.height).narrow(-1, box.left, box.width);
+  if (box.height == h && box.width == w) return crop.clone();
+  const auto work = image.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto out = at::upsample_bilinear2d(crop.reshape({1, -1, box.height, box.width}).to(work), {h, w},
+                                     /*align_corners=*/false);
+  if (!at::isFloatingType(image.scalar_type())) out.round_();  // torchvision rounds before casting back
+  return out.reshape(image.sizes()).to(image.scalar_type());
 }
 
 struct DataLoader::Impl {
@@ -449,8 +458,7 @@ struct DataLoader::Impl {
   }
 
   void augment(Batch& b, const Ticket& t) const {
-    const bool resized_crop = resized_crop_on(o);
-    if (!o.hflip && o.crop_padding == 0 && !resized_crop) return;
+    if (!o.augments()) return;
     auto& img = b.at(o.image_field);
     const int64_t p = o.crop_padding, h = img.size(-2), w = img.size(-1);
     for (int64_t i = 0; i < img.size(0); ++i) {
@@ -463,15 +471,9 @@ struct DataLoader::Impl {
       const int64_t dy = int64_t(g->random() % uint32_t(2 * p + 1));
       const int64_t dx = int64_t(g->random() % uint32_t(2 * p + 1));
       auto item = img[i];
-      if (resized_crop) {
+      if (o.resized_crop_on()) {
         const auto box = random_resized_crop_box(h, w, o.crop_scale, o.crop_ratio, [g] { return g->random(); });
-        if (box.height != h || box.width != w) {
-          auto crop = item.narrow(-2, box.top, box.height).narrow(-1, box.left, box.width);
-          auto out = at::upsample_bilinear2d(crop.reshape({1, -1, box.height, box.width}).to(at::kFloat), {h, w},
-                                             /*align_corners=*/false);
-          if (item.scalar_type() == at::kByte) out.round_().clamp_(0, 255);  // as torchvision resizes uint8
-          item.copy_(out.reshape(item.sizes()));
-        }
+        if (box.height != h || box.width != w) item.copy_(resized_crop(item, box));
       }
       if (p > 0 && (dy != p || dx != p)) {
         auto padded = at::constant_pad_nd(item, {p, p, p, p}, 0);
@@ -554,13 +556,13 @@ DataLoader::DataLoader(std::shared_ptr<const TensorDataset> dataset, LoaderOptio
   const auto [r0, r1] = o.crop_ratio;
   DEW_CHECK(r0 > 0 && r0 <= r1 && std::isfinite(r1), "loader.crop_ratio: must be [min, max] with 0 < min <= max, got [",
             r0, ", ", r1, "]");
-  if (o.hflip || o.crop_padding > 0 || resized_crop_on(o)) {
+  if (o.augments()) {
     DEW_CHECK(dataset->contains(o.image_field), "loader.image_field: dataset \"", name, "\" has no field \"",
               o.image_field, "\"; fields: ", field_list(dataset->fields()));
     const auto& img = dataset->field(o.image_field);
     DEW_CHECK(img.dim() >= 3, "loader.image_field: field \"", o.image_field, "\" must be [N, ..., H, W], got shape ",
               shape_of(img));
-    DEW_CHECK(!resized_crop_on(o) || img.scalar_type() == at::kByte || at::isFloatingType(img.scalar_type()),
+    DEW_CHECK(!o.resized_crop_on() || img.scalar_type() == at::kByte || at::isFloatingType(img.scalar_type()),
               "loader.crop_scale: the resized crop needs uint8 or floating-point images; field \"", o.image_field,
               "\" is ", img.scalar_type());
   }

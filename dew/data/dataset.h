@@ -213,6 +213,8 @@ struct LoaderOptions {
     v("crop_ratio", crop_ratio, "random resized crop: [min, max] aspect ratio, width / height");
     v("image_field", image_field, "field the augmentations apply to");
   }
+  bool resized_crop_on() const;  // crop_scale is not [1, 1]
+  bool augments() const;         // any augmentation is on: hflip, crop_padding or the resized crop
 };
 
 /// A box of an H x W image: rows [top, top + height), columns [left, left + width).
@@ -226,6 +228,11 @@ struct CropBox {
 /// per try, two more for the corner of the try that fits.
 CropBox random_resized_crop_box(int64_t height, int64_t width, std::pair<double, double> scale,
                                 std::pair<double, double> ratio, const std::function<uint32_t()>& draw);
+
+/// `box` of `image` ([..., H, W]) resized back to H x W as torchvision's resized_crop does on tensors:
+/// bilinear, align_corners false, no antialias, in float64 for float64 images and float32 otherwise; uint8
+/// results are rounded half to even. Every leading slice (channel, frame) gets the same box.
+at::Tensor resized_crop(const at::Tensor& image, const CropBox& box);
 
 /// Yields batches of an in-memory dataset forever, epoch after epoch.
 ///

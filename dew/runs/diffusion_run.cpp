@@ -231,11 +231,9 @@ Built build_diffusion(json& r, const c10::Device& device) {
   if (is_latent(r)) {
     latent = open_latent_space(r, device);
     shape = latent->latent_shape(image_shape, "autoencoder");
-    DEW_CHECK(!latent->options().cache ||
-                  (!lo.hflip && lo.crop_padding == 0 && lo.crop_scale == std::pair<double, double>{1.0, 1.0}),
+    DEW_CHECK(!latent->options().cache || !lo.augments(),
               "loader.hflip / loader.crop_padding / loader.crop_scale: latent.cache encodes the images once, without "
-              "augmentation "
-              "(set --latent.cache false to augment them as they are encoded)");
+              "augmentation (set --latent.cache false to augment them as they are encoded)");
   } else {
     // A pixel run's record keeps its old shape (and old runs resume): no latent sections.
     if (r.contains("latent")) validate(from_json<LatentOptions>(r["latent"], "latent"));

@@ -23,6 +23,7 @@
 #include "dew/core/rng.h"
 #include "dew/data/dataset.h"
 #include "dew/io/image.h"
+#include "dew/io/safetensors.h"
 
 namespace fs = std::filesystem;
 using dew::data::Batch;
@@ -498,6 +499,38 @@ TEST(DataLoader, ResizedCropResizesTheBoxBilinearly) {
   // [1, 1] is off: the items as stored.
   o.crop_scale = {1.0, 1.0};
   EXPECT_TRUE(at::equal(DataLoader(ds, o).next()["image"], clip));
+}
+
+// torchvision's own RandomResizedCrop (tests/golden/crop_reference.py) on the same scripted draws: the same
+// box after the same number of draws, and the same resized image, uint8 exactly and float to rounding (a
+// float64 image stays float64).
+TEST(DataLoader, ResizedCropMatchesTorchvision) {
+  const auto file = dew::io::SafetensorsFile::open(std::string(DEW_SOURCE_DIR) +
+                                                   "/tests/golden/crop/torchvision_crop.safetensors");
+  const auto cases = nlohmann::json::parse(file.metadata().at("cases"));
+  ASSERT_EQ(cases.size(), 7u);
+  for (const auto& c : cases) {
+    const std::string name = c["name"];
+    SCOPED_TRACE(name);
+    const auto draws = file.tensor(name + ".draws");
+    const auto image = file.tensor(name + ".image"), want = file.tensor(name + ".out");
+    const int64_t h = image.size(-2), w = image.size(-1);
+    int64_t k = 0;
+    const auto box = dew::data::random_resized_crop_box(h, w, {c["scale"][0], c["scale"][1]}, {c["ratio"][0], c["ratio"][1]},
+                                                        [&] { return uint32_t(draws[k++].item<int64_t>()); });
+    EXPECT_EQ(k, file.tensor(name + ".used").item<int64_t>());
+    const auto want_box = file.tensor(name + ".box");
+    ASSERT_EQ(std::vector<int64_t>({box.top, box.left, box.height, box.width}),
+              std::vector<int64_t>(want_box.data_ptr<int64_t>(), want_box.data_ptr<int64_t>() + 4));
+    const auto got = dew::data::resized_crop(image, box);
+    ASSERT_EQ(got.scalar_type(), want.scalar_type());
+    ASSERT_EQ(got.sizes(), want.sizes());
+    const double diff = (got.to(at::kDouble) - want.to(at::kDouble)).abs().max().item<double>();
+    std::printf("  %-16s box %2ld,%2ld %2ldx%2ld  max |diff| %.3e\n", name.c_str(), long(box.top), long(box.left),
+                long(box.height), long(box.width), diff);
+    const double tol = want.scalar_type() == at::kByte ? 0.0 : want.scalar_type() == at::kDouble ? 1e-12 : 1e-5;
+    EXPECT_LE(diff, tol);
+  }
 }
 
 TEST(DataLoader, WorkerErrorsAreRethrownInOrder) {

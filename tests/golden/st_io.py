@@ -17,6 +17,7 @@ _DTYPES = {
     torch.int64: ("I64", "<i8"),
     torch.int32: ("I32", "<i4"),
     torch.bool: ("BOOL", "|b1"),
+    torch.uint8: ("U8", "|u1"),
 }
 _NP_FROM_NAME = {name: npd for name, npd in _DTYPES.values()}
 

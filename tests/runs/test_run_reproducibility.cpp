@@ -152,12 +152,20 @@ TEST(RunReproducibility, LanguageModelSameCommandSameBits) {
 
 TEST(RunReproducibility, JepaSameCommandSameBitsAndKilledRunsEndBitForBit) {
   dew::test::TempDir tmp("repro_jepa");
-  const std::string cmd = kJepaRun + " --trainer.steps 60 --trainer.checkpoint_every 2";
+  // With I-JEPA's augmentations (a resized crop and a flip per item), whose draws come from (seed, epoch,
+  // position) on the loader's worker.
+  const std::string plain = kJepaRun + " --trainer.steps 60 --trainer.checkpoint_every 2";
+  const std::string cmd = plain + " --loader.crop_scale '[0.3,1.0]' --loader.hflip true";
   for (const char* dir : {"a", "b"}) {
     auto r = run_dew(cmd + " --run " + tmp.file(dir));
     ASSERT_EQ(r.code, 0) << r.output;
   }
   expect_same_checkpoint(tmp.file("a"), tmp.file("b"), 60);
+  // The augmentations change the run: without them the same seed ends elsewhere.
+  auto r = run_dew(plain + " --run " + tmp.file("plain"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(read_bytes(tmp.path / "a/checkpoints/step_60/model.safetensors") ==
+               read_bytes(tmp.path / "plain/checkpoints/step_60/model.safetensors"));
   // Masks come from (seed, step): a killed run rerun draws the same ones and ends on the same bits.
   const int hit = kill_and_rerun(cmd + " --run " + tmp.file("killed"), tmp.file("killed"), 2, 6, 11);
   EXPECT_GE(hit, 4);
