@@ -34,6 +34,39 @@ Block ijepa_block_size(double r, std::pair<double, double> scale, std::pair<doub
   return {h, w};
 }
 
+// The smallest block ijepa_block_size gives over every r in [0, 1]. Its sides are step functions of r, and
+// not monotone in it (scale and aspect grow together), so the ends alone can miss a 1 x 1 block in the
+// middle. Every step edge lies where int(n s) or a rounded side changes; r at each edge and halfway between
+// neighbouring edges visits every block the draws can make.
+Block smallest_block(std::pair<double, double> scale, std::pair<double, double> aspect, const TokenGrid& g) {
+  const double n = double(g.h * g.w), ds = scale.second - scale.first, da = aspect.second - aspect.first;
+  std::vector<double> edges{0.0, 1.0};
+  auto edge = [&](double r) {
+    if (r > 0 && r < 1) edges.push_back(r);
+  };
+  const int64_t k_lo = int64_t(n * scale.first), k_hi = int64_t(n * scale.second);
+  if (ds > 0)
+    for (int64_t k = k_lo; k <= k_hi + 1; ++k) edge((double(k) / n - scale.first) / ds);
+  if (da > 0)
+    for (int64_t k = std::max<int64_t>(k_lo, 1); k <= k_hi; ++k)
+      for (int64_t m = 0; m <= std::max(g.h, g.w); ++m) {  // sides are clamped below the grid's
+        const double half = (double(m) + 0.5) * (double(m) + 0.5);  // a side's rounding flips at m + 1/2
+        edge((half / double(k) - aspect.first) / da);                // h = round(sqrt(k ar))
+        edge((double(k) / half - aspect.first) / da);                // w = round(sqrt(k / ar))
+      }
+  std::sort(edges.begin(), edges.end());
+  Block best = ijepa_block_size(0.0, scale, aspect, g);
+  auto visit = [&](double r) {
+    const Block b = ijepa_block_size(r, scale, aspect, g);
+    if (b.h * b.w < best.h * best.w) best = b;
+  };
+  for (size_t i = 0; i < edges.size(); ++i) {
+    visit(edges[i]);
+    if (i + 1 < edges.size()) visit(0.5 * (edges[i] + edges[i + 1]));
+  }
+  return best;
+}
+
 void check_range(std::pair<double, double> r, double lo, double hi, const std::string& field) {
   DEW_CHECK(r.first >= lo && r.first <= r.second && r.second <= hi, field, ": must be [min, max] with ", lo,
             " <= min <= max <= ", hi, ", got [", r.first, ", ", r.second, "]");
@@ -62,17 +95,12 @@ void validate(const MultiBlockOptions& o, const TokenGrid& g, const std::string&
             o.target_aspect.second, "]");
   check_range(o.target_aspect, 0.0, 1e9, where + ".target_aspect");
   DEW_CHECK(o.min_keep >= 0, where, ".min_keep: must be >= 0, got ", o.min_keep);
-  // The smallest blocks the draws can make must keep more than min_keep tokens, or the reference's retry
-  // loop never ends.
-  for (double r : {0.0, 1.0}) {
-    const Block t = ijepa_block_size(r, {o.target_scale.first, o.target_scale.first},
-                                     {r == 0 ? o.target_aspect.first : o.target_aspect.second,
-                                      r == 0 ? o.target_aspect.first : o.target_aspect.second},
-                                     g);
-    DEW_CHECK(t.h * t.w > o.min_keep, where, ".target_scale: the smallest target block (", t.h, " x ", t.w,
-              " tokens on a ", g.h, " x ", g.w, " grid) must keep more than min_keep = ", o.min_keep);
-  }
-  const Block c = ijepa_block_size(0.0, o.context_scale, {1.0, 1.0}, g);
+  // Every block the draws can make must keep more than min_keep tokens, or the reference's retry loop never
+  // ends.
+  const Block t = smallest_block(o.target_scale, o.target_aspect, g);
+  DEW_CHECK(t.h * t.w > o.min_keep, where, ".target_scale: the smallest target block (", t.h, " x ", t.w,
+            " tokens on a ", g.h, " x ", g.w, " grid) must keep more than min_keep = ", o.min_keep);
+  const Block c = smallest_block(o.context_scale, {1.0, 1.0}, g);
   DEW_CHECK(c.h * c.w > o.min_keep, where, ".context_scale: the smallest context block (", c.h, " x ", c.w,
             " tokens on a ", g.h, " x ", g.w, " grid) must keep more than min_keep = ", o.min_keep);
 }

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <random>
 #include <set>
 
 #include "dew/core/rng.h"
@@ -117,6 +118,61 @@ TEST(Masks, TubesSpanTheFramesAndTheContextIsTheRest) {
     EXPECT_GE(m.context.size(1), 1);
     EXPECT_EQ(m.context.size(1) + m.targets.size(2) <= 256, true);
   }
+}
+
+// min_keep must hold for every block size the draws can give, not only at the ends of the range: on a 4 x 4
+// grid I-JEPA's default target range gives 1 x 2 blocks at both ends and 1 x 1 blocks in the middle, where
+// the reference's retry loop would never end. Oracle: I-JEPA's _sample_block_size (int(n s) tokens,
+// h = round(sqrt(keep ar)), w = round(sqrt(keep / ar)), each side kept below the grid's) on 100001 draws.
+TEST(Masks, MinKeepHoldsForEveryBlockTheDrawsCanMake) {
+  auto brute_min = [](std::pair<double, double> scale, std::pair<double, double> aspect, int64_t gh, int64_t gw) {
+    int64_t best = gh * gw;
+    for (int i = 0; i <= 100000; ++i) {
+      const double r = i / 100000.0, s = scale.first + r * (scale.second - scale.first);
+      const double ar = aspect.first + r * (aspect.second - aspect.first);
+      const int64_t keep = int64_t(double(gh * gw) * s);
+      int64_t h = std::llround(std::nearbyint(std::sqrt(double(keep) * ar)));
+      int64_t w = std::llround(std::nearbyint(std::sqrt(double(keep) / ar)));
+      h = std::min(h, gh - 1), w = std::min(w, gw - 1);
+      best = std::min(best, h * w);
+    }
+    return best;
+  };
+  dew::data::MultiBlockOptions o;
+  o.targets = 1;
+  o.min_keep = 1;
+  EXPECT_EQ(brute_min(o.target_scale, o.target_aspect, 4, 4), 1);
+  EXPECT_NE(dew::test::error_of([&] { dew::data::validate(o, {1, 4, 4}, "objective.masks"); })
+                .find("objective.masks.target_scale: the smallest target block (1 x 1 tokens on a 4 x 4 grid)"),
+            std::string::npos);
+  // Random ranges: refused exactly when some draw gives a block of min_keep tokens or fewer; every accepted
+  // one draws masks (the sampler's loop ends).
+  std::mt19937 mt(17);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int accepted = 0, refused = 0;
+  for (int c = 0; c < 300; ++c) {
+    const int64_t side = 3 + int64_t(u(mt) * 6);
+    const double s0 = 0.05 + 0.3 * u(mt), a0 = 0.3 + 1.2 * u(mt);
+    o.target_scale = {s0, s0 + 0.2 * u(mt)};
+    o.target_aspect = {a0, a0 + 1.5 * u(mt)};
+    o.context_scale = {0.85, 1.0};
+    o.min_keep = int64_t(u(mt) * 4);
+    const int64_t smallest = std::min(brute_min(o.target_scale, o.target_aspect, side, side),
+                                      brute_min(o.context_scale, {1.0, 1.0}, side, side));
+    const std::string err = dew::test::error_of([&] { dew::data::validate(o, {1, side, side}, "masks"); });
+    EXPECT_EQ(err.empty(), smallest > o.min_keep)
+        << "grid " << side << ", scale [" << o.target_scale.first << ", " << o.target_scale.second << "], aspect ["
+        << o.target_aspect.first << ", " << o.target_aspect.second << "], min_keep " << o.min_keep << ": " << err;
+    if (!err.empty()) {
+      ++refused;
+      continue;
+    }
+    ++accepted;
+    for (int64_t step = 0; step < 3; ++step)
+      dew::data::multiblock_masks(o, {1, side, side}, 4, dew::rng::generator(5, uint64_t(c * 3 + step), "masks"));
+  }
+  EXPECT_GT(accepted, 50);
+  EXPECT_GT(refused, 20);
 }
 
 TEST(Masks, OptionsOutOfRangeAreRefusedByName) {
