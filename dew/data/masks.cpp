@@ -118,6 +118,17 @@ void validate(const TubeOptions& o, const TokenGrid& g, const std::string& where
     DEW_CHECK(h >= 1 && w >= 1, where, ".spatial_scale: the smallest tube (", h, " x ", w, " tokens on a ", g.h, " x ",
               g.w, " grid) is empty");
   }
+  // A tube that can span the whole clip leaves no context in any redraw, so the sampler's loop would never
+  // end: refuse sizes whose largest tube fills every frame of every token.
+  const int64_t k_max = int64_t(double(g.h * g.w) * o.spatial_scale.second);
+  const double full_h = (double(g.h) - 0.5) * (double(g.h) - 0.5), full_w = (double(g.w) - 0.5) * (double(g.w) - 0.5);
+  const bool fills_frame = k_max > 0 && std::max(o.aspect.first, full_h / double(k_max)) <=
+                                            std::min(o.aspect.second, double(k_max) / full_w);
+  const bool spans_clip = std::max<int64_t>(1, int64_t(double(g.t) * o.temporal_scale.second)) >= g.t;
+  DEW_CHECK(!(fills_frame && spans_clip), where, ".spatial_scale: its largest tube ([", o.spatial_scale.first, ", ",
+            o.spatial_scale.second, "] of a ", g.h, " x ", g.w, " grid, aspect [", o.aspect.first, ", ",
+            o.aspect.second, "], over ", g.t, " frames) can cover every token and leave no context; lower the largest "
+            "spatial_scale or temporal_scale");
 }
 
 Masks multiblock_masks(const MultiBlockOptions& o, const TokenGrid& g, int64_t batch, at::Generator gen) {

@@ -191,6 +191,21 @@ TEST(Masks, OptionsOutOfRangeAreRefusedByName) {
   EXPECT_NE(dew::test::error_of([&] { dew::data::validate(t, {2, 4, 4}, "objective.tubes"); })
                 .find("objective.tubes.spatial_scale: the smallest tube"),
             std::string::npos);
+  // A tube that can fill every frame of the clip would leave no context in any redraw: refused. 0.9 of 16
+  // tokens is 14, whose rounded square root is 4, the whole side; the same range over half the frames, or
+  // with aspects that cannot make it square, is accepted, and draws.
+  t = {};
+  t.spatial_scale = {0.5, 0.9};
+  EXPECT_NE(dew::test::error_of([&] { dew::data::validate(t, {2, 4, 4}, "objective.tubes"); })
+                .find("objective.tubes.spatial_scale: its largest tube"),
+            std::string::npos);
+  t.temporal_scale = {0.5, 0.5};
+  EXPECT_EQ(dew::test::error_of([&] { dew::data::validate(t, {2, 4, 4}, "objective.tubes"); }), "");
+  t.temporal_scale = {1.0, 1.0};
+  t.aspect = {1.5, 2.0};
+  EXPECT_EQ(dew::test::error_of([&] { dew::data::validate(t, {2, 4, 4}, "objective.tubes"); }), "");
+  for (int64_t step = 0; step < 20; ++step)
+    EXPECT_GT(dew::data::tube_masks(t, {2, 4, 4}, 3, dew::rng::generator(9, uint64_t(step), "masks")).context.size(1), 0);
 }
 
 }  // namespace
