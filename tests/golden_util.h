@@ -32,15 +32,16 @@ inline double rms(const at::Tensor& x) { return x.to(at::kDouble).pow(2).mean().
 
 /// The golden rule for one tensor: ours (any dtype) against the reference's float32 and float64 results.
 /// Prints the max difference. A reference whose f32 equals its f64 exactly gets a floor of 1e-7 rms.
+/// `factor` is the rule's 2; a caller that widens it says why.
 inline void expect_golden(const std::string& what, const at::Tensor& ours, const at::Tensor& ref_f32,
-                          const at::Tensor& ref_f64) {
+                          const at::Tensor& ref_f64, double factor = 2.0) {
   ASSERT_EQ(ours.sizes(), ref_f64.sizes()) << what;
   const at::Tensor truth = ref_f64.to(at::kDouble);
   const double err = rms(ours.detach().cpu().to(at::kDouble) - truth);
   const double ref = std::max(rms(ref_f32.to(at::kDouble) - truth), 1e-7 * std::max(1.0, rms(truth)));
   const double maxd = (ours.detach().cpu().to(at::kDouble) - truth).abs().max().item<double>();
   std::printf("  %-40s rms %.3e (reference f32 %.3e), max |diff| %.3e\n", what.c_str(), err, ref, maxd);
-  EXPECT_LE(err, 2 * ref) << what << ": max |diff| " << maxd;
+  EXPECT_LE(err, factor * ref) << what << ": max |diff| " << maxd;
 }
 
 /// Float64 agreement: ours run in float64 against the reference's float64 result (relative to its scale).
