@@ -131,8 +131,8 @@ TEST(Masks, MinKeepHoldsForEveryBlockTheDrawsCanMake) {
       const double r = i / 100000.0, s = scale.first + r * (scale.second - scale.first);
       const double ar = aspect.first + r * (aspect.second - aspect.first);
       const int64_t keep = int64_t(double(gh * gw) * s);
-      int64_t h = std::llround(std::nearbyint(std::sqrt(double(keep) * ar)));
-      int64_t w = std::llround(std::nearbyint(std::sqrt(double(keep) / ar)));
+      int64_t h = int64_t(std::nearbyint(std::sqrt(double(keep) * ar)));
+      int64_t w = int64_t(std::nearbyint(std::sqrt(double(keep) / ar)));
       h = std::min(h, gh - 1), w = std::min(w, gw - 1);
       best = std::min(best, h * w);
     }
