@@ -8,8 +8,10 @@ target positions, and projects back), and so is the step (src/train.py): the tar
 features at the target blocks without gradients, the context encoder on the context block, the predictor,
 the loss (MSE, as dew's default), then dew's trainer step around it (bench/peer.py): loss.item() and its
 isfinite check, backward, clip_grad_norm_ to --optim's grad_clip, the schedule's learning rate, AdamW (weight
-decay on matrices), then the momentum update of the target encoder parameter by parameter. Masks: I-JEPA's multi-block rule (4 targets, scale (0.15, 0.2),
-aspect (0.75, 1.5), one context block of scale (0.85, 1.0) minus the targets), drawn every step.
+decay on matrices), then the momentum update of the target encoder parameter by parameter. Masks: I-JEPA's
+multi-block rule with the sizes of the config's "masks" (dew's recipe: 1 target block of scale (0.2, 0.25);
+without it I-JEPA's 4 targets of scale (0.15, 0.2)), aspect (0.75, 1.5), one context block of scale (0.85, 1.0)
+minus the targets, drawn every step.
 
     /usr/bin/python3 bench/jepa_peer.py --config '{"encoder": {...}, "predictor": {...}}' --batch 32 \
         --steps 20 --warmup 5 --threads 1 --params 1234567 --optim '{"lr": 0.001, ...}'
@@ -157,17 +159,23 @@ def block(g, size, H, W, regions=None, min_keep=4):
             tries, timeout = tries + 1, 20
 
 
-def masks(g, B, H, W, M=4):
-    ts = block_size(g, float(torch.rand(1, generator=g)), (0.15, 0.2), (0.75, 1.5), H, W)
-    cs = block_size(g, float(torch.rand(1, generator=g)), (0.85, 1.0), (1.0, 1.0), H, W)
+IJEPA_MASKS = {"targets": 4, "target_scale": (0.15, 0.2), "target_aspect": (0.75, 1.5), "context_scale": (0.85, 1.0),
+               "min_keep": 4}
+
+
+def masks(g, B, H, W, m):
+    """m: dew's MultiBlockOptions (targets, target_scale, target_aspect, context_scale, min_keep)."""
+    M, keep = m["targets"], m["min_keep"]
+    ts = block_size(g, float(torch.rand(1, generator=g)), m["target_scale"], m["target_aspect"], H, W)
+    cs = block_size(g, float(torch.rand(1, generator=g)), m["context_scale"], (1.0, 1.0), H, W)
     tgt, ctx = [[] for _ in range(M)], []
     for _ in range(B):
         comps = []
         for m in range(M):
-            idx, comp = block(g, ts, H, W)
+            idx, comp = block(g, ts, H, W, min_keep=keep)
             tgt[m].append(idx)
             comps.append(comp)
-        ctx.append(block(g, cs, H, W, comps)[0])
+        ctx.append(block(g, cs, H, W, comps, min_keep=keep)[0])
     kt = min(len(t) for per in tgt for t in per)
     kc = min(len(c) for c in ctx)
     return torch.stack([c[:kc] for c in ctx]), [torch.stack([t[:kt] for t in per]) for per in tgt]
@@ -175,7 +183,8 @@ def masks(g, B, H, W, M=4):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", required=True, help='{"encoder": fields, "predictor": fields} (dew names)')
+    ap.add_argument("--config", required=True,
+                    help='{"encoder": fields, "predictor": fields, "masks": MultiBlockOptions} (dew names)')
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
@@ -210,7 +219,7 @@ def main():
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         xf = x.float() / 127.5 - 1
-        ctx, tgt = masks(g, a.batch, G, G)
+        ctx, tgt = masks(g, a.batch, G, G, cfg.get("masks", IJEPA_MASKS))
         with torch.no_grad():
             h = F.layer_norm(target(xf), (f["emb_features"],))
             h = torch.cat([gather(h, m) for m in tgt], 0)

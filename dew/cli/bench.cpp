@@ -59,6 +59,7 @@
 #include "dew/data/dataset.h"
 #include "dew/io/safetensors.h"
 #include "dew/objectives/diffusion.h"
+#include "dew/runs/jepa_run.h"
 #include "dew/runs/run.h"
 #include "dew/sampling/diffusion_sample.h"
 #include "dew/sampling/generate.h"
@@ -271,18 +272,44 @@ json lm_fields(int64_t seq_len) {
   return f;
 }
 
-// The JEPA step: `dew train jepa`'s default models on Fashion-MNIST-shaped images (the encoder's fields
-// here, the predictor's in jepa_predictor_fields).
+// The JEPA step: `dew train jepa`'s default models and masks (runs::default_recipe("jepa"), so the two cannot
+// drift apart) on Fashion-MNIST-shaped images; the encoder's fields here, the predictor's in
+// jepa_predictor_fields, the objective's in jepa_objective_options.
+const json& jepa_recipe() {
+  static const json r = runs::default_recipe("jepa");
+  return r;
+}
 const BenchCase& jepa_case() {
-  static const BenchCase c{"jepa", "jepa_encoder",
-                           "1x28x28, patch 4 (49 tokens); encoder width 128, 4 layers, 4 heads; predictor 64, 4 layers, 4 heads",
-                           {{"image_size", kImage}, {"patch_size", 4}, {"in_channels", 1}, {"emb_features", 128},
-                            {"num_layers", 4}, {"num_heads", 4}}};
+  static const BenchCase c = [] {
+    json f = jepa_recipe()["model"]["fields"];
+    f["image_size"] = kImage;
+    f["in_channels"] = 1;
+    f["patch_size"] = runs::default_jepa_patch(kImage);
+    const json& p = jepa_recipe()["predictor"]["fields"];
+    const int64_t g = kImage / f["patch_size"].get<int64_t>();
+    const std::string size = "1x28x28, patch " + f["patch_size"].dump() + " (" + std::to_string(g * g) +
+                             " tokens); encoder width " + f["emb_features"].dump() + ", " + f["num_layers"].dump() +
+                             " layers, " + f["num_heads"].dump() + " heads; predictor " + p["emb_features"].dump() +
+                             ", " + p["num_layers"].dump() + " layers, " + p["num_heads"].dump() + " heads";
+    return BenchCase{"jepa", "jepa_encoder", size, f};
+  }();
   return c;
 }
 json jepa_predictor_fields() {
-  return {{"image_size", kImage}, {"patch_size", 4}, {"encoder_features", 128}, {"emb_features", 64},
-          {"num_layers", 4}, {"num_heads", 4}};
+  json p = jepa_recipe()["predictor"]["fields"];
+  const json& e = jepa_case().fields;
+  for (const char* k : {"image_size", "patch_size"}) p[k] = e[k];
+  p["encoder_features"] = e["emb_features"];
+  return p;
+}
+JEPAObjectiveOptions jepa_objective_options() {
+  return from_json<JEPAObjectiveOptions>(jepa_recipe()["objective"], "objective");
+}
+std::string jepa_masks_text() {
+  const auto m = jepa_objective_options().masks;
+  return std::to_string(m.targets) + " target block(s) of scale [" + fixed(m.target_scale.first, 2) + ", " +
+         fixed(m.target_scale.second, 2) + "], context scale [" + fixed(m.context_scale.first, 2) + ", " +
+         fixed(m.context_scale.second, 2) + "], min_keep " + std::to_string(m.min_keep);
 }
 
 // Post-training: the fresh model of `dew train dpo` and `dew train grpo` (post_training_defaults: the byte
@@ -833,7 +860,7 @@ int run_one_jepa(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, 
   auto predictor = models::build_token_predictor({{"architecture", "jepa_predictor"}, {"fields", jepa_predictor_fields()}});
   encoder->to(device);
   predictor->to(device);
-  auto objective = std::make_shared<JEPAObjective>(encoder, predictor, JEPAObjectiveOptions{});
+  auto objective = std::make_shared<JEPAObjective>(encoder, predictor, jepa_objective_options());
   auto data_gen = at::detail::createCPUGenerator(1);
   data::Batch b{{"image", at::randint(0, 256, {batch, 1, kImage, kImage}, data_gen).to(at::kByte)}};
   const StepTimes t = time_trainer_steps(objective, b, warmup, steps, device, "jepa");
@@ -1437,7 +1464,10 @@ int cmd_bench(const std::vector<std::string>& args) {
       model = std::make_shared<torch::nn::Module>();
       model->register_module("encoder", enc);
       model->register_module("predictor", pred);
-      config = {{"fields", {{"encoder", enc->config()["fields"]}, {"predictor", pred->config()["fields"]}}}};
+      config = {{"fields",
+                 {{"encoder", enc->config()["fields"]},
+                  {"predictor", pred->config()["fields"]},
+                  {"masks", jepa_recipe()["objective"]["masks"]}}}};
     } else {
       auto denoiser = models::build(c->arch, c->fields);
       config = denoiser->config();
@@ -1715,7 +1745,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     md << "## dew bench: a JEPA training step on the CPU\n\n"
        << "Models: jepa_encoder + jepa_predictor, " << r.c->size << ", " << grouped(r.params)
        << " parameters. Step (`dew train jepa`'s): I-JEPA multi-block masks drawn, the target encoder's "
-       << "LayerNorm'd features at the 4 target blocks without gradients, the context encoder on the context block, "
+       << "LayerNorm'd features at the target blocks without gradients (the recipe's masks: " << jepa_masks_text()
+       << "), the context encoder on the context block, "
        << "the predictor, MSE; the finite check, backward, global-norm clip, warm-up + cosine lr (peak " << kLr
        << "), AdamW (weight decay 0.01 on matrices), all through the trainer's step (Trainer::train_step); the target "
        << "encoder's momentum update (C++: the trainer's fp32 EMA the objective reads; Python: "

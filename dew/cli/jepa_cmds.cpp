@@ -17,7 +17,8 @@ int cmd_eval_jepa(const std::vector<std::string>& args) {
                         "threads", "seed", "pool", "knn-prep", "knn-vote", "knn-temperature"},
                        {"no-baselines"});
   DEW_CHECK(f.positional.size() == 1, "eval: expected one RUN directory, got ", f.positional.size(), " arguments");
-  runs::ProbeOptions p;
+  // The run's own probe settings (those of its validation), then the flags.
+  runs::ProbeOptions p = runs::probe_options_of(runs::read_record_of_kind(f.positional[0], "jepa", "a JEPA run"));
   p.train_items = f.get_int("train-items", p.train_items);
   p.test_items = f.get_int("test-items", p.test_items);
   p.knn.k = f.get_int("knn-k", p.knn.k);

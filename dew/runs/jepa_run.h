@@ -26,6 +26,11 @@ JEPARun open_jepa_run(const std::string& run_dir, const OpenOptions& o = {});
 /// generators, which give every fresh run its initial weights.
 std::shared_ptr<TokenEncoderImpl> initial_jepa_encoder(const json& record);
 
+/// The patch side of `dew train jepa` when model.fields gives none: a quarter of the image side, the 4 x 4 tokens
+/// the recipe's masks are sized for (7 for Fashion-MNIST's 28, 8 for 32-pixel clips); a dew::Error naming
+/// model.fields.patch_size when 4 does not divide the side.
+int64_t default_jepa_patch(int64_t image_size);
+
 struct ProbeOptions {
   int64_t train_items = 10000;  // items of the training split the probes fit on (0 = all)
   int64_t test_items = 0;       // items of the test split they score (0 = all)
@@ -34,6 +39,10 @@ struct ProbeOptions {
   bool baselines = true;        // also the encoder at its initialisation and the raw pixels
   std::string pool = "mean";    // mean | tokens | gridK (dew::feature_pools)
 };
+
+/// The probes the run records (objective.probe_pool, knn_k, knn_prep, knn_vote, knn_temperature, probe_epochs):
+/// `dew eval RUN` starts from these, so its full probe is the one validation runs, on more items.
+ProbeOptions probe_options_of(const json& record);
 
 /// Probe accuracies of one feature source.
 struct ProbeRow {

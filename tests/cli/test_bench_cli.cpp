@@ -76,16 +76,16 @@ TEST(BenchCli, LmChildPrintsOneResultLine) {
 
 TEST(BenchCli, JepaChildMatchesThePythonPeersModel) {
   // The child of `dew bench --models jepa`, at its smallest, and bench/jepa_peer.py on the same fields: the
-  // two count the same parameters (the peer refuses to run otherwise), computed by hand here:
-  // encoder = patch conv 16*128 + 128, 4 blocks of (2 LayerNorms 4*128, qkv 128*384 + 384, proj 128*128 + 128,
-  // MLP 128*512 + 512 + 512*128 + 128), final norm 2*128; predictor = embed 128*64 + 64, mask token 64,
-  // 4 blocks at width 64, norm 2*64, projection 64*128 + 128.
+  // two count the same parameters (the peer refuses to run otherwise), computed by hand here for `dew train
+  // jepa`'s models: encoder = patch conv (7*7)*128 + 128, 6 blocks of (2 LayerNorms 4*128, qkv 128*384 + 384,
+  // proj 128*128 + 128, MLP 128*512 + 512 + 512*128 + 128), final norm 2*128; predictor = embed 128*64 + 64,
+  // mask token 64, 6 blocks at width 64, norm 2*64, projection 64*128 + 128.
   auto r = run_dew("bench --one jepa --threads 1 --steps 1 --warmup 0 --batch 2");
   ASSERT_EQ(r.code, 0) << r.output;
   auto j = result_line(r);
   auto block = [](int64_t d) { return 4 * d + d * 3 * d + 3 * d + d * d + d + d * 4 * d + 4 * d + 4 * d * d + d; };
-  const int64_t encoder = 16 * 128 + 128 + 4 * block(128) + 2 * 128;
-  const int64_t predictor = 128 * 64 + 64 + 64 + 4 * block(64) + 2 * 64 + 64 * 128 + 128;
+  const int64_t encoder = 49 * 128 + 128 + 6 * block(128) + 2 * 128;
+  const int64_t predictor = 128 * 64 + 64 + 64 + 6 * block(64) + 2 * 64 + 64 * 128 + 128;
   EXPECT_EQ(j.at("params").get<int64_t>(), encoder + predictor);
   EXPECT_GT(j.at("ms_per_step").get<double>(), 0.0);
   EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));

@@ -67,12 +67,24 @@ TEST(JepaRun, TrainsFromTheCommandLineAndLogsCollapseMetricsAndProbes) {
   EXPECT_EQ(rec["predictor"]["fields"]["patch_size"], 2);              // the encoder's grid
   EXPECT_EQ(rec["predictor"]["fields"]["encoder_features"], 16);
 
-  // dew eval on a JEPA run: the probes of the trained encoder and both baselines.
-  r = dew::test::run_dew("eval " + dir + " --train-items 96 --probe-epochs 3 --knn-k 5");
+  // dew eval on a JEPA run: the probes of the trained encoder and both baselines, probed as the run's
+  // validation probes (the recipe's tokens pool, the run's knn_k 5 and probe_epochs 3) unless flags say otherwise.
+  r = dew::test::run_dew("eval " + dir + " --train-items 96");
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* row : {"trained (ema, step 4)", "initialisation", "pixels"})
     EXPECT_NE(r.output.find(row), std::string::npos) << r.output;
-  EXPECT_TRUE(fs::exists(fs::path(dir) / "eval" / "probes_step_4.json"));
+  EXPECT_NE(r.output.find("kNN (k=5, weighted)"), std::string::npos) << r.output;
+  const std::string written = (fs::path(dir) / "eval" / "probes_step_4.json").string();
+  json probes = dew::test::read_json(written);
+  EXPECT_EQ(probes["pool"], "tokens");
+  EXPECT_EQ(probes["knn_k"], 5);
+  EXPECT_EQ(probes["knn_prep"], "none");
+  r = dew::test::run_dew("eval " + dir + " --train-items 96 --probe-epochs 1 --pool mean --knn-k 3 --knn-prep center");
+  ASSERT_EQ(r.code, 0) << r.output;
+  probes = dew::test::read_json(written);
+  EXPECT_EQ(probes["pool"], "mean");
+  EXPECT_EQ(probes["knn_k"], 3);
+  EXPECT_EQ(probes["knn_prep"], "center");
   r = dew::test::run_dew("eval " + dir + " --train-items -3");
   EXPECT_EQ(r.code, 2) << r.output;
   r = dew::test::run_dew("eval " + dir + " --knn-vote plurality");
@@ -91,7 +103,7 @@ TEST(JepaRun, VideoRunsTrainOnMovingFashionMnist) {
   auto r = dew::test::run_dew(
       "train jepa --data '{\"name\":\"moving_fashion_mnist\",\"count\":16,\"frames\":4,\"size\":32,\"split\":\"test\"}'"
       " --test_data '{\"name\":\"moving_fashion_mnist\",\"count\":8,\"frames\":4,\"size\":32,\"split\":\"test\",\"seed\":3}'"
-      " --model.fields '{\"patch_size\":8,\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"
+      " --model.fields '{\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"  // patch: the recipe's side / 4
       " --predictor.fields '{\"emb_features\":8,\"num_layers\":1,\"num_heads\":2}'"
       " --objective.tubes.spatial_scale '[0.25,0.25]' --objective.tubes.blocks 2"
       " --objective.probe_train 16 --objective.probe_test 8 --objective.probe_epochs 2 --objective.knn_k 3"
@@ -101,6 +113,7 @@ TEST(JepaRun, VideoRunsTrainOnMovingFashionMnist) {
   const json rec = dew::runs::read_record(tmp.file("v"));
   EXPECT_EQ(rec["model"]["architecture"], "jepa_video_encoder");
   EXPECT_EQ(rec["model"]["fields"]["frames"], 4);
+  EXPECT_EQ(rec["model"]["fields"]["patch_size"], 8);  // 32-pixel frames cut into 4 x 4 tokens
   EXPECT_EQ(rec["predictor"]["fields"]["frames"], 4);
   auto run = dew::runs::open_jepa_run(tmp.file("v"));
   EXPECT_EQ(run.encoder->grid().tokens(), 2 * 4 * 4);
@@ -138,6 +151,9 @@ TEST(JepaRun, BadRecipesAreRefusedBeforeAnythingIsWritten) {
       {"--objective.knn_vote plurality", "objective.knn_vote: got \"plurality\", accepted: weighted, majority"},
       {"--objective.knn_temperature 0", "objective.knn_temperature: must be > 0, got 0"},
       {"--model.fields.patch_size 5", "image_size: must be a positive multiple of patch_size 5"},
+      {"--data.size 18 --model.fields '{\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'",
+       "model.fields.patch_size: not given, and the recipe cuts images into 4 x 4 tokens, which needs a side that is "
+       "a multiple of 4, got 18"},
       {"--predictor.fields.patch_size 4", "model.predictor.fields.patch_size: must be the encoder's 2"},
       {"--device cpu --trainer.autocast float16", "trainer.autocast: float16 runs on CUDA only"},
   };
