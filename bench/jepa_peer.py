@@ -163,11 +163,11 @@ IJEPA_MASKS = {"targets": 4, "target_scale": (0.15, 0.2), "target_aspect": (0.75
                "min_keep": 4}
 
 
-def masks(g, B, H, W, m):
-    """m: dew's MultiBlockOptions (targets, target_scale, target_aspect, context_scale, min_keep)."""
-    M, keep = m["targets"], m["min_keep"]
-    ts = block_size(g, float(torch.rand(1, generator=g)), m["target_scale"], m["target_aspect"], H, W)
-    cs = block_size(g, float(torch.rand(1, generator=g)), m["context_scale"], (1.0, 1.0), H, W)
+def masks(g, B, H, W, opts):
+    """opts: dew's MultiBlockOptions (targets, target_scale, target_aspect, context_scale, min_keep)."""
+    M, keep = opts["targets"], opts["min_keep"]
+    ts = block_size(g, float(torch.rand(1, generator=g)), opts["target_scale"], opts["target_aspect"], H, W)
+    cs = block_size(g, float(torch.rand(1, generator=g)), opts["context_scale"], (1.0, 1.0), H, W)
     tgt, ctx = [[] for _ in range(M)], []
     for _ in range(B):
         comps = []

@@ -272,35 +272,31 @@ json lm_fields(int64_t seq_len) {
   return f;
 }
 
-// The JEPA step: `dew train jepa`'s default models and masks (runs::default_recipe("jepa"), so the two cannot
-// drift apart) on Fashion-MNIST-shaped images; the encoder's fields here, the predictor's in
-// jepa_predictor_fields, the objective's in jepa_objective_options.
+// The JEPA step: `dew train jepa`'s models and masks on Fashion-MNIST-shaped images. The recipe
+// (runs::default_recipe("jepa")) is completed for 1 x 28 x 28 inputs by runs::build_jepa_models, as `dew train
+// jepa` completes it, so the bench and the recipe cannot drift apart: "model" and "predictor" are then the
+// configs of the models timed. The models built here are dropped; their own generator keeps the caller's
+// draws where they were.
 const json& jepa_recipe() {
-  static const json r = runs::default_recipe("jepa");
+  static const json r = [] {
+    json c = runs::default_recipe("jepa");
+    rng::DefaultGeneratorScope scope(0, 0, "bench");
+    runs::build_jepa_models(c, {1, 1, kImage, kImage}, "bench");
+    return c;
+  }();
   return r;
 }
 const BenchCase& jepa_case() {
   static const BenchCase c = [] {
-    json f = jepa_recipe()["model"]["fields"];
-    f["image_size"] = kImage;
-    f["in_channels"] = 1;
-    f["patch_size"] = runs::default_jepa_patch(kImage);
-    const json& p = jepa_recipe()["predictor"]["fields"];
+    const json &e = jepa_recipe()["model"], &f = e["fields"], &p = jepa_recipe()["predictor"]["fields"];
     const int64_t g = kImage / f["patch_size"].get<int64_t>();
     const std::string size = "1x28x28, patch " + f["patch_size"].dump() + " (" + std::to_string(g * g) +
                              " tokens); encoder width " + f["emb_features"].dump() + ", " + f["num_layers"].dump() +
                              " layers, " + f["num_heads"].dump() + " heads; predictor " + p["emb_features"].dump() +
                              ", " + p["num_layers"].dump() + " layers, " + p["num_heads"].dump() + " heads";
-    return BenchCase{"jepa", "jepa_encoder", size, f};
+    return BenchCase{"jepa", e["architecture"].get<std::string>(), size, f};
   }();
   return c;
-}
-json jepa_predictor_fields() {
-  json p = jepa_recipe()["predictor"]["fields"];
-  const json& e = jepa_case().fields;
-  for (const char* k : {"image_size", "patch_size"}) p[k] = e[k];
-  p["encoder_features"] = e["emb_features"];
-  return p;
 }
 JEPAObjectiveOptions jepa_objective_options() {
   return from_json<JEPAObjectiveOptions>(jepa_recipe()["objective"], "objective");
@@ -856,8 +852,8 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
 int run_one_jepa(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const c10::Device& device) {
   at::set_num_threads(int(threads));
   at::manual_seed(0);
-  auto encoder = models::build_token_encoder({{"architecture", "jepa_encoder"}, {"fields", jepa_case().fields}});
-  auto predictor = models::build_token_predictor({{"architecture", "jepa_predictor"}, {"fields", jepa_predictor_fields()}});
+  auto encoder = models::build_token_encoder(jepa_recipe()["model"]);
+  auto predictor = models::build_token_predictor(jepa_recipe()["predictor"]);
   encoder->to(device);
   predictor->to(device);
   auto objective = std::make_shared<JEPAObjective>(encoder, predictor, jepa_objective_options());
@@ -1459,8 +1455,8 @@ int cmd_bench(const std::vector<std::string>& args) {
       config = vae->config();
       model = vae;
     } else if (c == &jepa_case()) {
-      auto enc = models::build_token_encoder({{"architecture", c->arch}, {"fields", c->fields}});
-      auto pred = models::build_token_predictor({{"architecture", "jepa_predictor"}, {"fields", jepa_predictor_fields()}});
+      auto enc = models::build_token_encoder(jepa_recipe()["model"]);
+      auto pred = models::build_token_predictor(jepa_recipe()["predictor"]);
       model = std::make_shared<torch::nn::Module>();
       model->register_module("encoder", enc);
       model->register_module("predictor", pred);

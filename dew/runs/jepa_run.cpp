@@ -94,10 +94,8 @@ std::string registry_names(const RegistryBase& reg) {
   return s;
 }
 
-// Resolves "auto" and the data-dependent fields of the encoder, then the predictor's grid fields.
-void complete_models(json& r, const data::TensorDataset& ds) {
-  DEW_CHECK(ds.contains("image"), "data: dataset ", ds.name(), " has no \"image\" field");
-  const auto s = ds.field("image").sizes();
+// Resolves "auto" and the input-dependent fields of the encoder; checks the predictor's spec.
+void complete_models(json& r, at::IntArrayRef s, const std::string& data_name) {
   const bool video = s.size() == 5;
   DEW_CHECK(s.size() == 4 || video, "data: JEPA trains on images [N, C, H, W] or clips [N, C, T, H, W], got ", s);
   DEW_CHECK(s[s.size() - 1] == s[s.size() - 2], "data: JEPA encoders take square inputs, got ", s[s.size() - 2], " x ",
@@ -110,7 +108,7 @@ void complete_models(json& r, const data::TensorDataset& ds) {
   DEW_CHECK(models::token_encoders().contains(arch), "model.architecture: unknown \"", arch,
             "\"; accepted: auto, ", registry_names(models::token_encoders()));
   DEW_CHECK((arch == "jepa_video_encoder") == video, "model.architecture: ", arch, " does not take ",
-            video ? "clips" : "images", " (dataset ", ds.name(), " holds ", s, ")");
+            video ? "clips" : "images", " (dataset ", data_name, " holds ", s, ")");
   json& f = m["fields"];
   if (!f.is_object()) f = json::object();
   if (!f.contains("image_size")) f["image_size"] = s.back();
@@ -140,18 +138,8 @@ Built build_jepa(json& r, const c10::Device& device) {
   auto obj_opts = from_json<JEPAObjectiveOptions>(r["objective"], "objective");
   r["data"] = data_spec(r["data"]);
   auto train = data::datasets().build(r["data"]);
-  complete_models(r, *train);
-  // The encoder first: its initial weights are the first draws of the run's (seed, "init") generators,
-  // which initial_jepa_encoder() replays.
-  auto encoder = models::build_token_encoder(r["model"]);
-  r["model"] = encoder->config();
-  json& pf = r["predictor"]["fields"];
-  const json& ef = r["model"]["fields"];
-  for (const char* k : {"image_size", "patch_size", "frames", "tubelet_size"})
-    if (!pf.contains(k) && ef.contains(k)) pf[k] = ef[k];
-  if (!pf.contains("encoder_features")) pf["encoder_features"] = encoder->features();
-  auto predictor = models::build_token_predictor(r["predictor"]);
-  r["predictor"] = predictor->config();
+  DEW_CHECK(train->contains("image"), "data: dataset ", train->name(), " has no \"image\" field");
+  auto [encoder, predictor] = build_jepa_models(r, train->field("image").sizes(), train->name());
   data::DatasetPtr test;
   const int64_t classes = int64_t(train->class_names().size());
   const json held_out = test_spec(r);
@@ -186,6 +174,23 @@ io::WeightSource encoder_weights(const std::string& run_dir, const OpenOptions& 
 }
 
 }  // namespace
+
+JEPAModels build_jepa_models(json& r, at::IntArrayRef sizes, const std::string& data_name) {
+  complete_models(r, sizes, data_name);
+  // The encoder first: its initial weights are the first draws of the run's (seed, "init") generators,
+  // which initial_jepa_encoder() replays.
+  JEPAModels m;
+  m.encoder = models::build_token_encoder(r["model"]);
+  r["model"] = m.encoder->config();
+  json& pf = r["predictor"]["fields"];
+  const json& ef = r["model"]["fields"];
+  for (const char* k : {"image_size", "patch_size", "frames", "tubelet_size"})
+    if (!pf.contains(k) && ef.contains(k)) pf[k] = ef[k];
+  if (!pf.contains("encoder_features")) pf["encoder_features"] = m.encoder->features();
+  m.predictor = models::build_token_predictor(r["predictor"]);
+  r["predictor"] = m.predictor->config();
+  return m;
+}
 
 int64_t default_jepa_patch(int64_t image_size) {
   DEW_CHECK(image_size > 0 && image_size % 4 == 0, "model.fields.patch_size: not given, and the recipe cuts images into ",
