@@ -26,7 +26,7 @@ const char* kUsage =
     "  pairs RUN --prompts F --out F   DPO pairs from a policy's own samples (dew pairs --help)\n"
     "  task sums --out DIR  the post-training demo's task (sums of two 2-digit numbers)\n"
     "  bench [flags]        time a training step of the small CPU models, C++ vs Python eager\n"
-    "  tune threads [flags] measure this machine's best intra-op x OpenBLAS split and cache it\n"
+    "  tune threads [flags] measure this machine's best intra-op x BLAS split and cache it\n"
     "  tokenize --input F|DIR --out DIR [flags]   text -> token files (dew tokenize --help)\n"
     "  export RUN DEST [flags]   a language-model run as a Hugging Face folder (dew export --help)\n"
     "  forward DIR --inputs F --out F [flags]   run one diffusers model folder on named tensors (dew forward --help)\n"

@@ -1,8 +1,7 @@
 // `dew tune threads`: times each workload's representative step under every candidate split of the CPU
-// between LibTorch's intra-op threads and OpenBLAS's threads, each split in a fresh child process, prints
+// between LibTorch's intra-op threads and the BLAS's threads, each split in a fresh child process, prints
 // the table and records the fastest split of each workload in the thread cache (dew/core/threads.h), where
 // set_threads(0, workload) finds it.
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,7 +38,7 @@ const char* kTuneUsage =
     "usage: dew tune threads [--workloads intra_op,gemm] [--splits 2x1,1x2,1x1] [--steps 8] [--warmup 3]\n"
     "                        [--rounds 2] [--no-write] [--dry-run]\n"
     "\n"
-    "Times each workload under every split of the CPU between LibTorch's intra-op threads and OpenBLAS's\n"
+    "Times each workload under every split of the CPU between LibTorch's intra-op threads and the BLAS's\n"
     "threads (INTRAxBLAS; default: Cx1, 1xC, 1x1 and, from 4 cores, C/2x2, C/2x1, 2xC/2 for C usable cores),\n"
     "each split in a fresh process: --warmup untimed then --steps timed repetitions, their median; --rounds\n"
     "rounds over the splits (every other one in reverse order), each split's fastest round kept. The fastest\n"
@@ -113,8 +112,7 @@ std::string describe(Workload w) {
 // Sets the split, after the model is built (building runs set_threads of its own), before the first step.
 void apply(const ThreadSplit& split) {
   at::set_num_threads(int(split.intra));
-  if (auto set_blas = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
-    set_blas(int(split.blas));
+  set_blas_threads(split.blas);
 }
 
 // Times warmup + steps training steps of the default diffusion recipe on its first batch under `split`,
@@ -165,10 +163,9 @@ std::vector<double> time_generations(const ThreadSplit& split, int64_t warmup, i
 }
 
 int run_one_split(Workload workload, const ThreadSplit& split, int64_t warmup, int64_t steps) {
-  auto get_blas = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   const std::vector<double> ms = workload == Workload::kIntraOp ? time_training_steps(split, warmup, steps)
                                                                 : time_generations(split, warmup, steps);
-  std::cout << json{{"ms", ms}, {"intra", at::get_num_threads()}, {"blas", get_blas ? get_blas() : -1}}.dump()
+  std::cout << json{{"ms", ms}, {"intra", at::get_num_threads()}, {"blas", blas_threads()}}.dump()
             << std::endl;
   return 0;
 }
@@ -180,7 +177,7 @@ double measure(Workload w, const ThreadSplit& split, int64_t warmup, int64_t ste
   const std::string exe = fs::read_symlink("/proc/self/exe").string();
   const std::vector<std::string> argv = {exe, "tune", "threads", "--one", workload_name(w), "--split", split_text(split),
                                          "--warmup", std::to_string(warmup), "--steps", std::to_string(steps)};
-  // The environment holds the split too, so OpenMP's pool starts at its size and set_threads keeps OpenBLAS's.
+  // The environment holds the split too, so OpenMP's pool starts at its size and set_threads keeps the BLAS's.
   const ChildResult c = run_child(argv, {{"OMP_NUM_THREADS", std::to_string(split.intra)},
                                          {"OPENBLAS_NUM_THREADS", std::to_string(split.blas)},
                                          {"DEW_THREADS_CACHE", "off"}},
@@ -193,7 +190,7 @@ double measure(Workload w, const ThreadSplit& split, int64_t warmup, int64_t ste
   DEW_CHECK(last != std::string::npos, "tune threads: no result from ", command, "; it printed: ", c.out);
   const json j = json::parse(c.out.substr(last));
   DEW_CHECK(j["intra"] == split.intra && (j["blas"] == -1 || j["blas"] == split.blas), "tune threads: ", command,
-            " ran ", j["intra"].dump(), " intra-op x ", j["blas"].dump(), " OpenBLAS threads");
+            " ran ", j["intra"].dump(), " intra-op x ", j["blas"].dump(), " BLAS threads");
   return median(j["ms"].get<std::vector<double>>());
 }
 
@@ -252,8 +249,8 @@ int cmd_tune(const std::vector<std::string>& args) {
 
   std::string split_list;
   for (const auto& s : splits) split_list += (split_list.empty() ? "" : ", ") + split_text(s);
-  std::cout << "machine: " << machine_key() << "; OpenBLAS kernels " << (blas_core().empty() ? "n/a" : blas_core())
-            << "\ncache: " << (cache.empty() ? "off" : cache) << "\nsplits (intra-op x OpenBLAS): " << split_list
+  std::cout << "machine: " << machine_key() << "; BLAS " << (blas_core().empty() ? "n/a" : blas_core())
+            << "\ncache: " << (cache.empty() ? "off" : cache) << "\nsplits (intra-op x BLAS): " << split_list
             << "; " << warmup << " warm-up + " << steps << " timed repetitions each, median; " << rounds
             << " round(s), the fastest kept\n";
   for (const Workload w : workloads)
@@ -304,7 +301,7 @@ int cmd_tune(const std::vector<std::string>& args) {
   std::cout << "\n";
   for (const auto& [w, m] : winners)
     std::cout << "chosen " << workload_name(w) << ": " << m.split.intra << " intra-op x " << m.split.blas
-              << " OpenBLAS (built-in: " << split_text(builtin_split(w)) << ")\n";
+              << " BLAS (built-in: " << split_text(builtin_split(w)) << ")\n";
   if (write) {
     record_measured_splits(cache, winners);
     std::cout << "wrote " << cache << " (entry \"" << machine_key() << "\")\n";

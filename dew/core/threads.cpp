@@ -1,5 +1,6 @@
 #include "dew/core/threads.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <malloc.h>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -29,10 +31,69 @@ using json = nlohmann::json;
 //                                                         "measured_at": "2026-12-02 10:15 UTC"}, "gemm": {...}}}}
 constexpr int kThreadCacheFormat = 1;
 
-// dew links the generic libblas interface, not OpenBLAS by name, so its extensions are looked up at run time.
+// The BLAS is whatever the loaded LibTorch links (oneMKL inside the torch wheels, OpenBLAS behind Debian's
+// libtorch-dev), so its thread and kernel functions are looked up at run time by their exported names.
 template <class Fn>
-Fn openblas_fn(const char* name) {
+Fn blas_fn(const char* name) {
   return reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, name));
+}
+
+// oneMKL's kernel set as its verbose mode names it on the first call ("MKL_VERBOSE oneMKL 2024.2 Product
+// build ... for Intel(R) 64 architecture Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled
+// processors, ..."): the line is captured from stdout around one small GEMM. "" when MKL is not loaded.
+std::string mkl_core() {
+  auto verbose = blas_fn<int (*)(int)>("MKL_Verbose");
+  auto version = blas_fn<void (*)(char*, int)>("MKL_Get_Version_String");
+  if (!verbose || !version) return "";
+  char buf[256] = {0};
+  version(buf, sizeof buf - 1);
+  std::string v(buf);  // "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build ..."
+  const auto at = v.find("Version ");
+  std::string name = "oneMKL " + (at == std::string::npos ? v : v.substr(at + 8, v.find_first_of("- ", at + 8) - at - 8));
+  std::fflush(stdout);
+  char path[] = "/tmp/dew_mkl_verboseXXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return name;
+  const int saved = dup(1);
+  dup2(fd, 1);
+  const int before = verbose(1);
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor a = at::ones({64, 64});
+    (void)at::mm(a, a);  // MKL's sgemm prints its banner on this first verbose call
+  }
+  verbose(before > 0 ? before : 0);
+  std::fflush(stdout);
+  dup2(saved, 1);
+  close(saved);
+  close(fd);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(path);
+  // "... 64 architecture Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors, Lnx ..."
+  // on Intel CPUs; "... 64 architecture Intel(R) Architecture processors, Lnx ..." on others (AMD).
+  const std::string from = "64 architecture ";
+  const auto arch = text.find(from), end = text.find(" processors,", arch == std::string::npos ? 0 : arch);
+  if (arch == std::string::npos || end == std::string::npos) return name;
+  std::string isa = text.substr(arch + from.size(), end - arch - from.size());
+  const std::string enabled = " enabled";
+  if (isa.size() > enabled.size() && isa.compare(isa.size() - enabled.size(), enabled.size(), enabled) == 0) {
+    isa.resize(isa.size() - enabled.size());
+  } else {
+    isa += " processors";
+  }
+  if (!isa.empty() && isa.back() == ')') {  // "... (Intel(R) AVX2)": the short name in the last parentheses
+    int depth = 0;
+    for (size_t i = isa.size(); i-- > 0;) {
+      depth += isa[i] == ')' ? 1 : isa[i] == '(' ? -1 : 0;
+      if (depth == 0) {
+        isa = isa.substr(i + 1, isa.size() - i - 2);
+        break;
+      }
+    }
+  }
+  for (auto at = isa.find("Intel(R) "); at != std::string::npos; at = isa.find("Intel(R) ")) isa.erase(at, 9);
+  return name + " " + isa;  // "oneMKL 2024.2 AVX2", "oneMKL 2024.2 Architecture processors"
 }
 
 std::string trimmed(const std::string& s) {
@@ -94,11 +155,40 @@ int64_t usable_cores() {
   return std::max<int64_t>(1, std::thread::hardware_concurrency());
 }
 
+int64_t default_blas_threads(int64_t intra) {
+  // OpenBLAS runs its own thread pool: intra-op threads and OpenBLAS threads on the same two cores
+  // oversubscribe them (2 + 2 ran a transformer step 2.4x slower than 1 + 2), so it gets the cores LibTorch
+  // leaves. oneMKL runs on ATen's OpenMP threads (one thread inside ATen's parallel regions): as many.
+  if (blas_fn<void (*)(int)>("openblas_set_num_threads")) return std::max<int64_t>(1, usable_cores() / intra);
+  return intra;
+}
+
+std::string set_blas_threads(int64_t n) {
+  DEW_CHECK(n >= 1, "BLAS threads: must be >= 1, got ", n);
+  if (auto set = blas_fn<void (*)(int)>("openblas_set_num_threads")) {
+    set(int(n));
+    return std::to_string(n) + " OpenBLAS";
+  }
+  // MKL's C entry points are the mixed-case names (mkl_service.h maps the lower-case spellings to them); the
+  // exported lower-case symbols are its Fortran interface, which takes pointers.
+  if (auto set = blas_fn<int (*)(int)>("MKL_Set_Num_Threads_Local")) {
+    set(int(n));  // this thread's count: the GEMMs it calls outside ATen's parallel regions
+    return std::to_string(n) + " oneMKL";
+  }
+  return "";
+}
+
+int64_t blas_threads() {
+  if (auto get = blas_fn<int (*)()>("openblas_get_num_threads")) return get();
+  if (auto get = blas_fn<int (*)()>("MKL_Get_Max_Threads")) return get();
+  return -1;
+}
+
 ThreadSplit builtin_split(Workload workload) {
   const int64_t cores = usable_cores();
   if (workload == Workload::kGemm) return {1, std::min<int64_t>(2, cores)};
   const int64_t intra = std::min<int64_t>(2, cores);
-  return {intra, std::max<int64_t>(1, cores / intra)};
+  return {intra, default_blas_threads(intra)};
 }
 
 std::string machine_key() {
@@ -202,19 +292,13 @@ int64_t set_threads(int64_t threads, Workload workload) {
     threads = split.intra;
     blas = split.blas;
   }
-  at::set_num_threads(int(threads));
-  // Intra-op threads and OpenBLAS threads on the same two cores oversubscribe them (2 + 2 ran a transformer
-  // step 2.4x slower than 1 + 2), so OpenBLAS gets the cores LibTorch leaves unless a split was chosen.
+  at::set_num_threads(int(threads));  // oneMKL's global count too, where LibTorch links it
   std::string blas_text;
-  auto set_blas = openblas_fn<void (*)(int)>("openblas_set_num_threads");
-  if (const char* env = std::getenv("OPENBLAS_NUM_THREADS")) {
+  if (const char* env = std::getenv("OPENBLAS_NUM_THREADS"); env && blas_fn<void (*)(int)>("openblas_set_num_threads")) {
     blas_text = std::string("OpenBLAS's OPENBLAS_NUM_THREADS=") + env;
-  } else if (!set_blas) {
-    blas_text = "the BLAS's own threads (not OpenBLAS)";
   } else {
-    const int64_t n = blas.value_or(std::max<int64_t>(1, usable_cores() / threads));
-    set_blas(int(n));
-    blas_text = std::to_string(n) + " OpenBLAS";
+    blas_text = set_blas_threads(blas.value_or(default_blas_threads(threads)));
+    if (blas_text.empty()) blas_text = "the BLAS's own threads";
   }
   const std::string line = str("threads: ", threads, " intra-op x ", blas_text, " (", source, ")");
   if (measured) {
@@ -226,14 +310,17 @@ int64_t set_threads(int64_t threads, Workload workload) {
 }
 
 std::string blas_core() {
-  auto fn = openblas_fn<char* (*)()>("openblas_get_corename");
-  return fn ? std::string(fn()) : std::string();
+  if (auto fn = blas_fn<char* (*)()>("openblas_get_corename")) return "OpenBLAS " + std::string(fn());
+  static const std::string mkl = mkl_core();  // one verbose GEMM per process
+  return mkl;
 }
 
 void reexec_with_blas_kernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE") || std::getenv(kCoretypeMarker)) return;
   if (const char* off = std::getenv("DEW_BLAS_REEXEC"); off && std::string(off) == "0") return;
-  std::string core = blas_core();
+  auto corename = blas_fn<char* (*)()>("openblas_get_corename");
+  if (!corename) return;  // not OpenBLAS: oneMKL picks its kernels from the CPU's instruction sets itself
+  std::string core = corename();
   std::transform(core.begin(), core.end(), core.begin(), ::tolower);
   if (core != "prescott") return;
   // __builtin_cpu_supports also checks that the OS saves the AVX/AVX-512 register state (XCR0).

@@ -15,7 +15,7 @@ enum class Workload {
   // intra-op threads
   kIntraOp,
   // GEMMs that dew does not split over the intra-op threads (batch-1 generation's one-row products): one
-  // intra-op thread, OpenBLAS threads per GEMM
+  // intra-op thread, BLAS threads per GEMM
   kGemm,
 };
 
@@ -31,15 +31,28 @@ Workload parse_workload(const std::string& name, const std::string& what);
 /// How many threads of each kind a process runs on the CPU.
 struct ThreadSplit {
   int64_t intra = 1;  // LibTorch intra-op (OpenMP) threads, e.g. 2
-  int64_t blas = 1;   // OpenBLAS threads per GEMM, e.g. 1
+  int64_t blas = 1;   // BLAS threads per GEMM outside ATen's parallel regions, e.g. 1
 };
 
 /// The CPUs this process may run on (its affinity mask), at least 1.
 int64_t usable_cores();
 
 /// The built-in split, used where nothing was measured: kIntraOp: min(2, cores) intra-op threads and
-/// max(1, cores / intra-op) OpenBLAS threads; kGemm: 1 intra-op thread and min(2, cores) OpenBLAS threads.
+/// default_blas_threads() of them; kGemm: 1 intra-op thread and min(2, cores) BLAS threads.
 ThreadSplit builtin_split(Workload workload);
+
+/// BLAS threads beside `intra` intra-op threads when nothing else says: OpenBLAS (its own thread pool) gets
+/// the cores they leave, max(1, cores / intra); oneMKL (on ATen's OpenMP threads) gets `intra`.
+int64_t default_blas_threads(int64_t intra);
+
+/// Sets the BLAS's threads for the GEMMs this thread calls outside ATen's parallel regions: OpenBLAS's pool
+/// size, or oneMKL's count for the calling thread. Returns what it set ("2 OpenBLAS", "1 oneMKL"), "" for
+/// another BLAS. dew::Error when n < 1.
+std::string set_blas_threads(int64_t n);
+
+/// The BLAS's thread count as this thread sees it (openblas_get_num_threads, mkl_get_max_threads); -1 for
+/// another BLAS.
+int64_t blas_threads();
 
 /// This machine's key in the thread cache: /proc/cpuinfo's model name, which of avx512f and avx2 its flags
 /// list, and usable_cores(), e.g. "AMD EPYC | avx512f avx2 | 2 cores". A measured split holds only for the
@@ -68,8 +81,8 @@ std::optional<MeasuredSplit> cached_split(const std::string& path, Workload work
 /// the path when it cannot be written.
 void record_measured_splits(const std::string& path, const std::map<Workload, MeasuredSplit>& splits);
 
-/// Sets LibTorch's intra-op threads and OpenBLAS's threads. threads > 0: that many intra-op threads and
-/// OpenBLAS on the cores they leave (max(1, cores / threads)). threads == 0: OMP_NUM_THREADS when set
+/// Sets LibTorch's intra-op threads and the BLAS's threads. threads > 0: that many intra-op threads and
+/// default_blas_threads(threads) BLAS threads. threads == 0: OMP_NUM_THREADS when set
 /// (OpenBLAS as for threads > 0); else the split `dew tune threads` measured for this workload on this
 /// machine, when the thread cache (threads_cache_path()) holds one for machine_key(); else builtin_split().
 /// OPENBLAS_NUM_THREADS, when set, is left to OpenBLAS. The log says which source was used (info for a
@@ -78,11 +91,13 @@ void record_measured_splits(const std::string& path, const std::map<Workload, Me
 /// thread count.
 int64_t set_threads(int64_t threads, Workload workload);
 
-/// The kernel set OpenBLAS runs ("SkylakeX", "Haswell", or "Prescott" when it does not recognise the
-/// CPU); empty when the loaded BLAS is not OpenBLAS.
+/// The BLAS LibTorch runs and its kernel set: "oneMKL 2024.2 AVX2" (the torch wheels; the kernel set as
+/// MKL's verbose mode names it), "OpenBLAS Haswell" (Debian's libtorch-dev; "Prescott" when OpenBLAS does
+/// not recognise the CPU); empty for another BLAS.
 std::string blas_core();
 
-/// OpenBLAS picks its kernels once, when it is loaded, from the CPU model; on virtual CPUs it does not
+/// Only with an OpenBLAS LibTorch (oneMKL needs nothing of this): OpenBLAS picks its kernels once, when it
+/// is loaded, from the CPU model; on virtual CPUs it does not
 /// know (this project's CI machine) it falls back to SSE3 "Prescott" kernels, 2x slower than the AVX-512
 /// ones the CPU supports. When OPENBLAS_CORETYPE is unset, OpenBLAS chose Prescott and the CPU (and OS)
 /// support AVX-512 or AVX2, this re-executes the program with OPENBLAS_CORETYPE set to SkylakeX or

@@ -39,21 +39,10 @@ const std::vector<std::string>& attention_impls() {
   return impls;
 }
 
-bool sdpa_available() {
-#if TORCH_VERSION_MAJOR >= 2
-  return true;
-#else
-  return false;
-#endif
-}
-
 void check_attention_impl(const std::string& impl, const std::string& where) {
   bool known = false;
   for (const auto& i : attention_impls()) known |= (i == impl);
   DEW_CHECK(known, where, ": got \"", impl, "\", accepted: auto, reference, chunked, sdpa");
-  DEW_CHECK(impl != "sdpa" || sdpa_available(), where,
-            ": \"sdpa\" needs LibTorch >= 2.0 (at::scaled_dot_product_attention); this build uses LibTorch ",
-            TORCH_VERSION, "; use \"auto\", \"reference\" or \"chunked\"");
 }
 
 namespace {
@@ -112,16 +101,10 @@ Tensor attention_chunked(const Tensor& q, const Tensor& k, const Tensor& v, cons
 }
 
 Tensor attention_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask) {
-#if TORCH_VERSION_MAJOR >= 2
   // The kernels compute the softmax in fp32 internally whatever the input dtype.
-  c10::optional<Tensor> m;
+  std::optional<Tensor> m;
   if (mask.defined()) m = mask;
   return at::scaled_dot_product_attention(q, k, v, m, /*dropout_p=*/0.0, /*is_causal=*/false);
-#else
-  (void)q, (void)k, (void)v, (void)mask;
-  fail("attention_impl \"sdpa\" needs LibTorch >= 2.0 (at::scaled_dot_product_attention); this build uses "
-       "LibTorch ", TORCH_VERSION, "; use \"auto\", \"reference\" or \"chunked\"");
-#endif
 }
 
 namespace {
@@ -170,13 +153,12 @@ Tensor attention_checked(const Tensor& q, const Tensor& k, const Tensor& v, cons
   } else if (impl == "sdpa") {
     out = attention_sdpa(q, k, v, mask.mask);
   } else if (impl == "auto") {
-    // Without sdpa (LibTorch 1.x), small unmasked float32 attention on the CPU runs the fused kernel.
-    if (sdpa_available()) {
-      out = attention_sdpa(q, k, v, mask.mask);
-    } else if (!mask.defined() && fused_attention_applies(q, k, v) && fused_attention_preferred(k.size(2))) {
+    // Small unmasked float32 attention on the CPU runs the fused kernel where it measured faster than
+    // ATen's scaled_dot_product_attention (fused_attention_preferred); everything else runs sdpa.
+    if (!mask.defined() && fused_attention_applies(q, k, v) && fused_attention_preferred(k.size(2))) {
       out = fused_attention(q, k, v);
     } else {
-      out = reference_with_bias(q, k, v, mask.bias, force_fp32_for_softmax);
+      out = attention_sdpa(q, k, v, mask.mask);
     }
   } else {
     check_attention_impl(impl, "attention_impl");

@@ -23,8 +23,6 @@ using at::Tensor;
 
 /// The accepted values of `attention_impl`: auto, reference, chunked, sdpa.
 const std::vector<std::string>& attention_impls();
-/// True when at::scaled_dot_product_attention is compiled in (LibTorch >= 2).
-bool sdpa_available();
 /// Throws dew::Error unless `impl` is an accepted value usable in this build (`where` names the field).
 void check_attention_impl(const std::string& impl, const std::string& where);
 
@@ -78,7 +76,7 @@ class AttentionChunkRowsScope {
   int64_t previous_;
 };
 
-/// at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA); a dew::Error on LibTorch 1.x.
+/// at::scaled_dot_product_attention (flash / memory-efficient kernels on CUDA).
 Tensor attention_sdpa(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask);
 
 /// torch::linear(x, W, b) with the parameters cast to x's dtype: the fused addmm path (torch::nn::Linear's

@@ -414,7 +414,7 @@ std::vector<Tensor> remat(const RematFn& fn, const std::vector<Tensor>& inputs, 
   for (const auto& p : params) any_grad |= p.requires_grad();
   if (!torch::GradMode::is_enabled() || !any_grad) return fn(inputs);
 
-  auto node = std::shared_ptr<RematBackward>(new RematBackward(), torch::autograd::deleteNode);
+  auto node = c10::make_intrusive<RematBackward>();
   node->fn = fn;
   for (const auto& t : inputs) {
     node->inputs.push_back(t.detach());

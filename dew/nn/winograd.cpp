@@ -152,13 +152,7 @@ Tensor wino_weight_grad(const Tensor& x, const Tensor& dy) {
   return dU;
 }
 
-bool autocast_cpu_enabled() {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-  return at::autocast::is_autocast_enabled(at::kCPU);
-#else
-  return at::autocast::is_cpu_enabled();
-#endif
-}
+bool autocast_cpu_enabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
 
 struct WinogradConvFunction : public torch::autograd::Function<WinogradConvFunction> {
   // bias: [O], or empty for none.

@@ -35,20 +35,10 @@ struct SignalScope {
   }
 };
 
-// One place for LibTorch's two autocast APIs (per device type from 2.4, per device kind before).
+// Autocast on or off for one device type (CPU or CUDA), in `dtype` when on.
 void set_autocast(c10::DeviceType type, bool enabled, at::ScalarType dtype) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   if (enabled) at::autocast::set_autocast_dtype(type, dtype);
   at::autocast::set_autocast_enabled(type, enabled);
-#else
-  if (type == c10::kCUDA) {
-    if (enabled) at::autocast::set_autocast_gpu_dtype(dtype);
-    at::autocast::set_enabled(enabled);
-  } else {
-    if (enabled) at::autocast::set_autocast_cpu_dtype(dtype);
-    at::autocast::set_cpu_enabled(enabled);
-  }
-#endif
 }
 
 // Mixed precision of the forward (SPEC section 2: bf16 by default on CUDA). On the CPU only when asked

@@ -76,7 +76,7 @@ TEST(ForwardCli, RunsTheUNetFoldersOnDiffusersArguments) {
     dew::test::expect_golden(name + " sample", out.at("sample"), io.at("out_f32"), io.at("out_f64"));
     out = forward(dir, name, inputs, "--dtype float64");
     ASSERT_EQ(out.count("sample"), 1u);
-    dew::test::expect_close_f64(name + " sample", out.at("sample"), io.at("out_f64"), 1e-9);
+    dew::test::expect_close_f64(name + " sample", out.at("sample"), io.at("out_f64"), dew::test::kUnetFloat64Rel);
   }
 }
 

@@ -47,29 +47,26 @@ struct EnvUnset {
 };
 using EnvSet = EnvUnset;
 
-int openblas_threads() {
-  auto fn = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
-  return fn ? fn() : -1;
-}
+bool openblas_loaded() { return dlsym(RTLD_DEFAULT, "openblas_set_num_threads") != nullptr; }
 
-TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndOpenBLAS) {
+TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndTheBlas) {
   const int before = at::get_num_threads();
   EnvUnset omp("OMP_NUM_THREADS"), blas("OPENBLAS_NUM_THREADS");
   EnvSet cache("DEW_THREADS_CACHE", "off");
   const int64_t cores = dew::usable_cores();
   const int64_t two = std::min<int64_t>(2, cores);
+  ASSERT_GT(dew::blas_threads(), 0) << "neither oneMKL nor OpenBLAS is reachable from dew's LibTorch";
+  // OpenBLAS's own pool gets the cores the intra-op threads leave; oneMKL runs on ATen's OpenMP threads.
+  const int64_t blas_beside_two = openblas_loaded() ? std::max<int64_t>(1, cores / two) : two;
+  EXPECT_EQ(dew::default_blas_threads(two), blas_beside_two);
 
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), two);
   EXPECT_EQ(at::get_num_threads(), two);
-  if (openblas_threads() > 0) {
-    EXPECT_EQ(openblas_threads(), std::max<int64_t>(1, cores / two));
-  }
+  EXPECT_EQ(dew::blas_threads(), blas_beside_two);
 
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kGemm), 1);
   EXPECT_EQ(at::get_num_threads(), 1);
-  if (openblas_threads() > 0) {
-    EXPECT_EQ(openblas_threads(), two);
-  }
+  EXPECT_EQ(dew::blas_threads(), two);  // batch-1 generation's GEMMs get the cores
 
   setenv("OMP_NUM_THREADS", "1", 1);
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), 1);  // the environment wins over the default
@@ -77,6 +74,7 @@ TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndOpenBLAS) {
   EXPECT_EQ(at::get_num_threads(), 2);
   unsetenv("OMP_NUM_THREADS");
   at::set_num_threads(before);
+  dew::set_blas_threads(dew::default_blas_threads(before));
 }
 
 TEST(Threads, NegativeCountIsAnError) {
@@ -85,9 +83,18 @@ TEST(Threads, NegativeCountIsAnError) {
   EXPECT_NE(msg.find("-3"), std::string::npos) << msg;
 }
 
-TEST(Threads, OpenBLASReportsItsKernels) {
-  // dew links OpenBLAS through libblas (scripts/setup installs libopenblas0-pthread); its kernel set is known.
-  EXPECT_FALSE(dew::blas_core().empty());
+TEST(Threads, TheBlasReportsItsKernels) {
+  // The torch wheel's oneMKL names its kernel set in verbose mode ("oneMKL 2024.2 AVX2"), OpenBLAS by
+  // openblas_get_corename ("OpenBLAS Haswell"); either names an instruction set this CPU has.
+  const std::string core = dew::blas_core();
+  std::cout << "BLAS: " << core << "\n";
+  ASSERT_FALSE(core.empty());
+  EXPECT_TRUE(core.rfind("oneMKL ", 0) == 0 || core.rfind("OpenBLAS ", 0) == 0) << core;
+  // "oneMKL 2024.2 AVX2" / "oneMKL 2024.2 Architecture processors" (MKL's words on a CPU it does not tune for)
+  // / "OpenBLAS Haswell": a kernel set of at least a word after the name and version.
+  const auto set = core.rfind("oneMKL ", 0) == 0 ? core.find(' ', 7) : core.find(' ');
+  ASSERT_NE(set, std::string::npos) << core;
+  EXPECT_GE(core.size() - set - 1, 4u) << "no kernel set in \"" << core << "\"";
 }
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
@@ -132,9 +139,7 @@ TEST(Threads, MeasuredSplitInTheCacheIsTheDefault) {
 
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), 1);
   EXPECT_EQ(at::get_num_threads(), 1);
-  if (openblas_threads() > 0) {
-    EXPECT_EQ(openblas_threads(), 1);
-  }
+  EXPECT_EQ(dew::blas_threads(), 1);  // the measured split's BLAS count, whichever BLAS
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kGemm), dew::builtin_split(dew::Workload::kGemm).intra);
 
   // Recording another workload keeps the first; the environment and an explicit count still win.

@@ -92,8 +92,8 @@ TEST_P(HfDecoderFamilies, ExportThenImportIsBitwiseIdentical) {
 TEST_P(HfDecoderFamilies, ExportMatchesAnIndependentPythonReference) {
   // tests/interop/hf_reference.py computes logits from the exported folder with its own reading of
   // safetensors and the family's transformers maths; it needs /usr/bin/python3 with torch.
-  if (std::system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
+  if (std::system(DEW_PYTHON " -c 'import torch, numpy' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << DEW_PYTHON " with torch is not available";
   std::string family = GetParam();
   dew::test::TempDir dir("hf_ref_" + family);
   auto model = random_model(tiny_for(family), 11);
@@ -111,7 +111,7 @@ TEST_P(HfDecoderFamilies, ExportMatchesAnIndependentPythonReference) {
     rows.push_back(r);
   }
   std::ofstream(dir.file("ids.json")) << rows.dump();
-  std::string cmd = "/usr/bin/python3 " + std::string(DEW_SOURCE_DIR) + "/tests/interop/hf_reference.py " +
+  std::string cmd = DEW_PYTHON " " + std::string(DEW_SOURCE_DIR) + "/tests/interop/hf_reference.py " +
                     dir.file("hf") + " " + dir.file("ids.json") + " " + dir.file("logits.f32");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream f(dir.file("logits.f32"), std::ios::binary);

@@ -46,9 +46,7 @@ TEST(Attention, ChunkedAndAutoAgreeWithReferenceWithAndWithoutMasks) {
     EXPECT_LT(max_diff(attention(q, k, v, mask, "auto"), ref), 1e-5);
     Tensor m4safe = m4.defined() ? m4 : Tensor();
     EXPECT_LT(max_diff(dew::nn::attention_chunked(q, k, v, m4safe, true, 64), ref), 1e-5);  // 5 uneven chunks
-    if (dew::nn::sdpa_available()) {
-      EXPECT_LT(max_diff(attention(q, k, v, mask, "sdpa"), ref), 1e-5);
-    }
+    EXPECT_LT(max_diff(attention(q, k, v, mask, "sdpa"), ref), 1e-5);
   }
 }
 
@@ -82,18 +80,10 @@ TEST(Attention, FullyMaskedRowGivesZerosAndFiniteGradients) {
   }
 }
 
-TEST(Attention, SdpaNeedsLibTorch2AndUnknownImplIsAnError) {
+TEST(Attention, UnknownImplIsAnError) {
   auto [q, k, v] = random_qkv(1, 1, 4, 4, 8, 5);
-  if (!dew::nn::sdpa_available()) {
-    try {
-      attention(q, k, v, {}, "sdpa");
-      FAIL() << "sdpa on LibTorch 1.x must throw";
-    } catch (const dew::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("LibTorch >= 2"), std::string::npos) << e.what();
-    }
-    EXPECT_THROW(dew::nn::SelfAttention(dew::nn::SelfAttentionOptions(16, 2).impl("sdpa")), dew::Error);
-  }
   EXPECT_THROW(attention(q, k, v, {}, "flash"), dew::Error);
+  EXPECT_THROW(dew::nn::SelfAttention(dew::nn::SelfAttentionOptions(16, 2).impl("flash")), dew::Error);
 }
 
 TEST(Attention, Fp32SoftmaxUnderBfloat16StaysClose) {

@@ -289,13 +289,13 @@ TEST(Fused, AttentionAutoUsesItOnlyWhereItApplies) {
   Tensor q = torch::randn({2, 2, 9, 16}), k = torch::randn({2, 2, 9, 16}), v = torch::randn({2, 2, 9, 16});
   // "auto" without a mask is the fused kernel; "reference" is the composite; they agree.
   EXPECT_LT(max_diff(dew::nn::attention(q, k, v, {}, "auto"), dew::nn::attention(q, k, v, {}, "reference")), 2e-6);
-  // A key mask, float64 or too many keys keep the composite.
+  // A key mask, float64 or too many keys take at::scaled_dot_product_attention ("sdpa").
   Tensor mask = torch::rand({2, 9}) > 0.3;
-  EXPECT_TRUE(torch::equal(dew::nn::attention(q, k, v, mask, "auto"), dew::nn::attention(q, k, v, mask, "reference")));
+  EXPECT_TRUE(torch::equal(dew::nn::attention(q, k, v, mask, "auto"), dew::nn::attention(q, k, v, mask, "sdpa")));
   EXPECT_FALSE(dew::nn::fused_attention_applies(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble)));
   EXPECT_FALSE(dew::nn::fused_attention_preferred(dew::nn::kFusedAttentionMaxKeys + 1));
   Tensor kl = torch::randn({1, 1, dew::nn::kFusedAttentionMaxKeys + 1, 4}), ql = torch::randn({1, 1, 2, 4});
-  EXPECT_TRUE(torch::equal(dew::nn::attention(ql, kl, kl, {}, "auto"), dew::nn::attention(ql, kl, kl, {}, "reference")));
+  EXPECT_TRUE(torch::equal(dew::nn::attention(ql, kl, kl, {}, "auto"), dew::nn::attention(ql, kl, kl, {}, "sdpa")));
   EXPECT_NE(error_of([&] { dew::nn::fused_attention(q.to(at::kDouble), k, v); }).find("needs float32 CPU"),
             std::string::npos);
 }

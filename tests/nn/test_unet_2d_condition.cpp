@@ -34,9 +34,10 @@ std::shared_ptr<dew::nn::UNet2DConditionImpl> load_folder(const std::string& fol
   return model;
 }
 
-// `rel_f64`: the float64 agreement; diffusers' upcast_attention computes the scores in float32 even in a
-// float64 model (q.float(), k.float()), so such a case agrees only to float32 precision.
-void run_case(const std::string& name, double rel_f64 = 1e-9) {
+// `rel_f64`: the float64 agreement (dew::test::kUnetFloat64Rel: the float32 timestep embedding); diffusers'
+// upcast_attention computes the scores in float32 even in a float64 model (q.float(), k.float()), so such a
+// case agrees only to float32 precision.
+void run_case(const std::string& name, double rel_f64 = dew::test::kUnetFloat64Rel) {
   const std::string folder = kSdGolden + name;
   ASSERT_TRUE(std::filesystem::exists(folder + "/io.safetensors")) << folder;
   std::printf("%s\n", name.c_str());

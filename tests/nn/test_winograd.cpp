@@ -124,15 +124,9 @@ TEST(Winograd, AppliesOnlyWhereItComputesTheSameConvolution) {
   EXPECT_NE(err.find("channels-last"), std::string::npos) << err;
   {
     // Under CPU autocast the convolution is autocast's to run (in bfloat16).
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
     at::autocast::set_autocast_enabled(at::kCPU, true);
     EXPECT_FALSE(dew::nn::winograd_conv_applies(x, w, b));
     at::autocast::set_autocast_enabled(at::kCPU, false);
-#else
-    at::autocast::set_cpu_enabled(true);
-    EXPECT_FALSE(dew::nn::winograd_conv_applies(x, w, b));
-    at::autocast::set_cpu_enabled(false);
-#endif
   }
 }
 

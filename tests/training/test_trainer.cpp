@@ -200,11 +200,7 @@ TEST(Trainer, CpuBfloat16AutocastRunsTheForwardInBfloat16AndKeepsFloat32Paramete
   EXPECT_EQ(off->forward_dtype, at::kFloat);
   EXPECT_EQ(fp->forward_dtype, at::kFloat);
   EXPECT_EQ(bf->forward_dtype, at::kBFloat16);
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));  // restored after the step
-#else
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
-#endif
   const auto wb = bf->m_->lin->weight, wo = off->m_->lin->weight, w0 = RegressionObjective(-1, false).m_->lin->weight;
   EXPECT_EQ(wb.scalar_type(), at::kFloat);
   EXPECT_TRUE(at::equal(wo, fp->m_->lin->weight));
