@@ -1,5 +1,6 @@
-// SentencePiece tokenizer.model files read by dew's own ModelProto reader must encode and decode exactly
-// as Debian's python3-sentencepiece does. The models and the expected ids were produced once by
+// SentencePiece tokenizer.model files read through libsentencepiece must encode and decode exactly as
+// Debian's python3-sentencepiece does; both run the same library, so this checks dew's wrapping (special
+// ids, BOS, control pieces, errors). The models and the expected ids were produced once by
 // tests/data/fixtures/make_sentencepiece_fixtures.py (unigram and BPE, with and without byte fallback,
 // a user-defined symbol, unknown characters, repeated and leading spaces).
 #include <gtest/gtest.h>
