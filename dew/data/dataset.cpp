@@ -405,8 +405,10 @@ at::Tensor resized_crop(const at::Tensor& image, const CropBox& box) {
   auto crop = image.narrow(-2, box.top, box.height).narrow(-1, box.left, box.width);
   if (box.height == h && box.width == w) return crop.clone();
   const auto work = image.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  auto out = at::upsample_bilinear2d(crop.reshape({1, -1, box.height, box.width}).to(work), {h, w},
-                                     /*align_corners=*/false);
+  // Antialiased bilinear, as torchvision's resize defaults to since 0.17 (its filter weights, also when
+  // enlarging, differ in the last bits from plain bilinear's, which moves uint8 rounding).
+  auto out = at::_upsample_bilinear2d_aa(crop.reshape({1, -1, box.height, box.width}).to(work), {h, w},
+                                         /*align_corners=*/false);
   if (!at::isFloatingType(image.scalar_type())) out.round_();  // torchvision rounds before casting back
   return out.reshape(image.sizes()).to(image.scalar_type());
 }

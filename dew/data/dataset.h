@@ -230,7 +230,7 @@ CropBox random_resized_crop_box(int64_t height, int64_t width, std::pair<double,
                                 std::pair<double, double> ratio, const std::function<uint32_t()>& draw);
 
 /// `box` of `image` ([..., H, W]) resized back to H x W as torchvision's resized_crop does on tensors:
-/// bilinear, align_corners false, no antialias, in float64 for float64 images and float32 otherwise; uint8
+/// bilinear, align_corners false, antialiased (torchvision's default since 0.17), in float64 for float64 images and float32 otherwise; uint8
 /// results are rounded half to even. Every leading slice (channel, frame) gets the same box.
 at::Tensor resized_crop(const at::Tensor& image, const CropBox& box);
 

@@ -1,8 +1,8 @@
 """Resized-crop golden from torchvision's own RandomResizedCrop (get_params, then functional.resized_crop on
-tensors), run under Debian's python3-torch (1.13) and python3-torchvision (0.14). Not run by CI; rerun by hand:
+tensors, antialias at its default, True), run in the project's environment (requirements.txt: torch 2.13.0,
+torchvision 0.28.0; the versions are recorded in the output's metadata). Not run by CI; rerun by hand:
 
-    apt-get install python3-torchvision
-    /usr/bin/python3 tests/golden/crop_reference.py
+    .venv/bin/python tests/golden/crop_reference.py
 
 RandomResizedCrop draws from torch's global generator: torch.empty(1).uniform_(a, b) for the area fraction
 and the log-aspect, torch.randint(0, n, (1,)) for the corner. Two stubs replace those draws by a scripted
