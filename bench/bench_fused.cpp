@@ -91,7 +91,8 @@ void BM_FusedAttention(benchmark::State& state, std::string isa) {
   Tensor g = torch::randn({32, 4, S, D});
   for (auto _ : state) {
     auto t = qkv.permute({2, 0, 3, 1, 4}).unbind(0);
-    Tensor o = fused ? dew::nn::fused_attention(t[0], t[1], t[2]) : dew::nn::attention(t[0], t[1], t[2], {}, "reference");
+    // "aten": at::scaled_dot_product_attention, which attention_impl "auto" runs where the fused kernel is not taken.
+    Tensor o = fused ? dew::nn::fused_attention(t[0], t[1], t[2]) : dew::nn::attention(t[0], t[1], t[2], {}, "sdpa");
     o.backward(g);
     qkv.mutable_grad().reset();
     benchmark::DoNotOptimize(o.data_ptr());

@@ -60,6 +60,7 @@ def main():
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--optim", default="{}", help="dew's OptimOptions as JSON (lr, schedule, warm-up, grad_clip, ...)")
+    peer.add_compile_flag(ap)
     a = ap.parse_args()
     optim = peer.parse_optim(a.optim)
     if a.device != "cpu":
@@ -95,13 +96,14 @@ def main():
     mask[:, L - C:] = True
     ids, masks = torch.cat([chosen, rejected], 0), torch.cat([mask, mask], 0)  # [2B, L]: chosen rows first
 
-    times, loss = [], 0.0
+    run_policy, run_reference = peer.compiled(a, policy, reference) if a.compile else (policy, reference)
+    times, loss, first = [], 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.no_grad():
-            ref = sequence_logps(reference(ids), ids, masks)
-        pol = sequence_logps(policy(ids), ids, masks)
+            ref = sequence_logps(run_reference(ids), ids, masks)
+        pol = sequence_logps(run_policy(ids), ids, masks)
         chosen_lr, rejected_lr = pol[:B] - ref[:B], pol[B:] - ref[B:]
         l = -F.logsigmoid(BETA * (chosen_lr - rejected_lr)).mean()
         chosen_rewards, rejected_rewards = BETA * chosen_lr.detach(), BETA * rejected_lr.detach()
@@ -119,12 +121,15 @@ def main():
         peer.set_lr(opt, optim, i, total)
         opt.step()
         t3 = time.perf_counter()
+        if i == 0:
+            first = t3 - t0
         if i >= a.warmup:
             times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
     if not math.isfinite(loss) or not all(math.isfinite(v) for v in metrics.values()):
         fail(f"non-finite loss {loss} or metrics {metrics}")
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
-    print(json.dumps(peer.result(med, B, n, loss, tokens_per_s=2 * B * L / (med[0] / 1e3))), flush=True)
+    print(json.dumps(peer.result(med, B, n, loss, tokens_per_s=2 * B * L / (med[0] / 1e3),
+                                 **peer.compile_extra(a, first, med[0]))), flush=True)
 
 
 if __name__ == "__main__":

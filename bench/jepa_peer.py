@@ -192,6 +192,7 @@ def main():
     ap.add_argument("--params", type=int, default=-1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--optim", default="{}", help="dew's OptimOptions as JSON (lr, schedule, warm-up, grad_clip, ...)")
+    peer.add_compile_flag(ap)
     a = ap.parse_args()
     optim = peer.parse_optim(a.optim)
     if a.device != "cpu":
@@ -214,16 +215,18 @@ def main():
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, 256, (a.batch, f["in_channels"], f["image_size"], f["image_size"]), generator=g,
                       dtype=torch.uint8)
-    times, loss = [], 0.0
+    # The modules run compiled under --compile; parameters, the optimizer and the EMA stay the eager ones.
+    run_enc, run_pred, run_target = peer.compiled(a, enc, pred, target) if a.compile else (enc, pred, target)
+    times, loss, first = [], 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         xf = x.float() / 127.5 - 1
         ctx, tgt = masks(g, a.batch, G, G, cfg.get("masks", IJEPA_MASKS))
         with torch.no_grad():
-            h = F.layer_norm(target(xf), (f["emb_features"],))
+            h = F.layer_norm(run_target(xf), (f["emb_features"],))
             h = torch.cat([gather(h, m) for m in tgt], 0)
-        z = pred(enc(xf, ctx), ctx, tgt)
+        z = run_pred(run_enc(xf, ctx), ctx, tgt)
         l = F.mse_loss(z, h)
         loss = l.item()
         if not math.isfinite(loss):
@@ -238,15 +241,12 @@ def main():
             for q, k in zip(enc.parameters(), target.parameters()):
                 k.data.mul_(MOMENTUM).add_((1.0 - MOMENTUM) * q.detach().data)
         t3 = time.perf_counter()
+        if i == 0:
+            first = t3 - t0
         if i >= a.warmup:
             times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
-    print(json.dumps({
-        "ms_per_step": med[0], "samples_per_s": a.batch / (med[0] / 1e3),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "params": n,
-        "threads": torch.get_num_threads(), "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", ""),
-        "blas_core": "", "phases_ms": {"forward": med[1], "backward": med[2], "optimizer": med[3]},
-        "loss": loss, "torch": torch.__version__}), flush=True)
+    print(json.dumps(peer.result(med, a.batch, n, loss, **peer.compile_extra(a, first, med[0]))), flush=True)
 
 
 if __name__ == "__main__":

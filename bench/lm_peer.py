@@ -232,6 +232,7 @@ def main():
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     ap.add_argument("--optim", default="{}", help="dew's OptimOptions as JSON (lr, schedule, warm-up, grad_clip, ...)")
+    peer.add_compile_flag(ap)  # the training step only: generation stays eager (its cache grows every token)
     a = ap.parse_args()
     peer.use_device(a.device)
     optim = peer.parse_optim(a.optim)
@@ -255,13 +256,15 @@ def main():
     g = peer.generator(1)
     tokens = torch.randint(0, V, (a.batch, a.seq_len + 1), generator=g)
     prompt = torch.randint(0, V, (1, a.prompt_len), generator=g)
-    step = Step(model, tokens, optim, a.warmup + a.steps)
-    times, loss = [], 0.0
+    step = Step(peer.compiled(a, model), tokens, optim, a.warmup + a.steps)
+    times, loss, first = [], 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         fwd, bwd, opt, loss = step.run()
         if not math.isfinite(loss):
             fail(f"non-finite loss {loss} at step {i}")
+        if i == 0:
+            first = time.perf_counter() - t0
         if i >= a.warmup:
             times.append((time.perf_counter() - t0, fwd, bwd, opt))
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
@@ -281,7 +284,8 @@ def main():
     print(json.dumps(peer.result(med, a.batch, n, loss,
                                  tokens_per_s=a.batch * a.seq_len / (med[0] / 1e3),
                                  gen_ms_per_token=gen_ms / a.new_tokens,
-                                 prefill_ms=statistics.median(prefills) * 1e3)), flush=True)
+                                 prefill_ms=statistics.median(prefills) * 1e3,
+                                 **peer.compile_extra(a, first, med[0]))), flush=True)
 
 
 if __name__ == "__main__":

@@ -508,13 +508,62 @@ class Step(TrainStep):
 
 
 def blas_core():
-    """The kernel set OpenBLAS chose (settled at its first call), or "" when torch uses another BLAS."""
+    """The BLAS torch runs and its kernel set, as dew names it: "oneMKL 2024.2 AVX2" (oneMKL's verbose mode
+    names its kernels on the first call after it is turned on), "OpenBLAS Haswell", or "" for another."""
     try:
-        lib = ctypes.CDLL("libopenblas.so.0")  # the copy torch already loaded
+        lib = ctypes.CDLL("libopenblas.so.0")  # the copy torch already loaded, if it links OpenBLAS
         lib.openblas_get_corename.restype = ctypes.c_char_p
-        return lib.openblas_get_corename().decode()
+        return "OpenBLAS " + lib.openblas_get_corename().decode()
     except (OSError, AttributeError):
+        pass
+    if not torch.backends.mkl.is_available():
         return ""
+    import re
+    import tempfile
+    version = re.search(r"Math Kernel Library Version ([0-9.]+)", torch.__config__.show())
+    name = "oneMKL " + (version.group(1) if version else "")
+    sys.stdout.flush()
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(1)
+        os.dup2(f.fileno(), 1)
+        try:
+            with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
+                a = torch.ones(64, 64)
+                torch.mm(a, a)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        text = f.read().decode(errors="replace")
+    # "... for Intel(R) 64 architecture Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled
+    # processors, Lnx ..." on Intel CPUs; "... architecture Intel(R) Architecture processors, ..." elsewhere.
+    found = re.search(r"64 architecture (.*?)(?: enabled)? processors,", text)
+    if not found:
+        return name
+    short = re.search(r"\(([^()]*)\)\s*$", found.group(1))
+    return name + " " + (short.group(1) if short else found.group(1) + " processors").replace("Intel(R) ", "")
+
+
+def add_compile_flag(ap):
+    """--compile: the peers' torch.compile mode (dew bench's "Python compiled" side)."""
+    ap.add_argument("--compile", action="store_true",
+                    help="run the model(s) under torch.compile (inductor, default mode); the first step's extra "
+                         "time is reported as compile_s, the timed steps are steady state")
+
+
+def compiled(a, *models):
+    """The models under torch.compile (inductor, default mode) when --compile, else as they are; compiling
+    happens in the first step, so --compile takes at least one untimed step."""
+    if not a.compile:
+        return models[0] if len(models) == 1 else models
+    a.warmup = max(a.warmup, 1)
+    out = tuple(torch.compile(m) for m in models)
+    return out[0] if len(out) == 1 else out
+
+
+def compile_extra(a, first_s, med_ms):
+    """{"compile_s": the first step's time beyond a steady-state step} under --compile, else {}."""
+    return {"compile_s": max(0.0, first_s - med_ms / 1e3)} if a.compile else {}
 
 
 def result(med, batch, params, loss, **extra):
@@ -551,6 +600,7 @@ def main():
     ap.add_argument("--optim", default="{}", help="dew's OptimOptions as JSON (lr, schedule, warm-up, grad_clip, ...)")
     ap.add_argument("--unconditional-prob", type=float, default=0.12, help="probability of the null label")
     ap.add_argument("--profile", default="", help="write a Chrome trace of the timed steps (torch.profiler) here")
+    add_compile_flag(ap)
     a = ap.parse_args()
     use_device(a.device)
     optim = parse_optim(a.optim)
@@ -577,9 +627,10 @@ def main():
     if a.context_len > 0:
         context = torch.randn(a.batch, a.context_len, fields["context_features"], generator=g)
         mask = torch.ones(a.batch, a.context_len, dtype=torch.bool)
+    model = compiled(a, model)
     step = Step(model, images, labels, seed=2, num_classes=fields.get("num_classes", 0), drop=a.unconditional_prob,
                 optim=optim, total=a.warmup + a.steps, context=context, context_mask=mask)
-    times, loss = [], 0.0
+    times, loss, first = [], 0.0, 0.0
     prof = None
     for i in range(a.warmup + a.steps):
         if i == a.warmup and a.profile:
@@ -590,13 +641,15 @@ def main():
         fwd, bwd, opt, loss = step.run()
         if not math.isfinite(loss):
             fail(f"non-finite loss {loss} at step {i}")
+        if i == 0:
+            first = time.perf_counter() - t0
         if i >= a.warmup:
             times.append((time.perf_counter() - t0, fwd, bwd, opt))
     if prof is not None:
         prof.__exit__(None, None, None)
         prof.export_chrome_trace(a.profile)
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
-    print(json.dumps(result(med, a.batch, n, loss)), flush=True)
+    print(json.dumps(result(med, a.batch, n, loss, **compile_extra(a, first, med[0]))), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 #!/usr/bin/python3
-"""Python eager peer of `dew bench --models sd_unet,sd_vae`: the real diffusers v0.34.0 classes.
+"""Python peer of `dew bench --models sd_unet,sd_vae`: the real diffusers classes, as installed.
 
 The models are diffusers' own UNet2DConditionModel and AutoencoderKL, built from the same config.json dict the
-C++ side builds its unet_2d_condition / autoencoder_kl from (--config), imported from a diffusers source
-checkout (--diffusers-src; default $DEW_DIFFUSERS_SRC, else /tmp/diffusers_src/src) with the stubs of
-tests/golden/diffusers_stubs.py standing in for huggingface_hub and safetensors. Nothing is re-implemented.
+C++ side builds its unet_2d_condition / autoencoder_kl from (--config), imported from the environment's pinned
+diffusers (requirements.txt), or from a diffusers source checkout when --diffusers-src (or $DEW_DIFFUSERS_SRC)
+names one (then with the stubs of tests/golden/diffusers_stubs.py standing in for huggingface_hub and
+safetensors). Nothing is re-implemented.
 
 - sd_unet: one training step of diffusers' examples/text_to_image/train_text_to_image.py (epsilon
   prediction, --use_ema, no gradient clipping): noise = randn_like(latents), timesteps = randint(0, 1000, [B]),
@@ -17,9 +18,9 @@ tests/golden/diffusers_stubs.py standing in for huggingface_hub and safetensors.
   z = scaling_factor * vae.encode(x).latent_dist.sample(generator), x_hat = vae.decode(z / scaling_factor).sample.
   forward = encode (with the sample), backward = decode, optimizer 0 in the result line.
 
-    /usr/bin/python3 bench/sd_peer.py --model sd_unet --config '{"_class_name": "UNet2DConditionModel", ...}' \
+    .venv/bin/python bench/sd_peer.py --model sd_unet --config '{"_class_name": "UNet2DConditionModel", ...}' \
         --params 4399684 --batch 8 --latent-size 16 --context-len 16 --steps 20 --warmup 5 --threads 2
-    /usr/bin/python3 bench/sd_peer.py --probe      # "diffusers 0.34.0 (PATH)", or exit 3 and the reason
+    bench/sd_peer.py --probe      # "diffusers 0.42.1 (PATH)", or exit 3 and the reason
 
 prints one JSON line with the keys of bench/peer.py.
 """
@@ -52,14 +53,18 @@ def fail(msg, code=2):
 
 
 def default_src():
-    return os.environ.get("DEW_DIFFUSERS_SRC") or "/tmp/diffusers_src/src"
+    return os.environ.get("DEW_DIFFUSERS_SRC") or ""
 
 
 def load_diffusers(src):
-    """diffusers, or an ImportError / other exception saying why not."""
-    import diffusers_stubs
+    """diffusers (the installed package when `src` is empty), or an ImportError / other exception saying why
+    not."""
+    if src:
+        import diffusers_stubs
 
-    diffusers = diffusers_stubs.import_diffusers(src, STUB_SITE, DIFFUSERS_VERSION)
+        diffusers = diffusers_stubs.import_diffusers(src, STUB_SITE, DIFFUSERS_VERSION)
+    else:
+        import diffusers
     diffusers.utils.logging.set_verbosity_error()
     return diffusers
 
@@ -77,19 +82,20 @@ def unet_step(diffusers, cfg, a):
                               beta_schedule="scaled_linear")
     opt = torch.optim.AdamW(unet.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS)
     ema = EMAModel(unet.parameters(), decay=EMA_DECAY)
+    run_unet = peer.compiled(a, unet)  # the same parameters; the optimizer and the EMA stay eager
 
     g = torch.Generator().manual_seed(1)
     S = a.latent_size
     latents = torch.randn(a.batch, cfg["in_channels"], S, S, generator=g)
     text = torch.randn(a.batch, a.context_len, cfg["cross_attention_dim"], generator=g)
     torch.manual_seed(2)  # the step's noise and timesteps, drawn as the script draws them
-    times, loss = [], 0.0
+    times, loss, first = [], 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         noise = torch.randn_like(latents)
         timesteps = torch.randint(0, TRAIN_TIMESTEPS, (a.batch,)).long()
         noisy = scheduler.add_noise(latents, noise, timesteps)
-        pred = unet(noisy, timesteps, text, return_dict=False)[0]
+        pred = run_unet(noisy, timesteps, text, return_dict=False)[0]
         l = F.mse_loss(pred.float(), noise.float(), reduction="mean")
         t1 = time.perf_counter()
         l.backward()
@@ -99,9 +105,11 @@ def unet_step(diffusers, cfg, a):
         ema.step(unet.parameters())
         t3 = time.perf_counter()
         loss = l.item()
+        if i == 0:
+            first = t3 - t0
         if i >= a.warmup:
             times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
-    return n, times, loss
+    return n, times, loss, first
 
 
 def vae_step(diffusers, cfg, a):
@@ -127,7 +135,7 @@ def vae_step(diffusers, cfg, a):
             out = float(x_hat.float().pow(2).mean())
             if i >= a.warmup:
                 times.append((t2 - t0, t1 - t0, t2 - t1, 0.0))
-    return n, times, out
+    return n, times, out, 0.0
 
 
 def main():
@@ -135,8 +143,8 @@ def main():
     ap.add_argument("--model", choices=["sd_unet", "sd_vae"])
     ap.add_argument("--probe", action="store_true", help="only import diffusers: print its version and path")
     ap.add_argument("--diffusers-src", default=default_src(),
-                    help="the `src` folder of a diffusers v0.34.0 checkout (default: $DEW_DIFFUSERS_SRC, else "
-                         "/tmp/diffusers_src/src)")
+                    help="the `src` folder of a diffusers v0.34.0 checkout to import instead of the installed "
+                         "diffusers (default: $DEW_DIFFUSERS_SRC, else the installed package)")
     ap.add_argument("--config", help="the diffusers config.json dict of the model, as JSON")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--batch", type=int, default=4)
@@ -147,11 +155,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--device", default="cpu")
+    peer.add_compile_flag(ap)
     a = ap.parse_args()
     try:
         diffusers = load_diffusers(a.diffusers_src)
     except Exception as e:  # noqa: BLE001  (any failure to import is "unavailable", with its reason)
-        print(f"diffusers {DIFFUSERS_VERSION} cannot be imported from {a.diffusers_src}: "
+        print(f"diffusers cannot be imported from {a.diffusers_src or 'the environment'}: "
               f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
         sys.exit(3)
     if a.probe:
@@ -161,6 +170,8 @@ def main():
         fail("--model and --config are required (or --probe)")
     if a.device != "cpu":
         fail("the Stable Diffusion peer runs on the CPU only")
+    if a.compile and a.model != "sd_unet":
+        fail("--compile: only sd_unet (a training step) runs compiled")
     if min(a.batch, a.steps, a.threads, a.latent_size, a.context_len, a.image_size) < 1 or a.warmup < 0:
         fail("--batch, --steps, --threads, --latent-size, --context-len, --image-size must be >= 1, --warmup >= 0")
     try:
@@ -170,11 +181,11 @@ def main():
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    n, times, loss = (unet_step if a.model == "sd_unet" else vae_step)(diffusers, cfg, a)
+    n, times, loss, first = (unet_step if a.model == "sd_unet" else vae_step)(diffusers, cfg, a)
     if not math.isfinite(loss):
         fail(f"non-finite loss {loss}")
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
-    print(json.dumps(peer.result(med, a.batch, n, loss)), flush=True)
+    print(json.dumps(peer.result(med, a.batch, n, loss, **peer.compile_extra(a, first, med[0]))), flush=True)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--device", default="cpu")
+    peer.add_compile_flag(ap)
     a = ap.parse_args()
     if a.device != "cpu":
         fail("the train peer runs on the CPU only")
@@ -137,10 +138,10 @@ def main():
             batches = iter(loader)
             return next(batches)
 
-    step = FlowStep(model, flow, fields.get("num_classes", 0), obj.get("unconditional_prob", 0.12),
+    step = FlowStep(peer.compiled(a, model), flow, fields.get("num_classes", 0), obj.get("unconditional_prob", 0.12),
                     torch.Generator().manual_seed(2), peer.parse_optim(json.dumps(recipe["optim"])),
                     recipe["trainer"]["steps"], obj.get("ema_decay", 0.999))
-    times, data, seconds, samples, loss = [], [], 0.0, 0, 0.0
+    times, data, seconds, samples, loss, first = [], [], 0.0, 0, 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         images, labels = next_batch()
@@ -149,13 +150,16 @@ def main():
         t2 = time.perf_counter()
         if not math.isfinite(loss):
             fail(f"non-finite loss {loss} at step {i}")
+        if i == 0:
+            first = t2 - t0
         if i >= a.warmup:
             seconds += t2 - t0
             samples += images.shape[0]
             times.append((t2 - t0, fwd, bwd, opt))
             data.append(t1 - t0)
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
-    out = peer.result(med, a.batch, n, loss, data_ms=statistics.median(data) * 1e3)
+    out = peer.result(med, a.batch, n, loss, data_ms=statistics.median(data) * 1e3,
+                      **peer.compile_extra(a, first, med[0]))
     out["ms_per_step"] = seconds / a.steps * 1e3
     out["samples_per_s"] = samples / seconds
     print(json.dumps(out), flush=True)

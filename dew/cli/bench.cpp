@@ -12,7 +12,7 @@
 // `--models sample` times `dew sample RUN` (sample_diffusion: 100 images, 30 Euler steps, guidance 3) on the
 // default recipe's model against bench/sample_peer.py.
 //
-//   dew bench                                   # every diffusion model, intra-op {1,2} x OpenBLAS {1,2} threads
+//   dew bench                                   # every diffusion model, intra-op {1,2} x BLAS {1,2} threads
 //   dew bench --models unet --steps 10 --threads 1 --blas-threads 1 --out bench.md
 //   dew bench --models lm --rounds 1            # the language model
 //   dew bench --models dpo,grpo_rollout         # post-training: a DPO step, a GRPO rollout
@@ -21,7 +21,8 @@
 //
 // Every (model, side, thread configuration) runs in a fresh child process (the dew binary re-executed
 // with the hidden `--one MODEL`, or the Python peer), so each peak RSS belongs to one configuration and
-// OPENBLAS_NUM_THREADS, read by OpenBLAS when it loads, can be set per child.
+// the BLAS threads can be set per child (OPENBLAS_NUM_THREADS, read by OpenBLAS when it loads; dew's children
+// tell oneMKL themselves).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -73,11 +74,11 @@ namespace dew::cli {
 
 namespace {
 
-// Debian's python3-torch (a pyenv python on PATH has no torch); DEW_PEER_PYTHON names another, e.g. the
-// CUDA PyTorch of a GPU machine (scripts/gpu-check).
+// The Python whose torch wheel dew was built against (DEW_PYTHON, the project's .venv), so both sides load
+// the same libtorch; DEW_PEER_PYTHON names another.
 const char* kPython = [] {
   const char* p = std::getenv("DEW_PEER_PYTHON");
-  return p && *p ? p : "/usr/bin/python3";
+  return p && *p ? p : DEW_PYTHON;
 }();
 
 // The step's hyper-parameters; bench/peer.py holds the same values.
@@ -133,9 +134,12 @@ const char* kBenchUsage =
     "\n"
     "Times the trainer's own training step (Trainer::train_step: the loss, the finite guard, backward, gradient\n"
     "clipping, the warm-up + cosine learning rate, AdamW, the EMA) of one diffusion model per row, on a fixed batch,\n"
-    "in C++ and in Python PyTorch eager (bench/peer.py run by /usr/bin/python3), for every combination of\n"
-    "LibTorch intra-op threads (--threads) and OpenBLAS threads (--blas-threads), each in a fresh process.\n"
-    "Prints a markdown table with each side's fastest configuration and the speed-up (Python / C++).\n"
+    "in C++ and in Python PyTorch eager (bench/peer.py run by the Python dew was built with, its .venv, so both\n"
+    "load the same libtorch), for every combination of LibTorch intra-op threads (--threads) and BLAS threads\n"
+    "(--blas-threads), each in a fresh process; then the training-step cases' Python peers under torch.compile\n"
+    "(inductor, default mode) in their fastest eager configuration, compile time reported apart. Prints a\n"
+    "summary table (each case's fastest time per side, speed-up vs eager and vs compiled = Python / C++), then\n"
+    "a section per kind of case.\n"
     "\n"
     "  --models        simple_dit, unet (the demo model), unet_attn (attention at 14x14); default these\n"
     "                  three. Also simple_udit, uvit, simple_mmdit, hierarchical_mmdit, hybrid_dit,\n"
@@ -171,12 +175,14 @@ const char* kBenchUsage =
     "  --batch B       batch size (default 32; lm, sd_vae: 4; sd_unet: 8; dpo: pairs; grpo_rollout: not used)\n"
     "  --seq-len S     lm: training tokens per row (default 256)\n"
     "  --threads L     LibTorch intra-op thread counts to try (default 1,2)\n"
-    "  --blas-threads L  OPENBLAS_NUM_THREADS values to try (default 1,2)\n"
+    "  --blas-threads L  BLAS threads to try (OPENBLAS_NUM_THREADS; dew sets oneMKL's itself; default 1,2)\n"
     "  --rounds R      measure every configuration R times per side, alternating, keep the fastest\n"
     "                  (default 2: process-to-process spread on a shared machine is 10-30%)\n"
     "  --device D      auto (CUDA when present, else CPU) | cpu | cuda | cuda:N, for both sides (the Python\n"
     "                  peer needs PyTorch >= 2.0 for a CUDA device)\n"
     "  --no-peer       C++ only\n"
+    "  --no-compile    Python eager only: skip the torch.compile runs of the training-step cases (each\n"
+    "                  compiles for 30-120 s on 2 cores)\n"
     "  --peer FILE     the Python peer (default: bench/peer.py next to the build directory)\n"
     "  --lm-peer FILE  the language model's Python peer (default: bench/lm_peer.py, found the same way)\n"
     "  --jepa-peer FILE  the JEPA step's Python peer (default: bench/jepa_peer.py, found the same way)\n"
@@ -185,8 +191,8 @@ const char* kBenchUsage =
     "  --sd-peer FILE  the Stable Diffusion components' Python peer (default: bench/sd_peer.py)\n"
     "  --train-peer FILE  the train case's Python peer (default: bench/train_peer.py)\n"
     "  --sample-peer FILE  the sample case's Python peer (default: bench/sample_peer.py)\n"
-    "  --diffusers-src DIR  the `src` folder of a diffusers v0.34.0 checkout the SD peer imports (default:\n"
-    "                  $DEW_DIFFUSERS_SRC, else /tmp/diffusers_src/src); without it the SD models run C++ only\n"
+    "  --diffusers-src DIR  the `src` folder of a diffusers v0.34.0 checkout the SD peer imports instead of\n"
+    "                  the environment's diffusers (default: $DEW_DIFFUSERS_SRC, else the installed package)\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
     "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"
     "                  kernels, Python does not, so --peer-coretype SkylakeX compares like with like)\n"
@@ -477,6 +483,13 @@ double peak_rss_mb() {
 }
 
 
+// A measured child's threads: `threads` intra-op threads and the configuration's BLAS threads, which the
+// parent passes as OPENBLAS_NUM_THREADS (read by OpenBLAS when it loads; oneMKL is told here).
+void set_child_threads(int64_t threads) {
+  at::set_num_threads(int(threads));
+  if (const char* b = std::getenv("OPENBLAS_NUM_THREADS"); b && std::atoll(b) >= 1) set_blas_threads(std::atoll(b));
+}
+
 // The result line a measured child prints (the keys bench/peer.py and bench/lm_peer.py print too), from
 // per-step seconds: total and the forward / backward / optimizer phases.
 json step_result(const std::vector<double>& total, const std::vector<double>& fwd, const std::vector<double>& bwd,
@@ -595,7 +608,7 @@ class FixedContextDiffusion : public Objective {
 // preset, unconditional_prob 0.12, EMA decay kEmaDecay) on a fixed batch of uint8 images and labels.
 int run_one(const BenchCase& c, int64_t batch, int64_t warmup, int64_t steps, int64_t threads,
             const std::string& profile, const c10::Device& device) {
-  at::set_num_threads(int(threads));
+  set_child_threads(threads);
   at::manual_seed(0);  // parameter initialisation draws from the global generator
   auto model = models::build(c.arch, c.fields);
   model->to(device);
@@ -717,7 +730,7 @@ int run_one_sample(int64_t images, int64_t sample_steps, int64_t warmup, int64_t
     TempDir dir("bench_sample");
     record = prepare_default_train(dir.path.string(), threads, 0, device).record;  // the loader ends here
   }
-  at::set_num_threads(int(threads));
+  set_child_threads(threads);
   at::manual_seed(0);
   BackbonePtr model = models::build(record["model"]["architecture"], record["model"]["fields"]);
   model->to(device);
@@ -793,7 +806,7 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   auto now = [&] { return synced_now(device); };
-  at::set_num_threads(int(threads));
+  set_child_threads(threads);
   at::manual_seed(0);
   nn::CausalTransformer model(from_json<nn::CausalTransformerOptions>(lm_fields(seq_len), "bench lm"));
   model->to(device);
@@ -850,7 +863,7 @@ int run_one_lm(int64_t batch, int64_t seq_len, int64_t warmup, int64_t steps, in
 // step, the target encoder's forward without gradients, context encoder, predictor, MSE; backward; AdamW;
 // the EMA that is the target encoder) and prints one JSON line (the keys of run_one).
 int run_one_jepa(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const c10::Device& device) {
-  at::set_num_threads(int(threads));
+  set_child_threads(threads);
   at::manual_seed(0);
   auto encoder = models::build_token_encoder(jepa_recipe()["model"]);
   auto predictor = models::build_token_predictor(jepa_recipe()["predictor"]);
@@ -877,7 +890,7 @@ nn::CausalTransformer post_training_model(const c10::Device& device) {
 // AdamW; the trainer's EMA, which is the frozen reference and never moves) and prints one JSON line (the keys
 // of run_one plus tokens_per_s: policy tokens, 2 x batch x kDpoLen per step).
 int run_one_dpo(int64_t batch, int64_t warmup, int64_t steps, int64_t threads, const c10::Device& device) {
-  at::set_num_threads(int(threads));
+  set_child_threads(threads);
   at::manual_seed(0);
   auto model = post_training_model(device);
   // Fixed pairs stand in for the loader (preference_rows' layout): random bytes, a shared prompt, the last
@@ -906,7 +919,7 @@ int run_one_grpo_rollout(int64_t warmup, int64_t steps, int64_t threads, const c
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   auto now = [&] { return synced_now(device); };
-  at::set_num_threads(int(threads));
+  set_child_threads(threads);
   at::manual_seed(0);
   auto model = post_training_model(device);
   int64_t nparams = 0;
@@ -963,7 +976,7 @@ int run_one_sd_unet(int64_t batch, int64_t warmup, int64_t steps, int64_t thread
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   auto now = [&] { return synced_now(device); };
-  at::set_num_threads(int(threads));
+  set_child_threads(threads);
   at::manual_seed(0);
   const BenchCase& c = sd_unet_case();
   auto unet = models::build(c.arch, c.fields);
@@ -1033,7 +1046,7 @@ int run_one_sd_vae(int64_t batch, int64_t warmup, int64_t steps, int64_t threads
   using clock = std::chrono::steady_clock;
   auto secs = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   auto now = [&] { return synced_now(device); };
-  at::set_num_threads(int(threads));
+  set_child_threads(threads);
   at::manual_seed(0);
   const BenchCase& c = sd_vae_case();
   auto vae = models::build_autoencoder({{"architecture", c.arch}, {"fields", c.fields}});
@@ -1087,6 +1100,7 @@ struct Measurement {
   double fwd = 0, bwd = 0, opt = 0;
   double tokens_per_s = 0, gen_ms_per_token = 0, prefill_ms = 0;  // lm only
   double data_ms = 0;                                             // train: waiting for the loader
+  double compile_s = 0;  // the Python peer under torch.compile: its first step's time beyond a steady step
   int64_t params = 0;
   std::string torch, blas_core;
 };
@@ -1117,6 +1131,7 @@ Measurement measure(const std::vector<std::string>& argv, int64_t intra, int64_t
   m.gen_ms_per_token = j.value("gen_ms_per_token", 0.0);
   m.prefill_ms = j.value("prefill_ms", 0.0);
   m.data_ms = j.value("data_ms", 0.0);
+  m.compile_s = j.value("compile_s", 0.0);
   m.torch = j.value("torch", "");
   m.blas_core = j.value("blas_core", "");
   return m;
@@ -1135,10 +1150,11 @@ std::string config_name(const Measurement& m) {
   return "intra " + std::to_string(m.intra) + ", blas " + std::to_string(m.blas);
 }
 
-// One thread configuration of one model: a measurement per round and side.
+// One thread configuration of one model: a measurement per round and side (C++, Python eager, Python under
+// torch.compile).
 struct Config {
   int64_t intra = 1, blas = 1;
-  std::vector<Measurement> cpp, py;
+  std::vector<Measurement> cpp, py, pyc;
 };
 
 // One model: its complete fields (JSON, for the peer), parameter count and configurations.
@@ -1155,12 +1171,20 @@ const Measurement& best(const std::vector<Measurement>& ms, double Measurement::
   return *std::min_element(ms.begin(), ms.end(), [key](const auto& a, const auto& b) { return a.*key < b.*key; });
 }
 
-// The fastest run of one side over all configurations.
+// The fastest run of one side over the configurations that ran it; nullptr when none did.
+const Measurement* fastest_of(const std::vector<Config>& configs, std::vector<Measurement> Config::*side,
+                              double Measurement::*key = &Measurement::ms) {
+  const Measurement* out = nullptr;
+  for (const auto& c : configs)
+    if (!(c.*side).empty() && (!out || best(c.*side, key).*key < out->*key)) out = &best(c.*side, key);
+  return out;
+}
+
+// The fastest run of one side over all configurations (the side ran them all).
 const Measurement& fastest(const std::vector<Config>& configs, std::vector<Measurement> Config::*side,
                            double Measurement::*key = &Measurement::ms) {
-  const Measurement* out = &best(configs.front().*side, key);
-  for (const auto& c : configs)
-    if (best(c.*side, key).*key < out->*key) out = &best(c.*side, key);
+  const Measurement* out = fastest_of(configs, side, key);
+  DEW_CHECK(out != nullptr, "bench: no measurement of this side");
   return *out;
 }
 
@@ -1206,7 +1230,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                                "one", "peer-coretype", "seq-len", "lm-peer", "jepa-peer", "dpo-peer", "grpo-rollout-peer",
                                "profile", "device", "sd-peer", "diffusers-src", "train-peer", "images", "sample-steps",
                                "sample-peer"},
-                              {"no-peer", "help", "all", "peer-malloc-like-dew"});
+                              {"no-peer", "no-compile", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
     return 0;
@@ -1275,13 +1299,13 @@ int cmd_bench(const std::vector<std::string>& args) {
   const fs::path exe = fs::read_symlink("/proc/self/exe");
   std::string peer, lm_peer, jepa_peer, dpo_peer, rollout_peer, python_torch, peer_note, lm_peer_note;
   std::string sd_peer, sd_peer_note;  // the SD peer and, when it cannot run, "peer: unavailable (why)"
+  std::string python_diffusers;       // what the SD peer's --probe printed: "diffusers 0.42.1 (PATH)"
   std::string train_peer;             // bench/train_peer.py
   std::string sample_peer;            // bench/sample_peer.py
-  // The diffusers checkout the SD peer imports: --diffusers-src, else $DEW_DIFFUSERS_SRC, else the export
-  // tests/golden/sd_reference.py makes.
+  // The diffusers the SD peer imports: a checkout named by --diffusers-src or $DEW_DIFFUSERS_SRC, else ("")
+  // the environment's pinned package.
   const char* diffusers_env = std::getenv("DEW_DIFFUSERS_SRC");
-  const std::string diffusers_src =
-      f.get("diffusers-src", diffusers_env && *diffusers_env ? diffusers_env : "/tmp/diffusers_src/src");
+  const std::string diffusers_src = f.get("diffusers-src", diffusers_env && *diffusers_env ? diffusers_env : "");
   if (!f.has("no-peer")) {
     if (any_diffusion) peer = find_peer(f, exe, "peer", "peer.py");
     if (any_lm) lm_peer = find_peer(f, exe, "lm-peer", "lm_peer.py");
@@ -1319,6 +1343,8 @@ int cmd_bench(const std::vector<std::string>& args) {
         if (sd_probe.exit_code != 0) {
           sd_peer_note = "peer: unavailable (" + (line.empty() ? "bench/sd_peer.py --probe failed" : line) + ")";
           sd_peer.clear();
+        } else {
+          python_diffusers = line;
         }
       }
     }
@@ -1473,7 +1499,7 @@ int cmd_bench(const std::vector<std::string>& args) {
     Row row{c, is_sd(c) ? reference_config(c).dump() : config.at("fields").dump(), 0, {}};
     for (const auto& p : model->parameters()) row.params += p.numel();
     for (int64_t intra : threads)
-      for (int64_t blas : blas_threads) row.configs.push_back({intra, blas, {}, {}});
+      for (int64_t blas : blas_threads) row.configs.push_back({intra, blas, {}, {}, {}});
     rows.push_back(std::move(row));
   }
   const auto progress = [&](int64_t round, const std::string& what, const Measurement& m) {
@@ -1499,6 +1525,29 @@ int cmd_bench(const std::vector<std::string>& args) {
         for (auto& a : common(cfg.intra, row.c)) py_argv.push_back(a);
         cfg.py.push_back(measure(py_argv, cfg.intra, cfg.blas, name + " Python", peer_env, peer_unset));
         progress(round, name + "  Python", cfg.py.back());
+      }
+    }
+  }
+  // The training-step cases again in Python under torch.compile, in the eager peer's fastest configuration
+  // (compiling costs 30-120 s a process, so not every configuration): inductor's cache makes later rounds'
+  // compiles shorter; the steady-state steps are timed either way.
+  const auto compiles = [](const BenchCase* c) {
+    return c != &sd_vae_case() && c != &sample_case() && c != &grpo_rollout_case();
+  };
+  if (!f.has("no-compile")) {
+    for (int64_t round = 1; round <= rounds; ++round) {
+      for (auto& row : rows) {
+        auto py_argv = peer_argv(row);
+        const Measurement* eager = fastest_of(row.configs, &Config::py);
+        if (py_argv.empty() || !eager || !compiles(row.c)) continue;
+        auto cfg = std::find_if(row.configs.begin(), row.configs.end(),
+                                [&](const Config& c) { return c.intra == eager->intra && c.blas == eager->blas; });
+        for (auto& a : common(cfg->intra, row.c)) py_argv.push_back(a);
+        py_argv.push_back("--compile");
+        cfg->pyc.push_back(
+            measure(py_argv, cfg->intra, cfg->blas, row.c->name + " Python compiled", peer_env, peer_unset));
+        progress(round, row.c->name + "  Python compiled (" + fixed(cfg->pyc.back().compile_s, 1) + " s to compile)",
+                 cfg->pyc.back());
       }
     }
   }
@@ -1537,12 +1586,11 @@ int cmd_bench(const std::vector<std::string>& args) {
   // not recognise it falls back to SSE3 kernels, which shapes every number below. dew sets it for itself.
   const char* by_dew = std::getenv(kCoretypeMarker);
   const char* coretype = by_dew ? nullptr : std::getenv("OPENBLAS_CORETYPE");
-  // A side that cannot ask OpenBLAS (openblas_get_corename not reachable: another BLAS, or none loaded) says so.
+  // A side whose BLAS names no kernel set (neither oneMKL nor OpenBLAS) says so.
   auto core_of = [](const std::vector<Measurement>& ms, bool cpp) {
     if (ms.empty()) return std::string("n/a (not run)");
     if (!ms.front().blas_core.empty()) return ms.front().blas_core;
-    return std::string(cpp ? "unknown (openblas_get_corename is not reachable from dew's BLAS)"
-                           : "unknown (no libopenblas.so.0 with openblas_get_corename in the Python process)");
+    return std::string("unknown (neither oneMKL nor OpenBLAS answered)");
   };
   // keep_freed_memory() is idempotent; its answer is what the C++ children (dew processes too) did.
   const bool malloc_kept = keep_freed_memory();
@@ -1554,7 +1602,7 @@ int cmd_bench(const std::vector<std::string>& args) {
       << " (C++)";
     if (with_peer) m << ", PyTorch " << python_torch << " (" << kPython << ")";
     const auto& probe_cfg = probe.configs.front();
-    m << "; OpenBLAS kernels " << core_of(probe_cfg.cpp, true) << " (C++)";
+    m << "; BLAS " << core_of(probe_cfg.cpp, true) << " (C++)";
     if (with_peer) m << ", " << core_of(probe_cfg.py, false) << " (Python)";
     // The children inherit DEW_FUSED_ISA, so this process's choice is theirs.
     m << "; dew's fused kernels " << nn::fused_kernel_isa() << (std::getenv("DEW_FUSED_ISA") ? " (DEW_FUSED_ISA)" : "");
@@ -1620,7 +1668,7 @@ int cmd_bench(const std::vector<std::string>& args) {
        << "configuration runs in a fresh process: " << warmup << " warm-up + " << steps << " timed steps, median; "
        << rounds << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
        << ", the fastest round reported. Thread "
-       << "configurations: LibTorch intra-op threads (intra) x OPENBLAS_NUM_THREADS (blas).\n\n"
+       << "configurations: LibTorch intra-op threads (intra) x BLAS threads (blas).\n\n"
        << machine(*drows.front(), with_peer);
     if (!peer_note.empty()) md << peer_note << "\n\n";
 
@@ -1688,7 +1736,7 @@ int cmd_bench(const std::vector<std::string>& args) {
        << ". Each configuration runs in a fresh process (training, then generation); " << rounds
        << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
        << ", the fastest round reported, for training and for generation separately. Thread configurations: "
-       << "LibTorch intra-op threads (intra) x OPENBLAS_NUM_THREADS (blas).\n\n"
+       << "LibTorch intra-op threads (intra) x BLAS threads (blas).\n\n"
        << machine(r, with_peer);
     if (!lm_peer_note.empty()) md << lm_peer_note << "\n\n";
 
@@ -1817,12 +1865,12 @@ int cmd_bench(const std::vector<std::string>& args) {
     if (!md.str().empty()) md << "\n";
     md << "## dew bench: Stable Diffusion components on the CPU\n\n"
        << "Both sides build each model from the same diffusers config.json dict (below): C++ through "
-       << "models::fields_from_reference_config, Python (bench/sd_peer.py) as diffusers v0.34.0's own class, imported "
-       << "from " << diffusers_src << " (diffusers' classic AttnProcessor on torch 1.13); the parameter counts "
+       << "models::fields_from_reference_config, Python (bench/sd_peer.py) as diffusers' own class ("
+       << python_diffusers << "); the parameter counts "
        << "must agree. Each configuration runs in a fresh process: " << warmup << " warm-up + " << steps
        << " timed steps, median; " << rounds << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
        << ", the fastest round reported. Thread configurations: LibTorch intra-op threads (intra) x "
-       << "OPENBLAS_NUM_THREADS (blas).\n\n"
+       << "BLAS threads (blas).\n\n"
        << machine(sd_unet_row ? *sd_unet_row : *sd_vae_row, with_peer);
     if (!sd_peer_note.empty()) md << sd_peer_note << "; C++ side only.\n\n";
     if (sd_unet_row) {
@@ -1963,10 +2011,45 @@ int cmd_bench(const std::vector<std::string>& args) {
     }
   }
 
-  std::cout << md.str();
+  // The summary: every case's time on each side and both ratios, ahead of the sections.
+  std::ostringstream summary;
+  if (std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.configs.front().py.empty(); })) {
+    summary << "## dew bench: summary\n\n"
+            << "Each case's fastest time per side: C++ (dew), Python eager and Python under torch.compile "
+            << "(inductor, default mode; the training-step cases only, in the eager peer's fastest thread "
+            << "configuration; its compile time, the first step's time beyond a steady step, apart). Both sides load "
+            << "the same libtorch. vs eager = Python eager time / C++ time, vs compiled = Python compiled time / C++ "
+            << "time: above 1, dew is faster. The sections below hold every configuration and round.\n\n"
+            << machine(rows.front(), true)
+            << "| case | unit | C++ | Python eager | Python compiled | vs eager | vs compiled | compile s |\n"
+            << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    const auto line = [&](const Row& r, const std::string& name, const std::string& unit, double Measurement::*key) {
+      const Measurement* c = fastest_of(r.configs, &Config::cpp, key);
+      const Measurement* e = fastest_of(r.configs, &Config::py, key);
+      const Measurement* k = key == &Measurement::ms ? fastest_of(r.configs, &Config::pyc, key) : nullptr;
+      const int digits = key == &Measurement::ms ? 1 : 2;
+      summary << "| " << name << " | " << unit << " | " << (c ? fixed(c->*key, digits) : "-") << " | "
+              << (e ? fixed(e->*key, digits) : "-") << " | " << (k ? fixed(k->*key, digits) : "-") << " | "
+              << (c && e ? fixed(e->*key / (c->*key), 2) + "x" : "-") << " | "
+              << (c && k ? fixed(k->*key / (c->*key), 2) + "x" : "-") << " | " << (k ? fixed(k->compile_s, 0) : "-")
+              << " |\n";
+    };
+    for (const Row& r : rows) {
+      const BenchCase* c = r.c;
+      const std::string unit = c == &sd_vae_case()          ? "ms/pass"
+                               : c == &sample_case()        ? "ms/sampling run"
+                               : c == &grpo_rollout_case()  ? "ms/rollout"
+                                                            : "ms/step";
+      line(r, c == &lm_case() ? "lm training" : c->name, unit, &Measurement::ms);
+      if (c == &lm_case()) line(r, "lm generation", "ms/token", &Measurement::gen_ms_per_token);
+    }
+    summary << "\n";
+  }
+
+  std::cout << summary.str() << md.str();
   if (f.has("out")) {
     std::ofstream out(f.get("out", ""));
-    DEW_CHECK(out && (out << md.str()), "--out: cannot write \"", f.get("out", ""), "\"");
+    DEW_CHECK(out && (out << summary.str() << md.str()), "--out: cannot write \"", f.get("out", ""), "\"");
     std::cerr << "bench: wrote " << f.get("out", "") << "\n";
   }
   return 0;

@@ -29,7 +29,7 @@ dew::json result_line(const dew::test::CliResult& r) {
   return dew::json::parse(line);
 }
 
-bool have_python_torch() { return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0; }
+bool have_python_torch() { return std::system(DEW_PYTHON " -c 'import torch' >/dev/null 2>&1") == 0; }
 
 // The post-training model (`dew train dpo`'s byte causal_transformer: vocab 257, width 128, 4 layers, 4 heads
 // of 32, SwiGLU 384, qk-norm, tied head), counted by hand: embedding 257*128 + 4 * (attention 4*128*128 +
@@ -41,11 +41,11 @@ bool have_python_torch() { return std::system("/usr/bin/python3 -c 'import torch
 constexpr int64_t kSdUnetParams = 4399684;
 constexpr int64_t kSdVaeParams = 5120039;
 
-// A diffusers v0.34.0 source tree the SD peer can import (CI has none): $DEW_DIFFUSERS_SRC or the default,
-// asked of the peer itself (`sd_peer.py --probe`), so a checkout whose imports fail here skips too.
+// The diffusers the SD peer imports (the environment's pinned package, or $DEW_DIFFUSERS_SRC's checkout), asked
+// of the peer itself (`sd_peer.py --probe`), so an environment whose imports fail here skips too.
 bool have_diffusers() {
   return have_python_torch() &&
-         std::system("/usr/bin/python3 " DEW_SOURCE_DIR "/bench/sd_peer.py --probe >/dev/null 2>&1") == 0;
+         std::system(DEW_PYTHON " " DEW_SOURCE_DIR "/bench/sd_peer.py --probe >/dev/null 2>&1") == 0;
 }
 
 constexpr int64_t kPostTrainingParams = 257 * 128 + 4 * (4 * 128 * 128 + 3 * 128 * 384 + 2 * 128 + 2 * 32) + 128;
@@ -101,11 +101,30 @@ TEST(BenchCli, DpoRunsBothSidesAndPrintsTheRatio) {
   // 2 pairs of 48 tokens: 192 policy tokens per step.
   EXPECT_NEAR(j.at("tokens_per_s").get<double>() * j.at("ms_per_step").get<double>(), 192000.0, 1e-6 * 192000.0);
   EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
-  if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
+  if (!have_python_torch()) GTEST_SKIP() << DEW_PYTHON " with torch is not available";
+  // The whole run also times the peer under torch.compile (this test is the one that compiles: the DPO model is
+  // the bench's smallest training step) and opens with the summary's two ratios.
   r = run_dew("bench --models dpo --steps 1 --warmup 0 --batch 2 --threads 1 --blas-threads 1 --rounds 1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("## dew bench: a DPO training step"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/step / C++ ms/step): "), std::string::npos) << r.output;
+  ASSERT_EQ(r.output.find("## dew bench: summary"), r.output.find("## dew bench")) << r.output;
+  EXPECT_NE(r.output.find("| case | unit | C++ | Python eager | Python compiled | vs eager | vs compiled | compile s |"),
+            std::string::npos)
+      << r.output;
+  // The dpo row: C++, eager and compiled times, both ratios and a compile time, none of them missing.
+  const auto row = r.output.find("| dpo | ms/step | ");
+  ASSERT_NE(row, std::string::npos) << r.output;
+  const std::string line = r.output.substr(row, r.output.find('\n', row) - row);
+  EXPECT_EQ(line.find(" - "), std::string::npos) << line;
+  EXPECT_EQ(std::count(line.begin(), line.end(), 'x'), 2) << line;
+  // --no-compile leaves the compiled column empty.
+  r = run_dew("bench --models dpo --steps 1 --warmup 0 --batch 2 --threads 1 --blas-threads 1 --rounds 1 --no-compile");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto row2 = r.output.find("| dpo | ms/step | ");
+  ASSERT_NE(row2, std::string::npos) << r.output;
+  const std::string line2 = r.output.substr(row2, r.output.find('\n', row2) - row2);
+  EXPECT_NE(line2.find("x | - | - |"), std::string::npos) << line2;
 }
 
 TEST(BenchCli, GrpoRolloutRunsBothSidesAndPrintsTheRatio) {
@@ -118,7 +137,7 @@ TEST(BenchCli, GrpoRolloutRunsBothSidesAndPrintsTheRatio) {
   // 16 prompts x group 8 = 128 rows, 16 new tokens each: 2048 generated tokens per rollout.
   EXPECT_NEAR(j.at("tokens_per_s").get<double>() * j.at("ms_per_step").get<double>(), 2048000.0, 1e-6 * 2048000.0);
   EXPECT_GT(j.at("prefill_ms").get<double>(), 0.0);
-  if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
+  if (!have_python_torch()) GTEST_SKIP() << DEW_PYTHON " with torch is not available";
   r = run_dew("bench --models grpo_rollout --steps 1 --warmup 0 --threads 1 --blas-threads 1 --rounds 1");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("## dew bench: a GRPO rollout"), std::string::npos) << r.output;
@@ -155,10 +174,10 @@ TEST(BenchCli, SdRunsWithoutThePeer) {
                              "### sd_vae: AutoencoderKL encode + decode", "\"_class_name\":\"UNet2DConditionModel\""})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   EXPECT_EQ(r.output.find("Speed-up"), std::string::npos) << r.output;
-  if (!have_python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
+  if (!have_python_torch()) GTEST_SKIP() << DEW_PYTHON " with torch is not available";
   r = run_dew("bench --models sd_vae --diffusers-src /nonexistent/diffusers/src" + tiny);
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("peer: unavailable (diffusers 0.34.0 cannot be imported from /nonexistent/diffusers/src"),
+  EXPECT_NE(r.output.find("peer: unavailable (diffusers cannot be imported from /nonexistent/diffusers/src"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("| C++ | intra 1, blas 1 |"), std::string::npos) << r.output;
@@ -167,9 +186,10 @@ TEST(BenchCli, SdRunsWithoutThePeer) {
 
 TEST(BenchCli, SdRunsBothSidesWithDiffusers) {
   // Against the real diffusers classes (bench/sd_peer.py refuses to run unless its model has the C++ model's
-  // parameter count). Needs a diffusers v0.34.0 checkout: skipped in CI.
-  if (!have_diffusers()) GTEST_SKIP() << "no importable diffusers checkout (DEW_DIFFUSERS_SRC or /tmp/diffusers_src/src)";
-  auto r = run_dew("bench --models sd_unet,sd_vae --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1");
+  // parameter count), from the environment's pinned diffusers (scripts/setup installs it).
+  if (!have_diffusers()) GTEST_SKIP() << "bench/sd_peer.py --probe cannot import diffusers";
+  auto r = run_dew(
+      "bench --models sd_unet,sd_vae --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1 --no-compile");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("peer: unavailable"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/step / C++ ms/step): "), std::string::npos) << r.output;

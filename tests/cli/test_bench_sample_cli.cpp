@@ -13,7 +13,7 @@ TEST(BenchCli, SampleRunsDewSampleOnTheDefaultRecipeModelOnBothSides) {
   // runs::prepare completes the recipe's model fields from the data set.
   if (!std::filesystem::exists(std::string(dew::data::kFashionMnistDir) + "/train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "no Fashion-MNIST in " << dew::data::kFashionMnistDir;
-  const bool peer = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+  const bool peer = std::system(DEW_PYTHON " -c 'import torch' >/dev/null 2>&1") == 0;
   auto r = dew::test::run_dew(std::string("bench --models sample --images 4 --sample-steps 2 --steps 1 --warmup 0 ") +
                               "--threads 1 --blas-threads 1 --rounds 1" + (peer ? "" : " --no-peer"));
   ASSERT_EQ(r.code, 0) << r.output;
