@@ -2,7 +2,6 @@
 // shapes of `dew bench`'s models, each fused kernel once per instruction set it dispatches to (avx512,
 // avx2, base = SSE2; a set this CPU lacks is skipped with a message):
 //   GELU-tanh, GroupNorm + SiLU (NCHW, channels-last), attention   forward + backward
-//   row-parallel linear (simple_dit's MLP, 1568 x 128 -> 512)       forward + backward (dx, dW, db)
 //   RMSNorm (the lm's 4 x 256 tokens of width 256, and its q/k heads of 64) forward + backward (dx, dw)
 //   rotate-half RoPE (the lm's q: 4 x 4 heads x 256 tokens x 64)     forward + backward
 //   few-rows linear (a decoding step, 1 row, 256 -> 768, no gradient) forward
@@ -97,18 +96,6 @@ void BM_FusedAttention(benchmark::State& state, std::string isa) {
     qkv.mutable_grad().reset();
     benchmark::DoNotOptimize(o.data_ptr());
   }
-}
-
-// simple_dit's MLP input projection (batch 32 x 49 tokens, width 128 -> 512), forward and backward with
-// the weight and bias gradients. The split is by threads, not ISA (the GEMMs are OpenBLAS's).
-void BM_FusedRowParallelLinear(benchmark::State& state, bool fused) {
-  at::set_num_threads(static_cast<int>(state.range(0)));
-  torch::manual_seed(0);
-  Tensor w = (torch::randn({512, 128}) * 0.05).requires_grad_(), b = torch::zeros({512}).requires_grad_();
-  run_step(state, torch::randn({32 * 49, 128}), [=](const Tensor& x) {
-    return fused ? dew::nn::row_parallel_linear(x, w, b) : at::linear(x, w, b);
-  });
-  state.SetLabel(fused ? "row-split" : "aten");
 }
 
 // RMSNorm at the lm bench's shapes: range(1) = 0 for its hidden states [4, 256, 256], 1 for its q/k heads
@@ -275,7 +262,5 @@ DEW_FUSED_ISAS(BM_FusedRmsNorm, ->Args({1, 0})->Args({2, 0})->Args({1, 1})->Args
 DEW_FUSED_ISAS(BM_FusedRope, DEW_THREADS);
 BENCHMARK_CAPTURE(BM_FewRowsLinear, aten, false) DEW_THREADS->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_FewRowsLinear, dew, true) DEW_THREADS->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_FusedRowParallelLinear, aten, false) DEW_THREADS->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_FusedRowParallelLinear, dew, true) DEW_THREADS->Unit(benchmark::kMillisecond);
 
 }  // namespace

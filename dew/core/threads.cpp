@@ -132,10 +132,8 @@ json read_cache(const std::string& path) {
 }  // namespace
 
 Workload workload_of(const std::string& architecture) {
-  // dew bench --all and --models lm (2026-11-30): since dew's linears split their rows over the intra-op
-  // threads (dew/nn/fused.h), 2 intra + 1 BLAS trains fastest for every architecture, uvit and the
-  // language model included (they were 1 + 2 before). The name stays a parameter for the next one that
-  // differs.
+  // dew bench --all and --models lm measured one split for every architecture (2026-11-30, LibTorch 1.13);
+  // the name stays a parameter for the next one that differs.
   (void)architecture;
   return Workload::kIntraOp;
 }

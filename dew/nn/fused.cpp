@@ -639,83 +639,8 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
   }
 };
 
-// ---- linear with the rows split across the intra-op threads ----
+// ---- linear ----
 
-// Row blocks of at least this many rows; fewer rows than two blocks stay with at::linear.
-constexpr int64_t kLinearRowGrain = 128;
-
-// Runs f(begin, end) over row blocks of [0, M), one block per intra-op thread.
-// Runs f(begin, end) over blocks of [0, M) of at least `grain` rows, one block per intra-op thread.
-template <class F>
-void row_blocks(int64_t M, int64_t grain, const F& f) {
-  const int64_t n = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), M / grain));
-  const int64_t block = (M + n - 1) / n;
-  at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t s = b * block, e = std::min(M, s + block);
-      if (s < e) f(s, e);
-    }
-  });
-}
-
-struct LinearFunction : public torch::autograd::Function<LinearFunction> {
-  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& input, const Tensor& weight,
-                        const Tensor& bias) {
-    const int64_t K = input.size(-1), N = weight.size(0);
-    // Detached: out= variants refuse arguments that require grad; this function is their gradient.
-    const Tensor x = input.detach().reshape({-1, K}).contiguous();
-    // A zero-size bias stands for none (custom functions take defined tensors only).
-    const Tensor wt = weight.detach().t(), b = bias.numel() > 0 ? bias.detach() : Tensor();
-    Tensor y = at::empty({x.size(0), N}, x.options());
-    // Inside the parallel region ATen and OpenBLAS run each block's GEMM on the calling thread.
-    row_blocks(x.size(0), kLinearRowGrain, [&](int64_t s, int64_t e) {
-      Tensor out = y.narrow(0, s, e - s);
-      if (b.defined()) {
-        at::addmm_out(out, b, x.narrow(0, s, e - s), wt);
-      } else {
-        at::mm_out(out, x.narrow(0, s, e - s), wt);
-      }
-    });
-    ctx->save_for_backward({input, weight, bias});
-    std::vector<int64_t> shape = input.sizes().vec();
-    shape.back() = N;
-    return y.view(shape);
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const Tensor &input = saved[0], &weight = saved[1], &bias = saved[2];
-    torch::autograd::variable_list out(3);
-    if (!grads[0].defined()) return out;
-    if (at::GradMode::is_enabled()) {
-      return composite_grads(at::linear(input, weight, bias.numel() > 0 ? bias : Tensor()), saved, 3, grads[0], 3);
-    }
-    const int64_t K = input.size(-1), N = weight.size(0);
-    const Tensor x = input.detach().reshape({-1, K}).contiguous(), w = weight.detach();
-    const Tensor dy = grads[0].detach().reshape({-1, N}).contiguous();
-    const int64_t M = x.size(0);
-    if (input.requires_grad()) {
-      Tensor dx = at::empty({M, K}, x.options());
-      row_blocks(M, kLinearRowGrain, [&](int64_t s, int64_t e) {
-        Tensor block = dx.narrow(0, s, e - s);
-        at::mm_out(block, dy.narrow(0, s, e - s), w);
-      });
-      out[0] = dx.view(input.sizes());
-    }
-    if (weight.requires_grad()) {
-      // dW = dY^T X, split over dW's rows (the output features): each block reads a column slice of dY.
-      Tensor dw = at::empty({N, K}, x.options());
-      row_blocks(N, 16, [&](int64_t s, int64_t e) {
-        Tensor block = dw.narrow(0, s, e - s);
-        at::mm_out(block, dy.narrow(1, s, e - s).t(), x);
-      });
-      out[1] = dw;
-    }
-    if (bias.numel() > 0 && bias.requires_grad()) out[2] = dy.sum(0);
-    return out;
-  }
-};
 
 }  // namespace
 
@@ -836,12 +761,7 @@ Tensor row_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& 
       x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) && x.numel() > 0 &&
       x.numel() / x.size(-1) <= kGemvRows)
     return linear_by_rows(x, weight, bias);
-  const bool split = fused_kernels_apply(x) && fused_kernels_apply(weight) && (!bias.defined() || fused_kernels_apply(bias)) &&
-                     x.dim() >= 2 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&
-                     at::get_num_threads() > 1 && !at::in_parallel_region() &&
-                     x.numel() / std::max<int64_t>(1, x.size(-1)) >= 2 * kLinearRowGrain;
-  if (!split) return at::linear(x, weight, bias);
-  return LinearFunction::apply(x, weight, bias.defined() ? bias : at::empty({0}, weight.options()));
+  return at::linear(x, weight, bias);
 }
 
 namespace {

@@ -62,21 +62,18 @@ Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin);
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v);
 bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v);
 /// Whether attention() should take the fused kernel for `keys` keys where it applies: up to
-/// kFusedAttentionMaxKeys, on every instruction set (measured faster than the composite with AVX2 and on the
-/// SSE2 variant against ATen's default kernels: docs/benchmarks.md, "Winograd convolutions and attention as
-/// small GEMMs").
+/// kFusedAttentionMaxKeys, on every instruction set (docs/benchmarks.md).
 bool fused_attention_preferred(int64_t keys);
-/// The most keys attention() gives the fused kernel: measured faster than the composite up to here (49 to
-/// 512 keys, heads of 16 to 128; build/dew_microbench --benchmark_filter=Attention), not measured beyond.
-constexpr int64_t kFusedAttentionMaxKeys = 512;
+/// The most keys attention() gives the fused kernel: measured faster than at::scaled_dot_product_attention
+/// of LibTorch 2.13 at 49 to 196 keys (heads of 16 and 32) and slower at 256 (heads of 128) and 512 (heads of
+/// 64) keys, forward + backward on the AVX2 Zen 3 (build/dew_microbench --benchmark_filter=Attention).
+constexpr int64_t kFusedAttentionMaxKeys = 196;
 
-/// at::linear(x, weight, bias) (x: [..., K], weight: [N, K]) with the rows of x split into one block per
-/// intra-op thread, each block's GEMM run single-threaded on its thread, forward and backward (dW split
-/// over its rows). With 2 intra-op threads + 1 OpenBLAS thread (the diffusion backbones' default) the
-/// GEMMs then use both cores while the element-wise kernels keep theirs. Float32 CPU with at least 256
-/// rows and more than one intra-op thread. Float32 CPU with at most 4 rows (a decoding step) runs one
-/// GEMV per row instead, with or without autograd (OpenBLAS's GEMM packs the whole weight per call).
-/// Otherwise at::linear.
+/// at::linear(x, weight, bias) (x: [..., K], weight: [N, K]), except that float32 CPU input with at most 4
+/// rows (a decoding step) runs one GEMV per row, with or without autograd. (Until LibTorch 1.13 with
+/// OpenBLAS, larger inputs had their rows split over the intra-op threads, one single-threaded GEMM each;
+/// against the wheel's oneMKL, which threads its own GEMMs, that split measured slower: 6.88 against
+/// 4.95 ms at 1568 x 128 -> 512 on 2 threads, docs/benchmarks.md, so it was removed.)
 Tensor row_parallel_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 /// Coefficients of one Adam(W) update (dew/training/optim.cpp): g' = g + l2 p, m = beta1 m + (1 - beta1) g',

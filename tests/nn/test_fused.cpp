@@ -312,49 +312,6 @@ TEST(Fused, AttentionSecondOrderGradientIsTheComposites) {
   EXPECT_LT(max_diff(second(true), second(false)), 1e-4);
 }
 
-TEST(Fused, RowParallelLinearMatchesATenWithAndWithoutBias) {
-  const int saved_threads = at::get_num_threads();
-  at::set_num_threads(2);  // the split needs more than one intra-op thread
-  for (bool with_bias : {true, false}) {
-    torch::manual_seed(with_bias ? 1 : 2);
-    // 3 x 97 = 291 rows (two uneven blocks), 96 output features (dW split over them).
-    Tensor x = torch::randn({3, 97, 64}).requires_grad_();
-    Tensor w = (torch::randn({96, 64}) * 0.1).requires_grad_();
-    Tensor b = with_bias ? torch::randn({96}).requires_grad_() : Tensor();
-    Tensor xd = x.detach().to(at::kDouble).requires_grad_(), wd = w.detach().to(at::kDouble).requires_grad_();
-    Tensor bd = with_bias ? b.detach().to(at::kDouble).requires_grad_() : Tensor();
-    Tensor y = dew::nn::row_parallel_linear(x, w, b);
-    Tensor yd = at::linear(xd, wd, bd);
-    const std::string what = with_bias ? "with bias" : "without bias";
-    EXPECT_EQ(y.sizes(), yd.sizes()) << what;
-    EXPECT_LT(max_diff(y.to(at::kDouble), yd), 1e-5) << what;
-    Tensor g = torch::randn(y.sizes());
-    y.backward(g);
-    yd.backward(g.to(at::kDouble));
-    EXPECT_LT(max_diff(x.grad().to(at::kDouble), xd.grad()), 1e-5) << what << ": dx";
-    EXPECT_LT(max_diff(w.grad().to(at::kDouble), wd.grad()), 1e-4) << what << ": dw";
-    if (with_bias) {
-      EXPECT_LT(max_diff(b.grad().to(at::kDouble), bd.grad()), 1e-4) << what << ": db";
-    }
-  }
-  // Second order (create_graph) goes through the composite: d/dx sum((dL/dx)^2) as ATen's.
-  {
-    torch::manual_seed(3);
-    Tensor x0 = torch::randn({300, 16}), w = torch::randn({8, 16}).requires_grad_(), b = torch::randn({8});
-    auto second = [&](bool split) {
-      Tensor x = x0.clone().requires_grad_();
-      Tensor y = split ? dew::nn::row_parallel_linear(x, w, b) : at::linear(x, w, b);
-      Tensor g = torch::autograd::grad({(y * y).sum()}, {x}, {}, true, true)[0];
-      return torch::autograd::grad({g.pow(2).sum()}, {w})[0];
-    };
-    EXPECT_LT(max_diff(second(true), second(false)) / (1 + second(false).abs().max().item<double>()), 1e-5);
-  }
-  // Too few rows, or one thread: exactly at::linear.
-  Tensor xs = torch::randn({10, 8}), ws = torch::randn({4, 8});
-  EXPECT_TRUE(torch::equal(dew::nn::row_parallel_linear(xs, ws, {}), at::linear(xs, ws)));
-  at::set_num_threads(saved_threads);
-}
-
 }  // namespace
 
 namespace {
