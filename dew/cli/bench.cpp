@@ -24,6 +24,7 @@
 // the BLAS threads can be set per child (OPENBLAS_NUM_THREADS, read by OpenBLAS when it loads; dew's children
 // tell oneMKL themselves).
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Version.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <dlfcn.h>
@@ -1605,7 +1606,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     m << "; BLAS " << core_of(probe_cfg.cpp, true) << " (C++)";
     if (with_peer) m << ", " << core_of(probe_cfg.py, false) << " (Python)";
     // The children inherit DEW_FUSED_ISA, so this process's choice is theirs.
-    m << "; dew's fused kernels " << nn::fused_kernel_isa() << (std::getenv("DEW_FUSED_ISA") ? " (DEW_FUSED_ISA)" : "");
+    m << "; dew's fused kernels " << nn::fused_kernel_isa() << (std::getenv("DEW_FUSED_ISA") ? " (DEW_FUSED_ISA)" : "")
+      << "; ATen's CPU kernels " << at::get_cpu_capability();
     m << "; OPENBLAS_CORETYPE " << (by_dew ? std::string("set by dew for itself (") + by_dew + ")"
                                            : coretype ? std::string("set by the user (") + coretype + ")" : "unset");
     if (with_peer && f.has("peer-coretype")) m << ", " << f.get("peer-coretype", "") << " for Python (--peer-coretype)";
