@@ -96,7 +96,7 @@ def main():
     mask[:, L - C:] = True
     ids, masks = torch.cat([chosen, rejected], 0), torch.cat([mask, mask], 0)  # [2B, L]: chosen rows first
 
-    run_policy, run_reference = peer.compiled(a, policy, reference) if a.compile else (policy, reference)
+    run_policy, run_reference = peer.compiled(a, policy, reference)
     times, loss, first = [], 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()

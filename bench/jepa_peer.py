@@ -216,7 +216,7 @@ def main():
     x = torch.randint(0, 256, (a.batch, f["in_channels"], f["image_size"], f["image_size"]), generator=g,
                       dtype=torch.uint8)
     # The modules run compiled under --compile; parameters, the optimizer and the EMA stay the eager ones.
-    run_enc, run_pred, run_target = peer.compiled(a, enc, pred, target) if a.compile else (enc, pred, target)
+    run_enc, run_pred, run_target = peer.compiled(a, enc, pred, target)
     times, loss, first = [], 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()

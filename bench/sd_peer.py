@@ -4,8 +4,8 @@
 The models are diffusers' own UNet2DConditionModel and AutoencoderKL, built from the same config.json dict the
 C++ side builds its unet_2d_condition / autoencoder_kl from (--config), imported from the environment's pinned
 diffusers (requirements.txt), or from a diffusers source checkout when --diffusers-src (or $DEW_DIFFUSERS_SRC)
-names one (then with the stubs of tests/golden/diffusers_stubs.py standing in for huggingface_hub and
-safetensors). Nothing is re-implemented.
+names one (put ahead of the installed package; its own imports come from the environment). Nothing is
+re-implemented.
 
 - sd_unet: one training step of diffusers' examples/text_to_image/train_text_to_image.py (epsilon
   prediction, --use_ema, no gradient clipping): noise = randn_like(latents), timesteps = randint(0, 1000, [B]),
@@ -37,11 +37,8 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "golden"))
 import peer  # noqa: E402  (the result line)
 
-DIFFUSERS_VERSION = "0.34.0"
-STUB_SITE = "/tmp/dew_diffusers_stubs/site"  # the fake dist-info of the stubbed packages
 # train_text_to_image.py's defaults, and Stable Diffusion's noise schedule (its scheduler_config.json).
 LR, BETAS, WEIGHT_DECAY, EPS, EMA_DECAY = 1e-4, (0.9, 0.999), 1e-2, 1e-8, 0.995
 TRAIN_TIMESTEPS, BETA_START, BETA_END = 1000, 0.00085, 0.012
@@ -57,14 +54,13 @@ def default_src():
 
 
 def load_diffusers(src):
-    """diffusers (the installed package when `src` is empty), or an ImportError / other exception saying why
-    not."""
+    """diffusers: the installed package, or the source tree `src` put ahead of it on the path (its imports
+    come from the environment); an ImportError / other exception saying why not."""
     if src:
-        import diffusers_stubs
-
-        diffusers = diffusers_stubs.import_diffusers(src, STUB_SITE, DIFFUSERS_VERSION)
-    else:
-        import diffusers
+        if not os.path.isdir(os.path.join(src, "diffusers")):
+            raise ImportError(f"no diffusers package folder in {src}")
+        sys.path.insert(0, src)
+    import diffusers
     diffusers.utils.logging.set_verbosity_error()
     return diffusers
 
@@ -143,7 +139,7 @@ def main():
     ap.add_argument("--model", choices=["sd_unet", "sd_vae"])
     ap.add_argument("--probe", action="store_true", help="only import diffusers: print its version and path")
     ap.add_argument("--diffusers-src", default=default_src(),
-                    help="the `src` folder of a diffusers v0.34.0 checkout to import instead of the installed "
+                    help="the `src` folder of a diffusers checkout to import instead of the installed "
                          "diffusers (default: $DEW_DIFFUSERS_SRC, else the installed package)")
     ap.add_argument("--config", help="the diffusers config.json dict of the model, as JSON")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")

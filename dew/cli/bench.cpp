@@ -192,7 +192,7 @@ const char* kBenchUsage =
     "  --sd-peer FILE  the Stable Diffusion components' Python peer (default: bench/sd_peer.py)\n"
     "  --train-peer FILE  the train case's Python peer (default: bench/train_peer.py)\n"
     "  --sample-peer FILE  the sample case's Python peer (default: bench/sample_peer.py)\n"
-    "  --diffusers-src DIR  the `src` folder of a diffusers v0.34.0 checkout the SD peer imports instead of\n"
+    "  --diffusers-src DIR  the `src` folder of a diffusers checkout the SD peer imports instead of\n"
     "                  the environment's diffusers (default: $DEW_DIFFUSERS_SRC, else the installed package)\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
     "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"
