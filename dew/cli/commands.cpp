@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "dew/core/registry.h"
+#include "dew/runs/registries.h"
 
 namespace dew::cli {
 

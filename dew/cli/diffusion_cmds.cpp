@@ -15,6 +15,7 @@
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/runs/diffusion_run.h"
 #include "dew/runs/post_training_run.h"
+#include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -43,13 +44,11 @@ int cmd_train(const std::vector<std::string>& args) {
   DEW_CHECK(parsed.positional.empty(), "train ", kind.name, ": unexpected argument \"", parsed.positional[0], "\"");
   auto run = runs::prepare(kind.name, parsed.recipe);  // every field checked; nothing written yet
   auto res = runs::train(run);
-  const fs::path dir = run.options.run;
-  std::cout << "run:        " << dir.string() << "\n"
+  const training::RunDir dir(run.options.run);
+  std::cout << "run:        " << dir.path() << "\n"
             << "checkpoint: " << res.last_checkpoint << "\n"
-            << "metrics:    " << (dir / "metrics.jsonl").string() << "\n";
-  if (!run.built.preview.empty())
-    std::cout << "preview:    " << (dir / "samples" / ("step_" + std::to_string(res.step) + run.built.preview)).string()
-              << "\n";
+            << "metrics:    " << dir.metrics() << "\n";
+  if (!run.built.preview.empty()) std::cout << "preview:    " << dir.sample(res.step, run.built.preview) << "\n";
   std::cout << "steps:      " << res.step << (res.interrupted ? " (stopped early)" : "") << "\n";
   for (const auto& [k, v] : res.last_metrics)
     if (k.rfind("val/", 0) == 0) std::cout << k << ": " << v << "\n";
@@ -132,7 +131,9 @@ int cmd_sample(const std::vector<std::string>& args) {
   validate(g, *run.process);  // before the sampling work
   g.clamp = !run.latent;       // a latent run's samples are decoded
   auto images = run.images(sample_diffusion(*run.model, *run.process, g)).cpu();
-  const std::string out = f.get("out", (fs::path(f.positional[0]) / "samples" / ("sample_step_" + std::to_string(run.step) + ".png")).string());
+  const std::string out = f.get("out", (fs::path(training::RunDir(f.positional[0]).samples()) /
+                                            ("sample_step_" + std::to_string(run.step) + ".png"))
+                                               .string());
   if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
   save_samples(out, images, nrow);
   std::cout << "wrote " << g.count << (video ? " videos" : " samples") << " (" << g.solver << ", " << g.steps << " steps, guidance "
@@ -143,7 +144,7 @@ int cmd_sample(const std::vector<std::string>& args) {
 
 int cmd_eval(const std::vector<std::string>& args) {
   // A JEPA run is probed, a language-model run scored on prompts; a diffusion run is sampled.
-  if (!args.empty() && args[0].rfind("--", 0) != 0 && fs::exists(fs::path(args[0]) / "run.json")) {
+  if (!args.empty() && args[0].rfind("--", 0) != 0 && training::RunDir::holds_run(args[0])) {
     const std::string kind = runs::read_record(args[0]).value("kind", "");
     if (kind == "jepa") return cmd_eval_jepa(args);
     if (kind == "autoencoder") return cmd_eval_autoencoder(args);

@@ -12,26 +12,25 @@ namespace dew::cli {
 
 namespace {
 
-const char* kForwardUsage =
-    "usage: dew forward DIR --inputs IN.safetensors --out OUT.safetensors [--class NAME] [--method NAME]\n"
-    "                   [--dtype float32|float64] [--device D]\n"
-    "\n"
-    "Loads one diffusers model folder (config.json + diffusion_pytorch_model.safetensors or model.safetensors,\n"
-    "single or sharded, fp32/fp16/bf16) as the dew family of its _class_name (or --class), runs it on the\n"
-    "tensors of IN named as the diffusers arguments and writes the results to OUT:\n"
-    "  UNet2DConditionModel  forward: sample, timestep, encoder_hidden_states [, text_embeds, time_ids,\n"
-    "                        class_labels, encoder_attention_mask] -> sample\n"
-    "  AutoencoderKL         encode (default): sample -> latent_mean, latent_logvar; decode: z -> sample;\n"
-    "                        forward: sample -> sample; tiled_encode, tiled_decode (tiles of the config's\n"
-    "                        sample_size, as diffusers' enable_tiling())\n"
-    "--dtype float64 runs the whole model in float64. A missing or extra input is an error naming it.\n";
+std::string forward_usage() {
+  return "usage: dew forward DIR --inputs IN.safetensors --out OUT.safetensors [--class NAME] [--method NAME]\n"
+         "                   [--dtype float32|float64] [--device D]\n"
+         "\n"
+         "Loads one diffusers model folder (config.json + diffusion_pytorch_model.safetensors or model.safetensors,\n"
+         "single or sharded, fp32/fp16/bf16) as the dew family of its _class_name (or --class), runs a method\n"
+         "(--method; the first listed by default) on the tensors of IN named as the diffusers arguments and writes\n"
+         "the results to OUT:\n" +
+         interop::diffusers_usage() +
+         "Tiled methods use tiles of the config's sample_size, as diffusers' enable_tiling(). --dtype float64 runs\n"
+         "the whole model in float64. A missing or extra input is an error naming it.\n";
+}
 
 }  // namespace
 
 int cmd_forward(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") {
-      std::cout << kForwardUsage;
+      std::cout << forward_usage();
       return 0;
     }
   auto f = parse_flags(args, {"inputs", "out", "class", "method", "dtype", "device"});

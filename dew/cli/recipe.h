@@ -1,4 +1,4 @@
-// Recipes (SPEC section 13): a JSON tree of defaults per `dew train` kind; `--config FILE` merges a file
+// Recipes (README.md): a JSON tree of defaults per `dew train` kind; `--config FILE` merges a file
 // over it and `--a.b value` overrides any leaf (unknown keys list the valid ones; values are typed
 // when the tree is parsed into options structs).
 #pragma once

@@ -1,4 +1,4 @@
-// `dew tokenize`: text files or Debian's fortunes -> token files (SPEC section 9).
+// `dew tokenize`: text files or Debian's fortunes -> token files (docs/lm.md).
 #include <chrono>
 #include <cmath>
 #include <iostream>

@@ -23,7 +23,7 @@
 #include "dew/core/threads.h"
 #include "dew/data/tokenizer.h"
 #include "dew/nn/backbones/causal_transformer.h"
-#include "dew/objectives/objective.h"
+#include "dew/training/objective.h"
 #include "dew/runs/run.h"
 #include "dew/sampling/generate.h"
 

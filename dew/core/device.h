@@ -1,4 +1,4 @@
-// Devices (SPEC section 2): `--device cpu|cuda|cuda:N|auto`. auto (the default) is the first CUDA
+// Devices (docs/core.md): `--device cpu|cuda|cuda:N|auto`. auto (the default) is the first CUDA
 // device when LibTorch sees one, else the CPU.
 #pragma once
 #include <c10/core/Device.h>

@@ -1,4 +1,4 @@
-// dew::Error and the checks that raise it (SPEC section 2: what was wrong, where, what is accepted).
+// dew::Error and the checks that raise it (docs/core.md: what was wrong, where, what is accepted).
 #pragma once
 #include <sstream>
 #include <stdexcept>

@@ -102,9 +102,6 @@ class Registry : public RegistryBase {
   std::map<std::string, Entry> entries_;
 };
 
-/// Every registry of the library by kind ("schedules", "solvers", ...), for listings.
-std::vector<const RegistryBase*> all_registries();
-
 /// Renders a registry's entries with their fields and defaults.
 std::string format_registry(const RegistryBase& r);
 

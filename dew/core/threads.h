@@ -1,4 +1,4 @@
-// CPU thread and BLAS-kernel settings of a run (SPEC section 1: threads are a setting, else
+// CPU thread and BLAS-kernel settings of a run (README.md: threads are a setting, else
 // OMP_NUM_THREADS, else the measured best for the machine: what `dew tune threads` measured on this machine
 // and cached, else a built-in rule). See docs/benchmarks.md ("Thread defaults") for the measurements.
 #pragma once

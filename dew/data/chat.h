@@ -1,4 +1,4 @@
-// Chat data and chat templates (SPEC section 10): conversations read from JSON lines, rendered natively
+// Chat data and chat templates (docs/post_training.md): conversations read from JSON lines, rendered natively
 // (C++ string building, no Jinja engine) byte for byte as the Jinja chat templates that Llama 3, Llama 3.1,
 // Qwen2.5, Qwen3 and Gemma 3 ship in tokenizer_config.json render under transformers' apply_chat_template,
 // plus Dew's "plain" template for byte models. A rendering carries the byte span of each assistant turn

@@ -1,4 +1,4 @@
-// The data layer (SPEC section 7): in-memory datasets of named tensors, their sources (Fashion-MNIST IDX
+// The data layer (docs/training.md#data-dewdata): in-memory datasets of named tensors, their sources (Fashion-MNIST IDX
 // files, image folders, synthetic Gaussian blobs), and a DataLoader that yields dict batches that are
 // deterministic for a (seed, epoch) at any number of worker threads, resumable from a saved position and
 // prefetched on background threads. Data stays uint8 until the batch boundary (to_model_range).

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "dew/data/tokenizer_detail.h"
+#include "dew/io/files.h"
 
 namespace fs = std::filesystem;
 
@@ -79,18 +80,11 @@ struct AddedToken {
   bool special, lstrip, rstrip;
 };
 
-/// The string of a special-token entry in tokenizer_config.json: "x" or {"content": "x", ...}.
-std::string token_text(const json& j) {
-  if (j.is_string()) return j.get<std::string>();
-  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
-  return "";
-}
-
 class HfBpeTokenizer : public Tokenizer {
  public:
   explicit HfBpeTokenizer(const HfBpeOptions& o) : path_(o.path) {
     DEW_CHECK(!o.path.empty(), "hf_bpe: field \"path\" is required (a tokenizer.json file)");
-    raw_ = detail::read_file(o.path, "hf_bpe");
+    raw_ = io::read_file(o.path, "hf_bpe");
     json j = json::parse(raw_, nullptr, false);
     DEW_CHECK(!j.is_discarded() && j.is_object(), "hf_bpe: \"", o.path, "\" is not a JSON object");
     DEW_CHECK(j.contains("model") && j["model"].is_object(), "hf_bpe: \"", o.path, "\" has no \"model\" object");
@@ -202,15 +196,15 @@ class HfBpeTokenizer : public Tokenizer {
   json spec() const override { return {{"name", "hf_bpe"}, {"path", path_}}; }
 
   void save(const std::string& dir) const override {
-    detail::write_file((fs::path(dir) / "tokenizer.json").string(), raw_);
+    io::write_file_atomic((fs::path(dir) / "tokenizer.json").string(), raw_);
     // The original tokenizer_config.json (chat template, special tokens) travels when it sits beside.
     fs::path config = fs::path(path_).parent_path() / "tokenizer_config.json";
     fs::path map = fs::path(path_).parent_path() / "special_tokens_map.json";
     std::error_code ec;
     if (fs::is_regular_file(config, ec)) {
-      detail::write_file((fs::path(dir) / "tokenizer_config.json").string(), detail::read_file(config.string(), "hf_bpe"));
+      io::write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), io::read_file(config.string(), "hf_bpe"));
       if (fs::is_regular_file(map, ec))
-        detail::write_file((fs::path(dir) / "special_tokens_map.json").string(), detail::read_file(map.string(), "hf_bpe"));
+        io::write_file_atomic((fs::path(dir) / "special_tokens_map.json").string(), io::read_file(map.string(), "hf_bpe"));
     } else {
       auto piece = [&](int64_t id) { return id < 0 ? std::string() : pieces_[id]; };
       detail::write_hf_token_configs(dir, piece(bos_), piece(eos_), piece(pad_), piece(unk_), "PreTrainedTokenizerFast");
@@ -237,23 +231,10 @@ class HfBpeTokenizer : public Tokenizer {
     DEW_CHECK(m["merges"].is_array(), "hf_bpe: model.merges must be a list");
     int64_t rank = 0;
     for (const auto& e : m["merges"]) {
-      std::string a, b;
-      if (e.is_string()) {  // "a b"
-        std::string s = e.get<std::string>();
-        size_t sp = s.find(' ');
-        DEW_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
-                  "hf_bpe: merge ", rank, " \"", s, "\" must be two pieces separated by one space");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else {  // ["a", "b"]
-        DEW_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), "hf_bpe: merge ", rank,
-                  " must be \"a b\" or [\"a\", \"b\"], got ", e.dump());
-        a = e[0].get<std::string>();
-        b = e[1].get<std::string>();
-      }
+      const auto [a, b] = detail::BpeMerges::parse(e, rank, "hf_bpe");
       DEW_CHECK(ids_.count(a + b), "hf_bpe: merge ", rank, " (\"", a, "\", \"", b, "\") makes \"", a + b,
                 "\", which is not in model.vocab");
-      ranks_.emplace(pair_key(a, b), rank++);
+      merges_.add(a, b, rank++);
     }
   }
 
@@ -320,10 +301,10 @@ class HfBpeTokenizer : public Tokenizer {
     fs::path config = fs::path(path_).parent_path() / "tokenizer_config.json";
     std::error_code ec;
     json c;
-    if (fs::is_regular_file(config, ec)) c = json::parse(detail::read_file(config.string(), "hf_bpe"), nullptr, false);
+    if (fs::is_regular_file(config, ec)) c = json::parse(io::read_file(config.string(), "hf_bpe"), nullptr, false);
     auto from_config = [&](const char* key) -> int64_t {
       if (!c.is_object() || !c.contains(key)) return -1;
-      return piece_to_id(token_text(c[key]));
+      return piece_to_id(detail::token_text(c[key]));
     };
     auto first_of = [&](std::initializer_list<const char*> names) -> int64_t {
       for (const char* n : names)
@@ -350,7 +331,6 @@ class HfBpeTokenizer : public Tokenizer {
                 " (ids must be contiguous)");
   }
 
-  static std::string pair_key(const std::string& a, const std::string& b) { return a + '\x01' + b; }
 
   static const std::unordered_map<std::string, int>& unicode_to_byte() {
     static const auto* m = [] {
@@ -394,26 +374,7 @@ class HfBpeTokenizer : public Tokenizer {
         return;
       }
     }
-    std::vector<std::string> sym;
-    for (size_t i = 0; i < word.size();) {
-      size_t n = detail::utf8_length(word, i);
-      sym.push_back(word.substr(i, n));
-      i += n;
-    }
-    while (sym.size() > 1) {
-      int64_t best = -1;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        auto r = ranks_.find(pair_key(sym[i], sym[i + 1]));
-        if (r != ranks_.end() && (best < 0 || r->second < best)) {
-          best = r->second;
-          at = i;
-        }
-      }
-      if (best < 0) break;
-      sym[at] += sym[at + 1];
-      sym.erase(sym.begin() + at + 1);
-    }
+    const std::vector<std::string> sym = merges_.apply(word);
     for (const auto& s : sym) {
       int64_t id = piece_to_id(s);
       if (id < 0) {
@@ -428,7 +389,7 @@ class HfBpeTokenizer : public Tokenizer {
   std::string path_, raw_;
   std::vector<std::string> pieces_;
   std::unordered_map<std::string, int64_t> ids_;
-  std::unordered_map<std::string, int64_t> ranks_;
+  detail::BpeMerges merges_;
   std::vector<AddedToken> added_;
   std::map<int64_t, const AddedToken*> added_by_id_;
   std::bitset<256> first_bytes_;  // first bytes of added tokens: most positions are skipped at once

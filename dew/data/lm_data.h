@@ -1,4 +1,4 @@
-// Language-model data (SPEC sections 7 and 9): token streams cut into windows of seq_len + 1 ids.
+// Language-model data (docs/training.md#data-dewdata, docs/lm.md): token streams cut into windows of seq_len + 1 ids.
 // The `lm_datasets()` registry sits beside `datasets()` because an LM source is a token stream read
 // lazily (memory-mapped token files), not a table of items:
 //   tokens    a `dew tokenize` output directory (train.bin / val.bin / meta.json, memory-mapped)

@@ -1,4 +1,4 @@
-// JEPA masks (SPEC section 11), drawn as the reference collators draw them, from a generator the caller
+// JEPA masks (docs/jepa.md), drawn as the reference collators draw them, from a generator the caller
 // derives from (seed, purpose, step), so a run's masks are reproducible and a resumed run draws the same.
 //
 //   dew::data::MultiBlockOptions o;                               // I-JEPA: 4 targets, one context block
@@ -12,7 +12,16 @@
 #include <utility>
 
 #include "dew/core/options.h"
-#include "dew/nn/roles.h"
+
+namespace dew {
+
+/// The token grid of an encoder (and of the masks drawn over it): frames (1 for images) x rows x columns, tokens in raster order (t, h, w).
+struct TokenGrid {
+  int64_t t = 1, h = 1, w = 1;
+  int64_t tokens() const { return t * h * w; }
+};
+
+}  // namespace dew
 
 namespace dew::data {
 

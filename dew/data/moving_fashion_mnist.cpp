@@ -1,4 +1,4 @@
-// Moving Fashion-MNIST (SPEC section 7): a deterministic synthetic video set for the video backbones.
+// Moving Fashion-MNIST (docs/training.md#data-dewdata): a deterministic synthetic video set for the video backbones.
 #include <ATen/ATen.h>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// Post-training data (SPEC section 10): the JSON-lines files of SFT, DPO and GRPO turned into token rows for
+// Post-training data (docs/post_training.md): the JSON-lines files of SFT, DPO and GRPO turned into token rows for
 // one model's tokenizer and chat template.
 //   SFT     {"messages": [...]}                                  -> rows with a loss mask on assistant turns
 //   DPO     {"prompt": P, "chosen": C, "rejected": R}            -> chosen and rejected rows with completion masks

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "dew/data/tokenizer_detail.h"
+#include "dew/io/files.h"
 
 namespace fs = std::filesystem;
 
@@ -26,7 +27,7 @@ class SentencePieceTokenizer : public Tokenizer {
   explicit SentencePieceTokenizer(const SentencePieceOptions& o) : path_(o.path) {
     DEW_CHECK(!o.path.empty(), "sentencepiece: field \"path\" is required (a tokenizer.model file)");
     // The bytes are kept for save(), so the file is read once and parsed from memory.
-    raw_ = detail::read_file(o.path, "sentencepiece");
+    raw_ = io::read_file(o.path, "sentencepiece");
     const auto status = sp_.LoadFromSerializedProto(raw_);
     DEW_CHECK(status.ok(), "sentencepiece \"", path_,
               "\": cannot load (truncated or not a SentencePiece model: ", message(status), ")");
@@ -88,7 +89,7 @@ class SentencePieceTokenizer : public Tokenizer {
   json spec() const override { return {{"name", "sentencepiece"}, {"path", path_}}; }
 
   void save(const std::string& dir) const override {
-    detail::write_file((fs::path(dir) / "tokenizer.model").string(), raw_);
+    io::write_file_atomic((fs::path(dir) / "tokenizer.model").string(), raw_);
     auto piece = [&](int64_t id) { return id < 0 ? std::string() : sp_.IdToPiece(static_cast<int>(id)); };
     detail::write_hf_token_configs(dir, piece(bos_id()), piece(eos_id()), piece(pad_id()), piece(unk_id()),
                                    "LlamaTokenizer");

@@ -1,4 +1,4 @@
-// Token files (SPEC section 9), what `dew tokenize` writes and LM training reads:
+// Token files (docs/lm.md), what `dew tokenize` writes and LM training reads:
 //   DIR/train.bin, DIR/val.bin   flat little-endian token ids: uint8 when vocab_size <= 256, uint16 when
 //                                <= 65536, else uint32
 //   DIR/meta.json                {tokenizer, vocab_size, dtype, train_tokens, val_tokens, eos_id, packed}

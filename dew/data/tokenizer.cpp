@@ -7,6 +7,7 @@
 
 #include "dew/core/strings.h"
 #include "dew/data/tokenizer_detail.h"
+#include "dew/io/files.h"
 
 namespace fs = std::filesystem;
 
@@ -56,19 +57,51 @@ size_t utf8_length(const std::string& s, size_t i) {
   return n;
 }
 
-std::string read_file(const std::string& path, const std::string& what) {
-  std::ifstream f(path, std::ios::binary);
-  DEW_CHECK(f.good() && !fs::is_directory(path), what, ": cannot read \"", path, "\"");
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+std::string token_text(const nlohmann::json& j) {
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
+  return "";
 }
 
-void write_file(const std::string& path, const std::string& content) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  DEW_CHECK(f.good(), "cannot write \"", path, "\"");
-  f.write(content.data(), static_cast<std::streamsize>(content.size()));
-  DEW_CHECK(f.good(), "writing \"", path, "\" failed");
+std::pair<std::string, std::string> BpeMerges::parse(const nlohmann::json& e, int64_t rank, const std::string& who) {
+  if (e.is_string()) {  // "a b"
+    const std::string s = e.get<std::string>();
+    const size_t sp = s.find(' ');
+    DEW_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
+              who, ": merge ", rank, " \"", s, "\" must be two pieces separated by one space");
+    return {s.substr(0, sp), s.substr(sp + 1)};
+  }
+  DEW_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), who, ": merge ", rank,
+            " must be \"a b\" or [\"a\", \"b\"], got ", e.dump());
+  return {e[0].get<std::string>(), e[1].get<std::string>()};
+}
+
+void BpeMerges::add(const std::string& a, const std::string& b, int64_t rank) { ranks_.emplace(a + '\x01' + b, rank); }
+
+std::vector<std::string> BpeMerges::apply(const std::string& word, const std::string& end_of_word) const {
+  std::vector<std::string> sym;
+  for (size_t i = 0; i < word.size();) {
+    const size_t n = utf8_length(word, i);
+    sym.push_back(word.substr(i, n));
+    i += n;
+  }
+  if (sym.empty()) return sym;
+  sym.back() += end_of_word;
+  while (sym.size() > 1) {
+    int64_t best = -1;
+    size_t at = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i) {
+      const auto r = ranks_.find(sym[i] + '\x01' + sym[i + 1]);
+      if (r != ranks_.end() && (best < 0 || r->second < best)) {
+        best = r->second;
+        at = i;
+      }
+    }
+    if (best < 0) break;
+    sym[at] += sym[at + 1];
+    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  }
+  return sym;
 }
 
 void write_hf_token_configs(const std::string& dir, const std::string& bos, const std::string& eos,
@@ -84,8 +117,8 @@ void write_hf_token_configs(const std::string& dir, const std::string& bos, cons
   put("eos_token", eos);
   put("pad_token", pad);
   put("unk_token", unk);
-  write_file((fs::path(dir) / "tokenizer_config.json").string(), config.dump(2) + "\n");
-  write_file((fs::path(dir) / "special_tokens_map.json").string(), map.dump(2) + "\n");
+  io::write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), config.dump(2) + "\n");
+  io::write_file_atomic((fs::path(dir) / "special_tokens_map.json").string(), map.dump(2) + "\n");
 }
 
 }  // namespace detail
@@ -164,7 +197,7 @@ class ByteTokenizer : public Tokenizer {
                             {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
                             {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
                             {"vocab", vocab}, {"merges", json::array()}}}};
-    detail::write_file((fs::path(dir) / "tokenizer.json").string(), file.dump(2) + "\n");
+    io::write_file_atomic((fs::path(dir) / "tokenizer.json").string(), file.dump(2) + "\n");
     detail::write_hf_token_configs(dir, "", o_.eos ? kEos : "", "", "", "PreTrainedTokenizerFast");
   }
 

@@ -1,4 +1,4 @@
-// Tokenizers (SPEC section 9): text <-> int64 token ids, one interface for the built-in byte tokenizer,
+// Tokenizers (docs/lm.md): text <-> int64 token ids, one interface for the built-in byte tokenizer,
 // SentencePiece `tokenizer.model` files (through libsentencepiece, SentencePiece's own library) and
 // Hugging Face `tokenizer.json` byte-level BPE. Each is registered in `tokenizers()`
 // with options <-> JSON, and `spec()` is the record that rebuilds it (for run.json).

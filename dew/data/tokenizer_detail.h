@@ -4,6 +4,11 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "dew/data/tokenizer.h"
 
@@ -22,15 +27,28 @@ void append_utf8(std::string& out, uint32_t cp);
 /// so that any byte string splits into units).
 size_t utf8_length(const std::string& s, size_t i);
 
-/// Reads a whole file as bytes; a missing or unreadable file is a dew::Error naming `what` and the path.
-std::string read_file(const std::string& path, const std::string& what);
-
-/// Writes `content` to `path` (replacing it); failures are a dew::Error naming the path.
-void write_file(const std::string& path, const std::string& content);
-
 /// Writes tokenizer_config.json and special_tokens_map.json for the given special pieces ("" = absent).
 void write_hf_token_configs(const std::string& dir, const std::string& bos, const std::string& eos,
                             const std::string& pad, const std::string& unk, const std::string& tokenizer_class);
+
+/// The text of a special-token entry in tokenizer_config.json: "x" or {"content": "x", ...} ("" otherwise).
+std::string token_text(const nlohmann::json& entry);
+
+/// A byte-level BPE merge table and its merge loop, shared by hf_bpe and the CLIP tokenizer.
+class BpeMerges {
+ public:
+  /// One entry of a merges list, "a b" or ["a", "b"]; anything else is a dew::Error naming `who` (the
+  /// tokenizer and file) and the rank.
+  static std::pair<std::string, std::string> parse(const nlohmann::json& entry, int64_t rank, const std::string& who);
+  /// Lists the pair (a, b) at `rank` (a lower rank merges first; the first listing of a pair wins).
+  void add(const std::string& a, const std::string& b, int64_t rank);
+  /// The symbols of `word`: its UTF-8 characters, the last one followed by `end_of_word` (CLIP's "</w>"),
+  /// with the listed adjacent pair of lowest rank merged until no listed pair remains.
+  std::vector<std::string> apply(const std::string& word, const std::string& end_of_word = "") const;
+
+ private:
+  std::unordered_map<std::string, int64_t> ranks_;  // "a\x01b" -> rank
+};
 
 TokenizerPtr make_sentencepiece(const SentencePieceOptions& o);
 TokenizerPtr make_hf_bpe(const HfBpeOptions& o);

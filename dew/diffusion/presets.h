@@ -1,4 +1,4 @@
-// Presets (SPEC section 3): named bundles of training schedule, sampling schedule, transform and
+// Presets (docs/diffusion.md): named bundles of training schedule, sampling schedule, transform and
 // weighting.
 //
 // | name   | train                                     | sample    | transform |

@@ -1,4 +1,4 @@
-// The diffusion process (SPEC section 3): draws t, noises x0, builds the training target and weight,
+// The diffusion process (docs/diffusion.md): draws t, noises x0, builds the training target and weight,
 // computes the loss, and turns a raw network output into (x0_hat, eps_hat) for sampling.
 #pragma once
 #include "dew/diffusion/presets.h"

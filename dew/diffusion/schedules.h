@@ -1,4 +1,4 @@
-// Noise schedules (SPEC section 3). A schedule maps its time t to rates (alpha, sigma) of the forward
+// Noise schedules (docs/diffusion.md). A schedule maps its time t to rates (alpha, sigma) of the forward
 // process x_t = alpha(t) x0 + sigma(t) eps, draws training times, gives its own loss weight and the
 // value the network is conditioned on (model_time). Schedules are registered by name in `schedules()`.
 //

@@ -1,4 +1,4 @@
-// Prediction transforms (SPEC section 3): what the network predicts and how its raw output F is read
+// Prediction transforms (docs/diffusion.md): what the network predicts and how its raw output F is read
 // back as (x0_hat, eps_hat). The network sees x_t * c_in. One object serves training (target,
 // prediction) and sampling (to_x0_eps), so the two cannot disagree.
 #pragma once

@@ -1,4 +1,4 @@
-// Loss weightings (SPEC section 3): the schedule's own weight, MinSNR(gamma) or a constant.
+// Loss weightings (docs/diffusion.md): the schedule's own weight, MinSNR(gamma) or a constant.
 #pragma once
 #include "dew/diffusion/transforms.h"
 

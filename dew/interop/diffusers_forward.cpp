@@ -2,12 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <set>
 
 #include "dew/core/error.h"
-#include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/roles.h"
 
@@ -43,11 +42,25 @@ json read_config(const std::string& folder) {
   }
 }
 
+const std::string& family_of(const std::string& class_name) {
+  const auto it = diffusers_classes().find(class_name);
+  DEW_CHECK(it != diffusers_classes().end(), "class \"", class_name, "\" is not supported; accepted: ", class_list());
+  return it->second;
+}
+
 }  // namespace
 
 const std::map<std::string, std::string>& diffusers_classes() {
-  static const std::map<std::string, std::string> classes = {{"AutoencoderKL", "autoencoder_kl"},
-                                                             {"UNet2DConditionModel", "unet_2d_condition"}};
+  // Every family of the table that names a diffusers reference class (those with reference methods).
+  static const std::map<std::string, std::string> classes = [] {
+    std::map<std::string, std::string> m;
+    for (const auto& name : models::family_names()) {
+      const models::Family& f = models::family(name);
+      if (f.reference_methods.empty()) continue;
+      for (const auto& cls : f.reference_classes) m[cls] = name;
+    }
+    return m;
+  }();
   return classes;
 }
 
@@ -77,18 +90,11 @@ DiffusersModel load_diffusers_folder(const std::string& folder, const DiffusersL
               "/config.json: no \"_class_name\"; pass the class (accepted: ", class_list(), ")");
     m.class_name = config["_class_name"].get<std::string>();
   }
-  const auto it = diffusers_classes().find(m.class_name);
-  DEW_CHECK(it != diffusers_classes().end(), folder, ": class \"", m.class_name, "\" is not supported; accepted: ",
-            class_list());
-  m.family = it->second;
-  const models::Family& family = models::family(m.family);
+  DEW_CHECK(diffusers_classes().count(m.class_name), folder, ": class \"", m.class_name,
+            "\" is not supported; accepted: ", class_list());
+  m.family = family_of(m.class_name);
   m.fields = models::fields_from_reference_config(m.family, config);
-  const json record = {{"architecture", m.family}, {"fields", m.fields}};
-  switch (family.role) {
-    case models::Role::kDenoiser: m.module = models::build(record); break;
-    case models::Role::kAutoencoder: m.module = models::build_autoencoder(record); break;
-    default: fail(folder, ": family ", m.family, " cannot be run from a diffusers folder");
-  }
+  m.module = models::build_module(m.family, m.fields);
   // Parameters take the model dtype before loading, so a float64 run reads the file's values straight
   // into float64 (an fp64 checkpoint keeps every bit).
   m.module->to(options.dtype);
@@ -99,22 +105,17 @@ DiffusersModel load_diffusers_folder(const std::string& folder, const DiffusersL
 }
 
 std::vector<DiffusersMethod> diffusers_methods(const std::string& class_name) {
-  if (class_name == "UNet2DConditionModel")
-    return {{"forward", {"sample", "timestep", "encoder_hidden_states"},
-             {"text_embeds", "time_ids", "class_labels", "encoder_attention_mask"}, {"sample"}}};
-  if (class_name == "AutoencoderKL")
-    return {{"encode", {"sample"}, {}, {"latent_mean", "latent_logvar"}},
-            {"decode", {"z"}, {}, {"sample"}},
-            {"forward", {"sample"}, {}, {"sample"}},
-            {"tiled_encode", {"sample"}, {}, {"latent_mean", "latent_logvar"}},
-            {"tiled_decode", {"z"}, {}, {"sample"}}};
-  fail("class \"", class_name, "\" is not supported; accepted: ", class_list());
+  std::vector<DiffusersMethod> out;
+  for (const auto& m : models::family(family_of(class_name)).reference_methods)
+    out.push_back({m.name, m.required, m.optional, m.outputs});
+  return out;
 }
 
 std::map<std::string, Tensor> diffusers_forward(const DiffusersModel& model, const std::map<std::string, Tensor>& inputs,
                                                 const std::string& method_name) {
-  const auto methods = diffusers_methods(model.class_name);
-  const DiffusersMethod* method = method_name.empty() ? &methods.front() : nullptr;
+  const auto& methods = models::family(model.family).reference_methods;
+  DEW_CHECK(!methods.empty(), model.class_name, " (", model.family, ") has no reference methods");
+  const models::ReferenceMethod* method = method_name.empty() ? &methods.front() : nullptr;
   std::vector<std::string> names;
   for (const auto& m : methods) {
     names.push_back(m.name);
@@ -139,54 +140,27 @@ std::map<std::string, Tensor> diffusers_forward(const DiffusersModel& model, con
     if (!method->optional.empty()) msg += " (optional: " + joined(method->optional) + ")";
     fail(msg);
   }
-  // Floating inputs in the model's dtype on its device; integer ones (class labels) as int64.
-  auto get = [&](const std::string& name) -> Tensor {
-    auto it = inputs.find(name);
-    if (it == inputs.end()) return Tensor();
-    const Tensor& t = it->second;
-    const auto dt = at::isFloatingType(t.scalar_type()) ? model.dtype : at::kLong;
-    return t.to(model.device, name == "class_labels" ? at::kLong : dt);
-  };
-  auto floating = [&](const std::string& name) {
-    Tensor t = get(name);
-    DEW_CHECK(!t.defined() || at::isFloatingType(t.scalar_type()) || name == "timestep", where, ": input \"", name,
-              "\" must be floating point");
-    return t.defined() ? t.to(model.dtype) : t;
-  };
-  std::map<std::string, Tensor> out;
+  // Floating inputs in the model's dtype on its device; integer and boolean ones (timesteps, labels,
+  // masks) keep their kind, which the method reads as it needs.
+  std::map<std::string, Tensor> cast;
+  for (const auto& [name, t] : inputs)
+    cast[name] = at::isFloatingType(t.scalar_type()) ? t.to(model.device, model.dtype) : t.to(model.device);
   at::NoGradGuard no_grad;
-  if (model.class_name == "AutoencoderKL") {
-    auto vae = std::dynamic_pointer_cast<nn::AutoencoderKLImpl>(model.module);
-    DEW_CHECK(vae, where, ": the model is not an autoencoder_kl");
-    const std::string& m = method->name;
-    if (m == "encode" || m == "tiled_encode") {
-      const DiagonalGaussian q = m == "encode" ? vae->encode(floating("sample")) : vae->tiled_encode(floating("sample"));
-      out["latent_mean"] = q.mean;
-      out["latent_logvar"] = q.logvar;
-    } else if (m == "decode") {
-      out["sample"] = vae->decode(floating("z"));
-    } else if (m == "tiled_decode") {
-      out["sample"] = vae->tiled_decode(floating("z"));
-    } else {
-      out["sample"] = vae->reconstruct(floating("sample"));
-    }
-  } else {
-    auto unet = model.backbone();
-    const Tensor x = floating("sample");
-    DEW_CHECK(x.dim() >= 1, where, ": sample must be [B, C, H, W], got ", x.sizes());
-    Tensor t = floating("timestep");
-    DEW_CHECK(t.dim() == 0 || (t.dim() == 1 && (t.size(0) == x.size(0) || t.size(0) == 1)), where,
-              ": timestep must be a scalar or [", x.size(0), "], got ", t.sizes());
-    t = t.reshape({-1}).expand({x.size(0)}).contiguous();  // diffusers broadcasts a scalar over the batch
-    Conditioning cond;
-    cond.context = floating("encoder_hidden_states");
-    if (inputs.count("encoder_attention_mask")) cond.context_mask = get("encoder_attention_mask").to(at::kBool);
-    cond.pooled = floating("text_embeds");
-    if (inputs.count("time_ids")) cond.extra["time_ids"] = floating("time_ids");
-    if (inputs.count("class_labels")) cond.labels = get("class_labels");
-    out["sample"] = unet->forward(x, t, cond);
-  }
+  std::map<std::string, Tensor> out = method->run(*model.module, cast, where);
   for (auto& kv : out) kv.second = kv.second.detach().to(at::kCPU).contiguous();
+  return out;
+}
+
+std::string diffusers_usage() {
+  std::string out;
+  for (const auto& [cls, family] : diffusers_classes()) {
+    out += "  " + cls + " (" + family + ")\n";
+    for (const auto& m : diffusers_methods(cls)) {
+      std::string in = joined(m.required);
+      if (!m.optional.empty()) in += " [, " + joined(m.optional) + "]";
+      out += "    " + m.name + ": " + in + " -> " + joined(m.outputs) + "\n";
+    }
+  }
   return out;
 }
 

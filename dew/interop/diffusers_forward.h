@@ -1,4 +1,4 @@
-// diffusers model folders (SPEC section 13, `dew forward`): one component folder of a diffusers pipeline —
+// diffusers model folders (docs/stable_diffusion.md): one component folder of a diffusers pipeline —
 // config.json with its `_class_name` and the weights (diffusion_pytorch_model.safetensors or
 // model.safetensors, single or sharded with an index, fp32 / fp16 / bf16) — loaded as the dew family of
 // that class, and run on tensors named as the diffusers forward arguments.
@@ -28,8 +28,9 @@ class BackboneImpl;
 
 namespace dew::interop {
 
-/// The diffusers classes a folder may hold, each with the dew family it loads as
-/// (AutoencoderKL -> autoencoder_kl, UNet2DConditionModel -> unet_2d_condition).
+/// The diffusers classes a folder may hold, each with the dew family it loads as: every family of the table
+/// (models::family) that names reference classes and methods (AutoencoderKL -> autoencoder_kl,
+/// UNet2DConditionModel -> unet_2d_condition).
 const std::map<std::string, std::string>& diffusers_classes();
 
 /// How to load a folder.
@@ -70,17 +71,23 @@ struct DiffusersMethod {
 };
 std::vector<DiffusersMethod> diffusers_methods(const std::string& class_name);
 
-/// Runs `method` of a loaded model on tensors named as diffusers' arguments:
+/// Runs `method` of a loaded model on tensors named as diffusers' arguments, as the family's entry
+/// (models::Family::reference_methods) maps them onto the dew model: e.g.
 ///   UNet2DConditionModel forward: sample, timestep (scalar or [B]), encoder_hidden_states; optional
-///     text_embeds and time_ids (SDXL's added conditions), class_labels -> sample.
+///     encoder_attention_mask, text_embeds, class_labels and time_ids (SDXL's added conditions) -> sample.
 ///   AutoencoderKL encode: sample -> latent_mean, latent_logvar (logvar clamped to [-30, 20]);
 ///     decode: z -> sample; forward: sample -> sample (decode of the posterior mean);
 ///     tiled_decode: z -> sample and tiled_encode: sample -> latent_mean, latent_logvar (diffusers'
 ///     enable_tiling() with the config's sample_size as the tile).
-/// Inputs are cast to the model's dtype and device; outputs are on the CPU. A missing or extra input is a
-/// dew::Error naming every one of them and what the method takes.
+/// Floating inputs are cast to the model's dtype and device; outputs are on the CPU. A missing or extra input
+/// is a dew::Error naming every one of them and what the method takes.
+/// `dew forward --help` lists every class with its methods (diffusers_usage()).
 std::map<std::string, at::Tensor> diffusers_forward(const DiffusersModel& model,
                                                     const std::map<std::string, at::Tensor>& inputs,
                                                     const std::string& method = "");
+
+/// Every supported class with its family and each method's inputs and outputs, one block per class (for
+/// `dew forward --help`).
+std::string diffusers_usage();
 
 }  // namespace dew::interop

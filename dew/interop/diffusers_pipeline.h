@@ -1,4 +1,4 @@
-// diffusers text-to-image pipeline folders (SPEC section 13, `dew sample --pipeline`): a folder as
+// diffusers text-to-image pipeline folders (docs/stable_diffusion.md): a folder as
 // diffusers' save_pretrained writes it — model_index.json naming the components, unet/, vae/,
 // text_encoder/ (+ text_encoder_2/ for SDXL), tokenizer/ (+ tokenizer_2/), scheduler/ — run the way
 // StableDiffusionPipeline / StableDiffusionXLPipeline run it.

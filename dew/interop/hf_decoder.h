@@ -1,4 +1,4 @@
-// Hugging Face interop of decoder language models (SPEC section 9): write a CausalTransformer as a
+// Hugging Face interop of decoder language models (docs/lm.md): write a CausalTransformer as a
 // transformers checkpoint folder of the llama, qwen3 or gemma3_text family, and read such folders back.
 //
 //   dew::interop::save_pretrained_decoder(lm, "out/hf", tokenizer.get(), "llama");

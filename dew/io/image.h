@@ -1,4 +1,4 @@
-// Image files on the LibTorch side (SPEC sections 1, 7 and 8): PNG writing for preview grids, png/jpg
+// Image files on the LibTorch side (README.md, docs/training.md#data-dewdata): PNG writing for preview grids, png/jpg
 // reading for image-folder datasets, resizing, and the grid layout of sample sheets. Images are
 // channel-first [C, H, W]; files are decoded and encoded with stb (libstb-dev).
 //

@@ -1,4 +1,4 @@
-// safetensors files on the LibTorch side: a memory-mapped reader and an atomic writer (SPEC section 8).
+// safetensors files on the LibTorch side: a memory-mapped reader and an atomic writer (docs/training.md#runs-dewruns).
 //
 // Example:
 //   auto f = dew::io::SafetensorsFile::open("model.safetensors");

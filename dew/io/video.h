@@ -1,5 +1,5 @@
 // Video samples on disk: a PNG strip (one row of frames per video), an animated GIF, and a PNG
-// sequence. Videos are [N, C, T, H, W] (SPEC section 2), float in [-1, 1] or uint8.
+// sequence. Videos are [N, C, T, H, W] (docs/core.md), float in [-1, 1] or uint8.
 //
 //   dew::io::save_video_strip("runs/v/samples/step_100.png", videos);   // rows = videos, columns = frames
 //   dew::io::save_gif("runs/v/samples/step_100.gif", videos, 8, 10);     // frame t = grid of every video's frame t

@@ -1,4 +1,4 @@
-// The one weight loader (SPEC sections 5 and 8): every checkpoint dew reads — its own run checkpoints,
+// The one weight loader (docs/backbones.md, docs/training.md#runs-dewruns): every checkpoint dew reads — its own run checkpoints,
 // a diffusers / transformers safetensors file, a sharded `*.safetensors.index.json`, a model folder —
 // goes through load_weights(): a source of named tensors, a key map from the source's names to the
 // module's, and a load that checks everything before it copies anything.

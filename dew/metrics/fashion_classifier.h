@@ -1,4 +1,4 @@
-// The Fashion-MNIST classifier behind `dew eval` (SPEC section 12): a small CNN trained once on the
+// The Fashion-MNIST classifier behind `dew eval` (docs/evaluation.md): a small CNN trained once on the
 // training split (deterministically) and cached as safetensors. Its 128-d penultimate features give a
 // domain Frechet distance; its predictions give the accuracy of class-conditional samples.
 #pragma once

@@ -1,4 +1,4 @@
-// Evaluation metrics (SPEC section 12) as pure functions, and the `metrics` registry of pairwise metrics.
+// Evaluation metrics (docs/evaluation.md) as pure functions, and the `metrics` registry of pairwise metrics.
 #pragma once
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-// Probes of frozen features (SPEC sections 11 and 12): a linear probe (softmax regression on standardised
+// Probes of frozen features (docs/jepa.md, docs/evaluation.md): a linear probe (softmax regression on standardised
 // features) and a cosine kNN classifier (DINO's weighted vote by default), and the collapse statistics of
 // a representation.
 //

@@ -1,4 +1,4 @@
-// Scaled dot-product attention with interchangeable implementations (SPEC section 2, `attention_impl`),
+// Scaled dot-product attention with interchangeable implementations (docs/backbones.md),
 // and the attention modules the backbones share.
 //
 //   auto out = dew::nn::attention(q, k, v, key_mask, "chunked");    // q, k, v: [B, H, S, D]

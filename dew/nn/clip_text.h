@@ -1,5 +1,5 @@
 // The CLIP text encoder (`clip_text`) with Hugging Face CLIPTextModel parameter names, so the text towers of
-// CLIP / Stable Diffusion checkpoints load as they are, and CLIP's BPE tokenizer.
+// CLIP / Stable Diffusion checkpoints load as they are, tokenizing with CLIP's BPE (dew/data/clip_tokenizer.h).
 //
 //   auto clip = dew::nn::ClipText(dew::nn::ClipTextOptions().weights("clip/model.safetensors")
 //                                     .tokenizer("clip/tokenizer.json"));
@@ -20,44 +20,13 @@
 
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "dew/data/clip_tokenizer.h"
 #include "dew/io/weights.h"
 #include "dew/nn/text_encoder.h"
 
 namespace dew::nn {
-
-/// CLIP's byte-level BPE tokenizer (transformers' CLIPTokenizer / CLIPTokenizerFast): text is lowercased
-/// with runs of whitespace folded to one space; CLIP's regex cuts it into words (<|startoftext|>,
-/// <|endoftext|>, 's 't 're 've 'm 'll 'd, letter runs, single digits, runs of other non-space
-/// characters); each word's bytes map to GPT-2's unicode stand-ins, its last symbol gets "</w>", and
-/// symbol pairs merge in merge-rank order. Text is taken as NFC and ftfy's repairs are not applied.
-class ClipTokenizer {
- public:
-  /// `path`: a tokenizer.json, a vocab.json (merges.txt beside it), or a folder holding either.
-  /// The pad token is tokenizer_config.json's pad_token when that file sits beside, else <|endoftext|>.
-  explicit ClipTokenizer(const std::string& path);
-  ~ClipTokenizer();
-  /// The BPE ids of `text` without bos / eos.
-  std::vector<int64_t> encode(const std::string& text) const;
-  /// [bos, ids..., eos] truncated to `length` (eos kept) and padded with pad_id(): ids [B, length] int64 and
-  /// mask [B, length] bool (true for bos .. eos).
-  std::pair<at::Tensor, at::Tensor> batch(const std::vector<std::string>& texts, int64_t length) const;
-  int64_t bos_id() const { return bos_; }
-  int64_t eos_id() const { return eos_; }
-  int64_t pad_id() const { return pad_; }
-  /// One more than the largest id.
-  int64_t vocab_size() const { return vocab_size_; }
-
- private:
-  struct Regex;
-  void bpe(const std::string& word, std::vector<int64_t>& ids) const;
-  std::unordered_map<std::string, int64_t> vocab_;
-  std::unordered_map<std::string, int64_t> ranks_;
-  std::unique_ptr<Regex> regex_;
-  int64_t bos_ = -1, eos_ = -1, pad_ = -1, unk_ = -1, vocab_size_ = 0;
-};
 
 /// Fields of `clip_text` (names and defaults of transformers' CLIPTextConfig, openai/clip-vit-base-patch32).
 struct ClipTextOptions {
@@ -160,7 +129,7 @@ class ClipTextImpl : public TextEncoderImpl {
   TextEncoding forward_hidden(const at::Tensor& ids, const at::Tensor& mask, int64_t from_end);
   int64_t features() const override { return options.hidden_size(); }
   /// The tokenizer, or null when none is configured.
-  const ClipTokenizer* clip_tokenizer() const { return tokenizer_.get(); }
+  const data::ClipTokenizer* clip_tokenizer() const { return tokenizer_.get(); }
 
   ClipTextOptions options;
   std::shared_ptr<torch::nn::Module> text_model, embeddings, encoder;
@@ -172,7 +141,7 @@ class ClipTextImpl : public TextEncoderImpl {
 
  private:
   at::ScalarType dtype_ = at::kFloat;
-  std::shared_ptr<const ClipTokenizer> tokenizer_;
+  std::shared_ptr<const data::ClipTokenizer> tokenizer_;
 };
 TORCH_MODULE(ClipText);
 

@@ -1,6 +1,8 @@
 #include "dew/nn/family.h"
 
 #include <map>
+#include <string>
+#include <vector>
 
 namespace dew::models {
 
@@ -18,6 +20,12 @@ void add_family_info(const std::string& name, Family family) { table()[name] = s
 const Family* find_family_info(const std::string& name) {
   auto it = table().find(name);
   return it == table().end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> recorded_family_names() {
+  std::vector<std::string> names;
+  for (const auto& kv : table()) names.push_back(kv.first);
+  return names;
 }
 
 }  // namespace dew::models

@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dew/data/masks.h"  // TokenGrid
+
 namespace dew {
 
 /// A diagonal Gaussian over latents (diffusers' DiagonalGaussianDistribution): mean and log-variance of
@@ -47,12 +49,6 @@ class AutoencoderImpl : public torch::nn::Module {
 
  private:
   nlohmann::json config_;
-};
-
-/// The token grid of an encoder: frames (1 for images) x rows x columns, tokens in raster order (t, h, w).
-struct TokenGrid {
-  int64_t t = 1, h = 1, w = 1;
-  int64_t tokens() const { return t * h * w; }
 };
 
 /// An encoder of token subsets (JEPA's context and target encoders).

@@ -1,5 +1,5 @@
 // The S5 state-space mixer (Smith et al., "Simplified State Space Layers for Sequence Modeling", 2023)
-// and the 2D state fusion of hybrid_dit's SSM blocks (SPEC section 5, `hybrid_dit`).
+// and the 2D state fusion of hybrid_dit's SSM blocks (docs/backbones/hybrid_dit.md).
 //
 //   dew::nn::S5 ssm(dew::nn::S5Options(384, 64));      // bidirectional by default
 //   at::Tensor y = ssm(u);                              // u: [B, L, 384] -> [B, L, 384]

@@ -40,9 +40,13 @@ Registry<TextEncoderImpl>& registry() {
         });
     // Tiny configurations for the shared family suite: 3 captions of up to 12 tokens.
     using models::Role;
-    models::add_family_info("byte_text_encoder",
-                            {Role::kTextEncoder,
-                             {{{"features", 16}, {"num_layers", 1}, {"num_heads", 2}, {"max_length", 12}}, {3, 12}}});
+    auto builder = [r](const std::string& name) {
+      return [r, name](const json& fields) -> std::shared_ptr<torch::nn::Module> { return r->build(name, fields); };
+    };
+    models::Family byte(Role::kTextEncoder,
+                        {{{"features", 16}, {"num_layers", 1}, {"num_heads", 2}, {"max_length", 12}}, {3, 12}});
+    byte.build = builder("byte_text_encoder");
+    models::add_family_info("byte_text_encoder", std::move(byte));
     models::Family clip(Role::kTextEncoder,
                         {{{"vocab_size", 40}, {"hidden_size", 16}, {"intermediate_size", 32}, {"num_hidden_layers", 2},
                           {"num_attention_heads", 2}, {"max_position_embeddings", 12}, {"eos_token_id", 39},
@@ -52,6 +56,7 @@ Registry<TextEncoderImpl>& registry() {
     clip.reference_key_map = [](const json&, const io::WeightSource& source) {
       return nn::clip_text_key_map(nn::is_whole_clip(source));
     };
+    clip.build = builder("clip_text");
     models::add_family_info("clip_text", std::move(clip));
     return r;
   }();

@@ -1,4 +1,4 @@
-// Text encoders (SPEC sections 2 and 5: text conditioning is a context [B, L, D_text] with a mask) and the
+// Text encoders (docs/core.md, docs/backbones.md: text conditioning is a context [B, L, D_text] with a mask) and the
 // `text_encoders` registry: a trainable byte-level encoder and the CLIP text encoder (dew/nn/clip_text.h).
 //
 //   auto enc = dew::text_encoders::build("byte_text_encoder", {{"features", 128}});

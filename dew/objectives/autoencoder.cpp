@@ -8,6 +8,7 @@
 #include "dew/core/device.h"
 #include "dew/io/image.h"
 #include "dew/metrics/metrics.h"
+#include "dew/training/run_dir.h"
 
 namespace dew {
 
@@ -109,8 +110,8 @@ std::map<std::string, double> AutoencoderObjective::validate(int64_t step, const
       rows.back() = at::cat({rows.back(), blank});
     }
     namespace fs = std::filesystem;
-    fs::create_directories(fs::path(run_dir) / "samples");
-    io::save_png((fs::path(run_dir) / "samples" / ("step_" + std::to_string(step) + ".png")).string(),
+    fs::create_directories(training::RunDir(run_dir).samples());
+    io::save_png(training::RunDir(run_dir).sample(step, ".png"),
                  io::make_grid(at::cat(rows), nrow, 2));
   }
   return {{"val/psnr", s.psnr}, {"val/ssim", s.ssim}, {"val/l1", s.l1}, {"val/kl", s.kl}};

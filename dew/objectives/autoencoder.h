@@ -1,4 +1,4 @@
-// AutoencoderObjective (SPEC sections 6 and 12): trains a KL autoencoder (autoencoder_kl) on images, as the
+// AutoencoderObjective (docs/training.md, docs/evaluation.md): trains a KL autoencoder (autoencoder_kl) on images, as the
 // first stage of latent diffusion. Loss = reconstruction + kl_weight * KL, both per image element:
 //
 //   reconstruction = mean over every element of |x_hat - x| (l1) or (x_hat - x)^2 (mse), x in [-1, 1]
@@ -17,7 +17,7 @@
 #pragma once
 #include "dew/data/dataset.h"
 #include "dew/nn/roles.h"
-#include "dew/objectives/objective.h"
+#include "dew/training/objective.h"
 
 namespace dew {
 

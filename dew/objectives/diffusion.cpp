@@ -8,6 +8,7 @@
 #include "dew/io/image.h"
 #include "dew/io/video.h"
 #include "dew/sampling/sample.h"
+#include "dew/training/run_dir.h"
 
 namespace dew {
 
@@ -96,8 +97,8 @@ std::map<std::string, double> DiffusionObjective::validate(int64_t step, const s
   auto images = sample_diffusion(*model_, process_, g);
   if (latent_) images = latent_->decode(images);
   namespace fs = std::filesystem;
-  fs::create_directories(fs::path(run_dir) / "samples");
-  save_samples((fs::path(run_dir) / "samples" / ("step_" + std::to_string(step) + ".png")).string(), images, nrow);
+  fs::create_directories(training::RunDir(run_dir).samples());
+  save_samples(training::RunDir(run_dir).sample(step, ".png"), images, nrow);
   return {{"val/sample_std", images.std().item<double>()}};
 }
 

@@ -1,4 +1,4 @@
-// DiffusionObjective (SPEC section 6): trains a backbone with a preset's process (class labels with a
+// DiffusionObjective (docs/training.md): trains a backbone with a preset's process (class labels with a
 // null class dropped with probability unconditional_prob), keeps an EMA, and validates by sampling a
 // preview grid with sampling::sample_diffusion, the one sampling path it shares with `dew sample`. With a
 // LatentSpace it is latent diffusion: it trains on the frozen autoencoder's scaled latents (a batch's
@@ -8,7 +8,7 @@
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/text_encoder.h"
 #include "dew/objectives/latent.h"
-#include "dew/objectives/objective.h"
+#include "dew/training/objective.h"
 #include "dew/sampling/diffusion_sample.h"
 #include "dew/sampling/guidance.h"
 

@@ -1,4 +1,4 @@
-// DPOObjective (SPEC section 10): direct preference optimisation of a causal_transformer against its frozen
+// DPOObjective (docs/post_training.md): direct preference optimisation of a causal_transformer against its frozen
 // starting weights (the reference), TRL's sigmoid loss with beta and label smoothing
 // (post_training::dpo_loss), the reference log-probs computed per batch without gradient or once for the
 // whole dataset, and optionally TRL's "sft" term (RPO, Pang et al. 2024): the token-mean cross entropy of the

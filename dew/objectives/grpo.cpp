@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "dew/core/error.h"
+#include "dew/io/files.h"
 #include "dew/objectives/post_training.h"
 #include "dew/training/trainer.h"
 
@@ -67,7 +68,7 @@ GRPOObjective::GRPOObjective(nn::CausalTransformer model, GRPOObjectiveOptions o
 void GRPOObjective::begin(int64_t step, const std::string& run_dir) {
   rollouts_path_ = (fs::path(run_dir) / "rollouts.jsonl").string();
   // A killed run's rollouts past its checkpoint are made again (lines carry the step they feed up to).
-  training::truncate_jsonl(rollouts_path_, step);
+  io::truncate_jsonl(rollouts_path_, step);
 }
 
 void GRPOObjective::load_state(const std::map<std::string, at::Tensor>& state) {

@@ -1,4 +1,4 @@
-// GRPOObjective (SPEC section 10): group-relative policy optimisation (Shao et al. 2024) of a
+// GRPOObjective (docs/post_training.md): group-relative policy optimisation (Shao et al. 2024) of a
 // causal_transformer, as verl computes it. Each rollout takes the batch's prompts, generates group_size
 // completions of each with the batched KV-cache generator (temperature, top-p), scores them with the rewards,
 // and turns the scores into advantages (grpo, rloo or mean). The rollout then feeds epochs x mini_batches

@@ -1,4 +1,4 @@
-// JEPAObjective (SPEC section 11): I-JEPA / V-JEPA feature prediction. The context encoder sees the visible
+// JEPAObjective (docs/jepa.md): I-JEPA / V-JEPA feature prediction. The context encoder sees the visible
 // tokens, the predictor predicts the target encoder's LayerNorm'd (no affine) features at the hidden
 // target blocks, and the target encoder is the trainer's EMA of the context encoder (momentum 0.996 -> 1.0
 // linear over the run), never trained by gradients.
@@ -11,12 +11,12 @@
 #include "dew/data/masks.h"
 #include "dew/metrics/probes.h"
 #include "dew/nn/roles.h"
-#include "dew/objectives/objective.h"
+#include "dew/training/objective.h"
 
 namespace dew {
 
 struct JEPAObjectiveOptions {
-  std::string loss = "mse";      // mse (SPEC) | smooth_l1 (I-JEPA) | l1 (V-JEPA)
+  std::string loss = "mse";      // mse (the default) | smooth_l1 (I-JEPA) | l1 (V-JEPA)
   double momentum = 0.996;       // EMA momentum of the target encoder at the first step
   double final_momentum = 1.0;   // ... at the last step (linear in between)
   data::MultiBlockOptions masks;  // images

@@ -1,4 +1,4 @@
-// Latent diffusion (SPEC sections 5 and 6): a frozen autoencoder between the images and the denoiser. The
+// Latent diffusion (docs/backbones.md, docs/training.md): a frozen autoencoder between the images and the denoiser. The
 // denoiser trains on and samples latents scaling_factor * (z - shift_factor); sampling decodes them back to
 // images. The autoencoder is never trained here: its parameters are frozen, outside the denoiser's module
 // tree (so out of the optimizer, the EMA and the checkpoints), in eval mode.

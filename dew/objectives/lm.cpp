@@ -7,6 +7,7 @@
 #include "dew/core/error.h"
 #include "dew/data/tokenizer.h"
 #include "dew/sampling/generate.h"
+#include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -163,9 +164,9 @@ std::map<std::string, double> LMObjective::validate(int64_t step, const std::str
     g.eos_id = data_->eos_id;
     g.seed = uint64_t(step);
     auto res = sampling::generate_tokens(*model_, {prompt}, g);
-    const fs::path dir = fs::path(run_dir) / "samples";
-    fs::create_directories(dir);
-    std::ofstream f(dir / ("step_" + std::to_string(step) + ".txt"));
+    const training::RunDir run(run_dir);
+    fs::create_directories(run.samples());
+    std::ofstream f(run.sample(step, ".txt"));
     f << o_.sample_prompt << tok->decode(res.tokens[0]) << "\n";
   }
   return out;

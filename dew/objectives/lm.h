@@ -1,4 +1,4 @@
-// LMObjective (SPEC section 9): next-token cross entropy of a causal_transformer on rows of seq_len + 1
+// LMObjective (docs/lm.md): next-token cross entropy of a causal_transformer on rows of seq_len + 1
 // ids, computed in fp32 over vocabulary chunks; validation perplexity on a fixed validation set and one
 // sampled text per validation written to RUN/samples/step_N.txt.
 //
@@ -9,7 +9,7 @@
 #pragma once
 #include "dew/data/lm_data.h"
 #include "dew/nn/backbones/causal_transformer.h"
-#include "dew/objectives/objective.h"
+#include "dew/training/objective.h"
 
 namespace dew {
 

@@ -1,4 +1,4 @@
-// What DPO and GRPO share about the model they train (SPEC section 10): per-token log-probs of token rows,
+// What DPO and GRPO share about the model they train (docs/post_training.md): per-token log-probs of token rows,
 // and the frozen reference model, which is the trainer's EMA with EmaSpec::frozen_reference() (a copy of the
 // starting weights, checkpointed with the run) held in a second model of the same architecture.
 //
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "dew/nn/backbones/causal_transformer.h"
-#include "dew/objectives/objective.h"
+#include "dew/training/objective.h"
 #include "dew/objectives/rollouts.h"
 
 namespace dew::post_training {

@@ -1,4 +1,4 @@
-// Post-training losses (SPEC section 10): DPO from policy and reference logits, the group-relative
+// Post-training losses (docs/post_training.md): DPO from policy and reference logits, the group-relative
 // advantages of GRPO (and RLOO, mean), the PPO-clip policy loss and the k3 KL to a reference. Free functions
 // on tensors, so the trainers and the parity tests call the same code. Each one equals its reference
 // implementation on the same tensors (tests/golden/post_training, docs/post_training.md):

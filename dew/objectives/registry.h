@@ -6,7 +6,7 @@
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/text_encoder.h"
 #include "dew/objectives/latent.h"
-#include "dew/objectives/objective.h"
+#include "dew/training/objective.h"
 
 namespace dew {
 namespace data {

@@ -1,4 +1,4 @@
-// The reward functions of GRPO (SPEC section 10): each scores a batch of completions, one finite double per
+// The reward functions of GRPO (docs/post_training.md): each scores a batch of completions, one finite double per
 // completion. Built in: exact (the last answer-like match against the prompt record's reference answer),
 // format (the whole completion matches a regex) and length (a penalty past a token budget); and an external
 // command that reads the batch as JSON lines and prints one reward per line.

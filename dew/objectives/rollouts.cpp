@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "dew/core/error.h"
+#include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -132,7 +133,7 @@ std::map<std::string, double> ChatEvaluator::validate(nn::CausalTransformerImpl&
                                                       const std::string& run_dir) {
   std::map<std::string, double> out;
   if (!enabled()) return out;
-  const std::string samples = (fs::path(run_dir) / "samples" / ("step_" + std::to_string(step) + ".txt")).string();
+  const std::string samples = training::RunDir(run_dir).sample(step, ".txt");
   for (const auto& [k, v] : evaluate(model, samples)) out["val/" + k] = v;
   return out;
 }

@@ -1,4 +1,4 @@
-// Rollouts (SPEC section 10): completions of prompts from the batched KV-cache generator, scored by rewards.
+// Rollouts (docs/post_training.md): completions of prompts from the batched KV-cache generator, scored by rewards.
 // GRPO trains on them, validation and `dew eval` score greedy ones on held-out prompts, `dew pairs` turns
 // sampled ones into DPO pairs.
 //

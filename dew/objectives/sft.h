@@ -1,4 +1,4 @@
-// SFTObjective (SPEC section 10): supervised fine-tuning of a causal_transformer on chat rows, the next-token
+// SFTObjective (docs/post_training.md): supervised fine-tuning of a causal_transformer on chat rows, the next-token
 // cross entropy of LMObjective counted on the assistant tokens only (the rows' loss_mask), with validation
 // on held-out rows and greedy completions of held-out prompts scored by rewards.
 //

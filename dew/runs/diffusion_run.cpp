@@ -13,10 +13,10 @@
 #include "dew/data/dataset.h"
 #include "dew/interop/diffusers_forward.h"
 #include "dew/io/weights.h"
-#include "dew/nn/backbones/unet_3d.h"
 #include "dew/objectives/registry.h"
 #include "dew/runs/autoencoder_run.h"
 #include "dew/runs/kinds.h"
+#include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -107,18 +107,21 @@ TextEncoderPtr build_text_encoder(const json& record) {
 }
 
 // Starts `model` (architecture `arch`) from a run directory (its latest checkpoint, EMA weights) or a
-// .safetensors file, strictly; a unet_3d takes a 2D unet's weights through its inflation key map
-// (temporal blocks stay at their zero initialisation).
+// .safetensors file, strictly; a family that inflates another's weights (unet_3d from a 2D unet) reads them
+// through its inflation key map (what it adds stays at its initialisation).
 void init_model_from(BackboneImpl& model, const std::string& arch, const std::string& source) {
   const auto weights = fs::is_directory(source) ? run_weight_source(source, OpenOptions{}) : io::WeightSource::open(source);
+  const models::Family& family = models::family(arch);
   io::KeyMap map;
   io::LoadOptions lo;
-  if (arch == "unet_3d") {
-    map = nn::unet_3d_inflation_map();
+  if (family.inflation_map) {
+    map = family.inflation_map();
     lo.require_buffers = false;
   }
   auto report = io::load_weights(model, weights, map, lo);
-  log::info("init_from ", source, ": ", arch == "unet_3d" ? "inflated into unet_3d, " : "", report.summary());
+  log::info("init_from ", source, ": ",
+            family.inflation_map ? family.inflates_from + " inflated into " + arch + ", " : std::string(),
+            report.summary());
 }
 
 // Whether the recipe names an autoencoder (latent diffusion).
@@ -296,7 +299,7 @@ std::shared_ptr<AutoencoderImpl> open_autoencoder_source(const AutoencoderSource
   DEW_CHECK(s.run.empty() != s.folder.empty(), "autoencoder: give one of run (a dew autoencoder run) and folder (a "
             "diffusers AutoencoderKL folder), got run \"", s.run, "\" and folder \"", s.folder, "\"");
   if (!s.run.empty()) {
-    DEW_CHECK(fs::is_regular_file(fs::path(s.run) / "run.json"), "autoencoder.run: ", s.run,
+    DEW_CHECK(training::RunDir::holds_run(s.run), "autoencoder.run: ", s.run,
               " is not a run directory (no run.json; train one with `dew train autoencoder --run ", s.run, "`)");
     OpenOptions o;
     o.weights = s.weights;

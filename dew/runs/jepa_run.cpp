@@ -8,6 +8,7 @@
 #include "dew/core/rng.h"
 #include "dew/core/threads.h"
 #include "dew/data/dataset.h"
+#include "dew/io/files.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/objectives/jepa.h"
 #include "dew/objectives/registry.h"
@@ -276,7 +277,7 @@ std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOpti
   for (const auto& row : rows) out["rows"].push_back({{"features", row.features}, {"linear", row.linear}, {"knn", row.knn}});
   const fs::path dir = fs::path(run_dir) / "eval";
   fs::create_directories(dir);
-  training::write_file_atomic((dir / ("probes_step_" + std::to_string(run.step) + ".json")).string(), out.dump(2));
+  io::write_file_atomic((dir / ("probes_step_" + std::to_string(run.step) + ".json")).string(), out.dump(2));
   return rows;
 }
 

@@ -12,6 +12,7 @@
 #include "dew/objectives/grpo.h"
 #include "dew/objectives/sft.h"
 #include "dew/runs/kinds.h"
+#include "dew/training/run_dir.h"
 #include "dew/training/trainer.h"
 
 namespace fs = std::filesystem;
@@ -94,7 +95,7 @@ json resolve_reference(const json& r, const std::function<void(const training::T
             r["reference"].dump());
   const std::string dir = r["reference"];
   if (dir.empty()) return json::object({{"reference", "starting weights"}});
-  if (fs::is_regular_file(fs::path(dir) / "run.json")) {
+  if (training::RunDir::holds_run(dir)) {
     const std::string kind = read_record(dir).value("kind", "");
     DEW_CHECK(std::find(language_model_kinds().begin(), language_model_kinds().end(), kind) != language_model_kinds().end(),
               "reference: ", dir, " is a ", kind, " run; the reference is a language-model run (lm, sft, dpo, grpo)");
@@ -259,7 +260,7 @@ Policy resolve_policy(json& r, const c10::Device& device) {
     p.model = models::build_language_model(r["model"]);
     p.tokenizer_spec = tok->spec();
     p.format = {tok, template_for(asked, *tok, "a fresh model"), {}};
-  } else if (fs::is_regular_file(fs::path(from) / "run.json")) {
+  } else if (training::RunDir::holds_run(from)) {
     const json rec = read_record(from);
     const std::string kind = rec.value("kind", "");
     DEW_CHECK(std::find(language_model_kinds().begin(), language_model_kinds().end(), kind) != language_model_kinds().end(),

@@ -1,4 +1,4 @@
-// Post-training runs (SPEC section 10): the `sft`, `dpo` and `grpo` run kinds. Each trains a causal_transformer
+// Post-training runs (docs/post_training.md): the `sft`, `dpo` and `grpo` run kinds. Each trains a causal_transformer
 // policy that starts from `init_from` — a dew language-model run (lm, sft, dpo, grpo: its latest checkpoint),
 // a Hugging Face folder (config.json + weights + tokenizer, e.g. one `dew export` wrote), or nothing (a fresh
 // model from `model.fields`, the SFT of a small byte model) — with that model's tokenizer and chat template.

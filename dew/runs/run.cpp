@@ -6,9 +6,11 @@
 #include "dew/core/log.h"
 #include "dew/core/rng.h"
 #include "dew/data/dataset.h"
+#include "dew/io/files.h"
 #include "dew/io/weights.h"
-#include "dew/objectives/objective.h"
+#include "dew/training/objective.h"
 #include "dew/runs/kinds.h"
+#include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -55,7 +57,7 @@ json recipe_of_record(json record) {
 
 json read_record(const std::string& run_dir) {
   json r = training::read_run_json(run_dir);
-  const std::string where = (fs::path(run_dir) / "run.json").string();
+  const std::string where = training::RunDir(run_dir).record();
   DEW_CHECK(r.is_object() && r.contains("kind") && r["kind"].is_string(), where, ": no \"kind\" (not a dew run record)");
   const int format = r.value("format", 1);
   if (format == kRunFormat) return r;
@@ -147,7 +149,7 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
 training::TrainResult train(PreparedRun& p) {
   const std::string dir = p.options.run;
   fs::create_directories(dir);
-  training::write_file_atomic((fs::path(dir) / "run.json").string(), p.record.dump(2));
+  io::write_file_atomic(training::RunDir(dir).record(), p.record.dump(2));
   if (!p.resumes && p.built.init_weights) p.built.init_weights();
   log::info(p.built.summary, ", ", p.trainer.steps, " steps, run ", dir, " on ", p.device.str());
   training::Trainer trainer(p.built.objective, p.built.loader, p.optim, p.trainer, dir, uint64_t(p.options.seed));

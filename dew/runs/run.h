@@ -1,4 +1,4 @@
-// Runs (SPEC sections 6 and 8): the set-up of a training run, written once for every kind, and the
+// Runs (docs/training.md): the set-up of a training run, written once for every kind, and the
 // opening of a trained run. A kind (diffusion, lm, and those later objectives add) contributes its
 // default recipe and how a recipe becomes a model, data and an objective; the rest — checking every
 // field before anything is written, seeding, the run directory, run.json, the resume check, the trainer —

@@ -1,4 +1,4 @@
-// The diffusion sampling driver (SPEC section 4): a backbone, a process and what to sample (labels, prompts
+// The diffusion sampling driver (docs/sampling.md): a backbone, a process and what to sample (labels, prompts
 // or neither) -> images or videos. Validation previews, `dew sample` and `dew eval` all sample through
 // sample_diffusion. (Language-model decoding is sampling/generate.h.)
 //

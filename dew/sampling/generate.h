@@ -1,4 +1,4 @@
-// Autoregressive generation with a KV cache (SPEC section 9): the prompts are run once (prefill), then
+// Autoregressive generation with a KV cache (docs/lm.md): the prompts are run once (prefill), then
 // one token per step attends to the cache. A batch of prompts of different lengths is padded on the left
 // or the right; padding is masked out of attention and does not advance positions, so each row's
 // tokens equal what it gets alone.

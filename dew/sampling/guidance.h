@@ -1,4 +1,4 @@
-// Classifier-free guidance (SPEC section 4): one forward pass on the doubled batch (conditional rows
+// Classifier-free guidance (docs/sampling.md): one forward pass on the doubled batch (conditional rows
 // first), out = u + s (c - u) on raw outputs where the progress lies in the interval, optional rescale.
 #pragma once
 #include "dew/diffusion/process.h"

@@ -1,4 +1,4 @@
-// The sample driver (SPEC section 4): walks the grid linspace(T, 0, N) of the sampling schedule with a
+// The sample driver (docs/sampling.md): walks the grid linspace(T, 0, N) of the sampling schedule with a
 // solver, then (final_denoise) returns the x0 prediction at the last grid point.
 #pragma once
 #include "dew/sampling/guidance.h"

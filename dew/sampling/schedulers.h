@@ -1,4 +1,4 @@
-// diffusers-compatible schedulers (SPEC section 4), built from a pipeline folder's scheduler_config.json by
+// diffusers-compatible schedulers (docs/sampling.md), built from a pipeline folder's scheduler_config.json by
 // its `_class_name`. They follow diffusers' StableDiffusionPipeline loop, with the step index passed in:
 //
 //   auto sched = Scheduler::from_file("scheduler/scheduler_config.json");

@@ -1,4 +1,4 @@
-// Solvers (SPEC section 4). A solver advances x from schedule time t to s (t > s) using a denoiser
+// Solvers (docs/sampling.md). A solver advances x from schedule time t to s (t > s) using a denoiser
 // (x_t, t) -> (x0_hat, eps_hat). Notation: (alpha_t, sigma_t), (alpha_s, sigma_s) are the schedule's
 // rates at t and s; z ~ N(0, I) comes from the noise source for the step index.
 //

@@ -1,13 +1,12 @@
 #include "dew/training/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 
+#include "dew/io/files.h"
 #include "dew/io/safetensors.h"
+#include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -15,35 +14,14 @@ namespace dew::training {
 
 namespace {
 
-void fsync_path(const fs::path& p) {
-  int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
-
-fs::path ckpt_root(const std::string& run_dir) { return fs::path(run_dir) / "checkpoints"; }
+fs::path ckpt_root(const std::string& run_dir) { return RunDir(run_dir).checkpoints(); }
 
 }  // namespace
-
-void write_file_atomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    DEW_CHECK(f.good(), "cannot write ", tmp);
-    f << content;
-    f.flush();
-    DEW_CHECK(f.good(), "write failed: ", tmp);
-  }
-  fsync_path(tmp);
-  fs::rename(tmp, path);
-}
 
 std::string save_checkpoint(const std::string& run_dir, const Checkpoint& c, int64_t keep) {
   const fs::path root = ckpt_root(run_dir);
   fs::create_directories(root);
-  const fs::path final_dir = root / ("step_" + std::to_string(c.step));
+  const fs::path final_dir = RunDir(run_dir).checkpoint(c.step);
   const fs::path tmp = root / (".tmp_step_" + std::to_string(c.step));
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -54,8 +32,8 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& c, int
   json state = c.state;
   state["step"] = c.step;
   state["format"] = kCheckpointFormat;
-  write_file_atomic((tmp / "state.json").string(), state.dump(2));
-  fsync_path(tmp);
+  io::write_file_atomic((tmp / "state.json").string(), state.dump(2));
+  io::fsync_path(tmp.string());
   // Replacing an existing step_N (a rerun at the same step): move the old one aside first.
   if (fs::exists(final_dir)) {
     const fs::path old = root / (".old_step_" + std::to_string(c.step));
@@ -66,7 +44,7 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& c, int
   } else {
     fs::rename(tmp, final_dir);
   }
-  fsync_path(root);
+  io::fsync_path(root.string());
 
   int64_t best = -1;
   if (state.contains("best") && state["best"].is_object() && state["best"].contains("step"))
@@ -74,7 +52,7 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& c, int
   auto steps = list_checkpoints(run_dir);
   const int64_t excess = int64_t(steps.size()) - std::max<int64_t>(keep, 1);
   for (int64_t i = 0; i < excess; ++i)
-    if (steps[i] != best && steps[i] != c.step) fs::remove_all(root / ("step_" + std::to_string(steps[i])));
+    if (steps[i] != best && steps[i] != c.step) fs::remove_all(RunDir(run_dir).checkpoint(steps[i]));
   return final_dir.string();
 }
 
@@ -104,7 +82,7 @@ int64_t latest_checkpoint(const std::string& run_dir) {
 }
 
 Checkpoint load_checkpoint(const std::string& run_dir, int64_t step, bool load_optimizer) {
-  const fs::path dir = ckpt_root(run_dir) / ("step_" + std::to_string(step));
+  const fs::path dir = RunDir(run_dir).checkpoint(step);
   DEW_CHECK(fs::is_directory(dir), "checkpoint ", dir.string(), " does not exist");
   Checkpoint c;
   c.step = step;
@@ -127,7 +105,7 @@ Checkpoint load_checkpoint(const std::string& run_dir, int64_t step, bool load_o
 }
 
 json read_run_json(const std::string& run_dir) {
-  const fs::path p = fs::path(run_dir) / "run.json";
+  const fs::path p = RunDir(run_dir).record();
   DEW_CHECK(fs::is_directory(run_dir), "run directory ", run_dir, " does not exist");
   std::ifstream f(p);
   DEW_CHECK(f.good(), "cannot read ", p.string(), " (is ", run_dir, " a dew run directory?)");

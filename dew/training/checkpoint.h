@@ -1,4 +1,4 @@
-// Run directories and checkpoints (SPEC section 8):
+// Run directories and checkpoints (docs/training.md#runs-dewruns):
 //   RUN/run.json, RUN/metrics.jsonl, RUN/checkpoints/step_N/{model,ema,optimizer[,objective]}.safetensors +
 //   state.json,
 //   RUN/samples/step_N.png.
@@ -40,8 +40,5 @@ int64_t latest_checkpoint(const std::string& run_dir);
 
 /// Reads RUN/run.json (dew::Error naming the file if missing or invalid).
 json read_run_json(const std::string& run_dir);
-
-/// Writes a small file atomically (tmp + rename).
-void write_file_atomic(const std::string& path, const std::string& content);
 
 }  // namespace dew::training

@@ -1,4 +1,4 @@
-// Optimizers and learning-rate schedules (SPEC section 6). Written here rather than taken from
+// Optimizers and learning-rate schedules (docs/training.md). Written here rather than taken from
 // torch::optim so the per-parameter state is keyed by parameter name: checkpoints save and restore it
 // exactly, and a run resumed from a checkpoint continues bit for bit.
 #pragma once
@@ -68,7 +68,7 @@ class Optimizer {
   std::map<std::string, Tensor> m_, v_;
 };
 
-/// What an objective averages (SPEC section 6): which parameters, and the decay at each step.
+/// What an objective averages (docs/training.md): which parameters, and the decay at each step.
 ///   EmaSpec{0.999}                          constant decay, warmed up as min(d, (1 + step)/(10 + step))
 ///   EmaSpec{1.0}                            a frozen copy of the starting weights (a reference policy)
 ///   EmaSpec::ramp(0.996, 1.0)               linear in the step from 0.996 to 1.0 over the run (JEPA's target)

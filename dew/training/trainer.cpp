@@ -11,7 +11,9 @@
 
 #include "dew/core/log.h"
 #include "dew/core/rng.h"
+#include "dew/io/files.h"
 #include "dew/io/weights.h"
+#include "dew/training/run_dir.h"
 
 namespace dew::training {
 
@@ -41,7 +43,7 @@ void set_autocast(c10::DeviceType type, bool enabled, at::ScalarType dtype) {
   at::autocast::set_autocast_enabled(type, enabled);
 }
 
-// Mixed precision of the forward (SPEC section 2: bf16 by default on CUDA). On the CPU only when asked
+// Mixed precision of the forward (docs/core.md: bf16 by default on CUDA). On the CPU only when asked
 // (`bfloat16`, as torch.autocast("cpu")): measured no faster there (docs/benchmarks.md). Restores the previous
 // autocast state at scope exit.
 struct AutocastScope {
@@ -87,29 +89,7 @@ void check_autocast(const std::string& mode, const c10::Device& device) {
 }
 
 void truncate_metrics(const std::string& run_dir, int64_t step) {
-  truncate_jsonl((std::filesystem::path(run_dir) / "metrics.jsonl").string(), step);
-}
-
-void truncate_jsonl(const std::string& path_in, int64_t step) {
-  namespace fs = std::filesystem;
-  const fs::path path = path_in;
-  if (!fs::exists(path)) return;
-  std::string kept;
-  if (step > 0) {
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) {
-      json j;
-      try {
-        j = json::parse(line);
-      } catch (const std::exception&) {
-        break;  // a line torn by a kill ends what was written
-      }
-      if (!j.is_object() || j.value("step", int64_t(0)) > step) break;
-      kept += line + "\n";
-    }
-  }
-  write_file_atomic(path.string(), kept);
+  io::truncate_jsonl(RunDir(run_dir).metrics(), step);
 }
 
 TensorMap module_state(torch::nn::Module& m) {
@@ -253,7 +233,7 @@ TrainResult Trainer::fit() {
   begun_ = true;
   TrainResult res;
   SignalScope signals;
-  std::ofstream metrics(fs::path(run_dir_) / "metrics.jsonl", std::ios::app);
+  std::ofstream metrics(RunDir(run_dir_).metrics(), std::ios::app);
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const int64_t start = step_;

@@ -1,9 +1,9 @@
-// The trainer (SPEC section 6): one loop for every objective. It owns the optimizer (with warm-up and
+// The trainer (docs/training.md): one loop for every objective. It owns the optimizer (with warm-up and
 // decay), gradient accumulation, gradient clipping, the fp32 EMA, the non-finite loss guard, validation
 // and checkpoint cadence, metrics.jsonl, the progress line and SIGINT/SIGTERM handling. Rerunning the
 // same command on a run directory resumes from its latest checkpoint and continues bit for bit.
 #pragma once
-#include "dew/objectives/objective.h"
+#include "dew/training/objective.h"
 #include "dew/training/checkpoint.h"
 #include "dew/training/optim.h"
 
@@ -111,10 +111,6 @@ class Trainer {
 /// Keeps the lines of RUN/metrics.jsonl whose step is at most `step` (a resumed run rewrites what came after
 /// its checkpoint; a fresh run, step 0, starts an empty file).
 void truncate_metrics(const std::string& run_dir, int64_t step);
-
-/// The same for any JSON-lines file of step-stamped objects (GRPO's rollouts.jsonl); a missing file is left
-/// missing.
-void truncate_jsonl(const std::string& path, int64_t step);
 
 /// Model state of a module: parameters and buffers by path (what model.safetensors holds).
 TensorMap module_state(torch::nn::Module& m);

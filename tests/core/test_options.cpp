@@ -3,6 +3,7 @@
 #include "tests/test_util.h"
 
 #include "dew/core/registry.h"
+#include "dew/runs/registries.h"
 #include "dew/core/rng.h"
 
 namespace {
@@ -137,7 +138,11 @@ TEST(Registry, LibraryRegistriesAreListed) {
   auto all = dew::all_registries();
   std::set<std::string> kinds;
   for (auto* r : all) kinds.insert(r->kind());
-  for (auto k : {"preset", "schedule", "transform", "weighting", "solver"}) EXPECT_TRUE(kinds.count(k)) << k;
+  EXPECT_EQ(kinds.size(), all.size()) << "one registry per kind";
+  for (auto k : {"model", "language_model", "text_encoder", "encoder", "predictor", "autoencoder", "dataset",
+                 "lm_dataset", "tokenizer", "preset", "schedule", "transform", "weighting", "solver", "objective",
+                 "metric"})
+    EXPECT_TRUE(kinds.count(k)) << k;
   for (auto* r : all) EXPECT_FALSE(r->entries().empty()) << r->kind();
 }
 

@@ -92,13 +92,14 @@ inline void expect_remat_matches(const std::string& arch, const json& fields, co
   copy_parameters(*plain, *re);
   EXPECT_EQ(param_shapes(*plain), param_shapes(*re));
   torch::manual_seed(5);
-  at::Tensor x = torch::randn(input), t = torch::rand({input[0]}), w = torch::randn(input);
+  at::Tensor x = torch::randn(input), t = torch::rand({input[0]}), w;
   std::vector<std::vector<at::Tensor>> grads;
   std::vector<at::Tensor> outs;
   for (auto* m : {plain.get(), re.get()}) {
     m->zero_grad();
     at::Tensor xi = x.clone().requires_grad_();
     at::Tensor y = m->forward(xi, t, cond);
+    if (!w.defined()) w = torch::randn(y.sizes());  // the output may have other channels than the input
     (y * w).sum().backward();
     std::vector<at::Tensor> g{xi.grad()};
     for (const auto& p : m->parameters()) g.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));

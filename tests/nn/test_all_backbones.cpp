@@ -5,6 +5,9 @@
 #include <torch/torch.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <set>
 
 #include "dew/io/safetensors.h"
@@ -33,20 +36,28 @@ struct Tiny {
 
 // Every family name: the denoisers', the language models' and the text encoders' registries.
 std::vector<std::string> family_names() {
+  // The family table against every role registry: one entry per registered model, none missing.
   auto names = dew::models::registry().names();
   for (const auto& n : dew::models::language_models().names()) names.push_back(n);
   for (const auto& n : dew::text_encoders::registry().names()) names.push_back(n);
   for (const auto& n : dew::models::token_encoders().names()) names.push_back(n);
   for (const auto& n : dew::models::token_predictors().names()) names.push_back(n);
   for (const auto& n : dew::models::autoencoders().names()) names.push_back(n);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, dew::models::family_names());
   return names;
 }
 
-std::vector<Tiny> tiny_models(dew::models::Role role = dew::models::Role::kDenoiser) {
+// The tiny configurations of a role; with `variants`, each family's variants too (other resolutions,
+// channel counts, structural options, text), for the checks that only build and run forward / backward.
+std::vector<Tiny> tiny_models(dew::models::Role role = dew::models::Role::kDenoiser, bool variants = false) {
   std::vector<Tiny> out;
   for (const auto& name : family_names()) {
     const auto& f = dew::models::family(name);
-    if (f.role == role) out.push_back({name, f.tiny.fields, f.tiny.input, f.tiny.context});
+    if (f.role != role) continue;
+    out.push_back({name, f.tiny.fields, f.tiny.input, f.tiny.context});
+    if (variants)
+      for (const auto& v : f.variants) out.push_back({name, v.fields, v.input, v.context});
   }
   return out;
 }
@@ -65,6 +76,13 @@ dew::Conditioning conditioning(const Tiny& t) {
     c.context_mask = torch::tensor({1, 1, 1, 0, 0, 1, 1, 1, 1, 1}, at::kBool).view({2, 5});
   }
   return c;
+}
+
+// The output shape of a denoiser on t.input: output_channels channels.
+std::vector<int64_t> output_shape(const Tiny& t) {
+  std::vector<int64_t> shape = t.input;
+  shape[1] = t.fields.value("output_channels", shape[1]);
+  return shape;
 }
 
 TEST(AllBackbones, EveryFamilyHasATinyConfigurationThatBuilds) {
@@ -93,6 +111,14 @@ TEST(AllBackbones, EveryFamilyHasATinyConfigurationThatBuilds) {
   EXPECT_GE(denoisers, 9u);
 }
 
+TEST(AllBackbones, DocsBackbonesNamesEveryFamily) {
+  std::ifstream in(std::string(DEW_SOURCE_DIR) + "/docs/backbones.md");
+  ASSERT_TRUE(in.good()) << "docs/backbones.md is missing";
+  const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& name : family_names())
+    EXPECT_NE(page.find("| `" + name + "` |"), std::string::npos) << name << " has no row in docs/backbones.md";
+}
+
 TEST(AllBackbones, EveryDiffusionArchitectureIsRegisteredWithItsFields) {
   const auto& reg = dew::models::registry();
   for (const auto& t : tiny_models()) {
@@ -107,8 +133,8 @@ TEST(AllBackbones, EveryDiffusionArchitectureIsRegisteredWithItsFields) {
 
 TEST(AllBackbones, EachLoadsItsOwnCheckpointAndTrains) {
   dew::test::TempDir dir("all_backbones");
-  for (const auto& t : tiny_models()) {
-    SCOPED_TRACE(t.arch);
+  for (const auto& t : tiny_models(dew::models::Role::kDenoiser, true)) {
+    SCOPED_TRACE(t.arch + " " + t.fields.dump());
     torch::manual_seed(1);
     auto a = dew::models::build(t.arch, t.fields);
     dew::test::randomize(*a, 0.05);  // off the zero initialisation, so outputs tell weights apart
@@ -117,8 +143,9 @@ TEST(AllBackbones, EachLoadsItsOwnCheckpointAndTrains) {
     torch::NoGradGuard ng;
     a->eval();
     const auto ya = a->forward(batch.x_t, batch.t, batch.cond);
-    ASSERT_EQ(ya.sizes(), batch.x_t.sizes());
+    ASSERT_EQ(ya.sizes().vec(), output_shape(t));
     ASSERT_TRUE(torch::isfinite(ya).all().item<bool>());
+    EXPECT_GT(ya.abs().max().item<double>(), 0.0);  // off its initialisation, no longer zero
     // saved as model.safetensors is, rebuilt from the recorded config, loaded: the same function
     const std::string file = dir.file(t.arch + ".safetensors");
     dew::io::save_safetensors(file, dew::training::module_state(*a), {});
@@ -193,10 +220,11 @@ TEST(AllBackbones, ScanOrdersAreEquivariantWhereTheDesignSaysSo) {
 TEST(AllBackbones, TheRecordRebuildsTheSameModel) {
   // run.json's {architecture, fields} record: every field with its default, and it rebuilds the same tree
   // and, with the same weights, the same function.
-  for (const auto& t : tiny_models()) {
-    SCOPED_TRACE(t.arch);
+  for (const auto& t : tiny_models(dew::models::Role::kDenoiser, true)) {
+    SCOPED_TRACE(t.arch + " " + t.fields.dump());
     auto m = dew::models::build(t.arch, t.fields);
     const json rec = m->config();
+    for (auto it = t.fields.begin(); it != t.fields.end(); ++it) EXPECT_EQ(rec["fields"][it.key()], it.value());
     EXPECT_EQ(rec["architecture"], t.arch);
     EXPECT_EQ(rec["fields"].size(), dew::models::registry().info(t.arch).fields.size());
     auto again = dew::models::build(json::parse(rec.dump()));
@@ -216,21 +244,28 @@ TEST(AllBackbones, OutputsAreExactlyZeroAtInitWhereTheFamilyPromises) {
   size_t checked = 0;
   for (const auto& name : dew::models::registry().names()) {
     const auto& f = dew::models::family(name);
-    if (!f.tiny.zero_output_at_init) continue;
-    SCOPED_TRACE(name);
-    auto m = dew::models::build(name, f.tiny.fields);
-    auto batch = dew::test::fixed_batch(f.tiny.input, 17);
-    batch.cond = conditioning({name, f.tiny.fields, f.tiny.input, f.tiny.context});
-    torch::NoGradGuard ng;
-    EXPECT_EQ(m->forward(batch.x_t, batch.t, batch.cond).abs().max().item<double>(), 0.0);
-    ++checked;
+    std::vector<dew::models::TinyConfig> configs{f.tiny};
+    configs.insert(configs.end(), f.variants.begin(), f.variants.end());
+    for (const auto& c : configs) {
+      if (!c.zero_output_at_init) continue;
+      SCOPED_TRACE(name + " " + c.fields.dump());
+      auto m = dew::models::build(name, c.fields);
+      auto batch = dew::test::fixed_batch(c.input, 17);
+      batch.cond = conditioning({name, c.fields, c.input, c.context});
+      torch::NoGradGuard ng;
+      const auto y = m->forward(batch.x_t, batch.t, batch.cond);
+      ASSERT_EQ(y.sizes().vec(), output_shape({name, c.fields, c.input, c.context}));
+      EXPECT_EQ(y.scalar_type(), at::kFloat);
+      EXPECT_EQ(y.abs().max().item<double>(), 0.0);
+      ++checked;
+    }
   }
-  EXPECT_GE(checked, 9u);
+  EXPECT_GE(checked, 30u);
 }
 
 TEST(AllBackbones, GradientsReachEveryParameter) {
-  for (const auto& t : tiny_models()) {
-    SCOPED_TRACE(t.arch);
+  for (const auto& t : tiny_models(dew::models::Role::kDenoiser, true)) {
+    SCOPED_TRACE(t.arch + " " + t.fields.dump());
     torch::manual_seed(6);
     auto m = dew::models::build(t.arch, t.fields);
     dew::test::randomize(*m, 0.05);  // off the zero-initialised layers, which block gradients at the start
@@ -243,8 +278,8 @@ TEST(AllBackbones, GradientsReachEveryParameter) {
 }
 
 TEST(AllBackbones, RematChangesNeitherOutputsNorGradients) {
-  for (const auto& t : tiny_models()) {
-    SCOPED_TRACE(t.arch);
+  for (const auto& t : tiny_models(dew::models::Role::kDenoiser, true)) {
+    SCOPED_TRACE(t.arch + " " + t.fields.dump());
     torch::manual_seed(8);
     dew::test::expect_remat_matches(t.arch, t.fields, conditioning(t), t.input);
   }
@@ -266,6 +301,7 @@ TEST(AllBackbones, EveryAttentionImplAgreesWithSmallChunks) {
     torch::NoGradGuard ng;
     const auto y = ref->forward(batch.x_t, batch.t, batch.cond);
     for (const auto& impl : dew::nn::attention_impls()) {
+      if (impl == "reference") continue;  // y itself
       f["attention_impl"] = impl;
       auto other = dew::models::build(t.arch, f);
       dew::test::copy_parameters(*ref, *other);

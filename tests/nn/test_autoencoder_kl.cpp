@@ -1,6 +1,7 @@
 // autoencoder_kl against diffusers' AutoencoderKL (tests/golden/sd/vae, vae_sd3 from tests/golden/sd_reference.py):
-// encode, decode and tiled decode by the golden rule, a float64 run against diffusers' float64 run, the
-// checkpoint's names exactly, the config.json translation and what it refuses, the old checkpoint layouts.
+// the checkpoint's names exactly, the config.json translation and what it refuses, the old checkpoint layouts.
+// Encode, decode and tiled decode against the goldens, in float32 and float64, run in the reference-parity
+// suite (tests/nn/test_reference_parity.cpp).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -38,45 +39,6 @@ std::shared_ptr<dew::nn::AutoencoderKLImpl> load(const std::string& name, at::Sc
 }
 
 class AutoencoderKLGolden : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(AutoencoderKLGolden, EncodeDecodeAndTiledDecodeMatchDiffusers) {
-  const std::string name = GetParam();
-  const auto io = dew::test::golden("sd/" + name + "/io.safetensors");
-  auto vae = load(name);
-  torch::NoGradGuard ng;
-  std::printf("%s (float32):\n", name.c_str());
-  const dew::DiagonalGaussian q = vae->encode(io.at("sample"));
-  dew::test::expect_golden(name + " latent_mean", q.mean, io.at("latent_mean_f32"), io.at("latent_mean_f64"));
-  dew::test::expect_golden(name + " latent_logvar", q.logvar, io.at("latent_logvar_f32"), io.at("latent_logvar_f64"));
-  dew::test::expect_golden(name + " decoded", vae->decode(io.at("z")), io.at("decoded_f32"), io.at("decoded_f64"));
-  // the config's sample_size (32) is the golden's tile_sample_min_size: 16 latents every 12, blended over 8 pixels
-  dew::test::expect_golden(name + " tiled_decoded", vae->tiled_decode(io.at("z_tiled")), io.at("tiled_decoded_f32"),
-                           io.at("tiled_decoded_f64"));
-}
-
-// diffusers' float64 run is float64 except the mid-block attention's softmax: its Attention has
-// upcast_softmax, and get_attention_scores casts the scores with .float() — to float32, even from float64
-// (attention_processor.py). That rounding (~1e-8 of the scale here) bounds the agreement; dew's float64
-// softmax stays float64. The UNet goldens, without upcast_softmax, agree to 1e-14 (tests/cli/test_forward_cli.cpp).
-constexpr double kVaeF64Rel = 2e-7;
-
-TEST_P(AutoencoderKLGolden, AFloat64RunAgreesWithDiffusersFloat64) {
-  const std::string name = GetParam();
-  const auto io = dew::test::golden("sd/" + name + "/io.safetensors");
-  auto vae = load(name, at::kDouble);
-  for (const auto& p : vae->parameters()) ASSERT_EQ(p.scalar_type(), at::kDouble);
-  torch::NoGradGuard ng;
-  std::printf("%s (float64):\n", name.c_str());
-  const auto d = [](const at::Tensor& t) { return t.to(at::kDouble); };
-  const dew::DiagonalGaussian q = vae->encode(d(io.at("sample")));
-  ASSERT_EQ(q.mean.scalar_type(), at::kDouble);
-  dew::test::expect_close_f64(name + " latent_mean", q.mean, io.at("latent_mean_f64"), kVaeF64Rel);
-  dew::test::expect_close_f64(name + " latent_logvar", q.logvar, io.at("latent_logvar_f64"), kVaeF64Rel);
-  const at::Tensor x = vae->decode(d(io.at("z")));
-  ASSERT_EQ(x.scalar_type(), at::kDouble);
-  dew::test::expect_close_f64(name + " decoded", x, io.at("decoded_f64"), kVaeF64Rel);
-  dew::test::expect_close_f64(name + " tiled_decoded", vae->tiled_decode(d(io.at("z_tiled"))), io.at("tiled_decoded_f64"), kVaeF64Rel);
-}
 
 TEST_P(AutoencoderKLGolden, ParameterNamesAreTheCheckpointsExactly) {
   const std::string name = GetParam();

@@ -93,46 +93,14 @@ TEST(HybridDiT, ParameterCountMatchesTheFormulaAndThePythonPeer) {
   EXPECT_EQ(fused, 67036);
 }
 
-TEST(HybridDiT, OutputIsExactlyZeroAtInitForEveryScanOrderAndResolution) {
-  for (const char* order : {"raster", "hilbert", "zigzag"}) {
-    auto m = dew::models::build("hybrid_dit", tiny_hybrid({{"scan_order", order}, {"use_2d_fusion", true},
-                                                           {"num_classes", 3}}));
-    for (auto hw : {std::pair<int64_t, int64_t>{8, 8}, {12, 12}, {8, 12}}) {
-      Tensor x = torch::randn({2, 3, hw.first, hw.second});
-      dew::Conditioning cond;
-      cond.labels = torch::tensor({0, 3}, at::kLong);
-      Tensor y = m->forward(x, torch::rand({2}), cond);
-      ASSERT_EQ(y.sizes(), x.sizes());
-      EXPECT_EQ(y.scalar_type(), at::kFloat);
-      EXPECT_EQ(y.abs().max().item<double>(), 0.0) << order << " " << hw.first << "x" << hw.second;
-    }
-  }
-}
+// Zero output at initialisation for every scan order at two resolutions, finite outputs once randomized,
+// gradients reaching every parameter (S5, fusion and text) and remat run in the shared suite on the
+// family's variants (tests/nn/test_all_backbones.cpp); so does the record's round trip.
 
-TEST(HybridDiT, FiniteAtTwoResolutionsOnceRandomized) {
-  auto m = dew::models::build("hybrid_dit", tiny_hybrid({{"scan_order", "hilbert"}, {"use_2d_fusion", true},
-                                                         {"output_channels", 2}}));
-  randomize(*m, 0.05);
-  for (int64_t H : {8, 16}) {
-    Tensor y = m->forward(torch::randn({2, 3, H, H}), torch::rand({2}), {});
-    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 2, H, H}));
-    EXPECT_TRUE(torch::isfinite(y).all().item<bool>()) << H;
-    EXPECT_GT(y.abs().max().item<double>(), 0.0) << H;
-  }
-}
-
-TEST(HybridDiT, GradientsReachEveryParameterIncludingS5AndFusion) {
-  torch::manual_seed(1);
+TEST(HybridDiT, TheS5AndFusionParametersHaveTheirNames) {
   auto m = dew::models::build("hybrid_dit", tiny_hybrid({{"scan_order", "zigzag"}, {"use_2d_fusion", true},
                                                          {"num_classes", 4}, {"context_features", 6},
                                                          {"qk_norm", true}}));
-  randomize(*m, 0.05);
-  Batch b = fixed_batch(2, 3, 8, 4);
-  b.cond.labels = torch::tensor({1, 4}, at::kLong);
-  b.cond.context = torch::randn({2, 3, 6});
-  auto missing = params_without_gradient(*m, b);
-  EXPECT_TRUE(missing.empty()) << missing.size() << " without gradient, first: " << (missing.empty() ? "" : missing[0]);
-  // The S5 and fusion parameters are among those checked.
   auto names = param_names(*m);
   for (const char* n : {"blocks.0.ssm.s5_forward.A_imag", "blocks.2.ssm.s5_backward.log_dt",
                         "blocks.1.spatial_fusion.dwconv_dil2.weight", "blocks.0.ssm.out_proj.bias"})
@@ -148,15 +116,6 @@ TEST(HybridDiT, OverfitsOneBatch) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << "[ hybrid_dit 3:1 + 2D fusion ] loss " << first << " -> " << last << " in 100 steps, " << secs << " s\n";
   EXPECT_LT(last, first / 10);
-}
-
-TEST(HybridDiT, RematGivesTheSameGradients) {
-  dew::Conditioning cond;
-  cond.context = torch::randn({2, 4, 5});
-  cond.context_mask = torch::tensor({1, 1, 0, 1, 1, 0, 0, 0}, at::kLong).view({2, 4}).to(at::kBool);
-  expect_remat_matches("hybrid_dit",
-                       tiny_hybrid({{"use_2d_fusion", true}, {"scan_order", "hilbert"}, {"context_features", 5}}),
-                       cond, {2, 3, 8, 8});
 }
 
 TEST(HybridDiT, AllAttentionEqualsSimpleDiTWithTheSameWeights) {
@@ -235,7 +194,7 @@ TEST(HybridDiT, RefusesBadPatternsAndRatios) {
   EXPECT_NE(msg.find("multiples of patch_size"), std::string::npos) << msg;
 }
 
-TEST(HybridDiT, ConfigRoundTripRebuildsTheSameModel) {
+TEST(HybridDiT, TheRecordHoldsThePatternAndTheSSMDefaults) {
   auto m = dew::models::build("hybrid_dit", tiny_hybrid({{"block_pattern", {"attn", "ssm", "ssm", "ssm"}},
                                                          {"use_2d_fusion", true}, {"scan_order", "zigzag"}}));
   const json rec = m->config();
@@ -243,13 +202,6 @@ TEST(HybridDiT, ConfigRoundTripRebuildsTheSameModel) {
   EXPECT_EQ(rec["fields"]["block_pattern"], json({"attn", "ssm", "ssm", "ssm"}));
   EXPECT_EQ(rec["fields"]["ssm_state_dim"], 8);
   EXPECT_EQ(rec["fields"]["bidirectional_ssm"], true);
-  auto back = dew::models::build(json::parse(rec.dump()));
-  EXPECT_EQ(back->config(), rec);
-  EXPECT_EQ(param_shapes(*m), param_shapes(*back));
-  randomize(*m, 0.05);
-  copy_parameters(*m, *back);
-  Tensor x = torch::randn({1, 3, 8, 8}), t = torch::rand({1});
-  EXPECT_EQ(max_diff(m->forward(x, t, {}), back->forward(x, t, {})), 0.0);
 }
 
 }  // namespace

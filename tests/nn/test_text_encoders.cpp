@@ -529,7 +529,7 @@ TEST(ClipTokenizer, HandWrittenVocabulary) {
 
   for (const std::string& path : {dir.file("slow"), dir.file("slow/vocab.json"), dir.file("fast"),
                                  dir.file("fast/tokenizer.json")}) {
-    dew::nn::ClipTokenizer tok(path);
+    dew::data::ClipTokenizer tok(path);
     EXPECT_EQ(tok.bos_id(), 20);
     EXPECT_EQ(tok.eos_id(), 21);
     EXPECT_EQ(tok.pad_id(), 21);
@@ -555,7 +555,7 @@ TEST(ClipTokenizer, HandWrittenVocabulary) {
 
   // tokenizer_config.json's pad_token (SD 2 pads with "!").
   std::ofstream(dir.file("slow/tokenizer_config.json")) << json{{"pad_token", "!"}}.dump();
-  dew::nn::ClipTokenizer padded(dir.file("slow"));
+  dew::data::ClipTokenizer padded(dir.file("slow"));
   EXPECT_EQ(padded.pad_id(), 7);
   EXPECT_EQ(row(padded.batch({"A's"}, 6).first, 0), (std::vector<int64_t>{20, 22, 25, 21, 7, 7}));
 
@@ -572,12 +572,12 @@ TEST(ClipTokenizer, HandWrittenVocabulary) {
   EXPECT_NE(err.find("eos_token_id"), std::string::npos) << err;
   err = error_of([&] { ClipText(tiny_clip().vocab_size(20).eos_token_id(21).tokenizer(dir.file("fast"))); });
   EXPECT_NE(err.find("vocab_size"), std::string::npos) << err;
-  err = error_of([&] { dew::nn::ClipTokenizer(dir.file("missing_dir")); });
+  err = error_of([&] { dew::data::ClipTokenizer(dir.file("missing_dir")); });
   EXPECT_NE(err.find("missing_dir"), std::string::npos) << err;
   // A merge whose result is not in the vocabulary is refused with its rank.
   std::filesystem::create_directories(dir.path / "bad");
   std::ofstream(dir.file("bad/vocab.json")) << tiny_vocab().dump();
   std::ofstream(dir.file("bad/merges.txt")) << "#version: 0.2\nh e\nr d</w>\n";
-  err = error_of([&] { dew::nn::ClipTokenizer(dir.file("bad")); });
+  err = error_of([&] { dew::data::ClipTokenizer(dir.file("bad")); });
   EXPECT_NE(err.find("merge 1"), std::string::npos) << err;
 }

@@ -50,54 +50,9 @@ std::set<std::string> names_of(const dew::BackboneImpl& m) {
 
 // ---- shapes, zero at init ----
 
-void expect_video_shapes_and_zero_init(const std::string& arch, const json& fields) {
-  auto m = dew::models::build(arch, fields);
-  // Two resolutions, two frame counts (and a single frame).
-  for (auto shape : std::vector<std::vector<int64_t>>{{2, 3, 4, 8, 8}, {2, 3, 3, 4, 8}, {1, 3, 1, 8, 4}}) {
-    Tensor x = torch::randn(shape);
-    Tensor y = m->forward(x, torch::rand({shape[0]}), {});
-    std::vector<int64_t> want = shape;
-    want[1] = 2;  // output_channels
-    ASSERT_EQ(y.sizes().vec(), want) << arch;
-    EXPECT_EQ(y.scalar_type(), at::kFloat);
-    EXPECT_EQ(y.abs().max().item<double>(), 0.0) << arch << " " << x.sizes();
-  }
-  randomize(*m, 0.05);
-  for (auto shape : std::vector<std::vector<int64_t>>{{2, 3, 4, 8, 8}, {2, 3, 2, 4, 8}}) {
-    Tensor y = m->forward(torch::randn(shape), torch::rand({shape[0]}), {});
-    EXPECT_TRUE(torch::isfinite(y).all().item<bool>()) << arch;
-    EXPECT_GT(y.abs().max().item<double>(), 0.0) << arch;
-  }
-}
-
-TEST(VideoBackbones, VideoDiTShapesAndExactlyZeroAtInit) {
-  torch::manual_seed(0);
-  expect_video_shapes_and_zero_init("video_dit", tiny_video_dit({{"output_channels", 2}}));
-}
-
-TEST(VideoBackbones, UNet3DShapesAndExactlyZeroAtInit) {
-  torch::manual_seed(0);
-  expect_video_shapes_and_zero_init("unet_3d", tiny_unet_3d({{"output_channels", 2}}));
-}
-
-// ---- gradients ----
-
-TEST(VideoBackbones, GradientsReachEveryParameter) {
-  for (const std::string arch : {"video_dit", "unet_3d"}) {
-    torch::manual_seed(1);
-    json f = arch == "video_dit" ? tiny_video_dit({{"num_classes", 3}, {"context_features", 8}, {"qk_norm", true}})
-                                 : tiny_unet_3d({{"num_classes", 3}, {"context_features", 8}});
-    auto m = dew::models::build(arch, f);
-    randomize(*m, 0.05);
-    FixedBatch b = fixed_batch({2, 3, 3, 8, 8}, 4);
-    b.cond.labels = torch::tensor({0, 2}, at::kLong);
-    b.cond.context = torch::randn({2, 5, 8});
-    b.cond.context_mask = torch::tensor({1, 1, 1, 0, 0, 1, 0, 1, 1, 1}, at::kLong).view({2, 5}).to(at::kBool);
-    auto missing = params_without_gradient(*m, b);
-    EXPECT_TRUE(missing.empty()) << arch << ": " << (missing.empty() ? "" : missing.front()) << " and "
-                                 << missing.size() << " more";
-  }
-}
+// Shapes at two resolutions and frame counts, a single frame, zero output at initialisation, gradients
+// reaching every parameter (with text) and remat run in the shared suite on the families' variants
+// (tests/nn/test_all_backbones.cpp).
 
 // ---- overfitting ----
 
@@ -263,11 +218,6 @@ TEST(VideoBackbones, VideoDiTParameterNames) {
 }
 
 // ---- remat ----
-
-TEST(VideoBackbones, RematGivesTheSameGradients) {
-  for (const std::string arch : {"video_dit", "unet_3d"})
-    expect_remat_matches(arch, arch == "video_dit" ? tiny_video_dit() : tiny_unet_3d(), {}, {2, 3, 3, 8, 8});
-}
 
 // ---- errors and config ----
 

@@ -1,4 +1,4 @@
-// Runs are reproducible at the process level (SPEC section 2): the same `dew train` command in two fresh
+// Runs are reproducible at the process level (docs/core.md): the same `dew train` command in two fresh
 // run directories writes bitwise-identical checkpoints, whatever the number of loader workers; a run
 // killed with SIGKILL at random moments (start-up, steps, checkpoint writes) and rerun ends bit for bit
 // where an uninterrupted run ends, and every kill leaves its latest checkpoint loadable.

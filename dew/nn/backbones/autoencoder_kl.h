@@ -1,4 +1,4 @@
-// AutoencoderKL (SPEC section 5, `autoencoder_kl`): diffusers' AutoencoderKL, the VAE of Stable Diffusion,
+// AutoencoderKL (docs/stable_diffusion.md): diffusers' AutoencoderKL, the VAE of Stable Diffusion,
 // SDXL and (16 latent channels, with a shift) SD3 / Flux, with diffusers' module tree and parameter names,
 // so their `vae/` checkpoints load without renaming; also built from a diffusers config.json.
 //

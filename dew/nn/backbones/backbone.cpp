@@ -45,6 +45,7 @@ void add_family(Registry<BackboneImpl>& r, const std::string& name, const std::s
     m->set_config({{"architecture", name}, {"fields", to_json(o)}});
     return m;
   });
+  family.build = [&r, name](const json& fields) { return r.build(name, fields); };
   add_family_info(name, std::move(family));
 }
 
@@ -54,7 +55,48 @@ void add_language_model(Registry<nn::CausalTransformerImpl>& r, const std::strin
                         std::function<io::KeyMap(const json&, const io::WeightSource&)> reference_key_map) {
   r.add<Options>(name, doc, [](const Options& o) { return Module(o).ptr(); });
   family.reference_key_map = std::move(reference_key_map);
+  family.build = [&r, name](const json& fields) { return r.build(name, fields); };
   add_family_info(name, std::move(family));
+}
+
+// AutoencoderKL's methods as diffusers names them: encode (the posterior's mean and log-variance, clamped
+// to [-30, 20] as DiagonalGaussianDistribution does), decode, forward (decode of the posterior mean) and the
+// tiled variants of enable_tiling().
+std::vector<ReferenceMethod> autoencoder_kl_methods() {
+  using Tensors = std::map<std::string, at::Tensor>;
+  auto vae_of = [](torch::nn::Module& m, const std::string& where) {
+    auto* vae = dynamic_cast<nn::AutoencoderKLImpl*>(&m);
+    DEW_CHECK(vae, where, ": the model is not an autoencoder_kl");
+    return vae;
+  };
+  auto floating = [](const Tensors& in, const std::string& name, const std::string& where) {
+    const at::Tensor& t = in.at(name);
+    DEW_CHECK(at::isFloatingType(t.scalar_type()), where, ": input \"", name, "\" must be floating point");
+    return t;
+  };
+  auto encode = [=](bool tiled) {
+    return [=](torch::nn::Module& m, const Tensors& in, const std::string& where) {
+      auto* vae = vae_of(m, where);
+      const at::Tensor x = floating(in, "sample", where);
+      const DiagonalGaussian q = tiled ? vae->tiled_encode(x) : vae->encode(x);
+      return Tensors{{"latent_mean", q.mean}, {"latent_logvar", q.logvar}};
+    };
+  };
+  auto decode = [=](bool tiled) {
+    return [=](torch::nn::Module& m, const Tensors& in, const std::string& where) {
+      auto* vae = vae_of(m, where);
+      const at::Tensor z = floating(in, "z", where);
+      return Tensors{{"sample", tiled ? vae->tiled_decode(z) : vae->decode(z)}};
+    };
+  };
+  auto reconstruct = [=](torch::nn::Module& m, const Tensors& in, const std::string& where) {
+    return Tensors{{"sample", vae_of(m, where)->reconstruct(floating(in, "sample", where))}};
+  };
+  return {{"encode", {"sample"}, {}, {"latent_mean", "latent_logvar"}, encode(false)},
+          {"decode", {"z"}, {}, {"sample"}, decode(false)},
+          {"forward", {"sample"}, {}, {"sample"}, reconstruct},
+          {"tiled_encode", {"sample"}, {}, {"latent_mean", "latent_logvar"}, encode(true)},
+          {"tiled_decode", {"z"}, {}, {"sample"}, decode(true)}};
 }
 
 json with(json base, const json& extra) {
@@ -75,37 +117,117 @@ Registry<BackboneImpl>& registry() {
                        {"num_res_blocks", 1}, {"norm_groups", 4}, {"in_channels", 1}, {"output_channels", 1},
                        {"num_classes", 3}};
     const auto denoiser = Role::kDenoiser;
-    add_family<nn::SimpleDiTOptions, nn::SimpleDiT>(
-        *r, "simple_dit", "DiT with adaLN-Zero blocks, Fourier time features, RoPE and raster/hilbert/zigzag scans",
-        {denoiser, {dit, {2, 1, 8, 8}}});
-    add_family<nn::UnetOptions, nn::Unet>(
-        *r, "unet", "U-Net of GroupNorm residual blocks with time injection and self/cross-attention stages",
-        {denoiser, {unet, {2, 1, 8, 8}}});
-    add_family<nn::VideoDiTOptions, nn::VideoDiT>(
-        *r, "video_dit", "video DiT [B, C, T, H, W]: factorised spatial then temporal attention per adaLN-Zero block",
-        {denoiser, {dit, {2, 1, 3, 8, 8}}});
-    add_family<nn::UNet3DOptions, nn::UNet3D>(
-        *r, "unet_3d", "the unet per frame plus zero-initialised temporal attention at every level; inflates a unet",
-        {denoiser, {with(unet, {{"temporal_heads", 2}}), {2, 1, 3, 8, 8}}});
-    add_family<nn::SimpleMMDiTOptions, nn::SimpleMMDiT>(
-        *r, "simple_mmdit", "SD3-style MM-DiT: image and text streams with their own weights, joint attention (needs text)",
-        {denoiser, {with(dit, {{"context_features", 8}}), {2, 1, 8, 8}, 8}});
-    add_family<nn::HierarchicalMMDiTOptions, nn::HierarchicalMMDiT>(
-        *r, "hierarchical_mmdit", "U-shaped MM-DiT stages with 2x2 patch merging, expansion and skip fusion (needs text)",
-        {denoiser,
-         {{{"base_patch_size", 2}, {"emb_features", {16, 32}}, {"num_layers", {2, 2}}, {"num_heads", {2, 2}},
-           {"mlp_ratio", 2}, {"in_channels", 1}, {"output_channels", 1}, {"num_classes", 3}, {"context_features", 8}},
-          {2, 1, 8, 8},
-          8}});
-    add_family<nn::SimpleDiTOptions, nn::SimpleUDiT>(
-        *r, "simple_udit", "SimpleDiT with U-Net long skips: down blocks, mid block, up blocks fusing [h, skip] by a dense layer",
-        {denoiser, {dit, {2, 1, 8, 8}}});
-    add_family<nn::UViTOptions, nn::UViT>(
-        *r, "uvit", "U-ViT: time, label and text as tokens beside the patches, pre-norm blocks with long skips",
-        {denoiser, {with(dit, {{"image_size", 8}}), {2, 1, 8, 8}}});
-    add_family<nn::HybridDiTOptions, nn::HybridDiT>(
-        *r, "hybrid_dit", "HybridSSMAttentionDiT: SimpleDiT whose blocks mix by attention or a bidirectional S5 scan",
-        {denoiser, {with(dit, {{"ssm_state_dim", 4}, {"num_layers", 4}}), {2, 1, 8, 8}}});
+    // Variants: structural options, other resolutions and channel counts, text; they run in the shared
+    // suite's checks of shapes, zero output at initialisation, gradients, remat and the record.
+    const json rgb = {{"in_channels", 3}, {"output_channels", 3}};
+    const json rgb_to_2 = {{"in_channels", 3}, {"output_channels", 2}};
+    const json text6 = {{"context_features", 6}};
+    const json text8 = {{"context_features", 8}};
+    {
+      // The scans reorder the tokens of a non-square grid (4 x 6 patches); text through the pooled path.
+      Family f{denoiser, {dit, {2, 1, 8, 8}}};
+      for (const char* order : {"hilbert", "zigzag"})
+        f.variants.push_back({with(with(dit, rgb), {{"scan_order", order}}), {2, 3, 8, 12}});
+      f.variants.push_back({with(with(dit, rgb), text8), {2, 3, 8, 8}, 8});
+      add_family<nn::SimpleDiTOptions, nn::SimpleDiT>(
+          *r, "simple_dit", "DiT with adaLN-Zero blocks, Fourier time features, RoPE and raster/hilbert/zigzag scans",
+          std::move(f));
+    }
+    {
+      Family f{denoiser, {unet, {2, 1, 8, 8}}};
+      f.variants.push_back({with(with(unet, rgb_to_2), text8), {2, 3, 8, 8}, 8});  // cross-attention
+      add_family<nn::UnetOptions, nn::Unet>(
+          *r, "unet", "U-Net of GroupNorm residual blocks with time injection and self/cross-attention stages",
+          std::move(f));
+    }
+    {
+      // Two resolutions, two frame counts and a single frame; text with qk_norm.
+      Family f{denoiser, {dit, {2, 1, 3, 8, 8}}};
+      f.variants.push_back({with(dit, rgb_to_2), {2, 3, 4, 4, 8}});
+      f.variants.push_back({with(dit, rgb_to_2), {2, 3, 1, 8, 4}});
+      f.variants.push_back({with(with(dit, text8), {{"qk_norm", true}}), {2, 1, 3, 8, 8}, 8});
+      add_family<nn::VideoDiTOptions, nn::VideoDiT>(
+          *r, "video_dit", "video DiT [B, C, T, H, W]: factorised spatial then temporal attention per adaLN-Zero block",
+          std::move(f));
+    }
+    {
+      const json unet3d = with(unet, {{"temporal_heads", 2}});
+      Family f{denoiser, {unet3d, {2, 1, 3, 8, 8}}};
+      f.variants.push_back({with(unet3d, rgb_to_2), {2, 3, 4, 4, 8}});
+      f.variants.push_back({with(unet3d, rgb_to_2), {2, 3, 1, 8, 4}});
+      f.variants.push_back({with(unet3d, text8), {2, 1, 3, 8, 8}, 8});
+      f.inflates_from = "unet";  // init_from a 2D unet: its names are the spatial blocks'
+      f.inflation_map = [] { return nn::unet_3d_inflation_map(); };
+      add_family<nn::UNet3DOptions, nn::UNet3D>(
+          *r, "unet_3d", "the unet per frame plus zero-initialised temporal attention at every level; inflates a unet",
+          std::move(f));
+    }
+    {
+      const json mm = with(dit, text8);
+      Family f{denoiser, {mm, {2, 1, 8, 8}, 8}};
+      f.variants.push_back({with(with(mm, rgb), {{"scan_order", "hilbert"}}), {2, 3, 16, 24}, 8});
+      f.variants.push_back({with(mm, {{"qk_norm", true}}), {2, 1, 8, 8}, 8});
+      add_family<nn::SimpleMMDiTOptions, nn::SimpleMMDiT>(
+          *r, "simple_mmdit",
+          "SD3-style MM-DiT: image and text streams with their own weights, joint attention (needs text)",
+          std::move(f));
+    }
+    {
+      const json h = {{"base_patch_size", 2}, {"emb_features", {16, 32}}, {"num_layers", {2, 2}},
+                      {"num_heads", {2, 2}},  {"mlp_ratio", 2},           {"in_channels", 1},
+                      {"output_channels", 1}, {"num_classes", 3},         {"context_features", 8}};
+      Family f{denoiser, {h, {2, 1, 8, 8}, 8}};
+      f.variants.push_back({with(h, rgb), {2, 3, 16, 24}, 8});
+      add_family<nn::HierarchicalMMDiTOptions, nn::HierarchicalMMDiT>(
+          *r, "hierarchical_mmdit",
+          "U-shaped MM-DiT stages with 2x2 patch merging, expansion and skip fusion (needs text)", std::move(f));
+    }
+    {
+      Family f{denoiser, {dit, {2, 1, 8, 8}}};
+      for (const char* order : {"raster", "hilbert"})
+        f.variants.push_back(
+            {with(with(with(dit, rgb), text6), {{"num_layers", 4}, {"qk_norm", true}, {"scan_order", order}}),
+             {2, 3, 8, 12},
+             6});
+      add_family<nn::SimpleDiTOptions, nn::SimpleUDiT>(
+          *r, "simple_udit",
+          "SimpleDiT with U-Net long skips: down blocks, mid block, up blocks fusing [h, skip] by a dense layer",
+          std::move(f));
+    }
+    {
+      // Every option one at a time and all together, with text, on a grid smaller than image_size.
+      Family f{denoiser, {with(dit, {{"image_size", 8}}), {2, 1, 8, 8}}};
+      const json v = with(with(with(dit, rgb_to_2), text6), {{"image_size", 16}, {"num_layers", 4}});
+      for (const json& option :
+           {json::object(), json{{"use_projection", true}}, json{{"use_self_and_cross", true}},
+            json{{"norm_inputs", true}}, json{{"explicitly_add_residual", false}},
+            json{{"use_projection", true}, {"use_self_and_cross", true}, {"norm_inputs", true},
+                 {"explicitly_add_residual", false}, {"add_residualblock_output", true}, {"activation", "gelu"}}})
+        f.variants.push_back({with(v, option), {2, 3, 8, 12}, 6});
+      f.variants.push_back({f.variants.back().fields, {2, 3, 8, 8}, 6, false});  // all of them, square
+      // The refining convolutions after the zero-initialised final_proj make the output non-zero.
+      f.variants.push_back({with(v, {{"add_residualblock_output", true}}), {2, 3, 8, 12}, 6, false});
+      f.variants[f.variants.size() - 3].zero_output_at_init = false;  // the combination has it too
+      add_family<nn::UViTOptions, nn::UViT>(
+          *r, "uvit", "U-ViT: time, label and text as tokens beside the patches, pre-norm blocks with long skips",
+          std::move(f));
+    }
+    {
+      // Every scan order with the 2D fusion at two resolutions; S5, fusion and text reached by gradients.
+      const json hy = with(dit, {{"ssm_state_dim", 4}, {"num_layers", 4}});
+      Family f{denoiser, {hy, {2, 1, 8, 8}}};
+      for (const char* order : {"raster", "hilbert", "zigzag"})
+        f.variants.push_back({with(with(hy, rgb), {{"scan_order", order}, {"use_2d_fusion", true}}), {2, 3, 12, 12}});
+      f.variants.push_back({with(with(hy, rgb_to_2), {{"scan_order", "zigzag"}, {"use_2d_fusion", true}}),
+                            {2, 3, 8, 12}});
+      f.variants.push_back({with(with(hy, text6), {{"scan_order", "zigzag"}, {"use_2d_fusion", true},
+                                                   {"qk_norm", true}, {"block_pattern", {"attn", "ssm", "ssm", "ssm"}}}),
+                            {2, 1, 8, 8},
+                            6});
+      add_family<nn::HybridDiTOptions, nn::HybridDiT>(
+          *r, "hybrid_dit", "HybridSSMAttentionDiT: SimpleDiT whose blocks mix by attention or a bidirectional S5 scan",
+          std::move(f));
+    }
     {
       // Imported: built from diffusers' config.json, loading diffusers' names as they are.
       Family f{denoiser,
@@ -118,6 +240,13 @@ Registry<BackboneImpl>& registry() {
                 /*zero_output_at_init=*/false},
                [](const json& c) { return nn::unet_2d_condition_fields_from_diffusers(c); }};
       f.reference_key_map = [](const json&, const io::WeightSource&) { return io::KeyMap(); };
+      f.reference_classes = {"UNet2DConditionModel"};
+      DenoiserInputs in;
+      in.context_mask = "encoder_attention_mask";
+      in.pooled = "text_embeds";
+      in.labels = "class_labels";
+      in.extra = {"time_ids"};
+      f.reference_methods = {denoiser_forward(in)};
       add_family<nn::UNet2DConditionOptions, nn::UNet2DCondition>(
           *r, "unet_2d_condition",
           "diffusers' UNet2DConditionModel (SD 1.x/2.x/SDXL): denoise latents on text, pooled/size and optional "
@@ -165,6 +294,7 @@ void add_token_family(Registry<Base>& r, const std::string& name, const std::str
     m->set_config({{"architecture", name}, {"fields", to_json(o)}});
     return m;
   });
+  family.build = [&r, name](const json& fields) { return r.build(name, fields); };
   add_family_info(name, std::move(family));
 }
 
@@ -220,6 +350,8 @@ Registry<AutoencoderImpl>& autoencoders() {
     kl.reference_key_map = [](const json& fields, const io::WeightSource& source) {
       return nn::autoencoder_kl_key_map(from_json<nn::AutoencoderKLOptions>(fields), source);
     };
+    kl.reference_classes = {"AutoencoderKL"};
+    kl.reference_methods = autoencoder_kl_methods();
     add_token_family<AutoencoderImpl, nn::AutoencoderKLOptions, nn::AutoencoderKL>(
         *r, "autoencoder_kl",
         "diffusers' AutoencoderKL (the SD / SDXL / SD3 / Flux VAE): encode to a diagonal Gaussian, decode, tiled decode",
@@ -236,17 +368,78 @@ std::shared_ptr<TokenPredictorImpl> build_token_predictor(const json& record) {
   return build_record(token_predictors(), record);
 }
 
-const Family& family(const std::string& name) {
-  // Every registry records its families when it is first built.
+namespace {
+
+// Every registry records its families when it is first built.
+void fill_registries() {
   registry();
   language_models();
   token_encoders();
   token_predictors();
   autoencoders();
   text_encoders::registry();
+}
+
+}  // namespace
+
+const Family& family(const std::string& name) {
+  fill_registries();
   const Family* f = find_family_info(name);
   DEW_CHECK(f, "model \"", name, "\": not a registered family");
   return *f;
+}
+
+std::vector<std::string> family_names() {
+  fill_registries();
+  return recorded_family_names();
+}
+
+std::shared_ptr<torch::nn::Module> build_module(const std::string& name, const json& fields) {
+  const Family& f = family(name);
+  DEW_CHECK(f.build, "model \"", name, "\": the family records no builder");
+  DEW_CHECK(fields.is_null() || fields.is_object(), "model \"", name, "\": fields must be an object, got ",
+            fields.dump());
+  return f.build(fields.is_null() ? json::object() : fields);
+}
+
+ReferenceMethod denoiser_forward(const DenoiserInputs& in) {
+  ReferenceMethod m;
+  m.name = "forward";
+  m.required = {in.x, in.time};
+  if (!in.context.empty()) (in.context_required ? m.required : m.optional).push_back(in.context);
+  for (const std::string* o : {&in.context_mask, &in.pooled, &in.labels})
+    if (!o->empty()) m.optional.push_back(*o);
+  for (const auto& e : in.extra) m.optional.push_back(e);
+  m.outputs = {in.output};
+  m.run = [in](torch::nn::Module& module, const std::map<std::string, at::Tensor>& inputs, const std::string& where) {
+    auto* model = dynamic_cast<BackboneImpl*>(&module);
+    DEW_CHECK(model, where, ": the model is not a denoiser");
+    auto get = [&](const std::string& name) {
+      const auto it = name.empty() ? inputs.end() : inputs.find(name);
+      return it == inputs.end() ? at::Tensor() : it->second;
+    };
+    auto floating = [&](const std::string& name) {
+      const at::Tensor t = get(name);
+      DEW_CHECK(!t.defined() || at::isFloatingType(t.scalar_type()), where, ": input \"", name,
+                "\" must be floating point");
+      return t;
+    };
+    const at::Tensor x = floating(in.x);
+    DEW_CHECK(x.dim() >= 1, where, ": ", in.x, " must be [B, C, H, W], got ", x.sizes());
+    at::Tensor t = get(in.time);
+    DEW_CHECK(t.dim() == 0 || (t.dim() == 1 && (t.size(0) == x.size(0) || t.size(0) == 1)), where, ": ", in.time,
+              " must be a scalar or [", x.size(0), "], got ", t.sizes());
+    t = t.to(x.scalar_type()).reshape({-1}).expand({x.size(0)}).contiguous();  // a scalar for every row
+    Conditioning cond;
+    cond.context = floating(in.context);
+    if (get(in.context_mask).defined()) cond.context_mask = get(in.context_mask).to(at::kBool);
+    cond.pooled = floating(in.pooled);
+    if (get(in.labels).defined()) cond.labels = get(in.labels).to(at::kLong);
+    for (const auto& e : in.extra)
+      if (get(e).defined()) cond.extra[e] = floating(e);
+    return std::map<std::string, at::Tensor>{{in.output, model->forward(x, t, cond)}};
+  };
+  return m;
 }
 
 json fields_from_reference_config(const std::string& name, const json& config) {

@@ -55,6 +55,27 @@ namespace models {
 
 /// The family registered as `name` in any of the model registries (dew::Error when there is none).
 const Family& family(const std::string& name);
+/// Every registered family of every role, sorted.
+std::vector<std::string> family_names();
+/// Builds family `name` (any role) from its fields.
+std::shared_ptr<torch::nn::Module> build_module(const std::string& name, const json& fields);
+
+/// How a denoiser's reference forward names what dew's forward(x, time, Conditioning) reads; "" where the
+/// reference has no such input. Floating inputs arrive in the model's dtype; the timestep may be a scalar
+/// or one per row, of any numeric type (diffusers broadcasts a scalar over the batch).
+struct DenoiserInputs {
+  std::string x = "sample";
+  std::string time = "timestep";
+  std::string context = "encoder_hidden_states";
+  bool context_required = true;
+  std::string context_mask;          // read as bool
+  std::string pooled;                // Conditioning::pooled
+  std::string labels;                // Conditioning::labels, read as int64
+  std::vector<std::string> extra;    // Conditioning::extra, under the same names (SDXL's time_ids)
+  std::string output = "sample";
+};
+/// The reference method "forward" of a denoiser family with these input names.
+ReferenceMethod denoiser_forward(const DenoiserInputs& inputs);
 /// An imported family's fields from its reference config.json: keys starting with "_" (diffusers' and
 /// transformers' bookkeeping) are dropped, then the family translates; a family that imports nothing, or
 /// an unsupported setting, is a dew::Error naming it.

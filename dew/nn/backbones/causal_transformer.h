@@ -1,4 +1,4 @@
-// CausalTransformer (SPEC section 9, `causal_transformer`): a decoder-only language model with the
+// CausalTransformer (docs/lm.md): a decoder-only language model with the
 // Hugging Face decoder layout (Llama / Qwen3 / Gemma3 family features).
 //
 //   auto lm = dew::nn::CausalTransformer(dew::nn::CausalTransformerOptions().vocab_size(256)

@@ -1,4 +1,4 @@
-// HierarchicalMMDiT (SPEC section 5, `hierarchical_mmdit`): MM-DiT stages in a U shape over a patch pyramid.
+// HierarchicalMMDiT (docs/backbones/hierarchical_mmdit.md): MM-DiT stages in a U shape over a patch pyramid.
 //
 //   auto model = dew::nn::HierarchicalMMDiT(dew::nn::HierarchicalMMDiTOptions().base_patch_size(2)
 //                    .emb_features({64, 128}).num_layers({2, 4}).num_heads({4, 8}).context_features(768));

@@ -1,4 +1,4 @@
-// HybridSSMAttentionDiT (SPEC section 5, `hybrid_dit`): SimpleDiT whose blocks mix tokens either by
+// HybridSSMAttentionDiT (docs/backbones/hybrid_dit.md): SimpleDiT whose blocks mix tokens either by
 // attention or by a bidirectional S5 state-space scan along the scan order.
 //
 //   dew::nn::HybridDiTOptions o;

@@ -1,4 +1,4 @@
-// JEPA models (SPEC section 11): the I-JEPA image encoder, the V-JEPA video encoder and the predictor, with
+// JEPA models (docs/jepa.md): the I-JEPA image encoder, the V-JEPA video encoder and the predictor, with
 // the parameter names of facebookresearch/ijepa and facebookresearch/jepa (their checkpoints' "encoder",
 // "target_encoder" and "predictor" state dicts load with no renaming).
 //

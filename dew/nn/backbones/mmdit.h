@@ -1,4 +1,4 @@
-// SimpleMMDiT (SPEC section 5, `simple_mmdit`): an SD3-style dual-stream diffusion transformer, and its
+// SimpleMMDiT (docs/backbones/simple_mmdit.md): an SD3-style dual-stream diffusion transformer, and its
 // joint block, which `hierarchical_mmdit` reuses.
 //
 //   auto model = dew::nn::SimpleMMDiT(dew::nn::SimpleMMDiTOptions().patch_size(2).emb_features(256)

@@ -1,4 +1,4 @@
-// SimpleDiT (SPEC section 5, `simple_dit`): a DiT with adaLN-Zero blocks over image patches.
+// SimpleDiT (docs/backbones.md): a DiT with adaLN-Zero blocks over image patches.
 //
 //   auto model = dew::nn::SimpleDiT(dew::nn::SimpleDiTOptions().patch_size(2).emb_features(384)
 //                                       .num_layers(6).num_heads(6).num_classes(10));

@@ -1,4 +1,4 @@
-// SimpleUDiT (SPEC section 5, `simple_udit`): SimpleDiT with U-Net long skips between its blocks.
+// SimpleUDiT (docs/backbones/simple_udit.md): SimpleDiT with U-Net long skips between its blocks.
 //
 //   auto model = dew::nn::SimpleUDiT(dew::nn::SimpleDiTOptions().patch_size(2).emb_features(384)
 //                                        .num_layers(6).num_heads(6));

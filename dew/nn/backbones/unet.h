@@ -1,4 +1,4 @@
-// Unet (SPEC section 5, `unet`): a convolutional U-Net with time injection and attention stages.
+// Unet (docs/backbones.md): a convolutional U-Net with time injection and attention stages.
 //
 //   auto model = dew::nn::Unet(dew::nn::UnetOptions().feature_depths({32, 64}).attention_configs({{}, 4}));
 //   at::Tensor F = model->forward(x, t, {});   // x: [B, 3, H, W], H and W multiples of 2^(levels - 1)

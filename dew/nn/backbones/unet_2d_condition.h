@@ -1,4 +1,4 @@
-// UNet2DCondition (SPEC section 5, `unet_2d_condition`): diffusers' UNet2DConditionModel, the denoiser of
+// UNet2DCondition (docs/stable_diffusion.md): diffusers' UNet2DConditionModel, the denoiser of
 // Stable Diffusion 1.x / 2.x / SDXL, with its module tree and parameter names, so their checkpoints load
 // without renaming; also built from a diffusers config.json (models::fields_from_reference_config).
 //

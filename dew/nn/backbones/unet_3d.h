@@ -1,4 +1,4 @@
-// UNet3D (SPEC section 5, `unet_3d`): the Unet body applied to every frame of a video, plus a
+// UNet3D (docs/backbones/unet_3d.md): the Unet body applied to every frame of a video, plus a
 // zero-initialised TemporalBlock at every level, so a 2D Unet checkpoint inflates directly.
 //
 //   dew::nn::UNet3DOptions o;

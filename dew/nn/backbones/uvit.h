@@ -1,4 +1,4 @@
-// UViT (SPEC section 5, `uvit`): a U-shaped ViT with the time, the label and the text as tokens beside the
+// UViT (docs/backbones/uvit.md): a U-shaped ViT with the time, the label and the text as tokens beside the
 // patches, and long skips from the first half of the blocks into the second (FlaxDiff's UViT).
 //
 //   auto model = dew::nn::UViT(dew::nn::UViTOptions().patch_size(2).emb_features(256).num_layers(6)

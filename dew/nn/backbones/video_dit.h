@@ -1,4 +1,4 @@
-// VideoDiT (SPEC section 5, `video_dit`): a DiT over the patches of every frame of a video with
+// VideoDiT (docs/backbones/video_dit.md): a DiT over the patches of every frame of a video with
 // factorised attention: per layer, spatial attention within each frame, then temporal attention across
 // the frames at each patch position, then the MLP, each an adaLN-Zero residual branch.
 //

@@ -1,4 +1,4 @@
-// The Objective interface (SPEC section 6): what a training run optimises. The trainer owns the
+// The Objective interface (docs/training.md): what a training run optimises. The trainer owns the
 // optimizer, EMA, checkpoints and logging; the objective owns its modules, the loss and validation.
 #pragma once
 #include <torch/nn/module.h>

@@ -1,0 +1,43 @@
+// The layout of a run directory, named in one place. Every reader and writer of a run — the trainer
+// (metrics, checkpoints), the objectives (previews), runs/ (run.json) and the CLI's reports — asks a RunDir
+// for its paths instead of spelling them:
+//
+//   RUN/run.json                      the record: kind, recipe, model, format (runs::read_record)
+//   RUN/metrics.jsonl                 one JSON object per logged step
+//   RUN/checkpoints/step_N/           model, ema, optimizer (+ objective) .safetensors and state.json
+//   RUN/samples/step_N.EXT            previews the objectives write during training (png, txt)
+//
+//   dew::training::RunDir run("runs/fashion");
+//   std::ifstream in(run.record());   // "runs/fashion/run.json"
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace dew::training {
+
+class RunDir {
+ public:
+  explicit RunDir(std::string path) : path_(std::move(path)) {}
+  /// The run directory as given.
+  const std::string& path() const { return path_; }
+  /// RUN/run.json.
+  std::string record() const;
+  /// RUN/metrics.jsonl.
+  std::string metrics() const;
+  /// RUN/checkpoints.
+  std::string checkpoints() const;
+  /// RUN/checkpoints/step_N.
+  std::string checkpoint(int64_t step) const;
+  /// RUN/samples.
+  std::string samples() const;
+  /// RUN/samples/step_N.EXT (`ext` with its dot: ".png").
+  std::string sample(int64_t step, const std::string& ext) const;
+  /// Whether `path` holds a run record (RUN/run.json is a file).
+  static bool holds_run(const std::string& path);
+
+ private:
+  std::string path_;
+};
+
+}  // namespace dew::training
