@@ -1,8 +1,8 @@
-// Options <-> JSON by reflection. An options struct lists its fields once, in a `visit` method:
+// Options <-> JSON by reflection. An options struct lists and documents its fields once, in a `visit` method:
 //
 //   struct CosineOptions {
-//     int64_t timesteps = 1000;   // T, e.g. 1000
-//     double beta_end = 0.999;    // clip of beta_i
+//     int64_t timesteps = 1000;
+//     double beta_end = 0.999;
 //     template <class V> void visit(V& v) {
 //       v("timesteps", timesteps, "number of discrete steps T");
 //       v("beta_end", beta_end, "upper clip of each beta_i");
@@ -11,7 +11,27 @@
 //
 // and gets to_json, from_json (rejecting unknown fields and wrong types with the valid ones named)
 // and a field listing with defaults, for `dew list` and `--help`.
+//
+// A struct of chaining setters (the nn options) declares each field once, as a row of an X-macro list:
+// F(type, name, default, doc), or C(name, default, (accepted strings), doc) for a string field that takes
+// one of a list. DEW_OPTIONS expands the list into TORCH_ARG members (`o.patch_size()`, `o.patch_size(2)`
+// returning the struct, member patch_size_) and into `visit`, in the order of the rows:
+//
+//   struct PatchOptions {
+//   #define DEW_PATCH_FIELDS(F, C)    <- each line of the list but the last ends in a backslash
+//     F(int64_t, patch_size, 16, "patch side in pixels")
+//     F(std::vector<int64_t>, depths, (std::vector<int64_t>{2, 2}), "blocks per level")
+//     C(scan_order, "raster", ({"raster", "hilbert"}), "token order of the patch grid")
+//     DEW_OPTIONS(DEW_PATCH_FIELDS)
+//   #undef DEW_PATCH_FIELDS
+//   };
+//
+// A default holding a comma goes in parentheses, as the accepted strings always do. A visit that does more
+// (a base struct's fields first, a second group of fields) is written with the two halves of DEW_OPTIONS:
+// DEW_OPTION_MEMBERS(LIST) declares the members, DEW_VISIT_FIELDS(LIST) visits them with the visitor `v`.
 #pragma once
+#include <torch/arg.h>
+
 #include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -226,3 +246,23 @@ std::vector<FieldInfo> fields_of() {
 std::string format_fields(const std::vector<FieldInfo>& fields, const std::string& indent = "  ");
 
 }  // namespace dew
+
+// The rows of a field list as members and as visits (see the top of this file).
+#define DEW_OPTION_MEMBER_(T, name, init, doc) TORCH_ARG(T, name) = init;
+#define DEW_CHOICE_MEMBER_(name, init, choices, doc) TORCH_ARG(std::string, name) = init;
+#define DEW_VISIT_OPTION_(T, name, init, doc) v(#name, name##_, doc);
+#define DEW_VISIT_CHOICE_(name, init, choices, doc) v.choice(#name, name##_, std::vector<std::string> choices, doc);
+
+/// The members of a field list (access is private after it).
+#define DEW_OPTION_MEMBERS(FIELDS) FIELDS(DEW_OPTION_MEMBER_, DEW_CHOICE_MEMBER_)
+/// Statements visiting a field list's members with the visitor `v`, in the order of the rows.
+#define DEW_VISIT_FIELDS(FIELDS) FIELDS(DEW_VISIT_OPTION_, DEW_VISIT_CHOICE_)
+/// The members of a field list and `visit` over them.
+#define DEW_OPTIONS(FIELDS)  \
+  DEW_OPTION_MEMBERS(FIELDS) \
+                             \
+ public:                     \
+  template <class V>         \
+  void visit(V& v) {         \
+    DEW_VISIT_FIELDS(FIELDS) \
+  }

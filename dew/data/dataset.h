@@ -99,15 +99,15 @@ TensorDataset load_image_folder(const std::string& dir, int64_t size, int64_t ch
 
 /// Options of the synthetic Gaussian-blob images.
 struct GaussianBlobsOptions {
-  int64_t count = 256;   // number of images, e.g. 256
-  int64_t size = 16;     // image side, e.g. 16
-  int64_t channels = 1;  // 1 or 3 (the same blob in every channel)
-  int64_t classes = 4;   // blob centres on a circle, one per class
-  int64_t seed = 0;      // the set is a pure function of its options
+  int64_t count = 256;
+  int64_t size = 16;
+  int64_t channels = 1;
+  int64_t classes = 4;
+  int64_t seed = 0;
   template <class V> void visit(V& v) {
     v("count", count, "number of images");
     v("size", size, "image side in pixels (>= 4)");
-    v("channels", channels, "1 or 3");
+    v("channels", channels, "1 or 3 (the same blob in every channel)");
     v("classes", classes, "number of classes; class k's blob sits at angle 2 pi k / classes");
     v("seed", seed, "seed of the draws (the set is a pure function of its options)");
   }
@@ -120,21 +120,21 @@ TensorDataset gaussian_blobs(const GaussianBlobsOptions& o = {});
 
 /// Options of Moving Fashion-MNIST: synthetic videos of Fashion-MNIST items drifting and bouncing.
 struct MovingFashionMnistOptions {
-  int64_t count = 10000;               // number of videos
-  int64_t frames = 8;                  // T
-  int64_t size = 32;                   // frame side in pixels (item_size .. 64)
-  int64_t item_size = 28;              // items are resized (area) from 28 x 28 to this side
-  int64_t items = 1;                   // items per video; the label is the first item's class
-  double min_speed = 1.0;              // pixels per frame
+  int64_t count = 10000;
+  int64_t frames = 8;
+  int64_t size = 32;
+  int64_t item_size = 28;
+  int64_t items = 1;
+  double min_speed = 1.0;
   double max_speed = 3.0;
-  std::string split = "train";         // which Fashion-MNIST images the items come from
+  std::string split = "train";
   std::string dir = kFashionMnistDir;
-  int64_t seed = 0;                    // the set is a pure function of its options
+  int64_t seed = 0;
   template <class V> void visit(V& v) {
     v("count", count, "number of videos");
     v("frames", frames, "frames per video (T)");
     v("size", size, "frame side in pixels, item_size..64");
-    v("item_size", item_size, "side the 28x28 items are resized to (<= size)");
+    v("item_size", item_size, "side the 28x28 items are resized to, by area (<= size)");
     v("items", items, "items per video (the label is the first item's class)");
     v("min_speed", min_speed, "smallest speed, pixels per frame");
     v("max_speed", max_speed, "largest speed, pixels per frame");
@@ -158,7 +158,7 @@ TensorDataset moving_fashion_mnist(const MovingFashionMnistOptions& o, const Ten
 struct FashionMnistOptions {
   std::string split = "train";
   std::string dir = kFashionMnistDir;
-  int64_t pad = 0;  // zero pixels added on every side, e.g. 2 for 32 x 32 images
+  int64_t pad = 0;
   template <class V> void visit(V& v) {
     v.choice("split", split, {"train", "test"}, "train (60000 items) or test (10000)");
     v("dir", dir, "folder holding the {train,t10k}-*-ubyte.gz files");
@@ -171,11 +171,11 @@ struct FashionMnistOptions {
 TensorDataset pad_images(TensorDataset ds, int64_t pad, const std::string& field = "image");
 
 struct ImageFolderOptions {
-  std::string dir;       // required, e.g. "data/flowers"
-  int64_t size = 64;     // output side
-  int64_t channels = 3;  // 1 or 3
+  std::string dir;
+  int64_t size = 64;
+  int64_t channels = 3;
   template <class V> void visit(V& v) {
-    v("dir", dir, "root folder; one sub-folder per class (required)");
+    v("dir", dir, "root folder, e.g. data/flowers; one sub-folder per class (required)");
     v("size", size, "images are centre-cropped and resized to size x size");
     v("channels", channels, "1 (grey) or 3 (RGB)");
   }
@@ -189,17 +189,17 @@ Registry<TensorDataset>& datasets();
 
 /// Options of a DataLoader.
 struct LoaderOptions {
-  int64_t batch_size = 32;            // items per batch, e.g. 128
-  bool shuffle = true;                // a new permutation per epoch from (seed, epoch, "data/shuffle")
-  bool drop_last = false;             // drop each epoch's final partial batch
-  int64_t num_workers = 2;            // background threads; 0 builds batches in next()
-  int64_t prefetch = 4;               // batches prepared ahead (queued or being built)
-  int64_t seed = 0;                   // the run seed
-  bool hflip = false;                 // flip `image_field` horizontally with probability 0.5
-  int64_t crop_padding = 0;           // random crop: zero-pad by this many pixels, crop back to H x W
-  std::pair<double, double> crop_scale{1.0, 1.0};       // random resized crop: area fraction; [1, 1] is off
-  std::pair<double, double> crop_ratio{0.75, 4.0 / 3};  // random resized crop: aspect (width / height)
-  std::string image_field = "image";  // the field augmentations apply to ([N, ..., H, W])
+  int64_t batch_size = 32;
+  bool shuffle = true;
+  bool drop_last = false;
+  int64_t num_workers = 2;
+  int64_t prefetch = 4;
+  int64_t seed = 0;
+  bool hflip = false;
+  int64_t crop_padding = 0;
+  std::pair<double, double> crop_scale{1.0, 1.0};
+  std::pair<double, double> crop_ratio{0.75, 4.0 / 3};
+  std::string image_field = "image";
   template <class V> void visit(V& v) {
     v("batch_size", batch_size, "items per batch");
     v("shuffle", shuffle, "draw a new item order each epoch");
@@ -208,10 +208,10 @@ struct LoaderOptions {
     v("prefetch", prefetch, "batches prepared ahead of the consumer");
     v("seed", seed, "seed of shuffling and augmentation");
     v("hflip", hflip, "random horizontal flip, p = 0.5");
-    v("crop_padding", crop_padding, "random crop after zero padding by this many pixels (0: off)");
+    v("crop_padding", crop_padding, "random crop back to H x W after zero padding by this many pixels (0: off)");
     v("crop_scale", crop_scale, "random resized crop (torchvision's): [min, max] area fraction ([1, 1]: off)");
     v("crop_ratio", crop_ratio, "random resized crop: [min, max] aspect ratio, width / height");
-    v("image_field", image_field, "field the augmentations apply to");
+    v("image_field", image_field, "field the augmentations apply to ([N, ..., H, W])");
   }
   bool resized_crop_on() const;  // crop_scale is not [1, 1]
   bool augments() const;         // any augmentation is on: hflip, crop_padding or the resized crop

@@ -61,8 +61,8 @@ LMDataPtr make_lm_data(json spec, json tokenizer, int64_t vocab_size, int64_t eo
 inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
 struct TokensDataOptions {
-  std::string dir;         // a `dew tokenize` output directory, e.g. "data/fortunes_tok"
-  bool check_ids = true;   // scan every id against vocab_size once when opening
+  std::string dir;
+  bool check_ids = true;
   template <class V> void visit(V& v) {
     v("dir", dir, "dew tokenize output directory (train.bin, val.bin, meta.json)");
     v("check_ids", check_ids, "scan every id against vocab_size when opening");
@@ -70,12 +70,12 @@ struct TokensDataOptions {
 };
 
 struct FortunesDataOptions {
-  std::string dir = kFortunesDir;  // folder of fortune files
-  int64_t val_every = 20;          // fortunes 0, N, 2N, ... (in file order) are the validation set
-  bool pack = true;                // join documents with EOS, batches carry segment ids and positions
+  std::string dir = kFortunesDir;
+  int64_t val_every = 20;
+  bool pack = true;
   template <class V> void visit(V& v) {
     v("dir", dir, "folder of fortune files (%-separated)");
-    v("val_every", val_every, "every val_every-th fortune (0, N, 2N, ...) is validation");
+    v("val_every", val_every, "every val_every-th fortune (0, N, 2N, ... in file order) is validation");
     v("pack", pack, "block-diagonal attention per fortune (segment ids and positions)");
   }
 };

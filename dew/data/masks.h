@@ -35,12 +35,12 @@ struct Masks {
 /// I-JEPA's MaskCollator (src/masks/multiblock.py): per batch one target block size and one context block
 /// size; per item M target blocks and a context block with the targets removed.
 struct MultiBlockOptions {
-  int64_t targets = 4;                                   // M target blocks per item
-  std::pair<double, double> target_scale{0.15, 0.2};     // block area / grid area
-  std::pair<double, double> target_aspect{0.75, 1.5};    // block height / width
-  std::pair<double, double> context_scale{0.85, 1.0};    // the context block (aspect 1)
-  int64_t min_keep = 4;                                  // a block keeps more than this many tokens
-  bool allow_overlap = false;                            // keep target tokens in the context
+  int64_t targets = 4;
+  std::pair<double, double> target_scale{0.15, 0.2};
+  std::pair<double, double> target_aspect{0.75, 1.5};
+  std::pair<double, double> context_scale{0.85, 1.0};
+  int64_t min_keep = 4;
+  bool allow_overlap = false;
   template <class V> void visit(V& v) {
     v("targets", targets, "target blocks per item");
     v("target_scale", target_scale, "[min, max] area of a target block as a fraction of the grid");
@@ -54,10 +54,10 @@ struct MultiBlockOptions {
 /// V-JEPA's multi-block 3D masks (src/masks/multiblock3d.py): one target = the union of `blocks` tubes of
 /// one size per batch (spanning temporal_scale of the frames); the context is every other token.
 struct TubeOptions {
-  int64_t blocks = 8;                                  // tubes whose union is the target
-  std::pair<double, double> spatial_scale{0.15, 0.15}; // tube cross-section / frame area
-  std::pair<double, double> temporal_scale{1.0, 1.0};  // tube length / clip length
-  std::pair<double, double> aspect{0.75, 1.5};         // tube height / width
+  int64_t blocks = 8;
+  std::pair<double, double> spatial_scale{0.15, 0.15};
+  std::pair<double, double> temporal_scale{1.0, 1.0};
+  std::pair<double, double> aspect{0.75, 1.5};
   template <class V> void visit(V& v) {
     v("blocks", blocks, "tubes per target (their union)");
     v("spatial_scale", spatial_scale, "[min, max] tube cross-section as a fraction of a frame");

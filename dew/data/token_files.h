@@ -24,21 +24,22 @@ namespace dew::data {
 
 /// The contents of meta.json.
 struct TokenMeta {
-  json tokenizer = nullptr;     // the tokenizer spec, e.g. {"name": "byte"} (whatever rebuilds it)
-  int64_t vocab_size = 0;       // ids are in [0, vocab_size)
-  std::string dtype;            // uint8 | uint16 | uint32 (derived from vocab_size by the writer)
-  int64_t train_tokens = 0;     // ids in train.bin
-  int64_t val_tokens = 0;       // ids in val.bin
-  int64_t eos_id = -1;          // end-of-document id (-1 = none)
-  bool packed = false;          // documents were joined with eos_id (`--pack`): batches carry segments
+  json tokenizer = nullptr;
+  int64_t vocab_size = 0;
+  std::string dtype;
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  int64_t eos_id = -1;
+  bool packed = false;
   template <class V> void visit(V& v) {
-    v("tokenizer", tokenizer, "tokenizer spec that rebuilds the tokenizer");
+    v("tokenizer", tokenizer, "tokenizer spec that rebuilds the tokenizer, e.g. {\"name\": \"byte\"}");
     v("vocab_size", vocab_size, "ids are in [0, vocab_size)");
-    v.choice("dtype", dtype, {"uint8", "uint16", "uint32"}, "element type of the .bin files");
+    v.choice("dtype", dtype, {"uint8", "uint16", "uint32"},
+             "element type of the .bin files (the writer derives it from vocab_size)");
     v("train_tokens", train_tokens, "ids in train.bin");
     v("val_tokens", val_tokens, "ids in val.bin");
     v("eos_id", eos_id, "end-of-document id (-1 = none)");
-    v("packed", packed, "documents joined with eos_id; batches carry segment ids and positions");
+    v("packed", packed, "documents joined with eos_id (--pack); batches carry segment ids and positions");
   }
 };
 

@@ -76,17 +76,17 @@ using TokenizerPtr = std::shared_ptr<const Tokenizer>;
 // ---- options of the registered tokenizers ----
 
 struct ByteTokenizerOptions {
-  bool eos = true;  // reserve id 256 as EOS (vocab 257); false: vocab 256, no EOS
+  bool eos = true;
   template <class V> void visit(V& v) { v("eos", eos, "reserve id 256 as <eos> (vocab 257); false: vocab 256, no EOS"); }
 };
 
 struct SentencePieceOptions {
-  std::string path;  // a tokenizer.model file (SentencePiece ModelProto), e.g. "models/sp/tokenizer.model"
+  std::string path;
   template <class V> void visit(V& v) { v("path", path, "tokenizer.model file (SentencePiece ModelProto)"); }
 };
 
 struct HfBpeOptions {
-  std::string path;  // a Hugging Face tokenizer.json with a byte-level BPE model
+  std::string path;
   template <class V> void visit(V& v) { v("path", path, "Hugging Face tokenizer.json (byte-level BPE)"); }
 };
 

@@ -14,16 +14,16 @@
 namespace dew::diffusion {
 
 struct PresetOptions {
-  std::optional<double> min_snr_gamma;       // e.g. 5.0
-  std::string regime;                        // edm: "pixel" | "latent" (required)
-  std::optional<double> p_mean, p_std;       // edm: explicit training density
-  double sigma_data = 0.5;                   // edm, karras
-  double shift = 1.0;                        // flow: time shift
-  bool resolution_shift = false;             // flow: shift from the image size (flow_resolution_shift)
-  std::string density = "logit_normal";      // flow: training density
-  int64_t timesteps = 1000;                  // cosine
+  std::optional<double> min_snr_gamma;
+  std::string regime;
+  std::optional<double> p_mean, p_std;
+  double sigma_data = 0.5;
+  double shift = 1.0;
+  bool resolution_shift = false;
+  std::string density = "logit_normal";
+  int64_t timesteps = 1000;
   template <class V> void visit(V& v) {
-    v("min_snr_gamma", min_snr_gamma, "replace the weighting by MinSNR(gamma)");
+    v("min_snr_gamma", min_snr_gamma, "replace the weighting by MinSNR(gamma), e.g. 5.0");
     v("regime", regime, "edm: pixel | latent (required for edm)");
     v("p_mean", p_mean, "edm: explicit P_mean");
     v("p_std", p_std, "edm: explicit P_std");

@@ -67,14 +67,12 @@ using SchedulePtr = std::shared_ptr<Schedule>;
 // ---- options of the registered schedules ----
 
 struct DiscreteOptions {
-  int64_t timesteps = 1000;  // T
-  double beta_end = 0.999;   // cosine only: upper clip of beta_i (1.0 = zero terminal SNR)
-  double p2_k = 1.0;         // P2 weight (k + SNR)^-gamma
+  int64_t timesteps = 1000;
+  double beta_end = 0.999;
+  double p2_k = 1.0;
   double p2_gamma = 1.0;
-  /// linear / scaled_linear: (beta_start, beta_end) of diffusers' beta schedules, e.g. (0.00085, 0.012);
-  /// null: linear (1e-4 s, 0.02 s) with s = 1000/T, scaled_linear (0.00085, 0.012).
   std::optional<std::pair<double, double>> beta_range;
-  bool rescale_zero_snr = false;  // zero terminal SNR rescale of the betas (diffusers rescale_betas_zero_snr)
+  bool rescale_zero_snr = false;
   template <class V> void visit(V& v) {
     v("timesteps", timesteps, "number of discrete steps T");
     v("beta_end", beta_end, "cosine: upper clip of each beta_i (1.0 gives zero terminal SNR)");
@@ -84,7 +82,8 @@ struct DiscreteOptions {
       "linear, scaled_linear: [beta_start, beta_end] (null: linear [1e-4, 0.02] * 1000/T, scaled_linear "
       "[0.00085, 0.012])");
     v("rescale_zero_snr", rescale_zero_snr,
-      "rescale the betas to zero terminal SNR keeping alphabar_0 (Lin et al. 2024, algorithm 1)");
+      "rescale the betas to zero terminal SNR keeping alphabar_0 (Lin et al. 2024, algorithm 1; diffusers' "
+      "rescale_betas_zero_snr)");
   }
 };
 
@@ -102,8 +101,8 @@ struct KarrasOptions {
 };
 
 struct EDMOptions {
-  std::string regime = "pixel";         // pixel: P_mean -1.2, P_std 1.2; latent: -0.4, 1.0
-  std::optional<double> p_mean;         // overrides the regime's
+  std::string regime = "pixel";
+  std::optional<double> p_mean;
   std::optional<double> p_std;
   double sigma_min = 0.002;
   double sigma_max = 80.0;
@@ -120,10 +119,10 @@ struct EDMOptions {
 
 struct FlowOptions {
   std::string density = "logit_normal";
-  double m = 0.0;          // logit_normal location
-  double s = 1.0;          // logit_normal scale
+  double m = 0.0;
+  double s = 1.0;
   double mode_scale = 1.29;
-  double shift = 1.0;      // t' = shift t / (1 + (shift - 1) t)
+  double shift = 1.0;
   template <class V> void visit(V& v) {
     v.choice("density", density, {"logit_normal", "mode", "cosmap", "uniform"}, "training density of t");
     v("m", m, "logit_normal: location");

@@ -10,7 +10,6 @@
 // padding mask; final_layer_norm. pooled = the final state at the first eos_token_id, or, when
 // eos_token_id == 2 (the value in OpenAI's original configs), at argmax(ids), as transformers does.
 #pragma once
-#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
@@ -24,65 +23,35 @@
 
 #include "dew/data/clip_tokenizer.h"
 #include "dew/io/weights.h"
+#include "dew/nn/option_fields.h"
 #include "dew/nn/text_encoder.h"
 
 namespace dew::nn {
 
 /// Fields of `clip_text` (names and defaults of transformers' CLIPTextConfig, openai/clip-vit-base-patch32).
 struct ClipTextOptions {
-  /// token ids are in [0, vocab_size)
-  TORCH_ARG(int64_t, vocab_size) = 49408;
-  /// width D of the states, context and pooled vector
-  TORCH_ARG(int64_t, hidden_size) = 512;
-  /// MLP hidden width
-  TORCH_ARG(int64_t, intermediate_size) = 2048;
-  TORCH_ARG(int64_t, num_hidden_layers) = 12;
-  /// hidden_size must be divisible by it
-  TORCH_ARG(int64_t, num_attention_heads) = 8;
-  /// the longest sequence; tokenize() pads and truncates to it
-  TORCH_ARG(int64_t, max_position_embeddings) = 77;
-  /// quick_gelu (x sigmoid(1.702 x), OpenAI CLIP) or gelu (erf; OpenCLIP / SD 2 towers)
-  TORCH_ARG(std::string, hidden_act) = "quick_gelu";
-  TORCH_ARG(double, layer_norm_eps) = 1e-5;
-  /// HF config value; tokenize() uses the tokenizer file's <|startoftext|>
-  TORCH_ARG(int64_t, bos_token_id) = 49406;
-  /// pooled = state at the first eos_token_id; 2 (OpenAI's original configs) = state at argmax(ids)
-  TORCH_ARG(int64_t, eos_token_id) = 49407;
-  /// HF config value; tokenize() pads with the tokenizer's pad token
-  TORCH_ARG(int64_t, pad_token_id) = 1;
-  /// width of CLIPTextModelWithProjection's text_projection (bias-free); 0 = a plain CLIPTextModel.
-  /// With a projection, pooled is the projected vector (text_embeds: SDXL's text_encoder_2)
-  TORCH_ARG(int64_t, projection_dim) = 0;
-  /// safetensors file loaded at build ("" = random initialisation)
-  TORCH_ARG(std::string, weights) = "";
-  /// tokenizer.json, vocab.json (merges.txt beside) or a folder of them ("" = tokenize() unavailable)
-  TORCH_ARG(std::string, tokenizer) = "";
-  /// compute dtype: float32, bfloat16 or float16 (parameters and outputs stay float32)
-  TORCH_ARG(std::string, dtype) = "float32";
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  TORCH_ARG(bool, remat) = false;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("vocab_size", vocab_size_, "token ids are in [0, vocab_size)");
-    v("hidden_size", hidden_size_, "width of the states, context and pooled vector");
-    v("intermediate_size", intermediate_size_, "MLP hidden width");
-    v("num_hidden_layers", num_hidden_layers_, "transformer layers");
-    v("num_attention_heads", num_attention_heads_, "attention heads (hidden_size divisible by it)");
-    v("max_position_embeddings", max_position_embeddings_, "longest sequence; tokenize() pads/truncates to it");
-    v.choice("hidden_act", hidden_act_, {"quick_gelu", "gelu"}, "MLP activation");
-    v("layer_norm_eps", layer_norm_eps_, "LayerNorm epsilon");
-    v("bos_token_id", bos_token_id_, "HF config value (tokenize() uses the tokenizer's <|startoftext|>)");
-    v("eos_token_id", eos_token_id_, "pooled at the first eos_token_id; 2 = at argmax(ids) (OpenAI configs)");
-    v("pad_token_id", pad_token_id_, "HF config value (tokenize() pads with the tokenizer's pad token)");
-    v("projection_dim", projection_dim_, "text_projection width (CLIPTextModelWithProjection); 0 = none");
-    v("weights", weights_, "safetensors file with CLIPTextModel names, loaded at build (\"\" = random init)");
-    v("tokenizer", tokenizer_, "CLIP tokenizer: tokenizer.json, vocab.json + merges.txt, or their folder");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute layer activations in backward (gradient checkpointing)");
-  }
+  // The outputs stay float32 whatever dtype the layers compute in.
+#define DEW_CLIP_TEXT_FIELDS(F, C)                                                                               \
+  F(int64_t, vocab_size, 49408, "token ids are in [0, vocab_size)")                                              \
+  F(int64_t, hidden_size, 512, "width D of the states, context and pooled vector")                               \
+  F(int64_t, intermediate_size, 2048, "MLP hidden width")                                                        \
+  F(int64_t, num_hidden_layers, 12, "transformer layers")                                                        \
+  F(int64_t, num_attention_heads, 8, "attention heads (hidden_size divisible by it)")                            \
+  F(int64_t, max_position_embeddings, 77, "longest sequence; tokenize() pads/truncates to it")                   \
+  C(hidden_act, "quick_gelu", ({"quick_gelu", "gelu"}),                                                          \
+    "MLP activation: quick_gelu (x sigmoid(1.702 x), OpenAI CLIP) or gelu (erf; OpenCLIP, SD 2 towers)")         \
+  F(double, layer_norm_eps, 1e-5, "LayerNorm epsilon")                                                           \
+  F(int64_t, bos_token_id, 49406, "HF config value (tokenize() uses the tokenizer's <|startoftext|>)")           \
+  F(int64_t, eos_token_id, 49407, "pooled at the first eos_token_id; 2 = at argmax(ids) (OpenAI configs)")       \
+  F(int64_t, pad_token_id, 1, "HF config value (tokenize() pads with the tokenizer's pad token)")                \
+  F(int64_t, projection_dim, 0,                                                                                  \
+    "text_projection width (CLIPTextModelWithProjection: pooled is then the projected text_embeds); 0 = none")   \
+  F(std::string, weights, "", "safetensors file with CLIPTextModel names, loaded at build (\"\" = random init)") \
+  F(std::string, tokenizer, "",                                                                                  \
+    "CLIP tokenizer: tokenizer.json, vocab.json + merges.txt, or their folder (\"\" = tokenize() unavailable)")  \
+  DEW_COMPUTE_FIELDS(F, C, "layer")
+  DEW_OPTIONS(DEW_CLIP_TEXT_FIELDS)
+#undef DEW_CLIP_TEXT_FIELDS
 };
 
 /// One CLIP encoder layer. Parameters (relative): self_attn.{q,k,v,out}_proj.{weight,bias},

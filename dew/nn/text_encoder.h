@@ -8,7 +8,6 @@
 // An encoder is a torch::nn::Module: trained with the backbone (byte_text_encoder) or loaded frozen
 // (clip_text with weights). config() is the {architecture, fields} record that rebuilds it.
 #pragma once
-#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
@@ -22,6 +21,7 @@
 #include "dew/core/registry.h"
 #include "dew/nn/attention.h"
 #include "dew/nn/blocks.h"
+#include "dew/nn/option_fields.h"
 
 namespace dew {
 
@@ -67,38 +67,17 @@ namespace nn {
 
 /// Fields of `byte_text_encoder`. Example: ByteTextEncoderOptions().features(64).num_layers(2)
 struct ByteTextEncoderOptions {
-  /// width of the token states, the context and the pooled vector, e.g. 128
-  TORCH_ARG(int64_t, features) = 128;
-  /// transformer layers
-  TORCH_ARG(int64_t, num_layers) = 2;
-  /// attention heads; features must be divisible by it
-  TORCH_ARG(int64_t, num_heads) = 4;
-  /// MLP hidden width = mlp_ratio * features
-  TORCH_ARG(double, mlp_ratio) = 4.0;
-  /// tokens per caption: longer captions are truncated, shorter ones padded (id 0)
-  TORCH_ARG(int64_t, max_length) = 64;
-  /// dropout on attention outputs and in the MLPs
-  TORCH_ARG(double, dropout) = 0.0;
-  /// compute dtype: float32, bfloat16 or float16 (parameters and outputs stay float32)
-  TORCH_ARG(std::string, dtype) = "float32";
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// recompute each layer's activations in backward
-  TORCH_ARG(bool, remat) = false;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("features", features_, "width of the token states, context and pooled vector");
-    v("num_layers", num_layers_, "transformer layers");
-    v("num_heads", num_heads_, "attention heads (features divisible by it)");
-    v("mlp_ratio", mlp_ratio_, "MLP hidden width = mlp_ratio * features");
-    v("max_length", max_length_, "tokens per caption (UTF-8 bytes; truncated / padded to this length)");
-    v("dropout", dropout_, "dropout on attention outputs and in the MLPs");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute layer activations in backward (gradient checkpointing)");
-  }
+  // The outputs stay float32 whatever dtype the layers compute in.
+#define DEW_BYTE_TEXT_ENCODER_FIELDS(F, C)                                                                       \
+  F(int64_t, features, 128, "width of the token states, context and pooled vector")                              \
+  F(int64_t, num_layers, 2, "transformer layers")                                                                \
+  F(int64_t, num_heads, 4, "attention heads (features divisible by it)")                                         \
+  F(double, mlp_ratio, 4.0, "MLP hidden width = mlp_ratio * features")                                           \
+  F(int64_t, max_length, 64, "tokens per caption (UTF-8 bytes; truncated, or padded with id 0, to this length)") \
+  F(double, dropout, 0.0, "dropout on attention outputs and in the MLPs")                                        \
+  DEW_COMPUTE_FIELDS(F, C, "layer")
+  DEW_OPTIONS(DEW_BYTE_TEXT_ENCODER_FIELDS)
+#undef DEW_BYTE_TEXT_ENCODER_FIELDS
 };
 
 /// One pre-norm bidirectional transformer layer: x + attn(norm1(x), key mask), then + mlp(norm2(x)).

@@ -22,20 +22,21 @@
 namespace dew {
 
 struct AutoencoderObjectiveOptions {
-  std::string reconstruction = "l1";  // l1 | mse, mean over elements of [-1, 1] images
-  double kl_weight = 1e-6;            // weight of the KL term (LDM's scale, see above)
-  std::string posterior = "sample";   // sample | mean: what the decoder reconstructs from while training
+  std::string reconstruction = "l1";
+  double kl_weight = 1e-6;
+  std::string posterior = "sample";
   double ema_decay = 0.999;
-  int64_t val_items = 1000;           // held-out images validation reconstructs (0 = none)
-  int64_t preview_count = 16;         // images in the reconstruction grid (rows of 8 over their reconstructions)
+  int64_t val_items = 1000;
+  int64_t preview_count = 16;
   std::string image_field = "image";
   template <class V> void visit(V& v) {
-    v.choice("reconstruction", reconstruction, {"l1", "mse"}, "reconstruction error, mean over elements");
+    v.choice("reconstruction", reconstruction, {"l1", "mse"},
+             "reconstruction error, mean over the elements of [-1, 1] images");
     v("kl_weight", kl_weight, "weight of the KL term (per-image KL sum / (C H W): LDM's kl_weight, 1e-6 there)");
     v.choice("posterior", posterior, {"sample", "mean"}, "the decoder reconstructs a posterior sample or the mean");
     v("ema_decay", ema_decay, "EMA decay of the parameters");
     v("val_items", val_items, "held-out images scored at validation (0 = none)");
-    v("preview_count", preview_count, "images in the reconstruction grid");
+    v("preview_count", preview_count, "images in the reconstruction grid (rows of 8 over their reconstructions)");
     v("image_field", image_field, "batch field holding uint8 images");
   }
 };

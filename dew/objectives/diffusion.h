@@ -15,22 +15,23 @@
 namespace dew {
 
 struct DiffusionObjectiveOptions {
-  double unconditional_prob = 0.12;  // probability of replacing the label with the null class
+  double unconditional_prob = 0.12;
   double ema_decay = 0.999;
-  std::string sampler = "ddim";      // solver of the validation preview
-  sampling::CFG guidance{3.0};       // guidance of the validation preview
-  int64_t steps = 200;               // sampling steps of the preview
-  int64_t preview_per_class = 2;     // preview grid: this many samples of each class (or 16 unconditional)
+  std::string sampler = "ddim";
+  sampling::CFG guidance{3.0};
+  int64_t steps = 200;
+  int64_t preview_per_class = 2;
   std::string image_field = "image";
   std::string label_field = "label";
-  std::string caption_template = "a photo of {}";  // text runs: caption of a class ({} = "a"/"an" + name)
+  std::string caption_template = "a photo of {}";
   template <class V> void visit(V& v) {
-    v("unconditional_prob", unconditional_prob, "probability of training a row without its label");
+    v("unconditional_prob", unconditional_prob,
+      "probability of training a row with the null class instead of its label");
     v("ema_decay", ema_decay, "EMA decay of the parameters");
     v("sampler", sampler, "solver of the validation preview");
     v("guidance", guidance, "classifier-free guidance of the preview");
     v("steps", steps, "sampling steps of the preview");
-    v("preview_per_class", preview_per_class, "preview samples per class");
+    v("preview_per_class", preview_per_class, "preview samples per class (16 in all for an unconditional model)");
     v("image_field", image_field, "batch field holding uint8 images");
     v("label_field", label_field, "batch field holding int64 labels (if the model is class-conditional)");
     v("caption_template", caption_template,

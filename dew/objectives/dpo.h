@@ -15,13 +15,14 @@
 namespace dew {
 
 struct DPOObjectiveOptions {
-  double beta = 0.1;                       // strength of the KL constraint to the reference
-  double label_smoothing = 0.0;            // cDPO: the assumed probability that a pair's label is flipped
-  std::string reference_logps = "batch";   // batch: reference forward per batch; precompute: once, at the start
-  double sft_weight = 0.0;                 // + this x the chosen completions' token-mean cross entropy (RPO)
+  double beta = 0.1;
+  double label_smoothing = 0.0;
+  std::string reference_logps = "batch";
+  double sft_weight = 0.0;
   template <class V> void visit(V& v) {
     v("beta", beta, "DPO beta (the implicit KL constraint to the reference)");
-    v("label_smoothing", label_smoothing, "cDPO label smoothing in [0, 0.5)");
+    v("label_smoothing", label_smoothing,
+      "cDPO label smoothing: the assumed probability that a pair's label is flipped, in [0, 0.5)");
     v.choice("reference_logps", reference_logps, {"batch", "precompute"},
              "reference log-probs: per batch without gradient, or precomputed once for the dataset");
     v("sft_weight", sft_weight,

@@ -15,20 +15,20 @@
 namespace dew {
 
 struct GRPOObjectiveOptions {
-  int64_t group_size = 8;          // completions per prompt (G >= 2)
-  int64_t max_new_tokens = 64;     // tokens per completion at most
-  double temperature = 1.0;        // sampling temperature of the rollouts (> 0)
-  double top_p = 1.0;              // nucleus sampling (1 = off)
-  int64_t top_k = 0;               // top-k sampling (0 = off)
-  std::string advantage = "grpo";  // grpo: (r - mean) / (std + 1e-6); mean: r - mean; rloo: leave-one-out
-  double eps_low = 0.2;            // PPO clip below: ratio >= 1 - eps_low
-  double eps_high = 0.2;           // PPO clip above: ratio <= 1 + eps_high (DAPO: 0.28)
-  double dual_clip = 3.0;          // the dual clip of negative advantages
-  std::string agg = "token-mean";  // token-mean | seq-mean-token-mean | seq-mean-token-sum
-  double beta = 0.04;              // weight of the k3 KL to the reference (0 = no reference forward)
-  int64_t epochs = 1;              // passes over each rollout
-  int64_t mini_batches = 2;        // optimizer steps per pass (the rollout split in this many parts)
-  std::vector<double> reward_weights;  // one per reward (empty = 1 each)
+  int64_t group_size = 8;
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  std::string advantage = "grpo";
+  double eps_low = 0.2;
+  double eps_high = 0.2;
+  double dual_clip = 3.0;
+  std::string agg = "token-mean";
+  double beta = 0.04;
+  int64_t epochs = 1;
+  int64_t mini_batches = 2;
+  std::vector<double> reward_weights;
   template <class V> void visit(V& v) {
     v("group_size", group_size, "completions per prompt (>= 2)");
     v("max_new_tokens", max_new_tokens, "tokens per completion at most");
@@ -38,7 +38,7 @@ struct GRPOObjectiveOptions {
     v.choice("advantage", advantage, {"grpo", "mean", "rloo"},
              "grpo: (r - mean) / (std + 1e-6); mean: r - mean; rloo: leave-one-out baseline");
     v("eps_low", eps_low, "PPO clip: ratio >= 1 - eps_low");
-    v("eps_high", eps_high, "PPO clip: ratio <= 1 + eps_high");
+    v("eps_high", eps_high, "PPO clip: ratio <= 1 + eps_high (DAPO: 0.28)");
     v("dual_clip", dual_clip, "dual clip bound of negative advantages (> 1)");
     v.choice("agg", agg, {"token-mean", "seq-mean-token-mean", "seq-mean-token-sum"}, "loss aggregation");
     v("beta", beta, "weight of the k3 KL to the frozen reference (0 = none)");

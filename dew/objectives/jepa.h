@@ -16,23 +16,23 @@
 namespace dew {
 
 struct JEPAObjectiveOptions {
-  std::string loss = "mse";      // mse (the default) | smooth_l1 (I-JEPA) | l1 (V-JEPA)
-  double momentum = 0.996;       // EMA momentum of the target encoder at the first step
-  double final_momentum = 1.0;   // ... at the last step (linear in between)
-  data::MultiBlockOptions masks;  // images
-  data::TubeOptions tubes;        // video
-  int64_t probe_train = 2000;    // validation: training items the quick probes fit on (0 = no probe)
-  int64_t probe_test = 1000;     // validation: test items they score
-  int64_t knn_k = 20;            // neighbours of the kNN probe
-  std::string knn_prep = "none";  // none | center | standardize: the features' shift (and scale) before the kNN
-  std::string knn_vote = "weighted";  // weighted (DINO: exp(similarity / T) per neighbour) | majority
-  double knn_temperature = 0.07;      // T of the weighted vote
-  int64_t probe_epochs = 30;     // epochs of the linear probe
-  std::string probe_pool = "mean";  // mean | tokens | gridK (see feature_pools)
+  std::string loss = "mse";
+  double momentum = 0.996;
+  double final_momentum = 1.0;
+  data::MultiBlockOptions masks;
+  data::TubeOptions tubes;
+  int64_t probe_train = 2000;
+  int64_t probe_test = 1000;
+  int64_t knn_k = 20;
+  std::string knn_prep = "none";
+  std::string knn_vote = "weighted";
+  double knn_temperature = 0.07;
+  int64_t probe_epochs = 30;
+  std::string probe_pool = "mean";
   template <class V> void visit(V& v) {
-    v.choice("loss", loss, {"mse", "smooth_l1", "l1"}, "distance to the target features");
+    v.choice("loss", loss, {"mse", "smooth_l1", "l1"}, "distance to the target features (I-JEPA smooth_l1, V-JEPA l1)");
     v("momentum", momentum, "target-encoder EMA momentum at the first step");
-    v("final_momentum", final_momentum, "target-encoder EMA momentum at the last step");
+    v("final_momentum", final_momentum, "target-encoder EMA momentum at the last step (linear in between)");
     v("masks", masks, "multi-block masks of images (I-JEPA)");
     v("tubes", tubes, "multi-block tube masks of video (V-JEPA)");
     v("probe_train", probe_train, "validation probe: training items (0 = no probe)");

@@ -22,11 +22,11 @@ class AutoencoderImpl;
 
 /// The `latent` section of a latent-diffusion recipe.
 struct LatentOptions {
-  std::string sample = "mean";  // mean | posterior: which z of the encoder's posterior the denoiser learns
-  bool cache = true;            // encode the training set once at the start, train on the stored latents
-  std::string scale = "auto";   // auto | autoencoder | std (see LatentScaling)
-  int64_t scale_items = 1000;   // std: the first training items whose latents set the scale, e.g. 1000
-  int64_t batch_size = 256;     // items per encoder / decoder call
+  std::string sample = "mean";
+  bool cache = true;
+  std::string scale = "auto";
+  int64_t scale_items = 1000;
+  int64_t batch_size = 256;
   template <class V> void visit(V& v) {
     v.choice("sample", sample, {"mean", "posterior"},
              "the posterior's mean, or a sample of it (from (seed, \"latents/cache\") when cached, the step's "
@@ -35,7 +35,7 @@ struct LatentOptions {
     v.choice("scale", scale, {"auto", "autoencoder", "std"},
              "autoencoder: its scaling_factor / shift_factor (a diffusers VAE's); std: 1 / std of the first "
              "scale_items latents (LDM's scale_by_std); auto: std for a dew run, autoencoder for a folder");
-    v("scale_items", scale_items, "std: training items whose latents set the scale");
+    v("scale_items", scale_items, "std: the first training items, whose latents set the scale");
     v("batch_size", batch_size, "items per encoder / decoder call");
   }
 };

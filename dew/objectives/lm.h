@@ -25,27 +25,27 @@ ChunkedCE chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& weig
                                 double softcap, int64_t chunk);
 
 struct LMObjectiveOptions {
-  int64_t seq_len = 256;            // S: a row holds S + 1 ids (inputs ids[:S], targets ids[1:])
-  int64_t pad_id = -1;              // targets equal to pad_id carry no loss (-1 = none)
-  std::string loss_role = "all";    // all | loss_mask (only targets where the batch's loss_mask is true)
-  int64_t vocab_chunk = 8192;       // vocabulary columns per cross-entropy chunk (0 = one chunk)
-  double ema_decay = 0.0;           // 0 = no averaging (validation uses the live weights)
-  int64_t val_windows = 0;          // validation windows (0 = the whole validation stream)
-  int64_t val_batch = 32;           // windows per validation forward
-  int64_t sample_tokens = 200;      // length of the text sampled at validation (0 = none)
-  std::string sample_prompt;        // its prompt (empty: starts after an EOS, i.e. a new document)
+  int64_t seq_len = 256;
+  int64_t pad_id = -1;
+  std::string loss_role = "all";
+  int64_t vocab_chunk = 8192;
+  double ema_decay = 0.0;
+  int64_t val_windows = 0;
+  int64_t val_batch = 32;
+  int64_t sample_tokens = 200;
+  std::string sample_prompt;
   double sample_temperature = 0.8;
   int64_t sample_top_k = 0;
   template <class V> void visit(V& v) {
-    v("seq_len", seq_len, "tokens per training row (rows hold seq_len + 1 ids)");
+    v("seq_len", seq_len, "tokens per training row S (rows hold S + 1 ids: inputs ids[:S], targets ids[1:])");
     v("pad_id", pad_id, "targets equal to pad_id carry no loss (-1 = none)");
     v.choice("loss_role", loss_role, {"all", "loss_mask"}, "which targets count: all, or where batch loss_mask is true");
     v("vocab_chunk", vocab_chunk, "vocabulary columns per cross-entropy chunk (0 = one chunk)");
-    v("ema_decay", ema_decay, "EMA decay of the parameters (0 = none)");
+    v("ema_decay", ema_decay, "EMA decay of the parameters (0 = none: validation uses the live weights)");
     v("val_windows", val_windows, "validation windows (0 = the whole validation stream)");
     v("val_batch", val_batch, "windows per validation forward");
     v("sample_tokens", sample_tokens, "tokens of the text sampled at each validation (0 = none)");
-    v("sample_prompt", sample_prompt, "prompt of that sample (empty = a new document)");
+    v("sample_prompt", sample_prompt, "prompt of that sample (empty = a new document, as after an EOS)");
     v("sample_temperature", sample_temperature, "temperature of that sample");
     v("sample_top_k", sample_top_k, "top-k of that sample (0 = off)");
   }

@@ -26,18 +26,18 @@ struct RewardInput {
 
 /// Options of the rewards (each reward reads only its own fields).
 struct RewardOptions {
-  std::string extract = "(-?[0-9][0-9,]*(?:\\.[0-9]+)?)";  // exact: the answer is group 1 (else the whole match) of the last match
-  std::string answer_field = "answer";                      // exact: the record field of the reference answer
-  std::string format = "";       // format: ECMAScript regex the whole completion must match, e.g. "<think>[\\s\\S]*"
-  int64_t length_target = 0;     // length: tokens allowed free, e.g. 512
-  double length_scale = 0.01;    // length: reward = -length_scale * max(0, completion_tokens - length_target)
-  double timeout_s = 60;         // command: seconds for one batch before its process group is killed
+  std::string extract = "(-?[0-9][0-9,]*(?:\\.[0-9]+)?)";
+  std::string answer_field = "answer";
+  std::string format = "";
+  int64_t length_target = 0;
+  double length_scale = 0.01;
+  double timeout_s = 60;
   template <class V> void visit(V& v) {
     v("extract", extract, "exact: ECMAScript regex; its last match in the completion (group 1 if any) is the answer");
     v("answer_field", answer_field, "exact: record field holding the reference answer (string or number)");
     v("format", format, "format: ECMAScript regex the whole completion must match (reward 1, else 0)");
     v("length_target", length_target, "length: completion tokens allowed without penalty");
-    v("length_scale", length_scale, "length: penalty per completion token past length_target");
+    v("length_scale", length_scale, "length: reward = -length_scale * max(0, completion_tokens - length_target)");
     v("timeout_s", timeout_s, "command: seconds one batch may take (then the command is killed)");
   }
 };

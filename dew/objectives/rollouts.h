@@ -50,13 +50,14 @@ std::vector<const data::Prompt*> pointers_to(const std::vector<data::Prompt>& pr
 
 /// Held-out evaluation of a policy: greedy completions of a fixed prompt set, scored.
 struct EvalOptions {
-  std::string prompts;          // prompts file ({"prompt", "answer", ...} lines; empty = no evaluation)
-  std::string reward = "exact"; // rewards scored (comma-separated built-ins)
-  int64_t max_new_tokens = 32;  // tokens per completion at most
-  int64_t count = 0;            // the first N prompts of the file (0 = all)
-  int64_t samples = 8;          // prompt / completion / reward lines written per evaluation
+  std::string prompts;
+  std::string reward = "exact";
+  int64_t max_new_tokens = 32;
+  int64_t count = 0;
+  int64_t samples = 8;
   template <class V> void visit(V& v) {
-    v("prompts", prompts, "held-out prompts file scored at validation (empty = none)");
+    v("prompts", prompts,
+      "held-out prompts file ({\"prompt\", \"answer\", ...} lines) scored at validation (empty = none)");
     v("reward", reward, "rewards scored there (comma-separated: exact, format, length)");
     v("max_new_tokens", max_new_tokens, "tokens per greedy completion at most");
     v("count", count, "prompts evaluated: the file's first N (0 = all)");

@@ -20,10 +20,10 @@ namespace dew::runs {
 /// The `autoencoder` section of a diffusion recipe: where the frozen autoencoder of latent diffusion comes
 /// from. Both empty = pixel space.
 struct AutoencoderSource {
-  std::string run;              // a `dew train autoencoder` run directory, e.g. "runs/fashion_vae"
-  std::string folder;           // or a diffusers AutoencoderKL folder (config.json + weights), e.g. "sd15/vae"
-  std::string weights = "ema";  // run: ema | live
-  int64_t step = -1;            // run: its checkpoint (-1 = the latest; the run records the step it took)
+  std::string run;
+  std::string folder;
+  std::string weights = "ema";
+  int64_t step = -1;
   template <class V> void visit(V& v) {
     v("run", run, "a `dew train autoencoder` run whose autoencoder the model trains on (latent diffusion)");
     v("folder", folder, "or a diffusers AutoencoderKL folder (config.json + diffusion_pytorch_model.safetensors)");

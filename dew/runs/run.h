@@ -37,12 +37,12 @@ inline constexpr int kRunFormat = 2;
 
 /// The recipe fields every kind has at its top level.
 struct RunOptions {
-  std::string run;              // run directory, e.g. "runs/fashion_mnist"
-  int64_t seed = 0;             // every random draw of the run derives from (seed, purpose, step)
-  int64_t threads = 0;          // intra-op threads (0 = the measured default for the model)
-  std::string device = "auto";  // auto | cpu | cuda | cuda:N
+  std::string run;
+  int64_t seed = 0;
+  int64_t threads = 0;
+  std::string device = "auto";
   template <class V> void visit(V& v) {
-    v("run", run, "run directory");
+    v("run", run, "run directory, e.g. runs/fashion_mnist");
     v("seed", seed, "seed of every random draw (initialisation, data order, noise, dropout)");
     v("threads", threads, "intra-op threads (0 = the measured default for the model)");
     v("device", device, "auto (CUDA when present, else CPU) | cpu | cuda | cuda:N");

@@ -8,15 +8,15 @@ namespace dew::sampling {
 using at::Tensor;
 
 struct CFG {
-  double scale = 1.0;    // guidance scale s (1 = no guidance), e.g. 3.0
-  double start = 0.0;    // interval of progress = clip(1 - t/T, 0, 1) where the scale applies
+  double scale = 1.0;
+  double start = 0.0;
   double stop = 1.0;
-  double rescale = 0.0;  // r: out <- r out std_c/std_out + (1 - r) out
+  double rescale = 0.0;
   template <class V> void visit(V& v) {
     v("scale", scale, "guidance scale (1 disables guidance)");
     v("start", start, "progress at which guidance starts (progress = 1 - t/T)");
     v("stop", stop, "progress at which guidance stops");
-    v("rescale", rescale, "guidance rescale factor r in [0, 1]");
+    v("rescale", rescale, "guidance rescale factor r in [0, 1]: out <- r out std_c/std_out + (1 - r) out");
   }
 };
 

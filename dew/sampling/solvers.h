@@ -64,7 +64,7 @@ struct DDIMOptions {
 struct HeunOptions {
   double s_churn = 0.0;
   double s_tmin = 0.0;
-  std::optional<double> s_tmax;  // null = infinity
+  std::optional<double> s_tmax;
   double s_noise = 1.0;
   template <class V> void visit(V& v) {
     v("s_churn", s_churn, "EDM churn S_churn (0 = deterministic)");

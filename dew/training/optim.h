@@ -12,27 +12,27 @@ using at::Tensor;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 struct OptimOptions {
-  std::string name = "adamw";        // adamw | adam | sgd
-  double lr = 2.7e-4;                // peak learning rate
+  std::string name = "adamw";
+  double lr = 2.7e-4;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.01;        // decoupled (adamw) or L2 (adam, sgd); matrices only
-  double momentum = 0.9;             // sgd
-  std::string schedule = "cosine";   // cosine | linear | constant, after warm-up
-  int64_t warmup_steps = 100;        // linear warm-up from 0
-  double min_lr_ratio = 0.1;         // cosine/linear end at lr * min_lr_ratio
-  double grad_clip = 1.0;            // global-norm clip (0 = off)
+  double weight_decay = 0.01;
+  double momentum = 0.9;
+  std::string schedule = "cosine";
+  int64_t warmup_steps = 100;
+  double min_lr_ratio = 0.1;
+  double grad_clip = 1.0;
   template <class V> void visit(V& v) {
     v.choice("name", name, {"adamw", "adam", "sgd"}, "optimizer");
     v("lr", lr, "peak learning rate");
     v("beta1", beta1, "Adam beta1");
     v("beta2", beta2, "Adam beta2");
     v("eps", eps, "Adam epsilon");
-    v("weight_decay", weight_decay, "weight decay on matrices (decoupled for adamw)");
+    v("weight_decay", weight_decay, "weight decay on matrices (decoupled for adamw, L2 for adam and sgd)");
     v("momentum", momentum, "SGD momentum");
     v.choice("schedule", schedule, {"cosine", "linear", "constant"}, "learning-rate decay after warm-up");
-    v("warmup_steps", warmup_steps, "linear warm-up steps");
+    v("warmup_steps", warmup_steps, "linear warm-up steps from 0");
     v("min_lr_ratio", min_lr_ratio, "final lr as a fraction of lr (cosine, linear)");
     v("grad_clip", grad_clip, "clip the global gradient norm to this (0 = off)");
   }

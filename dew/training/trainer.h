@@ -10,27 +10,27 @@
 namespace dew::training {
 
 struct TrainerOptions {
-  int64_t steps = 1000;               // optimizer steps in the whole run
-  int64_t accumulation = 1;           // micro-batches per optimizer step
-  int64_t log_every = 50;             // metrics.jsonl and progress line cadence
-  int64_t val_every = 0;              // validation cadence (0 = only at the end)
-  int64_t checkpoint_every = 500;     // checkpoint cadence (and always at the end)
-  int64_t keep_checkpoints = 2;       // latest N kept, plus the best
-  int64_t max_bad_loss_steps = 20;    // consecutive non-finite losses before the run stops
-  double time_limit_minutes = 0;      // stop (with a checkpoint) after this wall time; 0 = none
-  std::string best_metric;            // validation metric that selects the best checkpoint, e.g. "val/loss"
-  bool best_mode_max = false;         // the best is the largest value instead of the smallest
-  std::string autocast = "auto";      // mixed precision of the forward: auto (bfloat16 on CUDA, none on the CPU) | off | bfloat16 | float16 (CUDA only)
+  int64_t steps = 1000;
+  int64_t accumulation = 1;
+  int64_t log_every = 50;
+  int64_t val_every = 0;
+  int64_t checkpoint_every = 500;
+  int64_t keep_checkpoints = 2;
+  int64_t max_bad_loss_steps = 20;
+  double time_limit_minutes = 0;
+  std::string best_metric;
+  bool best_mode_max = false;
+  std::string autocast = "auto";
   template <class V> void visit(V& v) {
     v("steps", steps, "optimizer steps in the run");
     v("accumulation", accumulation, "micro-batches per optimizer step");
-    v("log_every", log_every, "log cadence in steps");
+    v("log_every", log_every, "metrics.jsonl and progress line cadence in steps");
     v("val_every", val_every, "validation cadence in steps (0 = only at the end)");
     v("checkpoint_every", checkpoint_every, "checkpoint cadence in steps (and at the end)");
     v("keep_checkpoints", keep_checkpoints, "number of latest checkpoints kept (plus the best)");
     v("max_bad_loss_steps", max_bad_loss_steps, "stop after this many consecutive non-finite losses");
     v("time_limit_minutes", time_limit_minutes, "stop with a checkpoint after this wall time (0 = none)");
-    v("best_metric", best_metric, "validation metric that selects the best checkpoint (empty = none)");
+    v("best_metric", best_metric, "validation metric that selects the best checkpoint, e.g. val/loss (empty = none)");
     v("best_mode_max", best_mode_max, "larger best_metric is better");
     v.choice("autocast", autocast, {"auto", "off", "bfloat16", "float16"},
              "mixed precision of the forward (auto = bfloat16 on CUDA, fp32 on the CPU; float16 on CUDA only)");

@@ -35,6 +35,7 @@
 #include "dew/core/options.h"
 #include "dew/io/weights.h"
 #include "dew/nn/diffusers_blocks.h"
+#include "dew/nn/option_fields.h"
 #include "dew/nn/roles.h"
 
 namespace dew::nn {
@@ -42,72 +43,33 @@ namespace dew::nn {
 /// Fields of `autoencoder_kl`. Defaults are Stable Diffusion 1.x / 2.x's VAE.
 /// Example: AutoencoderKLOptions().latent_channels(16).scaling_factor(1.5305).shift_factor(0.0609)  // SD3
 struct AutoencoderKLOptions {
-  /// image channels in
-  TORCH_ARG(int64_t, in_channels) = 3;
-  /// image channels out
-  TORCH_ARG(int64_t, out_channels) = 3;
-  /// channels per level, shallowest first; the image is downsampled 2^(levels - 1) times
-  TORCH_ARG(std::vector<int64_t>, block_out_channels) = std::vector<int64_t>{128, 256, 512, 512};
-  /// resnets per encoder level (the decoder has one more per level)
-  TORCH_ARG(int64_t, layers_per_block) = 2;
-  /// latent channels, e.g. 4 (SD, SDXL) or 16 (SD3, Flux)
-  TORCH_ARG(int64_t, latent_channels) = 4;
-  /// GroupNorm groups of every normalisation (diffusers' norm_num_groups)
-  TORCH_ARG(int64_t, norm_groups) = 32;
-  /// GroupNorm epsilon (diffusers fixes 1e-6)
-  TORCH_ARG(double, norm_eps) = 1e-6;
-  /// the denoiser sees scaling_factor * (z - shift_factor): SD 0.18215, SDXL 0.13025, SD3 1.5305
-  TORCH_ARG(double, scaling_factor) = 0.18215;
-  /// subtracted from z before scaling (SD3 0.0609, Flux 0.1159); null = none
-  TORCH_ARG(std::optional<double>, shift_factor) = std::nullopt;
-  /// per-channel latent statistics some VAEs carry: then to_latent(z) = (z - mean) * scaling_factor / std
-  /// (diffusers' SDXL pipeline); null = unused
-  TORCH_ARG(std::optional<std::vector<double>>, latents_mean) = std::nullopt;
-  TORCH_ARG(std::optional<std::vector<double>>, latents_std) = std::nullopt;
-  /// 1x1 conv after the encoder (absent when false)
-  TORCH_ARG(bool, use_quant_conv) = true;
-  /// 1x1 conv before the decoder (absent when false)
-  TORCH_ARG(bool, use_post_quant_conv) = true;
-  /// the encoder's and decoder's mid-blocks have their attention (diffusers' mid_block_add_attention)
-  TORCH_ARG(bool, mid_block_attention) = true;
-  /// the training image side (diffusers' sample_size): the default tile of tiled_decode / tiled_encode
-  TORCH_ARG(int64_t, sample_size) = 512;
-  /// recorded from diffusers' config (pipelines run such a VAE in float32); dew's normalisations always do
-  TORCH_ARG(bool, force_upcast) = true;
-  /// softmax of the mid-block attention in fp32 under bf16/fp16 compute
-  TORCH_ARG(bool, force_fp32_for_softmax) = true;
-  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32; a float64 model runs float64)
-  TORCH_ARG(std::string, dtype) = "float32";
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// recompute each block's activations in backward (diffusers' gradient checkpointing: per down / up block
-  /// and mid-block)
-  TORCH_ARG(bool, remat) = false;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("in_channels", in_channels_, "image channels in");
-    v("out_channels", out_channels_, "image channels out");
-    v("block_out_channels", block_out_channels_, "channels per level, shallowest first (multiples of norm_groups)");
-    v("layers_per_block", layers_per_block_, "resnets per encoder level (the decoder has one more)");
-    v("latent_channels", latent_channels_, "latent channels (SD 4, SD3/Flux 16)");
-    v("norm_groups", norm_groups_, "GroupNorm groups");
-    v("norm_eps", norm_eps_, "GroupNorm epsilon");
-    v("scaling_factor", scaling_factor_, "the denoiser sees scaling_factor * (z - shift_factor)");
-    v("shift_factor", shift_factor_, "subtracted from z before scaling (null: none)");
-    v("latents_mean", latents_mean_, "per-channel latent mean: to_latent = (z - mean) * scaling_factor / std");
-    v("latents_std", latents_std_, "per-channel latent std (with latents_mean)");
-    v("use_quant_conv", use_quant_conv_, "1x1 conv after the encoder");
-    v("use_post_quant_conv", use_post_quant_conv_, "1x1 conv before the decoder");
-    v("mid_block_attention", mid_block_attention_, "attention in the mid-blocks");
-    v("sample_size", sample_size_, "training image side: the default tile of tiled decoding / encoding");
-    v("force_upcast", force_upcast_, "recorded from diffusers' config (normalisations always run in fp32)");
-    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute block activations in backward (gradient checkpointing)");
-  }
+  // remat checkpoints each down / up block and the mid-block; a float64 model runs float64 whatever dtype says.
+#define DEW_AUTOENCODER_KL_FIELDS(F, C)                                                                               \
+  F(int64_t, in_channels, 3, "image channels in")                                                                     \
+  F(int64_t, out_channels, 3, "image channels out")                                                                   \
+  F(std::vector<int64_t>, block_out_channels, (std::vector<int64_t>{128, 256, 512, 512}),                             \
+    "channels per level, shallowest first (multiples of norm_groups); the image is downsampled 2^(levels - 1) times") \
+  F(int64_t, layers_per_block, 2, "resnets per encoder level (the decoder has one more)")                             \
+  F(int64_t, latent_channels, 4, "latent channels (SD 4, SD3/Flux 16)")                                               \
+  F(int64_t, norm_groups, 32, "GroupNorm groups of every normalisation (diffusers' norm_num_groups)")                 \
+  F(double, norm_eps, 1e-6, "GroupNorm epsilon (diffusers fixes 1e-6)")                                               \
+  F(double, scaling_factor, 0.18215,                                                                                  \
+    "the denoiser sees scaling_factor * (z - shift_factor): SD 0.18215, SDXL 0.13025, SD3 1.5305")                    \
+  F(std::optional<double>, shift_factor, std::nullopt,                                                                \
+    "subtracted from z before scaling: SD3 0.0609, Flux 0.1159 (null: none)")                                         \
+  F(std::optional<std::vector<double>>, latents_mean, std::nullopt,                                                   \
+    "per-channel latent mean some VAEs carry: to_latent = (z - mean) * scaling_factor / std (null: unused)")          \
+  F(std::optional<std::vector<double>>, latents_std, std::nullopt, "per-channel latent std (with latents_mean)")      \
+  F(bool, use_quant_conv, true, "1x1 conv after the encoder")                                                         \
+  F(bool, use_post_quant_conv, true, "1x1 conv before the decoder")                                                   \
+  F(bool, mid_block_attention, true,                                                                                  \
+    "attention in the encoder's and decoder's mid-blocks (diffusers' mid_block_add_attention)")                       \
+  F(int64_t, sample_size, 512, "training image side: the default tile of tiled decoding / encoding")                  \
+  F(bool, force_upcast, true, "recorded from diffusers' config (normalisations always run in fp32)")                  \
+  F(bool, force_fp32_for_softmax, true, "softmax of the mid-block attention in fp32 under bf16/fp16 compute")         \
+  DEW_COMPUTE_FIELDS(F, C, "block")
+  DEW_OPTIONS(DEW_AUTOENCODER_KL_FIELDS)
+#undef DEW_AUTOENCODER_KL_FIELDS
 };
 
 /// Tiles of AutoencoderKLImpl::tiled_decode / tiled_encode (diffusers' enable_tiling()).

@@ -15,7 +15,6 @@
 // Attention of query i to key j: j <= i (causal), same segment id (packed batches: block-diagonal),
 // key j not padding, and for sliding-window layers pos_i - pos_j < sliding_window.
 #pragma once
-#include <torch/arg.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
@@ -33,62 +32,39 @@ namespace dew::nn {
 /// Fields of `causal_transformer`. Example:
 ///   CausalTransformerOptions().vocab_size(32000).emb_features(512).num_layers(8).num_heads(8).num_kv_heads(2)
 struct CausalTransformerOptions {
-  /// token ids are in [0, vocab_size), e.g. 256 for bytes
-  TORCH_ARG(int64_t, vocab_size) = 256;
-  /// model width D, e.g. 512
-  TORCH_ARG(int64_t, emb_features) = 512;
-  /// decoder layers
-  TORCH_ARG(int64_t, num_layers) = 8;
-  /// query heads
-  TORCH_ARG(int64_t, num_heads) = 8;
-  /// key/value heads (GQA); 0 = num_heads. num_heads must be a multiple of it
-  TORCH_ARG(int64_t, num_kv_heads) = 0;
-  /// width of one head; 0 = emb_features / num_heads
-  TORCH_ARG(int64_t, head_dim) = 0;
-  /// "swiglu" (silu gate, Llama/Qwen) or "geglu" (tanh-gelu gate, Gemma)
-  TORCH_ARG(std::string, mlp) = "swiglu";
-  /// MLP hidden width; 0 = 8/3 D rounded up to a multiple of 64
-  TORCH_ARG(int64_t, mlp_features) = 0;
-  /// longest sequence (positions are < max_seq_len)
-  TORCH_ARG(int64_t, max_seq_len) = 2048;
-  /// RoPE base of full-attention layers
-  TORCH_ARG(double, rope_theta) = 10000.0;
-  /// fraction of each head's dimensions that rotate (the first ones), e.g. 0.5
-  TORCH_ARG(double, partial_rotary_factor) = 1.0;
-  /// kind of each layer: "full_attention" or "sliding_attention"; empty = all full
-  TORCH_ARG(std::vector<std::string>, layer_types) = {};
-  /// window of sliding-attention layers in tokens (query sees keys with pos_q - pos_k < window)
-  TORCH_ARG(int64_t, sliding_window) = 4096;
-  /// RoPE base of sliding-attention layers; null = rope_theta (Gemma 3 uses 1e4 local, 1e6 global)
-  TORCH_ARG(std::optional<double>, sliding_rope_theta) = std::nullopt;
-  /// epsilon of every RMSNorm
-  TORCH_ARG(double, norm_eps) = 1e-5;
-  /// RMSNorm scale is (scale_offset + weight): 0 (Llama) or 1 (Gemma, weights initialised to 0)
-  TORCH_ARG(double, scale_offset) = 0.0;
-  /// Gemma 2/3 norms after the attention and MLP branches too
-  TORCH_ARG(bool, sandwich_norms) = false;
-  /// RMSNorm of queries and keys over head_dim (Qwen3, Gemma 3)
-  TORCH_ARG(bool, qk_norm) = true;
-  /// biases in q/k/v/o projections (Qwen2 style: q, k, v and o all get one when true)
-  TORCH_ARG(bool, attention_bias) = false;
-  /// embeddings are multiplied by this (Gemma: sqrt(D)); 1 = none
-  TORCH_ARG(double, embedding_scale) = 1.0;
-  /// logits = cap * tanh(logits / cap); 0 = none
-  TORCH_ARG(double, final_logit_softcap) = 0.0;
-  /// the output head reuses embed_tokens.weight (no lm_head.weight)
-  TORCH_ARG(bool, tie_embeddings) = true;
-  /// dropout on each branch output (training only)
-  TORCH_ARG(double, dropout) = 0.0;
-  /// std of the normal initialisation of embeddings and projections
-  TORCH_ARG(double, init_std) = 0.02;
-  /// softmax in fp32 under bf16/fp16 compute
-  TORCH_ARG(bool, force_fp32_for_softmax) = true;
-  /// recompute each layer's activations in backward
-  TORCH_ARG(bool, remat) = false;
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32)
-  TORCH_ARG(std::string, dtype) = "float32";
+#define DEW_CAUSAL_TRANSFORMER_FIELDS(F, C)                                                                         \
+  F(int64_t, vocab_size, 256, "token ids are in [0, vocab_size) (256 for bytes)")                                   \
+  F(int64_t, emb_features, 512, "model width D")                                                                    \
+  F(int64_t, num_layers, 8, "decoder layers")                                                                       \
+  F(int64_t, num_heads, 8, "query heads")                                                                           \
+  F(int64_t, num_kv_heads, 0, "key/value heads for GQA (0 = num_heads; num_heads a multiple of it)")                \
+  F(int64_t, head_dim, 0, "width of a head (0 = emb_features / num_heads)")                                         \
+  C(mlp, "swiglu", ({"swiglu", "geglu"}), "gated MLP: silu (swiglu: Llama, Qwen) or tanh-gelu (geglu: Gemma) gate") \
+  F(int64_t, mlp_features, 0, "MLP hidden width (0 = 8/3 D rounded up to a multiple of 64)")                        \
+  F(int64_t, max_seq_len, 2048, "longest sequence (positions are < max_seq_len)")                                   \
+  F(double, rope_theta, 10000.0, "RoPE base of full-attention layers")                                              \
+  F(double, partial_rotary_factor, 1.0, "fraction of each head's dimensions that rotate (the first ones)")          \
+  F(std::vector<std::string>, layer_types, {}, "per layer: full_attention | sliding_attention (empty = all full)")  \
+  F(int64_t, sliding_window, 4096,                                                                                  \
+    "window of sliding-attention layers in tokens (a query sees keys with pos_q - pos_k < window)")                 \
+  F(std::optional<double>, sliding_rope_theta, std::nullopt,                                                        \
+    "RoPE base of sliding layers (null = rope_theta; Gemma 3: 1e4 local, 1e6 global)")                              \
+  F(double, norm_eps, 1e-5, "RMSNorm epsilon")                                                                      \
+  F(double, scale_offset, 0.0, "RMSNorm scale = scale_offset + weight (Gemma: 1)")                                  \
+  F(bool, sandwich_norms, false, "also normalise each branch output (Gemma 2/3)")                                   \
+  F(bool, qk_norm, true, "RMSNorm of queries and keys over head_dim (Qwen3, Gemma 3)")                              \
+  F(bool, attention_bias, false, "biases in the q/k/v/o projections")                                               \
+  F(double, embedding_scale, 1.0, "embedding multiplier (Gemma: sqrt(D); 1 = none)")                                \
+  F(double, final_logit_softcap, 0.0, "logits = cap * tanh(logits / cap) (0 = none)")                               \
+  F(bool, tie_embeddings, true, "output head shares embed_tokens.weight (no lm_head.weight)")                       \
+  F(double, dropout, 0.0, "dropout on branch outputs while training")                                               \
+  F(double, init_std, 0.02, "std of the normal init of embeddings and projections")                                 \
+  F(bool, force_fp32_for_softmax, true, "softmax in fp32 under bf16/fp16 compute")                                  \
+  F(bool, remat, false, "recompute layer activations in backward (gradient checkpointing)")                         \
+  C(attention_impl, "auto", ({"auto", "reference", "chunked", "sdpa"}), "attention implementation")                 \
+  C(dtype, "float32", ({"float32", "bfloat16", "float16"}), "compute dtype (parameters stay float32)")
+  DEW_OPTIONS(DEW_CAUSAL_TRANSFORMER_FIELDS)
+#undef DEW_CAUSAL_TRANSFORMER_FIELDS
 
  public:
   /// Resolved values of the 0 = derived fields.
@@ -99,38 +75,6 @@ struct CausalTransformerOptions {
   int64_t rotary_dim() const;
   /// The kind of layer i ("full_attention" when layer_types is empty).
   const std::string& layer_type(int64_t i) const;
-
-  template <class V>
-  void visit(V& v) {
-    v("vocab_size", vocab_size_, "token ids are in [0, vocab_size)");
-    v("emb_features", emb_features_, "model width D");
-    v("num_layers", num_layers_, "decoder layers");
-    v("num_heads", num_heads_, "query heads");
-    v("num_kv_heads", num_kv_heads_, "key/value heads for GQA (0 = num_heads)");
-    v("head_dim", head_dim_, "width of a head (0 = emb_features / num_heads)");
-    v.choice("mlp", mlp_, {"swiglu", "geglu"}, "gated MLP: silu (swiglu) or tanh-gelu (geglu) gate");
-    v("mlp_features", mlp_features_, "MLP hidden width (0 = 8/3 D rounded up to 64)");
-    v("max_seq_len", max_seq_len_, "longest sequence");
-    v("rope_theta", rope_theta_, "RoPE base of full-attention layers");
-    v("partial_rotary_factor", partial_rotary_factor_, "fraction of head dims that rotate");
-    v("layer_types", layer_types_, "per layer: full_attention | sliding_attention (empty = all full)");
-    v("sliding_window", sliding_window_, "window of sliding-attention layers in tokens");
-    v("sliding_rope_theta", sliding_rope_theta_, "RoPE base of sliding layers (null = rope_theta)");
-    v("norm_eps", norm_eps_, "RMSNorm epsilon");
-    v("scale_offset", scale_offset_, "RMSNorm scale = scale_offset + weight (Gemma: 1)");
-    v("sandwich_norms", sandwich_norms_, "also normalise each branch output (Gemma 2/3)");
-    v("qk_norm", qk_norm_, "RMSNorm of queries and keys over head_dim");
-    v("attention_bias", attention_bias_, "biases in the q/k/v/o projections");
-    v("embedding_scale", embedding_scale_, "embedding multiplier (Gemma: sqrt(D))");
-    v("final_logit_softcap", final_logit_softcap_, "cap * tanh(logits / cap) (0 = none)");
-    v("tie_embeddings", tie_embeddings_, "output head shares embed_tokens.weight");
-    v("dropout", dropout_, "dropout on branch outputs while training");
-    v("init_std", init_std_, "std of the normal init of embeddings and projections");
-    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
-    v("remat", remat_, "recompute layer activations in backward (gradient checkpointing)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-  }
 };
 
 /// Rotate-half RoPE of the first `rotary_dim` features of x: [B, H, S, Dh] at positions [B, S] (int64)

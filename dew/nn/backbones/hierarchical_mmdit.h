@@ -14,7 +14,6 @@
 // change in between. Each stage has its own text projection and its own conditioning vector (c, computed at
 // the deepest width, projected to the stage width). Raster order only: 2x2 merging needs the grid layout.
 #pragma once
-#include <torch/arg.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
@@ -26,6 +25,7 @@
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/mmdit.h"
 #include "dew/nn/blocks.h"
+#include "dew/nn/option_fields.h"
 
 namespace dew::nn {
 
@@ -38,64 +38,25 @@ at::Tensor expand_2x2(const at::Tensor& x, int64_t h, int64_t w);
 
 /// Fields of `hierarchical_mmdit`. Example: HierarchicalMMDiTOptions().base_patch_size(2).emb_features({64, 128})
 struct HierarchicalMMDiTOptions {
-  /// channels of the prediction, e.g. 3
-  TORCH_ARG(int64_t, output_channels) = 3;
-  /// patch side of the finest stage in pixels; H and W must be multiples of base_patch_size * 2^(stages-1)
-  TORCH_ARG(int64_t, base_patch_size) = 8;
-  /// width of each stage, finest first, e.g. {512, 768, 1024}
-  TORCH_ARG(std::vector<int64_t>, emb_features) = std::vector<int64_t>{512, 768, 1024};
-  /// joint blocks per stage; all but the deepest are split equally between the down and up paths (even)
-  TORCH_ARG(std::vector<int64_t>, num_layers) = std::vector<int64_t>{4, 4, 14};
-  /// attention heads per stage; emb_features[s] / num_heads[s] must be even (RoPE)
-  TORCH_ARG(std::vector<int64_t>, num_heads) = std::vector<int64_t>{8, 12, 16};
-  /// MLP hidden width = mlp_ratio * stage width
-  TORCH_ARG(double, mlp_ratio) = 4.0;
-  /// dropout in attention outputs and MLPs
-  TORCH_ARG(double, dropout_rate) = 0.0;
-  /// softmax in fp32 under bf16/fp16 compute
-  TORCH_ARG(bool, force_fp32_for_softmax) = true;
-  /// epsilon of the LayerNorms
-  TORCH_ARG(double, norm_epsilon) = 1e-5;
-  /// RMSNorm on queries and keys of both streams
-  TORCH_ARG(bool, qk_norm) = false;
-  /// token order: raster only (other orders are refused)
-  TORCH_ARG(std::string, scan_order) = "raster";
-  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32)
-  TORCH_ARG(std::string, dtype) = "float32";
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// recompute each block's activations in backward
-  TORCH_ARG(bool, remat) = false;
-  /// channels of the input, e.g. 3 (4 for SD latents)
-  TORCH_ARG(int64_t, in_channels) = 3;
-  /// classes of the label embedding; 0 = unconditional. The table has num_classes + 1 rows, the last
-  /// being the null class
-  TORCH_ARG(int64_t, num_classes) = 0;
-  /// width of the text context features (> 0: the model needs text), e.g. 768 (CLIP ViT-L/14)
-  TORCH_ARG(int64_t, context_features) = 768;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("output_channels", output_channels_, "channels of the prediction");
-    v("base_patch_size", base_patch_size_, "patch side of the finest stage (H, W multiples of it * 2^(stages-1))");
-    v("emb_features", emb_features_, "width of each stage, finest first");
-    v("num_layers", num_layers_, "joint blocks per stage (even except the deepest: half down, half up)");
-    v("num_heads", num_heads_, "attention heads per stage (width / heads even)");
-    v("mlp_ratio", mlp_ratio_, "MLP hidden width = mlp_ratio * stage width");
-    v("dropout_rate", dropout_rate_, "dropout in attention outputs and MLPs");
-    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
-    v("norm_epsilon", norm_epsilon_, "LayerNorm epsilon");
-    v("qk_norm", qk_norm_, "RMSNorm on queries and keys of both streams");
-    v.choice("scan_order", scan_order_, {"raster", "hilbert", "zigzag"},
-             "token order (raster only: 2x2 patch merging needs the grid layout)");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute block activations in backward (gradient checkpointing)");
-    v("in_channels", in_channels_, "channels of the input");
-    v("num_classes", num_classes_, "label classes (0 = unconditional); label num_classes is the null class");
-    v("context_features", context_features_, "width of the text context features (must be > 0: text is required)");
-  }
+#define DEW_HIERARCHICAL_MMDIT_FIELDS(F, C)                                                                          \
+  F(int64_t, output_channels, 3, "channels of the prediction")                                                       \
+  F(int64_t, base_patch_size, 8, "patch side of the finest stage (H, W multiples of it * 2^(stages-1))")             \
+  F(std::vector<int64_t>, emb_features, (std::vector<int64_t>{512, 768, 1024}), "width of each stage, finest first") \
+  F(std::vector<int64_t>, num_layers, (std::vector<int64_t>{4, 4, 14}),                                              \
+    "joint blocks per stage (even except the deepest: half down, half up)")                                          \
+  F(std::vector<int64_t>, num_heads, (std::vector<int64_t>{8, 12, 16}),                                              \
+    "attention heads per stage (width / heads even, for RoPE)")                                                      \
+  F(double, mlp_ratio, 4.0, "MLP hidden width = mlp_ratio * stage width")                                            \
+  F(double, dropout_rate, 0.0, "dropout in attention outputs and MLPs")                                              \
+  F(bool, force_fp32_for_softmax, true, "softmax in fp32 under bf16/fp16 compute")                                   \
+  F(double, norm_epsilon, 1e-5, "LayerNorm epsilon")                                                                 \
+  F(bool, qk_norm, false, "RMSNorm on queries and keys of both streams")                                             \
+  C(scan_order, "raster", ({"raster", "hilbert", "zigzag"}),                                                         \
+    "token order (raster only: 2x2 patch merging needs the grid layout)")                                            \
+  DEW_COMPUTE_FIELDS(F, C, "block")                                                                                  \
+  DEW_DENOISER_INPUT_FIELDS(F, 768, "must be > 0: text is required")
+  DEW_OPTIONS(DEW_HIERARCHICAL_MMDIT_FIELDS)
+#undef DEW_HIERARCHICAL_MMDIT_FIELDS
 };
 
 /// The HierarchicalMMDiT backbone (S stages, D_s = emb_features[s], D = D_{S-1} the deepest width).

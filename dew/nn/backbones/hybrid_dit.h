@@ -74,28 +74,22 @@ TORCH_MODULE(SSMDiTBlock);
 
 /// Fields of `hybrid_dit`: SimpleDiT's, then the hybrid ones.
 struct HybridDiTOptions : SimpleDiTOptions {
-  /// S5 state size N per direction, e.g. 64
-  TORCH_ARG(int64_t, ssm_state_dim) = 64;
-  /// "N:M" (N SSM blocks then M attention blocks, repeating, e.g. "3:1"), "all-ssm" or "all-attn"
-  TORCH_ARG(std::string, ssm_attention_ratio) = "3:1";
-  /// explicit mixer of every layer ("ssm" or "attn"), length num_layers; empty = use the ratio.
-  /// Setting it together with a ratio other than the default "3:1" is an error
-  TORCH_ARG(std::vector<std::string>, block_pattern) = {};
-  /// S5 in both directions along the scan order
-  TORCH_ARG(bool, bidirectional_ssm) = true;
-  /// 2D state fusion (depthwise 3x3 convs, dilations 1, 2, 3) after each SSM mixer
-  TORCH_ARG(bool, use_2d_fusion) = false;
+#define DEW_HYBRID_DIT_FIELDS(F, C)                                                                                    \
+  F(int64_t, ssm_state_dim, 64, "S5 state size N per direction")                                                       \
+  F(std::string, ssm_attention_ratio, "3:1", "\"N:M\" SSM:attention blocks repeating (e.g. 3:1), all-ssm or all-attn") \
+  F(std::vector<std::string>, block_pattern, {},                                                                       \
+    "mixer of each layer, ssm or attn (length num_layers; empty = use the ratio; set, it needs the ratio 3:1)")        \
+  F(bool, bidirectional_ssm, true, "S5 forward and backward along the scan, concatenated and projected")               \
+  F(bool, use_2d_fusion, false, "depthwise 3x3 convs (dilations 1, 2, 3) on the token grid after each S5")
+  DEW_OPTION_MEMBERS(DEW_HYBRID_DIT_FIELDS)
 
  public:
   template <class V>
   void visit(V& v) {
     SimpleDiTOptions::visit(v);
-    v("ssm_state_dim", ssm_state_dim_, "S5 state size per direction");
-    v("ssm_attention_ratio", ssm_attention_ratio_, "\"N:M\" SSM:attention blocks repeating (e.g. 3:1), all-ssm or all-attn");
-    v("block_pattern", block_pattern_, "mixer of each layer, ssm or attn (length num_layers; empty = use the ratio)");
-    v("bidirectional_ssm", bidirectional_ssm_, "S5 forward and backward along the scan, concatenated and projected");
-    v("use_2d_fusion", use_2d_fusion_, "depthwise 3x3 convs (dilations 1, 2, 3) on the token grid after each S5");
+    DEW_VISIT_FIELDS(DEW_HYBRID_DIT_FIELDS)
   }
+#undef DEW_HYBRID_DIT_FIELDS
 };
 
 /// The layer kinds ("ssm" / "attn") of `o`, from block_pattern or the ratio; dew::Error for a bad ratio,

@@ -13,7 +13,6 @@
 // LayerNorm. Images use I-JEPA's 2D table (first half of each row: the column, second half: the row);
 // video uses V-JEPA's 3D table ([time: D/2, row: D/4, column: D/4]). Tokens are in raster order (t, h, w).
 #pragma once
-#include <torch/arg.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
@@ -28,51 +27,33 @@ namespace dew::nn {
 /// Fields of `jepa_encoder` (and, with frames and tubelet_size, of `jepa_video_encoder`).
 /// Example: JepaEncoderOptions().image_size(28).patch_size(4).in_channels(1).emb_features(192)
 struct JepaEncoderOptions {
-  /// side of the (square) input in pixels, a multiple of patch_size
-  TORCH_ARG(int64_t, image_size) = 224;
-  /// patch side in pixels
-  TORCH_ARG(int64_t, patch_size) = 16;
-  /// input channels
-  TORCH_ARG(int64_t, in_channels) = 3;
-  /// width D (video: divisible by 8, for the 3D table)
-  TORCH_ARG(int64_t, emb_features) = 384;
-  /// ViT blocks
-  TORCH_ARG(int64_t, num_layers) = 12;
-  /// attention heads (D divisible by it)
-  TORCH_ARG(int64_t, num_heads) = 6;
-  /// MLP hidden width = mlp_ratio * D
-  TORCH_ARG(double, mlp_ratio) = 4.0;
-  /// epsilon of every LayerNorm (I-JEPA: 1e-6)
-  TORCH_ARG(double, norm_eps) = 1e-6;
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// std of the (truncated) normal initialisation of linear and conv weights
-  TORCH_ARG(double, init_std) = 0.02;
-  /// video only: frames T of an input (a multiple of tubelet_size); 0 = an image encoder
-  TORCH_ARG(int64_t, frames) = 0;
-  /// video only: frames per tubelet
-  TORCH_ARG(int64_t, tubelet_size) = 2;
+#define DEW_JEPA_ENCODER_FIELDS(F, C)                                                                 \
+  F(int64_t, image_size, 224, "input side in pixels (square; a multiple of patch_size)")              \
+  F(int64_t, patch_size, 16, "patch side in pixels")                                                  \
+  F(int64_t, in_channels, 3, "input channels")                                                        \
+  F(int64_t, emb_features, 384, "encoder width D (video: divisible by 8, for the 3D position table)") \
+  F(int64_t, num_layers, 12, "ViT blocks")                                                            \
+  F(int64_t, num_heads, 6, "attention heads (D divisible by it)")                                     \
+  F(double, mlp_ratio, 4.0, "MLP hidden width = mlp_ratio * D")                                       \
+  F(double, norm_eps, 1e-6, "LayerNorm epsilon (I-JEPA: 1e-6)")                                       \
+  C(attention_impl, "auto", ({"auto", "reference", "chunked", "sdpa"}), "attention implementation")   \
+  F(double, init_std, 0.02, "std of the initial (truncated normal) linear and conv weights")
+  DEW_OPTIONS(DEW_JEPA_ENCODER_FIELDS)
+#undef DEW_JEPA_ENCODER_FIELDS
+
+  // Video only; frames 0 = an image encoder.
+#define DEW_JEPA_CLIP_FIELDS(F, C)                                      \
+  F(int64_t, frames, 0, "frames per clip (a multiple of tubelet_size)") \
+  F(int64_t, tubelet_size, 2, "frames per tubelet (the temporal patch)")
+  DEW_OPTION_MEMBERS(DEW_JEPA_CLIP_FIELDS)
 
  public:
-  template <class V>
-  void visit(V& v) {
-    v("image_size", image_size_, "input side in pixels (a multiple of patch_size)");
-    v("patch_size", patch_size_, "patch side in pixels");
-    v("in_channels", in_channels_, "input channels");
-    v("emb_features", emb_features_, "encoder width D");
-    v("num_layers", num_layers_, "ViT blocks");
-    v("num_heads", num_heads_, "attention heads");
-    v("mlp_ratio", mlp_ratio_, "MLP hidden width = mlp_ratio * D");
-    v("norm_eps", norm_eps_, "LayerNorm epsilon");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("init_std", init_std_, "std of the initial linear and conv weights");
-  }
   /// The clip fields, visited by jepa_video_encoder only.
   template <class V>
   void visit_clip(V& v) {
-    v("frames", frames_, "frames per clip (a multiple of tubelet_size)");
-    v("tubelet_size", tubelet_size_, "frames per tubelet (the temporal patch)");
+    DEW_VISIT_FIELDS(DEW_JEPA_CLIP_FIELDS)
   }
+#undef DEW_JEPA_CLIP_FIELDS
 };
 
 /// Fields of `jepa_video_encoder`: the encoder's plus the clip length.
@@ -89,38 +70,21 @@ struct JepaVideoEncoderOptions : JepaEncoderOptions {
 
 /// Fields of `jepa_predictor`. The grid fields must be the encoder's (a JEPA run copies them).
 struct JepaPredictorOptions {
-  /// the encoder's image_size, patch_size, frames (0 = images) and tubelet_size
-  TORCH_ARG(int64_t, image_size) = 224;
-  TORCH_ARG(int64_t, patch_size) = 16;
-  TORCH_ARG(int64_t, frames) = 0;
-  TORCH_ARG(int64_t, tubelet_size) = 2;
-  /// the encoder's width D (input and output of the predictor)
-  TORCH_ARG(int64_t, encoder_features) = 384;
-  /// predictor width
-  TORCH_ARG(int64_t, emb_features) = 192;
-  TORCH_ARG(int64_t, num_layers) = 6;
-  TORCH_ARG(int64_t, num_heads) = 6;
-  TORCH_ARG(double, mlp_ratio) = 4.0;
-  TORCH_ARG(double, norm_eps) = 1e-6;
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  TORCH_ARG(double, init_std) = 0.02;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("image_size", image_size_, "the encoder's input side in pixels");
-    v("patch_size", patch_size_, "the encoder's patch side");
-    v("frames", frames_, "the encoder's frames per clip (0 = images)");
-    v("tubelet_size", tubelet_size_, "the encoder's frames per tubelet");
-    v("encoder_features", encoder_features_, "the encoder's width (input and output)");
-    v("emb_features", emb_features_, "predictor width");
-    v("num_layers", num_layers_, "ViT blocks");
-    v("num_heads", num_heads_, "attention heads");
-    v("mlp_ratio", mlp_ratio_, "MLP hidden width = mlp_ratio * width");
-    v("norm_eps", norm_eps_, "LayerNorm epsilon");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("init_std", init_std_, "std of the initial linear weights and the mask token");
-  }
+#define DEW_JEPA_PREDICTOR_FIELDS(F, C)                                                             \
+  F(int64_t, image_size, 224, "the encoder's input side in pixels")                                 \
+  F(int64_t, patch_size, 16, "the encoder's patch side")                                            \
+  F(int64_t, frames, 0, "the encoder's frames per clip (0 = images)")                               \
+  F(int64_t, tubelet_size, 2, "the encoder's frames per tubelet")                                   \
+  F(int64_t, encoder_features, 384, "the encoder's width (input and output)")                       \
+  F(int64_t, emb_features, 192, "predictor width")                                                  \
+  F(int64_t, num_layers, 6, "ViT blocks")                                                           \
+  F(int64_t, num_heads, 6, "attention heads")                                                       \
+  F(double, mlp_ratio, 4.0, "MLP hidden width = mlp_ratio * width")                                 \
+  F(double, norm_eps, 1e-6, "LayerNorm epsilon")                                                    \
+  C(attention_impl, "auto", ({"auto", "reference", "chunked", "sdpa"}), "attention implementation") \
+  F(double, init_std, 0.02, "std of the initial linear weights and the mask token")
+  DEW_OPTIONS(DEW_JEPA_PREDICTOR_FIELDS)
+#undef DEW_JEPA_PREDICTOR_FIELDS
 };
 
 /// The token grid of an encoder or predictor of these fields (dew::Error naming a bad field).

@@ -9,7 +9,6 @@
 // embedding + projected masked mean of the text context. RoPE runs over the sequence index in raster
 // order; under hilbert and zigzag the sequence index is not a grid coordinate, so no rotation is applied.
 #pragma once
-#include <torch/arg.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
@@ -19,69 +18,29 @@
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/dit_common.h"
 #include "dew/nn/blocks.h"
+#include "dew/nn/option_fields.h"
 #include "dew/nn/scan.h"
 
 namespace dew::nn {
 
 /// Fields of `simple_dit`. Example: SimpleDiTOptions().patch_size(2).emb_features(256).num_layers(4)
 struct SimpleDiTOptions {
-  /// channels of the prediction, e.g. 3
-  TORCH_ARG(int64_t, output_channels) = 3;
-  /// patch side in pixels; H and W must be multiples of it, e.g. 16
-  TORCH_ARG(int64_t, patch_size) = 16;
-  /// transformer width D (divisible by 4 and by num_heads), e.g. 768
-  TORCH_ARG(int64_t, emb_features) = 768;
-  /// number of DiT blocks
-  TORCH_ARG(int64_t, num_layers) = 12;
-  /// attention heads; D / num_heads must be even (RoPE)
-  TORCH_ARG(int64_t, num_heads) = 12;
-  /// MLP hidden width = mlp_ratio * D
-  TORCH_ARG(double, mlp_ratio) = 4.0;
-  /// dropout in attention outputs and MLPs
-  TORCH_ARG(double, dropout_rate) = 0.0;
-  /// softmax in fp32 under bf16/fp16 compute
-  TORCH_ARG(bool, force_fp32_for_softmax) = true;
-  /// epsilon of the LayerNorms
-  TORCH_ARG(double, norm_epsilon) = 1e-5;
-  /// RMSNorm on queries and keys
-  TORCH_ARG(bool, qk_norm) = false;
-  /// token order: raster, hilbert or zigzag
-  TORCH_ARG(std::string, scan_order) = "raster";
-  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32)
-  TORCH_ARG(std::string, dtype) = "float32";
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// recompute each block's activations in backward
-  TORCH_ARG(bool, remat) = false;
-  /// channels of the input, e.g. 3 (4 for SD latents)
-  TORCH_ARG(int64_t, in_channels) = 3;
-  /// classes of the label embedding; 0 = unconditional. The table has num_classes + 1 rows, the last
-  /// being the null class
-  TORCH_ARG(int64_t, num_classes) = 0;
-  /// width of text context features; 0 = no text
-  TORCH_ARG(int64_t, context_features) = 0;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("output_channels", output_channels_, "channels of the prediction");
-    v("patch_size", patch_size_, "patch side in pixels (H and W must be multiples)");
-    v("emb_features", emb_features_, "transformer width D");
-    v("num_layers", num_layers_, "number of DiT blocks");
-    v("num_heads", num_heads_, "attention heads (D / num_heads even)");
-    v("mlp_ratio", mlp_ratio_, "MLP hidden width = mlp_ratio * D");
-    v("dropout_rate", dropout_rate_, "dropout in attention outputs and MLPs");
-    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
-    v("norm_epsilon", norm_epsilon_, "LayerNorm epsilon");
-    v("qk_norm", qk_norm_, "RMSNorm on queries and keys");
-    v.choice("scan_order", scan_order_, {"raster", "hilbert", "zigzag"}, "token order of the patch grid");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute block activations in backward (gradient checkpointing)");
-    v("in_channels", in_channels_, "channels of the input");
-    v("num_classes", num_classes_, "label classes (0 = unconditional); label num_classes is the null class");
-    v("context_features", context_features_, "width of text context features (0 = no text)");
-  }
+#define DEW_SIMPLE_DIT_FIELDS(F, C)                                                           \
+  F(int64_t, output_channels, 3, "channels of the prediction")                                \
+  F(int64_t, patch_size, 16, "patch side in pixels (H and W must be multiples of it)")        \
+  F(int64_t, emb_features, 768, "transformer width D (divisible by 4 and by num_heads)")      \
+  F(int64_t, num_layers, 12, "number of DiT blocks")                                          \
+  F(int64_t, num_heads, 12, "attention heads (D / num_heads even, for RoPE)")                 \
+  F(double, mlp_ratio, 4.0, "MLP hidden width = mlp_ratio * D")                               \
+  F(double, dropout_rate, 0.0, "dropout in attention outputs and MLPs")                       \
+  F(bool, force_fp32_for_softmax, true, "softmax in fp32 under bf16/fp16 compute")            \
+  F(double, norm_epsilon, 1e-5, "LayerNorm epsilon")                                          \
+  F(bool, qk_norm, false, "RMSNorm on queries and keys")                                      \
+  C(scan_order, "raster", ({"raster", "hilbert", "zigzag"}), "token order of the patch grid") \
+  DEW_COMPUTE_FIELDS(F, C, "block")                                                           \
+  DEW_DENOISER_INPUT_FIELDS(F, 0, "0 = no text")
+  DEW_OPTIONS(DEW_SIMPLE_DIT_FIELDS)
+#undef DEW_SIMPLE_DIT_FIELDS
 };
 
 /// The SimpleDiT backbone. Parameters (names stable across dtype, attention_impl and remat):

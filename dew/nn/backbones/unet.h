@@ -22,66 +22,30 @@
 
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/blocks.h"
+#include "dew/nn/option_fields.h"
 
 namespace dew::nn {
 
 /// Fields of `unet`. Example: UnetOptions().feature_depths({64, 128}).attention_configs({{}, 4})
 struct UnetOptions {
-  /// channels of the prediction
-  TORCH_ARG(int64_t, output_channels) = 3;
-  /// width of the time embedding, e.g. 256
-  TORCH_ARG(int64_t, emb_features) = 256;
-  /// channels per level, e.g. (64, 128, 256, 512); each a multiple of norm_groups
-  TORCH_ARG(std::vector<int64_t>, feature_depths) = std::vector<int64_t>{64, 128, 256, 512};
-  /// attention heads per level, or null for none; one entry per level
-  TORCH_ARG(std::vector<std::optional<int64_t>>, attention_configs) =
-      std::vector<std::optional<int64_t>>{8, 8, 8, 8};
-  /// residual blocks per level on the way down (one more on the way up)
-  TORCH_ARG(int64_t, num_res_blocks) = 2;
-  /// (res, attention, res) groups in the middle
-  TORCH_ARG(int64_t, num_middle_res_blocks) = 1;
-  /// activation of the residual blocks: swish, silu, gelu, gelu_tanh, relu, mish
-  TORCH_ARG(std::string, activation) = "swish";
-  /// GroupNorm groups
-  TORCH_ARG(int64_t, norm_groups) = 8;
-  /// channels of the input
-  TORCH_ARG(int64_t, in_channels) = 3;
-  /// label classes (0 = unconditional); the table has num_classes + 1 rows, the last the null class
-  TORCH_ARG(int64_t, num_classes) = 0;
-  /// width of text context features for cross-attention; 0 = no text
-  TORCH_ARG(int64_t, context_features) = 0;
-  /// dropout inside residual blocks
-  TORCH_ARG(double, dropout_rate) = 0.0;
-  /// softmax in fp32 under bf16/fp16 compute
-  TORCH_ARG(bool, force_fp32_for_softmax) = true;
-  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32)
-  TORCH_ARG(std::string, dtype) = "float32";
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// recompute each block's activations in backward
-  TORCH_ARG(bool, remat) = false;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("output_channels", output_channels_, "channels of the prediction");
-    v("emb_features", emb_features_, "width of the time embedding");
-    v("feature_depths", feature_depths_, "channels per level (multiples of norm_groups)");
-    v("attention_configs", attention_configs_, "attention heads per level, null for none");
-    v("num_res_blocks", num_res_blocks_, "residual blocks per level (one more on the way up)");
-    v("num_middle_res_blocks", num_middle_res_blocks_, "(res, attention, res) groups in the middle");
-    v.choice("activation", activation_, {"swish", "silu", "gelu", "gelu_tanh", "relu", "mish"},
-             "activation of the residual blocks");
-    v("norm_groups", norm_groups_, "GroupNorm groups");
-    v("in_channels", in_channels_, "channels of the input");
-    v("num_classes", num_classes_, "label classes (0 = unconditional); label num_classes is the null class");
-    v("context_features", context_features_, "width of text context features (0 = no text)");
-    v("dropout_rate", dropout_rate_, "dropout inside residual blocks");
-    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute block activations in backward (gradient checkpointing)");
-  }
+#define DEW_UNET_FIELDS(F, C)                                                                                  \
+  F(int64_t, output_channels, 3, "channels of the prediction")                                                 \
+  F(int64_t, emb_features, 256, "width of the time embedding")                                                 \
+  F(std::vector<int64_t>, feature_depths, (std::vector<int64_t>{64, 128, 256, 512}),                           \
+    "channels per level (multiples of norm_groups)")                                                           \
+  F(std::vector<std::optional<int64_t>>, attention_configs, (std::vector<std::optional<int64_t>>{8, 8, 8, 8}), \
+    "attention heads per level, null for none")                                                                \
+  F(int64_t, num_res_blocks, 2, "residual blocks per level on the way down (one more on the way up)")          \
+  F(int64_t, num_middle_res_blocks, 1, "(res, attention, res) groups in the middle")                           \
+  C(activation, "swish", ({"swish", "silu", "gelu", "gelu_tanh", "relu", "mish"}),                             \
+    "activation of the residual blocks")                                                                       \
+  F(int64_t, norm_groups, 8, "GroupNorm groups")                                                               \
+  DEW_DENOISER_INPUT_FIELDS(F, 0, "0 = no text")                                                               \
+  F(double, dropout_rate, 0.0, "dropout inside residual blocks")                                               \
+  F(bool, force_fp32_for_softmax, true, "softmax in fp32 under bf16/fp16 compute")                             \
+  DEW_COMPUTE_FIELDS(F, C, "block")
+  DEW_OPTIONS(DEW_UNET_FIELDS)
+#undef DEW_UNET_FIELDS
 };
 
 /// Options of UnetAttention. Example: UnetAttentionOptions(256, 8).context_dim(768)

@@ -14,7 +14,6 @@
 // reverse (concatenated on channels), transformers on cross-attention levels, nearest 2x + conv. Out:
 // GroupNorm, SiLU, conv_out.
 #pragma once
-#include <torch/arg.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
@@ -26,111 +25,62 @@
 
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/diffusers_blocks.h"
+#include "dew/nn/option_fields.h"
 
 namespace dew::nn {
 
 /// One resolution level of UNet2DCondition. Example: UNetStage{640, 10, 2} (SDXL's middle level)
 struct UNetStage {
-  /// channels of the level (block_out_channels[i])
   int64_t features = 320;
-  /// attention heads of its transformers (diffusers' attention_head_dim / num_attention_heads)
   int64_t heads = 8;
-  /// transformer blocks per spatial transformer (transformer_layers_per_block[i])
   int64_t depth = 1;
-  /// the level has spatial transformers (CrossAttnDownBlock2D / CrossAttnUpBlock2D); false: resnets only
   bool cross_attention = true;
-  /// attn1 attends to the text instead of the image (only_cross_attention)
   bool cross_only = false;
   template <class V>
   void visit(V& v) {
-    v("features", features, "channels of the level");
-    v("heads", heads, "attention heads of its transformers");
-    v("depth", depth, "transformer blocks per spatial transformer");
-    v("cross_attention", cross_attention, "the level has spatial transformers (self + cross-attention)");
-    v("cross_only", cross_only, "attn1 attends to the text instead of the image");
+    v("features", features, "channels of the level (block_out_channels[i])");
+    v("heads", heads, "attention heads of its transformers (diffusers' attention_head_dim / num_attention_heads)");
+    v("depth", depth, "transformer blocks per spatial transformer (transformer_layers_per_block[i])");
+    v("cross_attention", cross_attention,
+      "the level has spatial transformers, self + cross-attention (CrossAttnDownBlock2D / CrossAttnUpBlock2D); "
+      "false: resnets only");
+    v("cross_only", cross_only, "attn1 attends to the text instead of the image (only_cross_attention)");
   }
 };
 
 /// Fields of `unet_2d_condition`. Defaults are SD 1.5's UNet.
 struct UNet2DConditionOptions {
-  /// latent channels in (without inpaint channels)
-  TORCH_ARG(int64_t, in_channels) = 4;
-  /// channels of the prediction
-  TORCH_ARG(int64_t, output_channels) = 4;
-  /// the levels, shallowest first
-  TORCH_ARG(std::vector<UNetStage>, stages) = std::vector<UNetStage>{
-      {320, 8, 1, true, false}, {640, 8, 1, true, false}, {1280, 8, 1, true, false}, {1280, 8, 1, false, false}};
-  /// resnets per level on the way down (one more on the way up)
-  TORCH_ARG(int64_t, blocks_per_level) = 2;
-  /// width of the text context (cross_attention_dim); 0 = no cross-attention (transformers self-attend)
-  TORCH_ARG(int64_t, context_features) = 768;
-  /// the transformers' proj_in / proj_out are Linear (SD 2.x, SDXL) instead of 1x1 convs
-  TORCH_ARG(bool, linear_projection) = false;
-  /// SDXL's micro-conditioning: width of each time id's sinusoid (addition_time_embed_dim); 0 = none
-  TORCH_ARG(int64_t, additional_time_features) = 0;
-  /// width of [pooled text, sinusoids of the time ids] (projection_class_embeddings_input_dim)
-  TORCH_ARG(int64_t, additional_embedding_features) = 0;
-  /// the middle block has a spatial transformer between its two resnets (UNetMidBlock2DCrossAttn); false:
-  /// one resnet (UNetMidBlock2D)
-  TORCH_ARG(bool, middle_attention) = true;
-  /// downscale_freq_shift of the time sinusoid (freq_shift)
-  TORCH_ARG(double, frequency_shift) = 0.0;
-  /// the sinusoid is [cos, sin] (flip_sin_to_cos)
-  TORCH_ARG(bool, cosine_first) = true;
-  /// dropout inside the resnets and transformer blocks
-  TORCH_ARG(double, dropout) = 0.0;
-  /// GroupNorm groups of resnets, transformers and the output norm
-  TORCH_ARG(int64_t, norm_groups) = 32;
-  /// epsilon of the resnets' and the output's GroupNorms (norm_eps)
-  TORCH_ARG(double, norm_epsilon) = 1e-5;
-  /// epsilon of the GroupNorm in front of each spatial transformer
-  TORCH_ARG(double, attention_norm_epsilon) = 1e-6;
-  /// the feed-forward's GEGLU uses the tanh GELU
-  TORCH_ARG(bool, approximate_gelu) = false;
-  /// extra input channels of an inpainting model (mask + masked-image latents, 5 for SD), read from
-  /// cond.extra "mask" [B, 1, H, W] and "masked_image_latents" [B, inpaint_channels - 1, H, W] and
-  /// concatenated after x, as diffusers' inpainting pipeline does
-  TORCH_ARG(int64_t, inpaint_channels) = 0;
-  /// label classes (0 = none); class_embedding has num_classes + 1 rows, the last the null class
-  TORCH_ARG(int64_t, num_classes) = 0;
-  /// attention scores in float32 under half precision (upcast_attention); float32 runs are unaffected
-  TORCH_ARG(bool, upcast_attention) = false;
-  TORCH_ARG(bool, force_fp32_for_softmax) = true;
-  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32; a float64 model runs float64)
-  TORCH_ARG(std::string, dtype) = "float32";
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// recompute each resnet's and transformer's activations in backward
-  TORCH_ARG(bool, remat) = false;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("in_channels", in_channels_, "latent channels in (without inpaint channels)");
-    v("output_channels", output_channels_, "channels of the prediction");
-    v("stages", stages_, "levels, shallowest first: {features, heads, depth, cross_attention, cross_only}");
-    v("blocks_per_level", blocks_per_level_, "resnets per level (one more on the way up)");
-    v("context_features", context_features_, "width of the text context (0 = none)");
-    v("linear_projection", linear_projection_, "transformer proj_in/proj_out as Linear instead of 1x1 conv");
-    v("additional_time_features", additional_time_features_, "SDXL: sinusoid width per time id (0 = none)");
-    v("additional_embedding_features", additional_embedding_features_,
-      "SDXL: width of [pooled text, time id sinusoids]");
-    v("middle_attention", middle_attention_, "middle block: resnet, transformer, resnet (false: one resnet)");
-    v("frequency_shift", frequency_shift_, "downscale_freq_shift of the time sinusoid");
-    v("cosine_first", cosine_first_, "time sinusoid as [cos, sin]");
-    v("dropout", dropout_, "dropout in resnets and transformer blocks");
-    v("norm_groups", norm_groups_, "GroupNorm groups");
-    v("norm_epsilon", norm_epsilon_, "epsilon of the resnets' and output GroupNorms");
-    v("attention_norm_epsilon", attention_norm_epsilon_, "epsilon of the GroupNorm before each transformer");
-    v("approximate_gelu", approximate_gelu_, "GEGLU with the tanh GELU");
-    v("inpaint_channels", inpaint_channels_, "extra inpainting input channels (mask + masked latents)");
-    v("num_classes", num_classes_, "label classes (0 = none); label num_classes is the null class");
-    v("upcast_attention", upcast_attention_, "attention scores in float32 under half precision");
-    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute block activations in backward (gradient checkpointing)");
-  }
+#define DEW_UNET_2D_CONDITION_FIELDS(F, C)                                                                           \
+  F(int64_t, in_channels, 4, "latent channels in (without inpaint channels)")                                        \
+  F(int64_t, output_channels, 4, "channels of the prediction")                                                       \
+  F(std::vector<UNetStage>, stages,                                                                                  \
+    (std::vector<UNetStage>{                                                                                         \
+        {320, 8, 1, true, false}, {640, 8, 1, true, false}, {1280, 8, 1, true, false}, {1280, 8, 1, false, false}}), \
+    "levels, shallowest first: {features, heads, depth, cross_attention, cross_only}")                               \
+  F(int64_t, blocks_per_level, 2, "resnets per level on the way down (one more on the way up)")                      \
+  F(int64_t, context_features, 768,                                                                                  \
+    "width of the text context, cross_attention_dim (0 = none: the transformers self-attend)")                       \
+  F(bool, linear_projection, false, "transformer proj_in/proj_out as Linear instead of 1x1 conv (SD 2.x, SDXL)")     \
+  F(int64_t, additional_time_features, 0, "SDXL: sinusoid width per time id, addition_time_embed_dim (0 = none)")    \
+  F(int64_t, additional_embedding_features, 0,                                                                       \
+    "SDXL: width of [pooled text, time id sinusoids] (projection_class_embeddings_input_dim)")                       \
+  F(bool, middle_attention, true, "middle block: resnet, transformer, resnet (false: one resnet)")                   \
+  F(double, frequency_shift, 0.0, "downscale_freq_shift of the time sinusoid (freq_shift)")                          \
+  F(bool, cosine_first, true, "time sinusoid as [cos, sin] (flip_sin_to_cos)")                                       \
+  F(double, dropout, 0.0, "dropout in resnets and transformer blocks")                                               \
+  F(int64_t, norm_groups, 32, "GroupNorm groups of resnets, transformers and the output norm")                       \
+  F(double, norm_epsilon, 1e-5, "epsilon of the resnets' and output GroupNorms (norm_eps)")                          \
+  F(double, attention_norm_epsilon, 1e-6, "epsilon of the GroupNorm before each transformer")                        \
+  F(bool, approximate_gelu, false, "GEGLU with the tanh GELU")                                                       \
+  F(int64_t, inpaint_channels, 0,                                                                                    \
+    "extra inpainting input channels (5 for SD): cond.extra mask [B, 1, H, W] and masked_image_latents "             \
+    "[B, inpaint_channels - 1, H, W], concatenated after x")                                                         \
+  F(int64_t, num_classes, 0, "label classes (0 = none); label num_classes is the null class")                        \
+  F(bool, upcast_attention, false, "attention scores in float32 under half precision")                               \
+  F(bool, force_fp32_for_softmax, true, "softmax in fp32 under bf16/fp16 compute")                                   \
+  DEW_COMPUTE_FIELDS(F, C, "block")
+  DEW_OPTIONS(DEW_UNET_2D_CONDITION_FIELDS)
+#undef DEW_UNET_2D_CONDITION_FIELDS
 };
 
 /// diffusers' TimestepEmbedding: linear_2(SiLU(linear_1(x))). Parameters: linear_1, linear_2.

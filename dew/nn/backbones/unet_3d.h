@@ -32,8 +32,9 @@ namespace dew::nn {
 /// GroupNorm) plus temporal_heads. The unet setters return UnetOptions&, so set temporal_heads last:
 /// Example: UNet3DOptions o; o.feature_depths({64, 128}).attention_configs({{}, 4}); o.temporal_heads(4);
 struct UNet3DOptions : UnetOptions {
-  /// heads of the temporal attention; must divide every feature depth, e.g. 8
-  TORCH_ARG(int64_t, temporal_heads) = 8;
+#define DEW_UNET_3D_FIELDS(F, C) \
+  F(int64_t, temporal_heads, 8, "heads of the temporal attention (divides every feature depth)")
+  DEW_OPTION_MEMBERS(DEW_UNET_3D_FIELDS)
 
  public:
   /// The fields of the spatial body as `unet` options.
@@ -42,8 +43,9 @@ struct UNet3DOptions : UnetOptions {
   template <class V>
   void visit(V& v) {
     UnetOptions::visit(v);
-    v("temporal_heads", temporal_heads_, "heads of the temporal attention (divides every feature depth)");
+    DEW_VISIT_FIELDS(DEW_UNET_3D_FIELDS)
   }
+#undef DEW_UNET_3D_FIELDS
 };
 
 /// Options of TemporalBlock. Example: TemporalBlockOptions(128, 8).norm_groups(8)

@@ -22,7 +22,6 @@
 //   h = project_out(h)                      if use_projection
 //   return explicitly_add_residual ? x + h : h
 #pragma once
-#include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/conv.h>
@@ -37,83 +36,34 @@
 #include "dew/nn/attention.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/blocks.h"
+#include "dew/nn/option_fields.h"
 
 namespace dew::nn {
 
 /// Fields of `uvit`. Example: UViTOptions().patch_size(2).emb_features(256).num_layers(6).image_size(64)
 struct UViTOptions {
-  /// channels of the prediction, e.g. 3
-  TORCH_ARG(int64_t, output_channels) = 3;
-  /// patch side in pixels; H and W must be multiples of it, e.g. 16
-  TORCH_ARG(int64_t, patch_size) = 16;
-  /// transformer width D (even, divisible by num_heads), e.g. 768
-  TORCH_ARG(int64_t, emb_features) = 768;
-  /// down + up blocks (even); one mid block is added, so num_layers + 1 blocks in all
-  TORCH_ARG(int64_t, num_layers) = 12;
-  /// attention heads
-  TORCH_ARG(int64_t, num_heads) = 12;
-  /// GEGLU hidden width = mlp_ratio * D (4 in the original)
-  TORCH_ARG(double, mlp_ratio) = 4.0;
-  /// dropout on attention outputs and the MLP output (the original declares 0.1 but never applies it)
-  TORCH_ARG(double, dropout_rate) = 0.0;
-  /// softmax in fp32 under bf16/fp16 compute
-  TORCH_ARG(bool, force_fp32_for_softmax) = true;
-  /// epsilon of the RMSNorms and LayerNorms
-  TORCH_ARG(double, norm_epsilon) = 1e-5;
-  /// bias-free Linear D -> D before and after each block's attention/MLP body
-  TORCH_ARG(bool, use_projection) = false;
-  /// self-attention before the (input-keyed) second attention in every block
-  TORCH_ARG(bool, use_self_and_cross) = false;
-  /// RMSNorm on each block's input (the normed input is also what the residual adds to)
-  TORCH_ARG(bool, norm_inputs) = false;
-  /// add the block input to the block output (an outer residual around the block)
-  TORCH_ARG(bool, explicitly_add_residual) = true;
-  /// refine the prediction with conv3x3(in + out -> 64), LayerNorm, activation, conv3x3(64 -> out)
-  TORCH_ARG(bool, add_residualblock_output) = false;
-  /// activation of that refinement: one of activations()
-  TORCH_ARG(std::string, activation) = "swish";
-  /// the position table has (image_size / patch_size)^2 rows: the largest image side it covers
-  TORCH_ARG(int64_t, image_size) = 512;
-  /// compute dtype: float32, bfloat16 or float16 (parameters stay float32)
-  TORCH_ARG(std::string, dtype) = "float32";
-  /// auto, reference, chunked or sdpa
-  TORCH_ARG(std::string, attention_impl) = "auto";
-  /// recompute each block's activations in backward
-  TORCH_ARG(bool, remat) = false;
-  /// channels of the input, e.g. 3 (4 for SD latents)
-  TORCH_ARG(int64_t, in_channels) = 3;
-  /// classes of the label token's table; 0 = no label token. The table has num_classes + 1 rows, the
-  /// last being the null class
-  TORCH_ARG(int64_t, num_classes) = 0;
-  /// width of text context features; 0 = no text
-  TORCH_ARG(int64_t, context_features) = 0;
-
- public:
-  template <class V>
-  void visit(V& v) {
-    v("output_channels", output_channels_, "channels of the prediction");
-    v("patch_size", patch_size_, "patch side in pixels (H and W must be multiples)");
-    v("emb_features", emb_features_, "transformer width D");
-    v("num_layers", num_layers_, "down + up blocks (even); a mid block is added");
-    v("num_heads", num_heads_, "attention heads");
-    v("mlp_ratio", mlp_ratio_, "GEGLU hidden width = mlp_ratio * D");
-    v("dropout_rate", dropout_rate_, "dropout on attention outputs and the MLP output");
-    v("force_fp32_for_softmax", force_fp32_for_softmax_, "softmax in fp32 under bf16/fp16 compute");
-    v("norm_epsilon", norm_epsilon_, "RMSNorm / LayerNorm epsilon");
-    v("use_projection", use_projection_, "bias-free D -> D projections around each block body");
-    v("use_self_and_cross", use_self_and_cross_, "self-attention before the input-keyed attention in each block");
-    v("norm_inputs", norm_inputs_, "RMSNorm on each block's input");
-    v("explicitly_add_residual", explicitly_add_residual_, "outer residual: block output + block input");
-    v("add_residualblock_output", add_residualblock_output_, "refine the prediction with two 3x3 convs over [input, prediction]");
-    v.choice("activation", activation_, activations(), "activation of the output refinement");
-    v("image_size", image_size_, "largest image side the position table covers ((image_size/patch_size)^2 rows)");
-    v.choice("dtype", dtype_, {"float32", "bfloat16", "float16"}, "compute dtype (parameters stay float32)");
-    v.choice("attention_impl", attention_impl_, {"auto", "reference", "chunked", "sdpa"}, "attention implementation");
-    v("remat", remat_, "recompute block activations in backward (gradient checkpointing)");
-    v("in_channels", in_channels_, "channels of the input");
-    v("num_classes", num_classes_, "label classes (0 = no label token); label num_classes is the null class");
-    v("context_features", context_features_, "width of text context features (0 = no text)");
-  }
+#define DEW_UVIT_FIELDS(F, C)                                                                                   \
+  F(int64_t, output_channels, 3, "channels of the prediction")                                                  \
+  F(int64_t, patch_size, 16, "patch side in pixels (H and W must be multiples of it)")                          \
+  F(int64_t, emb_features, 768, "transformer width D (even, divisible by num_heads)")                           \
+  F(int64_t, num_layers, 12, "down + up blocks (even); a mid block is added")                                   \
+  F(int64_t, num_heads, 12, "attention heads")                                                                  \
+  F(double, mlp_ratio, 4.0, "GEGLU hidden width = mlp_ratio * D")                                               \
+  F(double, dropout_rate, 0.0,                                                                                  \
+    "dropout on attention outputs and the MLP output (the original declares 0.1 but never applies it)")         \
+  F(bool, force_fp32_for_softmax, true, "softmax in fp32 under bf16/fp16 compute")                              \
+  F(double, norm_epsilon, 1e-5, "RMSNorm / LayerNorm epsilon")                                                  \
+  F(bool, use_projection, false, "bias-free D -> D projections around each block body")                         \
+  F(bool, use_self_and_cross, false, "self-attention before the input-keyed attention in each block")           \
+  F(bool, norm_inputs, false, "RMSNorm on each block's input (the residual adds the normed input)")             \
+  F(bool, explicitly_add_residual, true, "outer residual: block output + block input")                          \
+  F(bool, add_residualblock_output, false, "refine the prediction with two 3x3 convs over [input, prediction]") \
+  C(activation, "swish", (activations()), "activation of the output refinement")                                \
+  F(int64_t, image_size, 512, "largest image side the position table covers ((image_size/patch_size)^2 rows)")  \
+  DEW_COMPUTE_FIELDS(F, C, "block")                                                                             \
+  DEW_DENOISER_INPUT_FIELDS(F, 0, "0 = no text")
+  DEW_OPTIONS(DEW_UVIT_FIELDS)
+#undef DEW_UVIT_FIELDS
 };
 
 /// Bias-free multi-head attention: queries from x, keys and values from a context (x itself for
