@@ -15,9 +15,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "dew/cli/child_process.h"
+#include "dew/bench/child_process.h"
+#include "dew/bench/measure.h"
 #include "dew/cli/commands.h"
-#include "dew/cli/measure.h"
 #include "dew/cli/recipe.h"
 #include "dew/core/rng.h"
 #include "dew/core/threads.h"
@@ -125,8 +125,9 @@ std::vector<double> time_training_steps(const ThreadSplit& split, int64_t warmup
   runs::PreparedRun run = runs::prepare("diffusion", recipe);
   const data::Batch batch = run.built.loader->next();
   run.built.loader.reset();  // stops the loader's worker thread: only the step runs while timed
-  TempDir dir("tune_threads");
-  const auto trainer = fixed_batch_trainer(run.built.objective, batch, run.optim, warmup + steps, dir.path.string());
+  bench::TempDir dir("tune_threads");
+  const auto trainer =
+      bench::fixed_batch_trainer(run.built.objective, batch, run.optim, warmup + steps, dir.path.string());
   apply(split);
   std::vector<double> ms;
   for (int64_t i = 0; i < warmup + steps; ++i) {
@@ -178,10 +179,10 @@ double measure(Workload w, const ThreadSplit& split, int64_t warmup, int64_t ste
   const std::vector<std::string> argv = {exe, "tune", "threads", "--one", workload_name(w), "--split", split_text(split),
                                          "--warmup", std::to_string(warmup), "--steps", std::to_string(steps)};
   // The environment holds the split too, so OpenMP's pool starts at its size and set_threads keeps the BLAS's.
-  const ChildResult c = run_child(argv, {{"OMP_NUM_THREADS", std::to_string(split.intra)},
-                                         {"OPENBLAS_NUM_THREADS", std::to_string(split.blas)},
-                                         {"DEW_THREADS_CACHE", "off"}},
-                                  /*quiet=*/false, {}, "tune threads");
+  const bench::ChildResult c = bench::run_child(argv, {{"OMP_NUM_THREADS", std::to_string(split.intra)},
+                                                       {"OPENBLAS_NUM_THREADS", std::to_string(split.blas)},
+                                                       {"DEW_THREADS_CACHE", "off"}},
+                                                /*quiet=*/false, {}, "tune threads");
   std::string command;
   for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
   DEW_CHECK(c.exit_code == 0, "tune threads: the ", workload_name(w), " measurement of ", split_text(split),
@@ -191,7 +192,7 @@ double measure(Workload w, const ThreadSplit& split, int64_t warmup, int64_t ste
   const json j = json::parse(c.out.substr(last));
   DEW_CHECK(j["intra"] == split.intra && (j["blas"] == -1 || j["blas"] == split.blas), "tune threads: ", command,
             " ran ", j["intra"].dump(), " intra-op x ", j["blas"].dump(), " BLAS threads");
-  return median(j["ms"].get<std::vector<double>>());
+  return bench::median(j["ms"].get<std::vector<double>>());
 }
 
 struct SplitRow {
@@ -257,7 +258,7 @@ int cmd_tune(const std::vector<std::string>& args) {
     std::cout << "current default " << workload_name(w) << ": " << current_default(w, cache) << "\n";
   if (f.has("dry-run")) return 0;
 
-  const std::string load_before = load_average();
+  const std::string load_before = bench::load_average();
   std::map<Workload, std::vector<SplitRow>> table;
   for (const Workload w : workloads)
     for (const auto& s : splits) table[w].push_back(SplitRow{s, {}});
@@ -267,10 +268,10 @@ int cmd_tune(const std::vector<std::string>& args) {
         SplitRow& row = table[w][r % 2 ? splits.size() - 1 - k : k];  // every other round in reverse order
         row.round_ms.push_back(measure(w, row.split, warmup, steps));
         std::cerr << "[dew tune] round " << r + 1 << "/" << rounds << " " << workload_name(w) << " "
-                  << split_text(row.split) << ": " << fixed(row.round_ms.back(), 1) << " ms\n";
+                  << split_text(row.split) << ": " << bench::fixed(row.round_ms.back(), 1) << " ms\n";
       }
-  const std::string load_after = load_average();
-  const std::string when = utc_now();
+  const std::string load_after = bench::load_average();
+  const std::string when = bench::utc_now();
 
   std::map<Workload, MeasuredSplit> winners;
   std::cout << "\n" << when << "; 1-minute load average " << load_before << " before, "
@@ -287,14 +288,14 @@ int cmd_tune(const std::vector<std::string>& args) {
         winner = &row;
     for (const auto& row : rows) {
       std::string each;
-      for (double v : row.round_ms) each += (each.empty() ? "" : ", ") + fixed(v, 1);
+      for (double v : row.round_ms) each += (each.empty() ? "" : ", ") + bench::fixed(v, 1);
       std::string note;
       auto add = [&note](const char* what) { note += (note.empty() ? "" : "; ") + std::string(what); };
       if (&row == &rows.front()) add("fastest");
       if (row.split.intra == builtin.intra && row.split.blas == builtin.blas) add("built-in default");
       if (&row == winner) add("chosen");
-      std::cout << "| " << row.split.intra << " | " << row.split.blas << " | " << fixed(row.best(), 1) << " | " << each
-                << " | " << fixed(row.best() / rows.front().best(), 2) << "x | " << note << " |\n";
+      std::cout << "| " << row.split.intra << " | " << row.split.blas << " | " << bench::fixed(row.best(), 1) << " | "
+                << each << " | " << bench::fixed(row.best() / rows.front().best(), 2) << "x | " << note << " |\n";
     }
     winners[w] = MeasuredSplit{winner->split, winner->best(), when};
   }

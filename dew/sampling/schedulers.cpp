@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <fstream>
 #include <limits>
-#include <sstream>
+
+#include "dew/sampling/scheduler_config.h"
 
 namespace dew::sampling {
 
@@ -13,6 +13,10 @@ using at::Tensor;
 using Vec = std::vector<double>;
 
 namespace {
+
+using detail::ConfigBase;
+using detail::ConfigReader;
+using detail::parse_base;
 
 const auto kF64 = at::TensorOptions().dtype(at::kDouble);
 
@@ -92,131 +96,6 @@ Vec karras_sigmas(double sigma_min, double sigma_max, int64_t n) {
   return out;
 }
 
-// ---- reading scheduler_config.json ----
-
-class Reader {
- public:
-  Reader(const json& cfg, std::string where, std::string cls) : cfg_(cfg), where_(std::move(where)), cls_(std::move(cls)) {}
-  const std::string& where() const { return where_; }
-  const std::string& cls() const { return cls_; }
-  /// The value of a key, or null when absent or null (diffusers treats null as "not set").
-  const json* find(const std::string& key) const {
-    auto it = cfg_.find(key);
-    return it == cfg_.end() || it->is_null() ? nullptr : &*it;
-  }
-  [[noreturn]] void bad(const std::string& key, const json& v, const std::string& accepted) const {
-    std::string shown = v.dump();
-    if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
-    fail(where_, ": ", key, " = ", shown, " is not supported by ", cls_, " here; accepted: ", accepted);
-  }
-  double number(const std::string& key, double def) const {
-    const json* v = find(key);
-    if (!v) return def;
-    if (v->is_number()) return v->get<double>();
-    if (v->is_string()) {  // Python's json writes -Infinity / Infinity / NaN; from_file quotes them
-      const auto s = v->get<std::string>();
-      if (s == "-Infinity") return -std::numeric_limits<double>::infinity();
-      if (s == "Infinity") return std::numeric_limits<double>::infinity();
-      if (s == "NaN") return std::numeric_limits<double>::quiet_NaN();
-    }
-    bad(key, *v, "a number");
-  }
-  std::optional<double> optional_number(const std::string& key) const {
-    if (!find(key)) return std::nullopt;
-    return number(key, 0);
-  }
-  int64_t integer(const std::string& key, int64_t def) const {
-    const json* v = find(key);
-    if (!v) return def;
-    if (v->is_number_integer()) return v->get<int64_t>();
-    if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()) return int64_t(v->get<double>());
-    bad(key, *v, "an integer");
-  }
-  bool flag(const std::string& key, bool def) const {
-    const json* v = find(key);
-    if (!v) return def;
-    if (!v->is_boolean()) bad(key, *v, "true or false");
-    return v->get<bool>();
-  }
-  std::string choice(const std::string& key, const std::string& def, const std::vector<std::string>& ok) const {
-    const json* v = find(key);
-    if (!v) return def;
-    std::string list;
-    for (const auto& c : ok) list += (list.empty() ? "" : ", ") + c;
-    if (!v->is_string() || std::find(ok.begin(), ok.end(), v->get<std::string>()) == ok.end()) bad(key, *v, list);
-    return v->get<std::string>();
-  }
-  /// A boolean setting only `ok` is supported for (e.g. thresholding false).
-  void require_flag(const std::string& key, bool def, bool ok, const std::string& why = "") const {
-    if (flag(key, def) != ok) bad(key, *find(key), std::string(ok ? "true" : "false") + why);
-  }
-
- private:
-  const json& cfg_;
-  std::string where_, cls_;
-};
-
-// The settings every class takes: the betas and the prediction type.
-struct Base {
-  int64_t T = 1000;
-  diffusion::SchedulePtr schedule;
-  Vec ac;  // alphabar, float64
-  std::string prediction;
-  std::string spacing;
-  int64_t offset = 0;
-};
-
-diffusion::SchedulePtr parse_betas(const Reader& r, int64_t T, bool rescale) {
-  diffusion::DiscreteOptions o;
-  o.timesteps = T;
-  o.rescale_zero_snr = rescale;
-  if (const json* tb = r.find("trained_betas")) {
-    if (!tb->is_array() || int64_t(tb->size()) != T) r.bad("trained_betas", *tb, str("a list of ", T, " numbers (num_train_timesteps)"));
-    Vec b;
-    for (const auto& e : *tb) {
-      if (!e.is_number()) r.bad("trained_betas", *tb, "a list of numbers");
-      b.push_back(e.get<double>());
-    }
-    return diffusion::make_discrete_from_betas("trained_betas", to_tensor(b), o);
-  }
-  const auto kind = r.choice("beta_schedule", "linear", {"linear", "scaled_linear", "squaredcos_cap_v2"});
-  diffusion::SchedulePtr s;
-  std::string name;
-  if (kind == "squaredcos_cap_v2") {
-    name = "cosine";  // max_beta 0.999, dew's cosine default
-    s = diffusion::make_cosine(o);
-  } else {
-    const double b0 = r.number("beta_start", 1e-4), b1 = r.number("beta_end", 0.02);
-    DEW_CHECK(b0 > 0 && b0 <= b1 && b1 <= 1, r.where(), ": beta_start, beta_end = ", b0, ", ", b1,
-              " are not supported; accepted: 0 < beta_start <= beta_end <= 1");
-    o.beta_range = std::make_pair(b0, b1);
-    name = kind;
-    s = kind == "linear" ? diffusion::make_linear(o) : diffusion::make_scaled_linear(o);
-  }
-  json spec = to_json(o);
-  spec["name"] = name;
-  s->set_spec(spec);
-  return s;
-}
-
-Base parse_base(const Reader& r, const std::vector<std::string>& predictions, const std::string& default_spacing,
-                bool takes_rescale, bool tiny_terminal_alphabar) {
-  Base b;
-  b.T = r.integer("num_train_timesteps", 1000);
-  if (b.T < 2) r.bad("num_train_timesteps", *r.find("num_train_timesteps"), "an integer >= 2");
-  const bool rescale = takes_rescale && r.flag("rescale_betas_zero_snr", false);
-  b.schedule = parse_betas(r, b.T, rescale);
-  auto ac = diffusion::alphas_cumprod(*b.schedule).contiguous();
-  b.ac.assign(ac.data_ptr<double>(), ac.data_ptr<double>() + ac.numel());
-  // Euler, Euler ancestral and DPM-Solver keep sigma finite at zero terminal SNR.
-  if (rescale && tiny_terminal_alphabar) b.ac.back() = std::ldexp(1.0, -24);
-  b.prediction = r.choice("prediction_type", "epsilon", predictions);
-  b.spacing = r.choice("timestep_spacing", default_spacing, {"leading", "trailing", "linspace"});
-  b.offset = r.integer("steps_offset", 0);
-  if (b.offset < 0) r.bad("steps_offset", *r.find("steps_offset"), "an integer >= 0");
-  return b;
-}
-
 // Descending inference timesteps of DDIM, Euler, Euler ancestral and LMS (round_linspace: DDIM rounds).
 Vec spaced_timesteps(const std::string& spacing, int64_t T, int64_t n, int64_t offset, bool round_linspace) {
   Vec ts;
@@ -251,20 +130,21 @@ Tensor x0_from_sigma(const std::string& pred, const Tensor& out, const Tensor& x
 /// What every class shares: the parsed betas, prediction type and spacing, moved into the Scheduler.
 class Common : public Scheduler {
  protected:
-  Common(const Reader& r, Base b) : b_(std::move(b)) {
+  Common(const ConfigReader& r, ConfigBase b) : b_(std::move(b)) {
     class_name_ = r.cls();
     where_ = r.where();
     prediction_type_ = b_.prediction;
     schedule_ = b_.schedule;
     alphas_cumprod_ = to_tensor(b_.ac);
   }
-  Base b_;
+  ConfigBase b_;
 };
 
 /// DDIM (Song et al. 2021): x_prev = sqrt(abar_prev) x0 + sqrt(1 - abar_prev - std^2) eps + std z.
 class DDIMScheduler : public Common {
  public:
-  explicit DDIMScheduler(const Reader& r) : Common(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "leading", true, false)) {
+  explicit DDIMScheduler(const ConfigReader& r)
+      : Common(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "leading", true, false)) {
     r.require_flag("thresholding", false, false, " (dynamic thresholding is not supported)");
     clip_ = r.flag("clip_sample", true);
     clip_range_ = r.number("clip_sample_range", 1.0);
@@ -319,7 +199,8 @@ class DDIMScheduler : public Common {
 /// (55, -59, 37, -9)/24 on the model outputs, moved with the pseudo numerical transfer of the paper.
 class PNDMScheduler : public Common {
  public:
-  explicit PNDMScheduler(const Reader& r) : Common(r, parse_base(r, {"epsilon", "v_prediction"}, "leading", false, false)) {
+  explicit PNDMScheduler(const ConfigReader& r)
+      : Common(r, parse_base(r, {"epsilon", "v_prediction"}, "leading", false, false)) {
     skip_prk_ = r.flag("skip_prk_steps", false);
     final_ac_ = r.flag("set_alpha_to_one", false) ? 1.0 : b_.ac[0];
   }
@@ -483,7 +364,7 @@ class SigmaScheduler : public Common {
 /// Euler (Karras et al. 2022, algorithm 2 without churn): x + (x - x0)/sigma (sigma_next - sigma).
 class EulerDiscreteScheduler : public SigmaScheduler {
  public:
-  explicit EulerDiscreteScheduler(const Reader& r)
+  explicit EulerDiscreteScheduler(const ConfigReader& r)
       : SigmaScheduler(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "linspace", true, true)) {
     interpolation_ = r.choice("interpolation_type", "linear", {"linear", "log_linear"});
     karras_ = r.flag("use_karras_sigmas", false);
@@ -534,7 +415,7 @@ class EulerDiscreteScheduler : public SigmaScheduler {
 /// Euler ancestral (k-diffusion): Euler to sigma_down, then noise of std sigma_up.
 class EulerAncestralDiscreteScheduler : public SigmaScheduler {
  public:
-  explicit EulerAncestralDiscreteScheduler(const Reader& r)
+  explicit EulerAncestralDiscreteScheduler(const ConfigReader& r)
       : SigmaScheduler(r, parse_base(r, {"epsilon", "v_prediction"}, "linspace", true, true)) {}
   void set_timesteps(int64_t n) override {
     check_steps(class_name_, n, b_.T);
@@ -560,7 +441,7 @@ class EulerAncestralDiscreteScheduler : public SigmaScheduler {
 /// last derivatives (x - x0)/sigma over [sigma_i, sigma_{i+1}].
 class LMS : public SigmaScheduler {
  public:
-  explicit LMS(const Reader& r)
+  explicit LMS(const ConfigReader& r)
       : SigmaScheduler(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "linspace", false, false)) {
     karras_ = r.flag("use_karras_sigmas", false);
     r.require_flag("use_exponential_sigmas", false, false, " (use_karras_sigmas is supported)");
@@ -622,7 +503,7 @@ class LMS : public SigmaScheduler {
 /// "DPM++ 2M Karras").
 class DPMSolver : public Common {
  public:
-  explicit DPMSolver(const Reader& r)
+  explicit DPMSolver(const ConfigReader& r)
       : Common(r, parse_base(r, {"epsilon", "v_prediction", "sample"}, "linspace", true, true)) {
     order_ = r.integer("solver_order", 2);
     if (order_ < 1 || order_ > 3) r.bad("solver_order", *r.find("solver_order"), "1, 2 or 3");
@@ -766,38 +647,6 @@ class DPMSolver : public Common {
   std::deque<Tensor> outputs_;  // data predictions, oldest first
 };
 
-std::string quote_python_constants(const std::string& text) {
-  // Outside strings, Python's json.dumps writes -Infinity, Infinity and NaN; quote them for nlohmann.
-  std::string out;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      out += c;
-      if (c == '\\' && i + 1 < text.size()) out += text[++i];
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-      out += c;
-      continue;
-    }
-    bool replaced = false;
-    for (const char* tok : {"-Infinity", "Infinity", "NaN"}) {
-      const std::string t = tok;
-      if (text.compare(i, t.size(), t) == 0) {
-        out += "\"" + t + "\"";
-        i += t.size() - 1;
-        replaced = true;
-        break;
-      }
-    }
-    if (!replaced) out += c;
-  }
-  return out;
-}
-
 }  // namespace
 
 const std::vector<std::string>& scheduler_classes() {
@@ -817,7 +666,7 @@ std::unique_ptr<Scheduler> Scheduler::from_config(const json& cfg, const std::st
   auto it = cfg.find("_class_name");
   DEW_CHECK(it != cfg.end() && it->is_string(), where, ": _class_name is missing; accepted: ", list);
   const auto cls = it->get<std::string>();
-  Reader r(cfg, where, cls);
+  ConfigReader r(cfg, where, cls);
   if (cls == "DDIMScheduler") return std::make_unique<DDIMScheduler>(r);
   if (cls == "PNDMScheduler") return std::make_unique<PNDMScheduler>(r);
   if (cls == "EulerDiscreteScheduler") return std::make_unique<EulerDiscreteScheduler>(r);
@@ -825,18 +674,6 @@ std::unique_ptr<Scheduler> Scheduler::from_config(const json& cfg, const std::st
   if (cls == "LMSDiscreteScheduler") return std::make_unique<LMS>(r);
   if (cls == "DPMSolverMultistepScheduler") return std::make_unique<DPMSolver>(r);
   fail(where, ": _class_name \"", cls, "\" is not supported; accepted: ", list);
-}
-
-json read_scheduler_config(const std::string& path) {
-  std::ifstream f(path);
-  DEW_CHECK(f.good(), path, ": cannot open the scheduler config");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  try {
-    return json::parse(quote_python_constants(ss.str()));
-  } catch (const json::exception& e) {
-    fail(path, ": not valid JSON: ", e.what());
-  }
 }
 
 std::unique_ptr<Scheduler> Scheduler::from_file(const std::string& path) {

@@ -706,6 +706,20 @@ def unet_forward(m, sample, timestep, encoder_hidden_states, text_embeds=None, t
     return {"out": m(sample, timestep, encoder_hidden_states=encoder_hidden_states, added_cond_kwargs=added).sample}
 
 
+PARITY_ABOUT = ("Read by tests/nn/test_reference_parity.cpp: each case runs `method` through the generic diffusers "
+                "forward (dew forward) on the io.safetensors tensors named in `inputs` (reference input name, or "
+                "{reference name: io name}), and compares each output with io's NAME_f32 / NAME_f64 by the golden "
+                "rule; a float64 load agrees with NAME_f64 to float64_rel (relative rms).")
+
+
+def write_parity(folder, cases, float64_rel, why):
+    """parity.json: the cases the reference-parity suite runs on this folder, and its float64 tolerance."""
+    with open(os.path.join(folder, "parity.json"), "w") as f:
+        json.dump({"about": PARITY_ABOUT, "float64_rel": float64_rel, "float64_rel_why": why, "cases": cases}, f,
+                  indent=2)
+        f.write("\n")
+
+
 def make_unet(case):
     torch.manual_seed(case["seed"])
     return perturb_(UNet2DConditionModel(**case["config"]), case["seed"] + 1).eval()
@@ -745,6 +759,14 @@ def run_unet_case(name, case):
                         + (", added_cond_kwargs={text_embeds, time_ids}" if case.get("sdxl_pooled") else "")
                         + ").sample")
     write_st(os.path.join(folder, "io.safetensors"), io_tensors(inputs, out32, out64), meta)
+    if case["config"].get("upcast_attention"):
+        rel, why = 1e-6, ("upcast_attention: diffusers computes the scores in float32 even in its float64 model "
+                          "(q.float(), k.float())")
+    else:
+        rel, why = 5e-8, ("diffusers computes the timestep embedding in float32 even in its float64 model, and "
+                          "float32 exp / sin / cos differ in the last bit between LibTorch builds "
+                          "(tests/golden_util.h kUnetFloat64Rel)")
+    write_parity(folder, [{"method": "forward", "inputs": list(inputs), "outputs": {"sample": "out"}}], rel, why)
     summary(name, out32, out64)
     return model
 
@@ -807,6 +829,13 @@ def run_vae_case(name, case):
                         "enable_tiling() with the tiling attributes below",
                 tiling=json.dumps(VAE_TILING))
     write_st(os.path.join(folder, "io.safetensors"), io_tensors(inputs, out32, out64), meta)
+    write_parity(folder, [
+        {"method": "encode", "inputs": ["sample"],
+         "outputs": {"latent_mean": "latent_mean", "latent_logvar": "latent_logvar"}},
+        {"method": "decode", "inputs": ["z"], "outputs": {"sample": "decoded"}},
+        {"method": "tiled_decode", "inputs": {"z": "z_tiled"}, "outputs": {"sample": "tiled_decoded"}},
+    ], 2e-7, "the mid-block attention's upcast_softmax casts the scores with .float(), to float32 even in "
+             "diffusers' float64 model")
     summary(name, out32, out64)
     return model
 

@@ -1,4 +1,4 @@
-#include "dew/cli/measure.h"
+#include "dew/bench/measure.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -11,7 +11,7 @@
 #include "dew/core/error.h"
 #include "dew/data/dataset.h"
 
-namespace dew::cli {
+namespace dew::bench {
 
 TempDir::TempDir(const std::string& name) {
   std::string pattern = (std::filesystem::temp_directory_path() / ("dew_" + name + "_XXXXXX")).string();
@@ -65,4 +65,4 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
-}  // namespace dew::cli
+}  // namespace dew::bench

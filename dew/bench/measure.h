@@ -8,7 +8,7 @@
 
 #include "dew/training/trainer.h"
 
-namespace dew::cli {
+namespace dew::bench {
 
 /// A directory "dew_<name>_XXXXXX" under the system's temporary directory, removed with its contents at
 /// scope exit (dew::Error when it cannot be made).
@@ -37,4 +37,4 @@ std::unique_ptr<training::Trainer> fixed_batch_trainer(const ObjectivePtr& objec
                                                        const training::OptimOptions& optim, int64_t steps,
                                                        const std::string& run_dir);
 
-}  // namespace dew::cli
+}  // namespace dew::bench

@@ -1,4 +1,4 @@
-#include "dew/cli/child_process.h"
+#include "dew/bench/child_process.h"
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -13,7 +13,7 @@
 
 extern char** environ;
 
-namespace dew::cli {
+namespace dew::bench {
 
 ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                       bool quiet, const std::vector<std::string>& unset, const char* what) {
@@ -58,4 +58,4 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::
   return r;
 }
 
-}  // namespace dew::cli
+}  // namespace dew::bench

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace dew::cli {
+namespace dew::bench {
 
 struct ChildResult {
   int exit_code = -1;  // -1: could not be started or was killed by a signal
@@ -18,4 +18,4 @@ struct ChildResult {
 ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                       bool quiet = false, const std::vector<std::string>& unset = {}, const char* what = "dew");
 
-}  // namespace dew::cli
+}  // namespace dew::bench

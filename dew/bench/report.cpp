@@ -1,0 +1,599 @@
+#include "dew/bench/report.h"
+
+#include <ATen/Version.h>
+#include <sched.h>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "dew/bench/measure.h"
+#include "dew/core/threads.h"
+#include "dew/nn/fused.h"
+#include "dew/objectives/diffusion.h"
+
+namespace dew::bench {
+
+namespace {
+
+// A side of a table: its name and its measurements in a Config.
+using Side = std::pair<std::string, std::vector<Measurement> Config::*>;
+
+// C++, then Python when its peer ran.
+std::vector<Side> sides_of(bool with_peer) {
+  std::vector<Side> sides{{"C++", &Config::cpp}};
+  if (with_peer) sides.push_back({"Python", &Config::py});
+  return sides;
+}
+
+// The fastest run of one side over all configurations (the side ran them all).
+const Measurement& fastest(const std::vector<Config>& configs, std::vector<Measurement> Config::*side,
+                           double Measurement::*key = &Measurement::ms) {
+  const Measurement* out = fastest_of(configs, side, key);
+  DEW_CHECK(out != nullptr, "bench: no measurement of this side");
+  return *out;
+}
+
+// 1234567 -> "1,234,567".
+std::string grouped(int64_t v) {
+  std::string s = std::to_string(v), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    auto colon = line.find(':');
+    return colon == std::string::npos ? line : line.substr(line.find_first_not_of(' ', colon + 1));
+  }
+  return "unknown CPU";
+}
+
+// What `nproc` prints: the CPUs this process may run on.
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return int(sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+// Every round's value of `key`, fastest first, so the spread between processes is visible.
+std::string rounds_cell(const std::vector<Measurement>& ms, double Measurement::*key = &Measurement::ms,
+                        int digits = 1) {
+  std::vector<double> v;
+  for (const auto& m : ms) v.push_back(m.*key);
+  std::sort(v.begin(), v.end());
+  std::string s;
+  for (double x : v) s += (s.empty() ? "" : " / ") + fixed(x, digits);
+  return s;
+}
+
+// A side's BLAS kernels as its children reported them.
+std::string core_of(const std::vector<Measurement>& ms) {
+  if (ms.empty()) return "n/a (not run)";
+  if (!ms.front().blas_core.empty()) return ms.front().blas_core;
+  return "unknown (neither oneMKL nor OpenBLAS answered)";
+}
+
+// The JEPA case's masks, from the recipe.
+std::string jepa_masks_text() {
+  const auto m = jepa_objective_options().masks;
+  return std::to_string(m.targets) + " target block(s) of scale [" + fixed(m.target_scale.first, 2) + ", " +
+         fixed(m.target_scale.second, 2) + "], context scale [" + fixed(m.context_scale.first, 2) + ", " +
+         fixed(m.context_scale.second, 2) + "], min_keep " + std::to_string(m.min_keep);
+}
+
+// Writes the sections of one sweep.
+class ReportWriter {
+ public:
+  explicit ReportWriter(const ReportContext& ctx) : ctx_(ctx), s_(ctx.sizes) {}
+
+  // The machine line and the command; `probe` supplies the kernel sets each side's BLAS chose.
+  std::string machine(const Row& probe, bool with_peer) const {
+    // OpenBLAS picks its kernels from the CPU model unless OPENBLAS_CORETYPE forces them; on a CPU it does not
+    // recognise it falls back to SSE3 kernels, which shapes every number. dew sets it for itself.
+    const char* by_dew = std::getenv(kCoretypeMarker);
+    const char* coretype = by_dew ? nullptr : std::getenv("OPENBLAS_CORETYPE");
+    // keep_freed_memory() is idempotent; its answer is what the C++ children (dew processes too) did.
+    const bool malloc_kept = keep_freed_memory();
+    const Peers& p = ctx_.peers;
+    std::ostringstream m;
+    m << "Machine: " << usable_cpus() << " CPUs (nproc), " << cpu_model() << "; device " << ctx_.device << "; LibTorch "
+      << TORCH_VERSION << " (C++)";
+    if (with_peer) m << ", PyTorch " << p.torch << " (" << p.python << ")";
+    const auto& probe_cfg = probe.configs.front();
+    m << "; BLAS " << core_of(probe_cfg.cpp) << " (C++)";
+    if (with_peer) m << ", " << core_of(probe_cfg.py) << " (Python)";
+    // The children inherit DEW_FUSED_ISA, so this process's choice is theirs.
+    m << "; dew's fused kernels " << nn::fused_kernel_isa() << (std::getenv("DEW_FUSED_ISA") ? " (DEW_FUSED_ISA)" : "")
+      << "; ATen's CPU kernels " << at::get_cpu_capability();
+    m << "; OPENBLAS_CORETYPE "
+      << (by_dew     ? std::string("set by dew for itself (") + by_dew + ")"
+          : coretype ? std::string("set by the user (") + coretype + ")"
+                     : "unset");
+    if (with_peer && p.coretype) m << ", " << *p.coretype << " for Python (--peer-coretype)";
+    m << (malloc_kept ? "; malloc keeps freed memory in dew" : "; malloc as the environment sets it in dew");
+    if (with_peer) m << (p.malloc_like_dew ? " and in Python (--peer-malloc-like-dew)" : ", glibc defaults in Python");
+    m << "; " << utc_now() << "; 1-minute load average " << ctx_.load_before << " before the runs, " << ctx_.load_after
+      << " after (the runs themselves add 1-2).\n\nCommand: `";
+    if (coretype) m << "OPENBLAS_CORETYPE=" << coretype << " ";
+    m << "dew bench";  // (the re-exec's own setting is not part of the user's command)
+    for (const auto& a : ctx_.command) m << " " << a;
+    m << "`\n\n";
+    return m.str();
+  }
+
+  // A training step's tables (the JEPA, DPO and SD UNet steps): each side's fastest run, the speed-up, every
+  // configuration. `per_s` names samples_per_s (batch rows per second).
+  void step_tables(const Row& r, bool with_peer, const std::string& per_s) {
+    md_ << "| side | best config | ms/step | " << per_s << " | forward ms | backward ms | optimizer ms | peak MB |\n"
+        << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      const auto& m = fastest(r.configs, member);
+      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
+          << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.opt, 1) << " | "
+          << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md_ << "\nSpeed-up (Python ms/step / C++ ms/step): "
+          << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+    every_configuration(r, with_peer, "Every configuration (each round's median, fastest first):", "ms/step");
+  }
+
+  // The table of every configuration's rounds, one time column per side.
+  void every_configuration(const Row& r, bool with_peer, const std::string& title, const std::string& unit) {
+    md_ << "\n"
+        << title << "\n\n| intra | blas | C++ " << unit << " |" << (with_peer ? " Python " + unit + " |" : "")
+        << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
+    for (const auto& cfg : r.configs) {
+      md_ << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
+      if (with_peer) md_ << " " << rounds_cell(cfg.py) << " |";
+      md_ << "\n";
+    }
+  }
+
+  void diffusion(const std::vector<const Row*>& drows) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::diffusion).empty();
+    const BenchCase& c = *drows.front()->c;
+    const int64_t warmup = warmup_of(c, s_);
+    md_ << "## dew bench: one diffusion training step on the CPU\n\n"
+        << "Step: the trainer's own (training::Trainer::train_step, the step of `dew train`) on a fixed batch of "
+        << "uint8 images: DiffusionObjective with the EDM pixel preset (labels dropped to the null class with "
+        << "probability " << DiffusionObjectiveOptions{}.unconditional_prob << "; the models reading a text context "
+        << "get a fixed one), the finite check of the loss, backward, global-norm clip "
+        << bench_optim(warmup).grad_clip << ", learning rate warmed up over the untimed steps to " << kLr
+        << " then cosine, AdamW (weight decay 0.01 on "
+        << "matrices), fp32 EMA (decay " << kEmaDecay << "); batch " << batch_of(c, s_) << ". Python: bench/peer.py, "
+        << "the same per step (torch.nn.utils.clip_grad_norm_, the lr set per step, loss.item() and isfinite). Each "
+        << "configuration runs in a fresh process: " << warmup << " warm-up + " << steps_of(c, s_)
+        << " timed steps, median; " << ctx_.rounds << " round(s) per side"
+        << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported. Thread "
+        << "configurations: LibTorch intra-op threads (intra) x BLAS threads (blas).\n\n"
+        << machine(*drows.front(), with_peer);
+    if (!ctx_.peers.note.empty()) md_ << ctx_.peers.note << "\n\n";
+
+    md_ << "| model | size | params | C++ best config | C++ ms/step | samples/s | peak MB |";
+    if (with_peer) md_ << " Python best config | Python ms/step | peak MB | speed-up |";
+    md_ << "\n|---|---|---:|---|---:|---:|---:|" << (with_peer ? "---|---:|---:|---:|" : "") << "\n";
+    for (const Row* r : drows) {
+      const auto& m = fastest(r->configs, &Config::cpp);
+      md_ << "| " << r->c->name << " | " << r->c->size << " | " << grouped(r->params) << " | " << config_name(m)
+          << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1) << " | " << fixed(m.peak_mb, 0) << " |";
+      if (with_peer && r->c->peer) {
+        const auto& p = fastest(r->configs, &Config::py);
+        md_ << " " << config_name(p) << " | " << fixed(p.ms, 1) << " | " << fixed(p.peak_mb, 0) << " | "
+            << fixed(p.ms / m.ms, 2) << "x |";
+      } else if (with_peer) {
+        md_ << " no peer | - | - | - |";
+      }
+      md_ << "\n";
+    }
+
+    md_ << "\nEvery configuration (ms/step: each round's median, fastest first; peak MB of the fastest round):\n\n"
+        << "| model | intra | blas | C++ ms/step | C++ peak MB |"
+        << (with_peer ? " Python ms/step | Python peak MB |" : "") << "\n|---|---:|---:|---:|---:|"
+        << (with_peer ? "---:|---:|" : "") << "\n";
+    for (const Row* r : drows) {
+      for (const auto& cfg : r->configs) {
+        md_ << "| " << r->c->name << " | " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " | "
+            << fixed(best(cfg.cpp).peak_mb, 0) << " |";
+        if (with_peer && r->c->peer)
+          md_ << " " << rounds_cell(cfg.py) << " | " << fixed(best(cfg.py).peak_mb, 0) << " |";
+        else if (with_peer) md_ << " - | - |";
+        md_ << "\n";
+      }
+    }
+
+    md_ << "\nWhere the time goes in each side's fastest run (ms, medians of the timed steps; forward: the batch, "
+        << "the EDM inputs, the loss and its finite check; backward: backward and the gradient clip; optimizer: the "
+        << "rest of the step, zero_grad, AdamW and the EMA update):\n\n"
+        << "| model | side | forward | backward | optimizer |\n|---|---|---:|---:|---:|\n";
+    for (const Row* r : drows) {
+      for (const auto& [side, member] : sides_of(with_peer && r->c->peer)) {
+        const auto& m = fastest(r->configs, member);
+        md_ << "| " << r->c->name << " | " << side << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | "
+            << fixed(m.opt, 1) << " |\n";
+      }
+    }
+  }
+
+  void lm(const Row& r) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::lm).empty();
+    const int64_t warmup = warmup_of(*r.c, s_), steps = steps_of(*r.c, s_);
+    md_ << "## dew bench: a language-model training step and KV-cache generation on the CPU\n\n"
+        << "Model: causal_transformer, " << r.c->size << ", " << grouped(r.params) << " parameters.\n\n"
+        << "Training step: batch " << batch_of(*r.c, s_) << " x " << s_.seq_len << " tokens; forward, next-token "
+        << "cross entropy (C++: LMObjective, `dew train lm`'s chunked fp32 cross entropy, which also counts correct "
+        << "argmaxes; Python: F.cross_entropy of the logits), the finite check, backward, global-norm clip, warm-up + "
+        << "cosine lr (peak " << kLr << "), AdamW (weight decay 0.01 on matrices), fp32 EMA (decay " << kEmaDecay
+        << "); C++ through the trainer's step (Trainer::train_step); " << warmup << " warm-up + " << steps
+        << " timed steps, median. Generation: batch 1, a " << kLmPrompt << "-token prompt, " << kLmNewTokens
+        << " greedy new tokens with a KV cache, prefill then one token per forward (C++: sampling::generate_tokens, "
+        << "as `dew generate`; Python: the cache as tensors concatenated per step); 1 untimed + " << kLmGenReps
+        << " timed generations, median; ms/token = the whole generation, prefill included, / " << kLmNewTokens
+        << ". Each configuration runs in a fresh process (training, then generation); " << ctx_.rounds
+        << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
+        << ", the fastest round reported, for training and for generation separately. Thread configurations: "
+        << "LibTorch intra-op threads (intra) x BLAS threads (blas).\n\n"
+        << machine(r, with_peer);
+    if (!ctx_.peers.lm_note.empty()) md_ << ctx_.peers.lm_note << "\n\n";
+
+    md_ << "Training (forward includes the cross entropy; optimizer is AdamW, EMA and zero_grad; peak MB of the "
+        << "whole process):\n\n"
+        << "| side | best config | ms/step | tokens/s | forward ms | backward ms | optimizer ms | peak MB |\n"
+        << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      const auto& m = fastest(r.configs, member);
+      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.tokens_per_s, 0)
+          << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.opt, 1) << " | "
+          << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md_ << "\nTraining speed-up (Python ms/step / C++ ms/step): "
+          << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+
+    const auto gen = &Measurement::gen_ms_per_token;
+    md_ << "\nGeneration (prefill: the " << kLmPrompt << "-token prompt's forward alone, median):\n\n"
+        << "| side | best config | ms/token | tokens/s | prefill ms |\n|---|---|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      const auto& m = fastest(r.configs, member, gen);
+      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.gen_ms_per_token, 2) << " | "
+          << fixed(1e3 / m.gen_ms_per_token, 0) << " | " << fixed(m.prefill_ms, 1) << " |\n";
+    }
+    if (with_peer)
+      md_ << "\nGeneration speed-up (Python ms/token / C++ ms/token): "
+          << fixed(fastest(r.configs, &Config::py, gen).gen_ms_per_token /
+                       fastest(r.configs, &Config::cpp, gen).gen_ms_per_token,
+                   2)
+          << "x\n";
+
+    md_ << "\nEvery configuration (each round's median, fastest first):\n\n"
+        << "| intra | blas | C++ ms/step | C++ ms/token |" << (with_peer ? " Python ms/step | Python ms/token |" : "")
+        << "\n|---:|---:|---:|---:|" << (with_peer ? "---:|---:|" : "") << "\n";
+    for (const auto& cfg : r.configs) {
+      md_ << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " | "
+          << rounds_cell(cfg.cpp, gen, 2) << " |";
+      if (with_peer) md_ << " " << rounds_cell(cfg.py) << " | " << rounds_cell(cfg.py, gen, 2) << " |";
+      md_ << "\n";
+    }
+  }
+
+  void jepa(const Row& r) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::jepa).empty();
+    md_ << "## dew bench: a JEPA training step on the CPU\n\n"
+        << "Models: jepa_encoder + jepa_predictor, " << r.c->size << ", " << grouped(r.params)
+        << " parameters. Step (`dew train jepa`'s): I-JEPA multi-block masks drawn, the target encoder's "
+        << "LayerNorm'd features at the target blocks without gradients (the recipe's masks: " << jepa_masks_text()
+        << "), the context encoder on the context block, "
+        << "the predictor, MSE; the finite check, backward, global-norm clip, warm-up + cosine lr (peak " << kLr
+        << "), AdamW (weight decay 0.01 on matrices), all through the trainer's step (Trainer::train_step); the target "
+        << "encoder's momentum update (C++: the trainer's fp32 EMA the objective reads; Python: "
+        << "bench/jepa_peer.py, I-JEPA's modules and its per-parameter update). Batch " << batch_of(*r.c, s_) << "; "
+        << warmup_of(*r.c, s_) << " warm-up + " << steps_of(*r.c, s_) << " timed steps, median; " << ctx_.rounds
+        << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
+        << ", the fastest round reported.\n\n"
+        << machine(r, with_peer);
+    step_tables(r, with_peer, "samples/s");
+  }
+
+  void dpo(const Row& r) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::dpo).empty();
+    const int64_t batch = batch_of(*r.c, s_);
+    md_ << "## dew bench: a DPO training step on the CPU\n\n"
+        << "Model: causal_transformer, " << r.c->size << " (`dew train dpo`'s fresh model), " << grouped(r.params)
+        << " parameters. Step (`dew train dpo`'s, beta 0.1, reference log-probs per batch): " << batch << " pairs of "
+        << kDpoLen << " tokens, chosen and rejected sharing a " << kDpoLen - kDpoCompletion
+        << "-token prompt and differing in the last " << kDpoCompletion << " (the completion mask); the frozen "
+        << "reference's forward on the " << 2 * batch << " rows without gradient, the policy's forward, each row's "
+        << "summed completion log-probs, the sigmoid loss -logsigmoid(beta * (chosen - rejected log-ratio)) and its "
+        << "reward metrics; the finite check, backward, global-norm clip, warm-up + cosine lr (peak " << kLr
+        << "), AdamW (weight decay 0.01 on matrices), through the trainer's step (Trainer::train_step). C++: "
+        << "DPOObjective with the trainer's EMA as its reference (a frozen copy, never updated); Python: "
+        << "bench/dpo_peer.py, TRL's step (concatenated chosen + rejected forward, a deepcopy as the reference). "
+        << warmup_of(*r.c, s_) << " warm-up + " << steps_of(*r.c, s_) << " timed steps, median; " << ctx_.rounds
+        << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
+        << ", the fastest round reported.\n\n"
+        << machine(r, with_peer);
+    step_tables(r, with_peer, "pairs/s");
+  }
+
+  void rollout(const Row& r) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::grpo_rollout).empty();
+    const int64_t n = kGrpoPrompts * kGrpoGroup;
+    md_ << "## dew bench: a GRPO rollout (batched sampling with a KV cache) on the CPU\n\n"
+        << "Model: causal_transformer, " << r.c->size << " (`dew train grpo`'s fresh model), " << grouped(r.params)
+        << " parameters. Rollout (GRPOObjective's generation): " << kGrpoPrompts << " prompts of " << kGrpoPromptLen
+        << " tokens x group " << kGrpoGroup << " = " << n << " rows in one batch; prefill, then " << kGrpoNewTokens - 1
+        << " single-token forwards with the KV cache, each row sampling " << kGrpoNewTokens
+        << " tokens at temperature 1 (no EOS, so every row generates all of them) and keeping their log-probs. "
+        << "C++: sampling::generate_tokens; Python: bench/grpo_rollout_peer.py, torch.multinomial of "
+        << "softmax(logits / T), the cache as tensors concatenated per step. " << warmup_of(*r.c, s_) << " warm-up + "
+        << steps_of(*r.c, s_) << " timed rollouts, median; " << ctx_.rounds << " round(s) per side"
+        << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported.\n\n"
+        << machine(r, with_peer);
+    md_ << "| side | best config | ms/rollout | generated tokens/s | prefill ms | peak MB |\n"
+        << "|---|---|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      const auto& m = fastest(r.configs, member);
+      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.tokens_per_s, 0)
+          << " | " << fixed(m.prefill_ms, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md_ << "\nSpeed-up (C++ tokens/s / Python tokens/s, higher is better for C++): "
+          << fixed(fastest(r.configs, &Config::cpp).tokens_per_s / fastest(r.configs, &Config::py).tokens_per_s, 2)
+          << "x\n";
+    every_configuration(r, with_peer,
+                        "Every configuration (ms/rollout, each round's median, fastest first):", "ms/rollout");
+  }
+
+  void sd(const Row* unet, const Row* vae) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::sd_unet).empty();
+    const BenchCase& c = unet ? *unet->c : *vae->c;
+    md_ << "## dew bench: Stable Diffusion components on the CPU\n\n"
+        << "Both sides build each model from the same diffusers config.json dict (below): C++ through "
+        << "models::fields_from_reference_config, Python (bench/sd_peer.py) as diffusers' own class ("
+        << ctx_.peers.diffusers << "); the parameter counts "
+        << "must agree. Each configuration runs in a fresh process: " << warmup_of(c, s_) << " warm-up + "
+        << steps_of(c, s_) << " timed steps, median; " << ctx_.rounds << " round(s) per side"
+        << (with_peer ? ", alternating C++ and Python" : "")
+        << ", the fastest round reported. Thread configurations: LibTorch intra-op threads (intra) x "
+        << "BLAS threads (blas).\n\n"
+        << machine(unet ? *unet : *vae, with_peer);
+    if (!ctx_.peers.sd_note.empty()) md_ << ctx_.peers.sd_note << "; C++ side only.\n\n";
+    if (unet) {
+      const Row& r = *unet;
+      const int64_t batch = batch_of(*r.c, s_);
+      md_ << "### sd_unet: a UNet2DConditionModel training step\n\n"
+          << "Model: unet_2d_condition / UNet2DConditionModel, " << r.c->size << ", " << grouped(r.params)
+          << " parameters; config `" << r.fields << "`. Step (diffusers' train_text_to_image.py, epsilon "
+          << "prediction): batch " << batch << "; noise and timesteps in [0, " << kSdTrainTimesteps
+          << ") drawn, the noisy latents of SD's scaled_linear schedule (" << kSdBetaStart << " .. " << kSdBetaEnd
+          << "; DDPMScheduler.add_noise), the UNet on a fixed [" << batch << ", " << kSdContextLen << ", "
+          << sd_unet_config().at("cross_attention_dim").get<int64_t>() << "] text context, MSE against the noise; "
+          << "backward; AdamW (lr " << kSdLr << "; C++: weight decay 0.01 on matrices, Python: torch.optim.AdamW with "
+          << "weight_decay 0.01 on every parameter, as the script); EMA (decay " << kEmaDecay
+          << " with the (1 + step)/(10 + step) ramp; Python: diffusers.training_utils.EMAModel); zero_grad. No "
+          << "gradient clipping.\n\n";
+      step_tables(r, with_peer, "samples/s");
+    }
+    if (vae) {
+      const Row& r = *vae;
+      if (unet) md_ << "\n";
+      md_ << "### sd_vae: AutoencoderKL encode + decode\n\n"
+          << "Model: autoencoder_kl / AutoencoderKL, " << r.c->size << ", " << grouped(r.params) << " parameters; "
+          << "config `" << r.fields << "`. Pass (as a pipeline runs it, without gradients): batch "
+          << batch_of(*r.c, s_)
+          << "; z = scaling_factor * encode(x).latent_dist.sample(generator), x_hat = decode(z / scaling_factor).\n\n";
+      md_ << "| side | best config | ms/pass | images/s | encode ms | decode ms | peak MB |\n"
+          << "|---|---|---:|---:|---:|---:|---:|\n";
+      for (const auto& [side, member] : sides_of(with_peer)) {
+        const auto& m = fastest(r.configs, member);
+        md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
+            << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
+      }
+      if (with_peer)
+        md_ << "\nSpeed-up (Python ms/pass / C++ ms/pass): "
+            << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+      every_configuration(r, with_peer, "Every configuration (each round's median, fastest first):", "ms/pass");
+    }
+  }
+
+  void train(const Row& r) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::train).empty();
+    const json& rec = ctx_.train_record;
+    md_ << "## dew bench: `dew train` throughput, the default recipe with its data loader\n\n"
+        << "Run: " << r.c->size << " (" << grouped(r.params) << " parameters); batch " << batch_of(*r.c, s_)
+        << ", optim " << rec["optim"].dump() << ", trainer.steps " << rec["trainer"]["steps"].dump()
+        << " (the schedule's length; " << warmup_of(*r.c, s_) << " warm-up + " << steps_of(*r.c, s_)
+        << " timed steps run). C++: "
+        << "runs::prepare of the recipe, as `dew train diffusion` with no flags, and training::Trainer::train_step "
+        << "(the loader's next batch, DiffusionObjective's loss, the finite guard, backward, clip, the learning-rate "
+        << "schedule, AdamW, the EMA), the DataLoader with its " << rec["loader"]["num_workers"].dump()
+        << " worker thread(s) and prefetch " << rec["loader"]["prefetch"].dump()
+        << ". Python (bench/train_peer.py): the same unet, flow loss, label drop, clip, schedule and EMA around a "
+        << "torch.utils.data.DataLoader (num_workers 0, shuffle, same batch size, no augmentation as the recipe) over "
+        << "the same uint8 images and labels, dumped by dew. samples/s = items / seconds of the timed steps; data ms = "
+        << "median wait for the next batch; " << ctx_.rounds << " round(s) per side"
+        << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported.\n\n"
+        << machine(r, with_peer);
+    md_ << "| side | best config | samples/s | ms/step | data ms | forward ms | backward ms | optimizer ms | peak MB "
+           "|\n"
+        << "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      const auto& m = fastest(r.configs, member);
+      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.samples_per_s, 1) << " | " << fixed(m.ms, 1)
+          << " | " << fixed(m.data_ms, 2) << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | "
+          << fixed(m.opt, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md_ << "\nSpeed-up (C++ samples/s / Python samples/s): "
+          << fixed(fastest(r.configs, &Config::cpp).samples_per_s / fastest(r.configs, &Config::py).samples_per_s, 2)
+          << "x\n";
+    every_configuration(r, with_peer, "Every configuration (ms/step, each round's, fastest first):", "ms/step");
+  }
+
+  void sample(const Row& r) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::sample).empty();
+    const json& rec = ctx_.train_record;
+    const int64_t images = s_.images, sample_steps = s_.sample_steps;
+    const int64_t num_classes = rec["model"]["fields"].value("num_classes", int64_t(0));
+    const DiffusionSampleOptions g =
+        sample_options(rec["derived"]["sample_shape"].get<std::vector<int64_t>>(), num_classes, images, sample_steps);
+    const bool guided = g.guidance.scale != 1.0 && g.labels.defined();
+    const int64_t chunks = (images + g.batch_size - 1) / g.batch_size;
+    md_ << "## dew bench: `dew sample`, " << images << " images, " << sample_steps << " " << g.solver << " steps\n\n"
+        << "Model: " << r.c->size << ", " << grouped(r.params) << " parameters; preset " << rec["preset"].dump()
+        << ". Sampling (`dew sample RUN`'s defaults; C++: sample_diffusion, as "
+        << "cmd_sample calls it after opening the run, with run.images and .cpu(), without writing the PNG): " << images
+        << " images in " << chunks << " chunk(s) of at most " << g.batch_size
+        << ", labels 0, 1, ... cycling through the " << num_classes
+        << " classes (for a multiple of the class count, `dew sample --count N`'s labels), solver " << g.solver
+        << " on the grid "
+        << "linspace(t_max, t_min, " << sample_steps << ") (" << sample_steps - 1 << " Euler steps, then the final "
+        << "denoise)"
+        << (guided ? ", classifier-free guidance " + fixed(g.guidance.scale, 1) +
+                         " (every forward on the doubled batch: the labels, then the null class)"
+                   : ", unguided")
+        << ", so " << sample_steps << " forwards per chunk, no gradients; then the clamp to [-1, 1]. Python "
+        << "(bench/sample_peer.py): bench/peer.py's Unet under torch.no_grad(), the same prior N(0, 1), grid, "
+        << "model time, guidance, x0 read-back and Euler update, the same chunks. Network ms: the model's "
+        << "forwards alone on the same doubled chunks, measured after the runs (the median of 3 per chunk, x "
+        << sample_steps << "; an estimate, noisy on a shared machine); rest = the sampling run minus that. Before "
+        << "the runs one forward of every chunk warms its shape up; then " << warmup_of(*r.c, s_) << " warm-up + "
+        << steps_of(*r.c, s_) << " timed sampling run(s) per configuration, median; " << ctx_.rounds
+        << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
+        << ", the fastest round reported.\n\n"
+        << machine(r, with_peer);
+    md_ << "| side | best config | ms/sampling run | images/s | network ms (est.) | rest ms (est.) | peak MB |\n"
+        << "|---|---|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      const auto& m = fastest(r.configs, member);
+      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 2)
+          << " | " << fixed(m.fwd, 1) << " | " << fixed(m.ms - m.fwd, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md_ << "\nSpeed-up (Python ms/sampling run / C++ ms/sampling run): "
+          << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+    md_ << "\nEvery configuration (ms/sampling run, each round's median, fastest first):\n\n| intra | blas | C++ |"
+        << (with_peer ? " Python |" : "") << "\n|---:|---:|---:|" << (with_peer ? "---:|" : "") << "\n";
+    for (const auto& cfg : r.configs) {
+      md_ << "| " << cfg.intra << " | " << cfg.blas << " | " << rounds_cell(cfg.cpp) << " |";
+      if (with_peer) md_ << " " << rounds_cell(cfg.py) << " |";
+      md_ << "\n";
+    }
+  }
+
+  // The summary: every case's time on each side and both ratios, ahead of the sections; empty when no Python
+  // peer ran.
+  std::string summary(const std::vector<Row>& rows) const {
+    std::ostringstream out;
+    if (!std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.configs.front().py.empty(); })) return "";
+    out << "## dew bench: summary\n\n"
+        << "Each case's fastest time per side: C++ (dew), Python eager and Python under torch.compile "
+        << "(inductor, default mode; the training-step cases only, in the eager peer's fastest thread "
+        << "configuration; its compile time, the first step's time beyond a steady step, apart). Both sides load "
+        << "the same libtorch. vs eager = Python eager time / C++ time, vs compiled = Python compiled time / C++ "
+        << "time: above 1, dew is faster. The sections below hold every configuration and round.\n\n"
+        << machine(rows.front(), true)
+        << "| case | unit | C++ | Python eager | Python compiled | vs eager | vs compiled | compile s |\n"
+        << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    const auto line = [&](const Row& r, const std::string& name, const std::string& unit, double Measurement::*key) {
+      const Measurement* c = fastest_of(r.configs, &Config::cpp, key);
+      const Measurement* e = fastest_of(r.configs, &Config::py, key);
+      const Measurement* k = key == &Measurement::ms ? fastest_of(r.configs, &Config::pyc, key) : nullptr;
+      const int digits = key == &Measurement::ms ? 1 : 2;
+      out << "| " << name << " | " << unit << " | " << (c ? fixed(c->*key, digits) : "-") << " | "
+          << (e ? fixed(e->*key, digits) : "-") << " | " << (k ? fixed(k->*key, digits) : "-") << " | "
+          << (c && e ? fixed(e->*key / (c->*key), 2) + "x" : "-") << " | "
+          << (c && k ? fixed(k->*key / (c->*key), 2) + "x" : "-") << " | " << (k ? fixed(k->compile_s, 0) : "-")
+          << " |\n";
+    };
+    for (const Row& r : rows) {
+      const CaseKind kind = r.c->kind;
+      const std::string unit = kind == CaseKind::sd_vae         ? "ms/pass"
+                               : kind == CaseKind::sample       ? "ms/sampling run"
+                               : kind == CaseKind::grpo_rollout ? "ms/rollout"
+                                                                : "ms/step";
+      line(r, kind == CaseKind::lm ? "lm training" : r.c->name, unit, &Measurement::ms);
+      if (kind == CaseKind::lm) line(r, "lm generation", "ms/token", &Measurement::gen_ms_per_token);
+    }
+    out << "\n";
+    return out.str();
+  }
+
+  // Every section of the cases in `rows`, a blank line between sections.
+  std::string sections(const std::vector<Row>& rows) {
+    std::vector<const Row*> drows;  // the diffusion models
+    std::map<CaseKind, const Row*> other;
+    for (const auto& r : rows) {
+      if (r.c->kind == CaseKind::diffusion) drows.push_back(&r);
+      else other[r.c->kind] = &r;
+    }
+    const auto row = [&](CaseKind k) { return other.count(k) ? other.at(k) : nullptr; };
+    if (!drows.empty()) diffusion(drows);
+    const std::vector<std::pair<CaseKind, void (ReportWriter::*)(const Row&)>> singles = {
+        {CaseKind::lm, &ReportWriter::lm},
+        {CaseKind::jepa, &ReportWriter::jepa},
+        {CaseKind::dpo, &ReportWriter::dpo},
+        {CaseKind::grpo_rollout, &ReportWriter::rollout}};
+    for (const auto& [kind, section] : singles) {
+      if (!row(kind)) continue;
+      if (!md_.str().empty()) md_ << "\n";
+      (this->*section)(*row(kind));
+    }
+    if (row(CaseKind::sd_unet) || row(CaseKind::sd_vae)) {
+      if (!md_.str().empty()) md_ << "\n";
+      sd(row(CaseKind::sd_unet), row(CaseKind::sd_vae));
+    }
+    if (row(CaseKind::train)) {
+      if (!md_.str().empty()) md_ << "\n";
+      train(*row(CaseKind::train));
+    }
+    if (row(CaseKind::sample)) {
+      if (!md_.str().empty()) md_ << "\n";
+      sample(*row(CaseKind::sample));
+    }
+    return md_.str();
+  }
+
+ private:
+  const ReportContext& ctx_;
+  const Sizes& s_;
+  std::ostringstream md_;
+};
+
+}  // namespace
+
+const Measurement& best(const std::vector<Measurement>& ms, double Measurement::*key) {
+  return *std::min_element(ms.begin(), ms.end(), [key](const auto& a, const auto& b) { return a.*key < b.*key; });
+}
+
+const Measurement* fastest_of(const std::vector<Config>& configs, std::vector<Measurement> Config::*side,
+                              double Measurement::*key) {
+  const Measurement* out = nullptr;
+  for (const auto& c : configs)
+    if (!(c.*side).empty() && (!out || best(c.*side, key).*key < out->*key)) out = &best(c.*side, key);
+  return out;
+}
+
+std::string config_name(const Measurement& m) {
+  return "intra " + std::to_string(m.intra) + ", blas " + std::to_string(m.blas);
+}
+
+std::string write_report(const std::vector<Row>& rows, const ReportContext& ctx) {
+  ReportWriter w(ctx);
+  const std::string sections = w.sections(rows);
+  return w.summary(rows) + sections;
+}
+
+}  // namespace dew::bench

@@ -1,0 +1,30 @@
+// `dew bench --one CASE`: one configuration of one case in this process, the measured child of a sweep. It
+// builds the case's model and a fixed batch, times the case's work through timed_loop (the trainer's own step
+// for the training-step cases) and returns the result line the sweep parses (the keys its Python peer prints).
+//
+//   bench::OneOptions o;
+//   o.threads = 1;
+//   std::cout << bench::run_one(bench::find_case("unet"), o).dump() << std::endl;
+#pragma once
+#include <c10/core/Device.h>
+
+#include <string>
+
+#include "dew/bench/cases.h"
+#include "dew/core/options.h"
+
+namespace dew::bench {
+
+struct OneOptions {
+  Sizes sizes;                    // batch, steps, warmup, ... (each unset one the case's default)
+  int64_t threads = 1;            // LibTorch intra-op threads; the BLAS's come from OPENBLAS_NUM_THREADS
+  std::string profile;            // non-empty: a Chrome trace of the timed steps (lm: FILE.generate.json too)
+  c10::Device device{c10::kCPU};  // both the model and the batch
+};
+
+/// Times case c and returns its result line: ms_per_step, samples_per_s, peak_rss_mb, params, threads,
+/// blas_threads, blas_core, phases_ms {forward, backward, optimizer}, loss, torch; lm adds tokens_per_s,
+/// gen_ms_per_token and prefill_ms, dpo tokens_per_s, grpo_rollout tokens_per_s and prefill_ms, train data_ms.
+json run_one(const BenchCase& c, const OneOptions& o);
+
+}  // namespace dew::bench
