@@ -237,15 +237,21 @@ void BM_WinogradConv(benchmark::State& state, std::string isa) {
 }
 
 // Each fused benchmark for ATen ("aten", isa "") and every ISA.
-#define DEW_FUSED_ISAS(fn, args)                                                         \
-  BENCHMARK_CAPTURE(fn, aten, std::string()) args->Unit(benchmark::kMillisecond);        \
+#define DEW_FUSED_ISAS(fn, args)                                                            \
+  BENCHMARK_CAPTURE(fn, aten, std::string()) args->Unit(benchmark::kMillisecond);           \
   BENCHMARK_CAPTURE(fn, avx512, std::string("avx512")) args->Unit(benchmark::kMillisecond); \
-  BENCHMARK_CAPTURE(fn, avx2, std::string("avx2")) args->Unit(benchmark::kMillisecond);  \
+  BENCHMARK_CAPTURE(fn, avx2, std::string("avx2")) args->Unit(benchmark::kMillisecond);     \
   BENCHMARK_CAPTURE(fn, base, std::string("base")) args->Unit(benchmark::kMillisecond)
 
 #define DEW_THREADS ->Arg(1)->Arg(2)
-DEW_FUSED_ISAS(BM_FusedAttention, ->Args({1, 49, 32})->Args({2, 49, 32})->Args({1, 128, 16})->Args({2, 128, 16})
-                                      ->Args({1, 196, 16})->Args({2, 196, 16})->Args({2, 512, 64})->Args({2, 256, 128}));
+DEW_FUSED_ISAS(BM_FusedAttention, ->Args({1, 49, 32})
+                                      ->Args({2, 49, 32})
+                                      ->Args({1, 128, 16})
+                                      ->Args({2, 128, 16})
+                                      ->Args({1, 196, 16})
+                                      ->Args({2, 196, 16})
+                                      ->Args({2, 512, 64})
+                                      ->Args({2, 256, 128}));
 DEW_FUSED_ISAS(BM_FusedGeluTanh, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedGroupNormSiluNchw, DEW_THREADS);
 DEW_FUSED_ISAS(BM_FusedGroupNormSiluChannelsLast, DEW_THREADS);

@@ -2,10 +2,10 @@
 // Including <torch/torch.h> costs ~25 s per file; compiled once here, it costs nothing per file.
 #pragma once
 #include <torch/torch.h>
-#include <nlohmann/json.hpp>
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>

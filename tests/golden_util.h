@@ -13,7 +13,9 @@
 namespace dew::test {
 
 /// The path of tests/golden/sd/NAME (the Stable Diffusion goldens: configs, weights and tensors).
-inline std::string sd_golden(const std::string& name) { return std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/" + name; }
+inline std::string sd_golden(const std::string& name) {
+  return std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/" + name;
+}
 
 /// Tensors of tests/golden/NAME.
 inline std::map<std::string, at::Tensor> golden(const std::string& name) {

@@ -15,8 +15,8 @@ extern char** environ;
 
 namespace dew::bench {
 
-ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
-                      bool quiet, const std::vector<std::string>& unset, const char* what) {
+ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, bool quiet,
+                      const std::vector<std::string>& unset, const char* what) {
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) {
     const std::string s(*e), name = s.substr(0, s.find('='));
@@ -52,8 +52,7 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::
     if (n > 0) r.out.append(buf, size_t(n));
   close(fds[0]);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   return r;
 }

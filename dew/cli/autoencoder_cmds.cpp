@@ -23,12 +23,14 @@ int cmd_eval_autoencoder(const std::vector<std::string>& args) {
   int64_t step = 0;
   const auto s = runs::score_autoencoder_run(dir, open, count, &step);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::cout << "| weights | step | images | PSNR (dB) | SSIM | L1 | KL per image | seconds |\n|---|---|---|---|---|---|---|---|\n"
+  std::cout << "| weights | step | images | PSNR (dB) | SSIM | L1 | KL per image | seconds "
+               "|\n|---|---|---|---|---|---|---|---|\n"
             << "| " << open.weights << " | " << step << " | " << s.items << " | " << s.psnr << " | " << s.ssim << " | "
             << s.l1 << " | " << s.kl << " | " << secs << " |\n";
   std::ofstream log(std::filesystem::path(dir) / "eval.jsonl", std::ios::app);
-  log << json{{"step", step}, {"weights", open.weights}, {"images", s.items}, {"psnr", s.psnr}, {"ssim", s.ssim},
-              {"l1", s.l1}, {"kl", s.kl}, {"seconds", secs}}
+  log << json{{"step", step},   {"weights", open.weights}, {"images", s.items},
+              {"psnr", s.psnr}, {"ssim", s.ssim},          {"l1", s.l1},
+              {"kl", s.kl},     {"seconds", secs}}
              .dump()
       << "\n";
   return 0;

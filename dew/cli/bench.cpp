@@ -122,8 +122,8 @@ const char* kBenchUsage =
     "steps' operators (chrome://tracing, Perfetto); for lm, FILE.generate.json has the timed generations'.\n";
 
 // The flags naming a peer script, each a key of bench::PeerOptions::files.
-const std::vector<std::string> kPeerFlags = {"peer",              "lm-peer", "jepa-peer",  "dpo-peer",
-                                             "grpo-rollout-peer", "sd-peer", "train-peer", "sample-peer"};
+const std::vector<std::string> kPeerFlags = {"peer",    "lm-peer",    "jepa-peer",  "dpo-peer", "grpo-rollout-peer",
+                                             "sd-peer", "train-peer", "sample-peer"};
 
 std::vector<int64_t> int_list(const Flags& f, const std::string& flag, const std::string& def) {
   std::vector<int64_t> out;
@@ -145,12 +145,13 @@ std::vector<int64_t> int_list(const Flags& f, const std::string& flag, const std
 }  // namespace
 
 int cmd_bench(const std::vector<std::string>& args) {
-  const Flags f = parse_flags(
-      args,
-      {"models", "steps", "warmup", "batch", "threads", "blas-threads", "rounds", "peer", "out", "one", "peer-coretype",
-       "seq-len", "lm-peer", "jepa-peer", "dpo-peer", "grpo-rollout-peer", "profile", "device", "sd-peer",
-       "diffusers-src", "train-peer", "images", "sample-steps", "sample-peer"},
-      {"no-peer", "no-compile", "help", "all", "peer-malloc-like-dew"});
+  const Flags f = parse_flags(args, {"models",     "steps",        "warmup",        "batch",
+                                     "threads",    "blas-threads", "rounds",        "peer",
+                                     "out",        "one",          "peer-coretype", "seq-len",
+                                     "lm-peer",    "jepa-peer",    "dpo-peer",      "grpo-rollout-peer",
+                                     "profile",    "device",       "sd-peer",       "diffusers-src",
+                                     "train-peer", "images",       "sample-steps",  "sample-peer"},
+                              {"no-peer", "no-compile", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
     return 0;

@@ -74,7 +74,9 @@ int run(const std::vector<std::string>& args) {
     std::cout << "dew " << DEW_VERSION << "\n";
     return 0;
   }
-  fail("unknown command \"", cmd, "\"; accepted: train, sample, generate, eval, pairs, task, bench, tune, tokenize, export, forward, models, list, version (dew --help)");
+  fail("unknown command \"", cmd,
+       "\"; accepted: train, sample, generate, eval, pairs, task, bench, tune, tokenize, export, forward, models, "
+       "list, version (dew --help)");
 }
 
 }  // namespace dew::cli

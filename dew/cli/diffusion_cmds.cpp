@@ -37,8 +37,10 @@ int cmd_train(const std::vector<std::string>& args) {
   const json defaults = kind.defaults();
   auto parsed = parse_recipe_args(defaults, std::vector<std::string>(args.begin() + 1, args.end()), kind.open_keys);
   if (parsed.help) {
-    std::cout << "usage: dew train " << kind.name << " [--config run.json] [--a.b value ...]\n" << kind.doc
-              << "\n\nfields and defaults:\n" << format_tree(defaults) << "\n" << kind.help(defaults);
+    std::cout << "usage: dew train " << kind.name << " [--config run.json] [--a.b value ...]\n"
+              << kind.doc << "\n\nfields and defaults:\n"
+              << format_tree(defaults) << "\n"
+              << kind.help(defaults);
     return 0;
   }
   DEW_CHECK(parsed.positional.empty(), "train ", kind.name, ": unexpected argument \"", parsed.positional[0], "\"");
@@ -58,9 +60,8 @@ int cmd_train(const std::vector<std::string>& args) {
 int cmd_sample(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--pipeline" || a.rfind("--pipeline=", 0) == 0) return cmd_sample_pipeline(args);
-  auto f = parse_flags(args,
-                       {"solver", "steps", "guidance", "interval", "rescale", "labels", "prompt", "count", "seed", "weights",
-                        "out", "nrow", "threads", "eta", "churn", "step", "device"});
+  auto f = parse_flags(args, {"solver", "steps", "guidance", "interval", "rescale", "labels", "prompt", "count", "seed",
+                              "weights", "out", "nrow", "threads", "eta", "churn", "step", "device"});
   DEW_CHECK(f.positional.size() == 1, "sample: expected one RUN directory, got ", f.positional.size(), " arguments");
   const auto open = open_options(f);
   const std::string& weights = open.weights;
@@ -109,8 +110,7 @@ int cmd_sample(const std::vector<std::string>& args) {
         int64_t c = -1;
         try {
           c = std::stoll(item);
-        } catch (const std::exception&) {
-        }
+        } catch (const std::exception&) {}
         DEW_CHECK(c >= 0 && c < classes, "--labels: \"", item, "\" is not a class id in [0, ", classes, ")");
         list.push_back(c);
       }
@@ -129,16 +129,16 @@ int cmd_sample(const std::vector<std::string>& args) {
   nrow = f.get_int("nrow", nrow);
   DEW_CHECK(nrow >= 1, "--nrow: must be >= 1, got ", nrow);
   validate(g, *run.process);  // before the sampling work
-  g.clamp = !run.latent;       // a latent run's samples are decoded
+  g.clamp = !run.latent;      // a latent run's samples are decoded
   auto images = run.images(sample_diffusion(*run.model, *run.process, g)).cpu();
   const std::string out = f.get("out", (fs::path(training::RunDir(f.positional[0]).samples()) /
-                                            ("sample_step_" + std::to_string(run.step) + ".png"))
-                                               .string());
+                                        ("sample_step_" + std::to_string(run.step) + ".png"))
+                                           .string());
   if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
   save_samples(out, images, nrow);
-  std::cout << "wrote " << g.count << (video ? " videos" : " samples") << " (" << g.solver << ", " << g.steps << " steps, guidance "
-            << g.guidance.scale << ", " << weights << " weights of step " << run.step << ") to " << out
-            << (video ? " (one video per row) and its animated .gif" : "") << "\n";
+  std::cout << "wrote " << g.count << (video ? " videos" : " samples") << " (" << g.solver << ", " << g.steps
+            << " steps, guidance " << g.guidance.scale << ", " << weights << " weights of step " << run.step << ") to "
+            << out << (video ? " (one video per row) and its animated .gif" : "") << "\n";
   return 0;
 }
 
@@ -151,9 +151,9 @@ int cmd_eval(const std::vector<std::string>& args) {
     const auto& lm = runs::language_model_kinds();
     if (std::find(lm.begin(), lm.end(), kind) != lm.end()) return cmd_eval_policy(args);
   }
-  auto f = parse_flags(args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step",
-                              "device"},
-                       {"classifier"});
+  auto f = parse_flags(
+      args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step", "device"},
+      {"classifier"});
   DEW_CHECK(f.has("classifier") || f.positional.size() == 1, "eval: expected one RUN directory (or --classifier), got ",
             f.positional.size(), " arguments");
   // Everything is checked before the classifier trains (minutes, once) or a sample is drawn.
@@ -167,9 +167,10 @@ int cmd_eval(const std::vector<std::string>& args) {
     // Fashion-MNIST padded to 32 x 32 (a latent run's VAE size) is cropped back for the classifier.
     const json data = run->record.value("data", json::object());
     pad = data.is_object() && data.value("name", "") == "fashion_mnist" ? data.value("pad", int64_t(0)) : 0;
-    DEW_CHECK(run->conditioning_classes() == 10 && run->image_shape == std::vector<int64_t>({1, 28 + 2 * pad, 28 + 2 * pad}),
-              "eval: ", dir, " is not a class- or caption-conditional 1x28x28 Fashion-MNIST run (classes ",
-              run->conditioning_classes(), ")");
+    DEW_CHECK(
+        run->conditioning_classes() == 10 && run->image_shape == std::vector<int64_t>({1, 28 + 2 * pad, 28 + 2 * pad}),
+        "eval: ", dir, " is not a class- or caption-conditional 1x28x28 Fashion-MNIST run (classes ",
+        run->conditioning_classes(), ")");
     DEW_CHECK(count >= 10 && count % 10 == 0, "--count: must be a positive multiple of 10, got ", count);
     std::stringstream ss(f.get("solvers", "euler"));
     std::string solver;
@@ -204,7 +205,8 @@ int cmd_eval(const std::vector<std::string>& args) {
   set_threads(f.get_int("threads", 0), workload_of(run->model->config().value("architecture", "")));
   auto test = data::load_fashion_mnist("test");
   auto [test_feats, test_pred] = metrics::classify(clf.model, data::to_model_range(test.field("image")));
-  std::cout << "| solver | steps | guidance | samples | accuracy | frechet distance | seconds |\n|---|---|---|---|---|---|---|\n";
+  std::cout << "| solver | steps | guidance | samples | accuracy | frechet distance | seconds "
+               "|\n|---|---|---|---|---|---|---|\n";
   std::ofstream log(fs::path(dir) / "eval.jsonl", std::ios::app);
   for (const auto& g : plans) {
     const std::string& solver = g.solver;
@@ -217,9 +219,10 @@ int cmd_eval(const std::vector<std::string>& args) {
     const double fd = metrics::frechet_distance(feats, test_feats);
     std::cout << "| " << solver << " | " << g.steps << " | " << g.guidance.scale << " | " << count << " | " << acc
               << " | " << fd << " | " << secs << " |\n";
-    json line = {{"step", run->step}, {"weights", weights}, {"solver", solver}, {"steps", g.steps},
-                 {"guidance", g.guidance.scale}, {"samples", count}, {"accuracy", acc}, {"frechet_distance", fd},
-                 {"classifier_test_accuracy", clf.test_accuracy}, {"seconds", secs}};
+    json line = {{"step", run->step}, {"weights", weights},           {"solver", solver},
+                 {"steps", g.steps},  {"guidance", g.guidance.scale}, {"samples", count},
+                 {"accuracy", acc},   {"frechet_distance", fd},       {"classifier_test_accuracy", clf.test_accuracy},
+                 {"seconds", secs}};
     log << line.dump() << "\n";
   }
   return 0;

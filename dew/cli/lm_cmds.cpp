@@ -34,12 +34,13 @@ std::vector<std::string> take_repeated(std::vector<std::string>& args, const std
 int cmd_generate(const std::vector<std::string>& args_in) {
   for (const auto& a : args_in) {
     if (a == "--help" || a == "-h") {
-      std::cout << "usage: dew generate RUN [--prompt TEXT ...] [--max-new-tokens 200] [--temperature 0.8 (0 = greedy)]\n"
-                   "       [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1] [--seed 0] [--weights ema|live]\n"
-                   "       [--stop S ...] [--padding left|right] [--threads N] [--step N] [--device auto|cpu|cuda[:N]]\n"
-                   "       [--no-eos] [--json]\n"
-                   "Continues each prompt (an empty or missing prompt starts a new document) with the run's model;\n"
-                   "--json prints one object per prompt with the tokens, log-probs and finish reason.\n";
+      std::cout
+          << "usage: dew generate RUN [--prompt TEXT ...] [--max-new-tokens 200] [--temperature 0.8 (0 = greedy)]\n"
+             "       [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1] [--seed 0] [--weights ema|live]\n"
+             "       [--stop S ...] [--padding left|right] [--threads N] [--step N] [--device auto|cpu|cuda[:N]]\n"
+             "       [--no-eos] [--json]\n"
+             "Continues each prompt (an empty or missing prompt starts a new document) with the run's model;\n"
+             "--json prints one object per prompt with the tokens, log-probs and finish reason.\n";
       return 0;
     }
   }
@@ -94,8 +95,12 @@ int cmd_generate(const std::vector<std::string>& args_in) {
       if (cut != std::string::npos) text = text.substr(0, cut);
     }
     if (f.has("json")) {
-      json line = {{"prompt", prompts[i]}, {"text", text}, {"tokens", res.tokens[i]}, {"length", res.lengths[i]},
-                   {"logprobs", res.logprobs[i]}, {"raw_logprobs", res.raw_logprobs[i]},
+      json line = {{"prompt", prompts[i]},
+                   {"text", text},
+                   {"tokens", res.tokens[i]},
+                   {"length", res.lengths[i]},
+                   {"logprobs", res.logprobs[i]},
+                   {"raw_logprobs", res.raw_logprobs[i]},
                    {"finish_reason", res.finish_reason[i]}};
       std::cout << line.dump() << "\n";
     } else {

@@ -16,11 +16,11 @@ namespace fs = std::filesystem;
 namespace dew::cli {
 
 int cmd_sample_pipeline(const std::vector<std::string>& args) {
-  auto f = parse_flags(args, {"pipeline", "prompt", "negative-prompt", "prompt-2", "negative-prompt-2", "steps",
-                              "guidance", "seed", "size", "count", "scheduler", "eta", "latents", "threads", "out",
-                              "nrow"});
-  DEW_CHECK(f.positional.empty(), "sample --pipeline: unexpected argument \"", f.positional.empty() ? "" : f.positional[0],
-            "\" (the folder goes after --pipeline)");
+  auto f =
+      parse_flags(args, {"pipeline", "prompt", "negative-prompt", "prompt-2", "negative-prompt-2", "steps", "guidance",
+                         "seed", "size", "count", "scheduler", "eta", "latents", "threads", "out", "nrow"});
+  DEW_CHECK(f.positional.empty(), "sample --pipeline: unexpected argument \"",
+            f.positional.empty() ? "" : f.positional[0], "\" (the folder goes after --pipeline)");
   DEW_CHECK(f.has("prompt"), "sample --pipeline: --prompt TEXT is required");
   DEW_CHECK(f.has("out"), "sample --pipeline: --out FILE.png is required");
   const std::string out = f.get("out", "");

@@ -29,7 +29,8 @@ bool wants_help(const std::vector<std::string>& args, const char* usage) {
 }
 
 const char* kEvalUsage =
-    "usage: dew eval RUN --prompts FILE [--reward exact] [--format REGEX] [--max-new-tokens 32] [--count 0] [--samples 5]\n"
+    "usage: dew eval RUN --prompts FILE [--reward exact] [--format REGEX] [--max-new-tokens 32] [--count 0] [--samples "
+    "5]\n"
     "                [--weights ema|live|reference] [--step N] [--threads N] [--device D]\n"
     "A language-model run (lm, sft, dpo, grpo): greedy completions of each prompt ({\"prompt\", \"answer\", ...}\n"
     "lines), scored by the rewards; prints each reward's mean and the first --samples completions.\n";
@@ -87,7 +88,8 @@ int cmd_eval_policy(const std::vector<std::string>& args) {
   post_training::make_rewards(eo.reward, "", ro);  // a bad reward fails before the model loads
   auto p = open_policy(f);
   post_training::ChatEvaluator ev(eo, p.format, p.run.options.max_seq_len(), ro);
-  const std::string samples = (fs::temp_directory_path() / ("dew_eval_" + std::to_string(::getpid()) + ".txt")).string();
+  const std::string samples =
+      (fs::temp_directory_path() / ("dew_eval_" + std::to_string(::getpid()) + ".txt")).string();
   auto m = ev.evaluate(*p.run.model, samples);
   std::cout << "run:     " << p.run.dir << " step " << p.run.step << "\n";
   std::cout << "prompts: " << eo.prompts << (eo.count > 0 ? " (first " + std::to_string(eo.count) + ")" : "") << "\n";
@@ -124,7 +126,8 @@ int cmd_pairs(const std::vector<std::string>& args) {
   std::vector<const data::Prompt*> rows;
   for (const auto& pr : prompts) {
     if (!chosen_field.empty())
-      DEW_CHECK(pr.record.contains(chosen_field) && (pr.record[chosen_field].is_string() || pr.record[chosen_field].is_number()),
+      DEW_CHECK(pr.record.contains(chosen_field) &&
+                    (pr.record[chosen_field].is_string() || pr.record[chosen_field].is_number()),
                 pr.where, ": no \"", chosen_field, "\" (text or number) for the chosen completion (--chosen-field)");
     for (int64_t k = 0; k < samples; ++k) rows.push_back(&pr);
   }
@@ -167,7 +170,8 @@ int cmd_pairs(const std::vector<std::string>& args) {
         pick = k;
     }
     if (pick != std::string::npos) {
-      const json pair = {{"prompt", prompts[i].record["prompt"]}, {"chosen", chosen}, {"rejected", r.completions[pick].text}};
+      const json pair = {
+          {"prompt", prompts[i].record["prompt"]}, {"chosen", chosen}, {"rejected", r.completions[pick].text}};
       o << pair.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
       ++written;
     }
@@ -183,7 +187,8 @@ int cmd_pairs(const std::vector<std::string>& args) {
 int cmd_task(const std::vector<std::string>& args) {
   if (wants_help(args, kTaskUsage)) return 0;
   auto f = parse_flags(args, {"out", "digits", "test", "seed"});
-  DEW_CHECK(f.positional.size() == 1 && f.positional[0] == "sums", "task: expected the task name sums (dew task --help)");
+  DEW_CHECK(f.positional.size() == 1 && f.positional[0] == "sums",
+            "task: expected the task name sums (dew task --help)");
   const std::string out = required(f, "out");
   const int64_t seed = f.get_int("seed", 0);
   DEW_CHECK(seed >= 0, "--seed: must be >= 0, got ", seed);

@@ -25,18 +25,18 @@ std::string keys_of(const json& obj) {
 void merge(json& into, const json& from, const std::string& path, const std::vector<std::string>& open_objects) {
   for (auto it = from.begin(); it != from.end(); ++it) {
     const std::string key = path.empty() ? it.key() : path + "." + it.key();
-    DEW_CHECK(into.contains(it.key()) || is_open(path, open_objects), "config: unknown key \"", key, "\"; valid: ",
-              keys_of(into));
+    DEW_CHECK(into.contains(it.key()) || is_open(path, open_objects), "config: unknown key \"", key,
+              "\"; valid: ", keys_of(into));
     if (it->is_object() && into.contains(it.key()) && into[it.key()].is_object() && !is_open(key, open_objects))
       merge(into[it.key()], *it, key, open_objects);
-    else
-      into[it.key()] = *it;
+    else into[it.key()] = *it;
   }
 }
 
 }  // namespace
 
-void set_dotted(json& tree, const std::string& key, const std::string& value, const std::vector<std::string>& open_objects) {
+void set_dotted(json& tree, const std::string& key, const std::string& value,
+                const std::vector<std::string>& open_objects) {
   json* node = &tree;
   std::string path;
   size_t start = 0;
@@ -131,8 +131,7 @@ int64_t Flags::get_int(const std::string& k, int64_t def) const {
     size_t used = 0;
     int64_t v = std::stoll(it->second, &used);
     if (used == it->second.size()) return v;
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   fail("--", k, ": expected an integer, got \"", it->second, "\"");
 }
 
@@ -143,8 +142,7 @@ double Flags::get_double(const std::string& k, double def) const {
     size_t used = 0;
     double v = std::stod(it->second, &used);
     if (used == it->second.size()) return v;
-  } catch (const std::exception&) {
-  }
+  } catch (const std::exception&) {}
   fail("--", k, ": expected a number, got \"", it->second, "\"");
 }
 

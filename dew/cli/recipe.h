@@ -24,7 +24,8 @@ RecipeArgs parse_recipe_args(const json& defaults, const std::vector<std::string
                              const std::vector<std::string>& open_objects = {});
 
 /// Sets the value at a dotted key; `value` is parsed as JSON, falling back to a plain string.
-void set_dotted(json& tree, const std::string& key, const std::string& value, const std::vector<std::string>& open_objects);
+void set_dotted(json& tree, const std::string& key, const std::string& value,
+                const std::vector<std::string>& open_objects);
 
 /// Every leaf of a tree as "a.b = value" lines (for --help).
 std::string format_tree(const json& tree, const std::string& prefix = "");

@@ -23,10 +23,9 @@
 #include "dew/core/threads.h"
 #include "dew/data/tokenizer.h"
 #include "dew/nn/backbones/causal_transformer.h"
-#include "dew/training/objective.h"
 #include "dew/runs/run.h"
 #include "dew/sampling/generate.h"
-
+#include "dew/training/objective.h"
 
 namespace fs = std::filesystem;
 
@@ -74,8 +73,10 @@ ThreadSplit parse_split(const std::string& s, const std::string& flag) {
     return digits ? std::stoll(part) : 0;
   };
   const auto x = s.find('x');
-  const ThreadSplit out = x == std::string::npos ? ThreadSplit{0, 0} : ThreadSplit{count(s.substr(0, x)), count(s.substr(x + 1))};
-  DEW_CHECK(out.intra >= 1 && out.blas >= 1, flag, ": expected INTRAxBLAS with counts >= 1 (e.g. 2x1), got \"", s, "\"");
+  const ThreadSplit out =
+      x == std::string::npos ? ThreadSplit{0, 0} : ThreadSplit{count(s.substr(0, x)), count(s.substr(x + 1))};
+  DEW_CHECK(out.intra >= 1 && out.blas >= 1, flag, ": expected INTRAxBLAS with counts >= 1 (e.g. 2x1), got \"", s,
+            "\"");
   return out;
 }
 
@@ -97,7 +98,8 @@ std::vector<ThreadSplit> default_splits(int64_t cores) {
   }
   std::vector<ThreadSplit> out;
   for (const auto& s : all)
-    if (std::none_of(out.begin(), out.end(), [&](const ThreadSplit& o) { return o.intra == s.intra && o.blas == s.blas; }))
+    if (std::none_of(out.begin(), out.end(),
+                     [&](const ThreadSplit& o) { return o.intra == s.intra && o.blas == s.blas; }))
       out.push_back(s);
   return out;
 }
@@ -166,8 +168,7 @@ std::vector<double> time_generations(const ThreadSplit& split, int64_t warmup, i
 int run_one_split(Workload workload, const ThreadSplit& split, int64_t warmup, int64_t steps) {
   const std::vector<double> ms = workload == Workload::kIntraOp ? time_training_steps(split, warmup, steps)
                                                                 : time_generations(split, warmup, steps);
-  std::cout << json{{"ms", ms}, {"intra", at::get_num_threads()}, {"blas", blas_threads()}}.dump()
-            << std::endl;
+  std::cout << json{{"ms", ms}, {"intra", at::get_num_threads()}, {"blas", blas_threads()}}.dump() << std::endl;
   return 0;
 }
 
@@ -176,12 +177,22 @@ int run_one_split(Workload workload, const ThreadSplit& split, int64_t warmup, i
 // The median ms of one split of one workload, measured in a child process.
 double measure(Workload w, const ThreadSplit& split, int64_t warmup, int64_t steps) {
   const std::string exe = fs::read_symlink("/proc/self/exe").string();
-  const std::vector<std::string> argv = {exe, "tune", "threads", "--one", workload_name(w), "--split", split_text(split),
-                                         "--warmup", std::to_string(warmup), "--steps", std::to_string(steps)};
+  const std::vector<std::string> argv = {exe,
+                                         "tune",
+                                         "threads",
+                                         "--one",
+                                         workload_name(w),
+                                         "--split",
+                                         split_text(split),
+                                         "--warmup",
+                                         std::to_string(warmup),
+                                         "--steps",
+                                         std::to_string(steps)};
   // The environment holds the split too, so OpenMP's pool starts at its size and set_threads keeps the BLAS's.
-  const bench::ChildResult c = bench::run_child(argv, {{"OMP_NUM_THREADS", std::to_string(split.intra)},
-                                                       {"OPENBLAS_NUM_THREADS", std::to_string(split.blas)},
-                                                       {"DEW_THREADS_CACHE", "off"}},
+  const bench::ChildResult c = bench::run_child(argv,
+                                                {{"OMP_NUM_THREADS", std::to_string(split.intra)},
+                                                 {"OPENBLAS_NUM_THREADS", std::to_string(split.blas)},
+                                                 {"DEW_THREADS_CACHE", "off"}},
                                                 /*quiet=*/false, {}, "tune threads");
   std::string command;
   for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
@@ -210,12 +221,13 @@ std::string current_default(Workload w, const std::string& cache) {
 }  // namespace
 
 int cmd_tune(const std::vector<std::string>& args) {
-  if (std::find(args.begin(), args.end(), "--help") != args.end() || std::find(args.begin(), args.end(), "-h") != args.end()) {
+  if (std::find(args.begin(), args.end(), "--help") != args.end() ||
+      std::find(args.begin(), args.end(), "-h") != args.end()) {
     std::cout << kTuneUsage;
     return 0;
   }
-  const Flags f = parse_flags(args, {"workloads", "splits", "steps", "warmup", "rounds", "one", "split"},
-                              {"no-write", "dry-run"});
+  const Flags f =
+      parse_flags(args, {"workloads", "splits", "steps", "warmup", "rounds", "one", "split"}, {"no-write", "dry-run"});
   DEW_CHECK(f.positional.size() == 1 && f.positional[0] == "threads", "tune: expected `dew tune threads [flags]`, got ",
             f.positional.empty() ? std::string("no sub-command") : "\"" + f.positional[0] + "\"",
             (f.positional.size() > 1 ? " and more" : ""), " (dew tune --help)");
@@ -225,7 +237,8 @@ int cmd_tune(const std::vector<std::string>& args) {
   DEW_CHECK(rounds >= 1, "--rounds: must be >= 1, got ", rounds);
   if (f.has("one")) {
     DEW_CHECK(f.has("split"), "--one: needs --split INTRAxBLAS");
-    return run_one_split(parse_workload(f.get("one", ""), "--one"), parse_split(f.get("split", ""), "--split"), warmup, steps);
+    return run_one_split(parse_workload(f.get("one", ""), "--one"), parse_split(f.get("split", ""), "--split"), warmup,
+                         steps);
   }
   DEW_CHECK(!f.has("split"), "--split: only with --one (use --splits for the candidates)");
 
@@ -251,8 +264,8 @@ int cmd_tune(const std::vector<std::string>& args) {
   std::string split_list;
   for (const auto& s : splits) split_list += (split_list.empty() ? "" : ", ") + split_text(s);
   std::cout << "machine: " << machine_key() << "; BLAS " << (blas_core().empty() ? "n/a" : blas_core())
-            << "\ncache: " << (cache.empty() ? "off" : cache) << "\nsplits (intra-op x BLAS): " << split_list
-            << "; " << warmup << " warm-up + " << steps << " timed repetitions each, median; " << rounds
+            << "\ncache: " << (cache.empty() ? "off" : cache) << "\nsplits (intra-op x BLAS): " << split_list << "; "
+            << warmup << " warm-up + " << steps << " timed repetitions each, median; " << rounds
             << " round(s), the fastest kept\n";
   for (const Workload w : workloads)
     std::cout << "current default " << workload_name(w) << ": " << current_default(w, cache) << "\n";
@@ -274,17 +287,22 @@ int cmd_tune(const std::vector<std::string>& args) {
   const std::string when = bench::utc_now();
 
   std::map<Workload, MeasuredSplit> winners;
-  std::cout << "\n" << when << "; 1-minute load average " << load_before << " before, "
-            << load_after << " after (the measurement adds its own threads)\n";
+  std::cout << "\n"
+            << when << "; 1-minute load average " << load_before << " before, " << load_after
+            << " after (the measurement adds its own threads)\n";
   for (const Workload w : workloads) {
     auto& rows = table[w];
-    std::stable_sort(rows.begin(), rows.end(), [](const SplitRow& a, const SplitRow& b) { return a.best() < b.best(); });
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](const SplitRow& a, const SplitRow& b) { return a.best() < b.best(); });
     const ThreadSplit builtin = builtin_split(w);
-    std::cout << "\n" << workload_name(w) << ": " << describe(w) << "\n\n| intra | blas | ms (best round) | each round | vs fastest | |\n"
+    std::cout << "\n"
+              << workload_name(w) << ": " << describe(w)
+              << "\n\n| intra | blas | ms (best round) | each round | vs fastest | |\n"
               << "|---:|---:|---:|---|---:|---|\n";
     const SplitRow* winner = &rows.front();
     for (const auto& row : rows)
-      if (row.split.intra == builtin.intra && row.split.blas == builtin.blas && row.best() <= (1 + kTie) * winner->best())
+      if (row.split.intra == builtin.intra && row.split.blas == builtin.blas &&
+          row.best() <= (1 + kTie) * winner->best())
         winner = &row;
     for (const auto& row : rows) {
       std::string each;

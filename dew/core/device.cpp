@@ -31,9 +31,11 @@ c10::Device parse_device(const std::string& name, const std::string& field) {
     fail(field, ": got \"", name, "\", accepted: auto, cpu, cuda, cuda:N");
   }
   const int64_t n = cuda_count();
-  DEW_CHECK(n > 0, field, ": got \"", name, "\", but this machine has no CUDA device (or this LibTorch build has no CUDA); ",
+  DEW_CHECK(n > 0, field, ": got \"", name,
+            "\", but this machine has no CUDA device (or this LibTorch build has no CUDA); ",
             "available: ", available_devices());
-  DEW_CHECK(index < n, field, ": got \"", name, "\", but there are ", n, " CUDA devices; available: ", available_devices());
+  DEW_CHECK(index < n, field, ": got \"", name, "\", but there are ", n,
+            " CUDA devices; available: ", available_devices());
   return c10::Device(c10::kCUDA, c10::DeviceIndex(index));
 }
 

@@ -39,7 +39,7 @@ template <class... A>
 }  // namespace dew
 
 /// DEW_CHECK(cond, "field x must be > 0, got ", x): throws dew::Error when cond is false.
-#define DEW_CHECK(cond, ...)          \
-  do {                                \
+#define DEW_CHECK(cond, ...)               \
+  do {                                     \
     if (!(cond)) ::dew::fail(__VA_ARGS__); \
   } while (0)

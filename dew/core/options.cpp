@@ -6,13 +6,13 @@ namespace dew {
 namespace options_detail {
 
 std::string describe(const json& j) {
-  std::string kind = j.is_null() ? "null"
-                     : j.is_boolean() ? "bool"
+  std::string kind = j.is_null()             ? "null"
+                     : j.is_boolean()        ? "bool"
                      : j.is_number_integer() ? "int"
-                     : j.is_number() ? "float"
-                     : j.is_string() ? "string"
-                     : j.is_array() ? "list"
-                                    : "object";
+                     : j.is_number()         ? "float"
+                     : j.is_string()         ? "string"
+                     : j.is_array()          ? "list"
+                                             : "object";
   std::string text = j.dump();
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return kind + " " + text;

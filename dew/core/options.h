@@ -49,14 +49,15 @@ using json = nlohmann::json;
 
 /// The options of a registry entry that takes none (`{}` is its only valid JSON).
 struct NoOptions {
-  template <class V> void visit(V&) {}
+  template <class V>
+  void visit(V&) {}
 };
 
 /// One field of an options struct as shown to users.
 struct FieldInfo {
   std::string name;
-  std::string type;     // "int", "float", "bool", "string", "list[int]", ...
-  json default_value;   // the value a default-constructed struct holds
+  std::string type;    // "int", "float", "bool", "string", "list[int]", ...
+  json default_value;  // the value a default-constructed struct holds
   std::string doc;
   std::vector<std::string> choices;  // accepted strings, when the field is an enumeration
 };
@@ -66,19 +67,26 @@ namespace options_detail {
 template <class T, class = void>
 struct has_visit : std::false_type {};
 struct NullVisitor {
-  template <class F> void operator()(const char*, F&, const char*) {}
-  template <class F> void choice(const char*, F&, std::vector<std::string>, const char*) {}
+  template <class F>
+  void operator()(const char*, F&, const char*) {}
+  template <class F>
+  void choice(const char*, F&, std::vector<std::string>, const char*) {}
 };
 template <class T>
-struct has_visit<T, std::void_t<decltype(std::declval<T&>().visit(std::declval<NullVisitor&>()))>>
-    : std::true_type {};
+struct has_visit<T, std::void_t<decltype(std::declval<T&>().visit(std::declval<NullVisitor&>()))>> : std::true_type {};
 
-template <class T> struct is_optional : std::false_type {};
-template <class T> struct is_optional<std::optional<T>> : std::true_type {};
-template <class T> struct is_vector : std::false_type {};
-template <class T> struct is_vector<std::vector<T>> : std::true_type {};
-template <class T> struct is_pair : std::false_type {};
-template <class A, class B> struct is_pair<std::pair<A, B>> : std::true_type {};
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+template <class T>
+struct is_vector : std::false_type {};
+template <class T>
+struct is_vector<std::vector<T>> : std::true_type {};
+template <class T>
+struct is_pair : std::false_type {};
+template <class A, class B>
+struct is_pair<std::pair<A, B>> : std::true_type {};
 
 template <class T>
 std::string type_name() {
@@ -95,14 +103,20 @@ std::string type_name() {
   else static_assert(sizeof(T) == 0, "unsupported option field type");
 }
 
-template <class T> json to_value(const T& v);
-template <class T> void from_value(const json& j, T& out, const std::string& where);
+template <class T>
+json to_value(const T& v);
+template <class T>
+void from_value(const json& j, T& out, const std::string& where);
 
 template <class T>
 struct Writer {
   json out = json::object();
-  template <class F> void operator()(const char* name, const F& f, const char*) { out[name] = to_value(f); }
-  template <class F> void choice(const char* name, const F& f, const std::vector<std::string>&, const char*) {
+  template <class F>
+  void operator()(const char* name, const F& f, const char*) {
+    out[name] = to_value(f);
+  }
+  template <class F>
+  void choice(const char* name, const F& f, const std::vector<std::string>&, const char*) {
     out[name] = to_value(f);
   }
 };
@@ -128,12 +142,14 @@ struct Reader {
   const json* in;
   std::string where;
   std::set<std::string> seen;
-  template <class F> void operator()(const char* name, F& f, const char*) {
+  template <class F>
+  void operator()(const char* name, F& f, const char*) {
     seen.insert(name);
     auto it = in->find(name);
     if (it != in->end()) from_value(*it, f, where.empty() ? name : where + "." + name);
   }
-  template <class F> void choice(const char* name, F& f, const std::vector<std::string>& ok, const char* doc) {
+  template <class F>
+  void choice(const char* name, F& f, const std::vector<std::string>& ok, const char* doc) {
     (*this)(name, f, doc);
     bool valid = false;
     for (const auto& c : ok) valid |= (c == f);
@@ -147,9 +163,7 @@ struct Reader {
 
 template <class T>
 void from_value(const json& j, T& out, const std::string& where) {
-  auto bad = [&](const std::string& want) {
-    fail(where, ": expected ", want, ", got ", describe(j));
-  };
+  auto bad = [&](const std::string& want) { fail(where, ": expected ", want, ", got ", describe(j)); };
   if constexpr (std::is_same_v<T, bool>) {
     if (!j.is_boolean()) bad("bool");
     out = j.get<bool>();
@@ -207,10 +221,12 @@ void from_value(const json& j, T& out, const std::string& where) {
 
 struct Lister {
   std::vector<FieldInfo> fields;
-  template <class F> void operator()(const char* name, const F& f, const char* doc) {
+  template <class F>
+  void operator()(const char* name, const F& f, const char* doc) {
     fields.push_back({name, type_name<F>(), to_value(f), doc, {}});
   }
-  template <class F> void choice(const char* name, const F& f, const std::vector<std::string>& ok, const char* doc) {
+  template <class F>
+  void choice(const char* name, const F& f, const std::vector<std::string>& ok, const char* doc) {
     fields.push_back({name, type_name<F>(), to_value(f), doc, ok});
   }
 };

@@ -49,7 +49,8 @@ std::string mkl_core() {
   version(buf, sizeof buf - 1);
   std::string v(buf);  // "Intel(R) oneAPI Math Kernel Library Version 2024.2-Product Build ..."
   const auto at = v.find("Version ");
-  std::string name = "oneMKL " + (at == std::string::npos ? v : v.substr(at + 8, v.find_first_of("- ", at + 8) - at - 8));
+  std::string name =
+      "oneMKL " + (at == std::string::npos ? v : v.substr(at + 8, v.find_first_of("- ", at + 8) - at - 8));
   std::fflush(stdout);
   char path[] = "/tmp/dew_mkl_verboseXXXXXX";
   const int fd = mkstemp(path);
@@ -231,13 +232,14 @@ std::optional<MeasuredSplit> cached_split(const std::string& path, Workload work
   out.split = {e["intra"].get<int64_t>(), e["blas"].get<int64_t>()};
   out.ms = e.contains("ms") && e["ms"].is_number() ? e["ms"].get<double>() : 0.0;
   out.measured_at = e.contains("measured_at") && e["measured_at"].is_string() ? e["measured_at"].get<std::string>()
-                                                                                : "an unknown date";
+                                                                              : "an unknown date";
   return out;
 }
 
 void record_measured_splits(const std::string& path, const std::map<Workload, MeasuredSplit>& splits) {
   namespace fs = std::filesystem;
-  DEW_CHECK(!path.empty(), "thread cache: no file to write (DEW_THREADS_CACHE=off, or neither XDG_CACHE_HOME nor "
+  DEW_CHECK(!path.empty(),
+            "thread cache: no file to write (DEW_THREADS_CACHE=off, or neither XDG_CACHE_HOME nor "
             "HOME is set)");
   json cache;
   try {
@@ -292,7 +294,8 @@ int64_t set_threads(int64_t threads, Workload workload) {
   }
   at::set_num_threads(int(threads));  // oneMKL's global count too, where LibTorch links it
   std::string blas_text;
-  if (const char* env = std::getenv("OPENBLAS_NUM_THREADS"); env && blas_fn<void (*)(int)>("openblas_set_num_threads")) {
+  if (const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+      env && blas_fn<void (*)(int)>("openblas_set_num_threads")) {
     blas_text = std::string("OpenBLAS's OPENBLAS_NUM_THREADS=") + env;
   } else {
     blas_text = set_blas_threads(blas.value_or(default_blas_threads(threads)));
@@ -326,7 +329,7 @@ void reexec_with_blas_kernels(char** argv) {
                              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
                          ? "SkylakeX"
                      : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
-                                                                                        : nullptr;
+                                                                                       : nullptr;
   if (!want) return;
   setenv("OPENBLAS_CORETYPE", want, 1);
   setenv(kCoretypeMarker, want, 1);  // never loop, whatever the new image's OpenBLAS decides

@@ -27,8 +27,7 @@ const char* const kRoleList = "system, user, assistant, tool, developer";
 /// Python's str.isspace() for one code point (what str.strip() and Jinja's `trim` remove).
 bool py_space(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-         cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 /// The code point of the UTF-8 sequence at s[i] and its length; an invalid sequence is one unit of length
@@ -226,8 +225,7 @@ void render_qwen3(const Conversation& conv, const ChatRenderOptions& o, Out& out
       out.begin_assistant();
       if (i > last_query && (i + 1 == n || !reasoning.empty()))
         out.add("<think>\n" + strip_newlines(reasoning) + "\n</think>\n\n" + lstrip_newlines(content));
-      else
-        out.add(content);
+      else out.add(content);
       out.add("<|im_end|>");
       out.end_assistant();
       out.add("\n");
@@ -299,15 +297,18 @@ Conversation parse_chat_record(const std::string& json_text, const std::string& 
   }
   DEW_CHECK(j.is_object(), where, ": expected a JSON object {\"messages\": [...]}, got ", j.type_name());
   auto it = j.find("messages");
-  DEW_CHECK(it != j.end(), where, ": no \"messages\" key (expected {\"messages\": [{\"role\": ..., \"content\": ...}]})");
+  DEW_CHECK(it != j.end(), where,
+            ": no \"messages\" key (expected {\"messages\": [{\"role\": ..., \"content\": ...}]})");
   DEW_CHECK(it->is_array(), where, ": \"messages\" must be an array, got ", it->type_name());
   DEW_CHECK(!it->empty(), where, ": \"messages\" is empty (a conversation needs at least one message)");
   Conversation conv;
   for (size_t i = 0; i < it->size(); ++i) {
     const json& m = (*it)[i];
-    DEW_CHECK(m.is_object(), where, ": messages[", i, "] must be an object {\"role\", \"content\"}, got ", m.type_name());
+    DEW_CHECK(m.is_object(), where, ": messages[", i, "] must be an object {\"role\", \"content\"}, got ",
+              m.type_name());
     auto r = m.find("role");
-    DEW_CHECK(r != m.end() && r->is_string(), where, ": messages[", i, "] needs a string \"role\" (one of ", kRoleList, ")");
+    DEW_CHECK(r != m.end() && r->is_string(), where, ": messages[", i, "] needs a string \"role\" (one of ", kRoleList,
+              ")");
     const std::string name = r->get<std::string>();
     bool known = false;
     for (const char* k : kRoleNames) known = known || name == k;
@@ -412,15 +413,16 @@ ChatTokens tokenize_chat(const Tokenizer& tok, const ChatRendering& r) {
   size_t pos = 0;
   for (size_t k = 0; k < out.ids.size(); ++k) {
     const std::string piece = tok.decode({out.ids[k]}, false);
-    DEW_CHECK(r.text.compare(pos, piece.size(), piece) == 0, "tokenize_chat: the ", tok.name(), " tokenizer's token ", k,
-              " (id ", out.ids[k], ") does not spell the text at byte ", pos,
+    DEW_CHECK(r.text.compare(pos, piece.size(), piece) == 0, "tokenize_chat: the ", tok.name(), " tokenizer's token ",
+              k, " (id ", out.ids[k], ") does not spell the text at byte ", pos,
               " when decoded alone, so its byte offsets are unknown; assistant masks need the byte tokenizer or a "
               "byte-level BPE tokenizer.json");
     out.mask.push_back(masked_before[pos + piece.size()] > masked_before[pos] ? 1 : 0);
     pos += piece.size();
   }
-  DEW_CHECK(pos == r.text.size(), "tokenize_chat: the ", tok.name(), " tokenizer's tokens spell ", pos, " of the text's ",
-            r.text.size(), " bytes; assistant masks need the byte tokenizer or a byte-level BPE tokenizer.json");
+  DEW_CHECK(pos == r.text.size(), "tokenize_chat: the ", tok.name(), " tokenizer's tokens spell ", pos,
+            " of the text's ", r.text.size(),
+            " bytes; assistant masks need the byte tokenizer or a byte-level BPE tokenizer.json");
   return out;
 }
 

@@ -82,8 +82,8 @@ const char* chat_end_of_turn(ChatTemplate t);
 
 /// Options of render_chat: what apply_chat_template's arguments and template keywords control.
 struct ChatRenderOptions {
-  bool add_generation_prompt = false;   // end with the header of a new assistant turn
-  bool enable_thinking = true;          // qwen3: false puts "<think>\n\n</think>\n\n" after the generation prompt
+  bool add_generation_prompt = false;       // end with the header of a new assistant turn
+  bool enable_thinking = true;              // qwen3: false puts "<think>\n\n</think>\n\n" after the generation prompt
   std::string date_string = "26 Jul 2024";  // llama3.1: the "Today Date:" line (the template's default)
 };
 
@@ -95,7 +95,7 @@ struct ChatSpan {
 
 /// A rendered conversation and where its assistant turns are.
 struct ChatRendering {
-  std::string text;                     // the prompt/training text, special tokens written out
+  std::string text;                       // the prompt/training text, special tokens written out
   std::vector<ChatSpan> assistant_spans;  // one per assistant message, in order: everything the turn renders
                                           // after its role header, through its end-of-turn marker
 };

@@ -18,7 +18,8 @@ namespace dew {
 namespace data {
 namespace {
 // llama3.jinja
-const char* const kLlama3 = R"TPL({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>
+const char* const kLlama3 =
+    R"TPL({% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>
 
 '+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>
 
@@ -416,7 +417,8 @@ const char* const kGemma3 = R"TPL({{ bos_token }}
 {%- endif -%}
 )TPL";
 // plain.jinja
-const char* const kPlain = R"TPL({#- Dew's "plain" chat template for byte models (defined by Dew, not shipped by any model). One block per
+const char* const kPlain =
+    R"TPL({#- Dew's "plain" chat template for byte models (defined by Dew, not shipped by any model). One block per
     message: <|ROLE|>, a newline, the content as it is, <|end|>, a newline. -#}
 {%- for message in messages %}
     {{- '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}
@@ -430,12 +432,9 @@ const char* const kPlain = R"TPL({#- Dew's "plain" chat template for byte models
 
 const std::vector<KnownChatTemplate>& known_chat_templates() {
   static const std::vector<KnownChatTemplate> all = {
-      {ChatTemplate::llama3, "llama3", kLlama3},
-      {ChatTemplate::llama3_1, "llama3.1", kLlama31},
-      {ChatTemplate::qwen2_5, "qwen2.5", kQwen25},
-      {ChatTemplate::qwen3, "qwen3", kQwen3},
-      {ChatTemplate::qwen3, "qwen3@2504", kQwen32504},
-      {ChatTemplate::gemma3, "gemma3", kGemma3},
+      {ChatTemplate::llama3, "llama3", kLlama3},       {ChatTemplate::llama3_1, "llama3.1", kLlama31},
+      {ChatTemplate::qwen2_5, "qwen2.5", kQwen25},     {ChatTemplate::qwen3, "qwen3", kQwen3},
+      {ChatTemplate::qwen3, "qwen3@2504", kQwen32504}, {ChatTemplate::gemma3, "gemma3", kGemma3},
       {ChatTemplate::plain, "plain", kPlain},
   };
   return all;
@@ -536,7 +535,8 @@ ChatTemplate recognise_chat_template(const std::string& model_dir) {
   if (!is_file && fs::is_regular_file(dir / "chat_template.jinja"))
     return recognise_chat_template_text(read_text(dir / "chat_template.jinja", where), where);
   const fs::path config = is_file ? p : dir / "tokenizer_config.json";
-  DEW_CHECK(fs::is_regular_file(config), where, ": no chat_template.jinja or tokenizer_config.json, so no chat template");
+  DEW_CHECK(fs::is_regular_file(config), where,
+            ": no chat_template.jinja or tokenizer_config.json, so no chat template");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_text(config, where));

@@ -22,7 +22,6 @@ namespace dew::data {
 using at::Tensor;
 using json = nlohmann::json;
 
-
 namespace {
 
 // CLIP's pre-tokenizer (transformers' CLIPTokenizer.pat, re.IGNORECASE).
@@ -140,13 +139,14 @@ ClipTokenizer::ClipTokenizer(const std::string& path) {
     merges_.add(a, b, rank);
   };
   std::string unk_piece = kClipEos;  // CLIPTokenizer's unk_token
-  if (j.contains("model")) {     // tokenizer.json (CLIPTokenizerFast)
+  if (j.contains("model")) {         // tokenizer.json (CLIPTokenizerFast)
     const json& m = j["model"];
     const std::string where = "\"" + file.string() + "\"";
     DEW_CHECK(m.is_object() && m.value("type", "BPE") == "BPE", "clip tokenizer: ", where, " model.type must be BPE");
     DEW_CHECK(m.contains("vocab") && m["vocab"].is_object(), "clip tokenizer: ", where, " has no model.vocab object");
     const std::string suffix = m.contains("end_of_word_suffix") && m["end_of_word_suffix"].is_string()
-                                   ? m["end_of_word_suffix"].get<std::string>() : "</w>";
+                                   ? m["end_of_word_suffix"].get<std::string>()
+                                   : "</w>";
     DEW_CHECK(suffix == "</w>", "clip tokenizer: ", where, " model.end_of_word_suffix is \"", suffix,
               "\"; CLIP's BPE uses \"</w>\"");
     add_vocab(m["vocab"], "model.vocab");
@@ -204,8 +204,9 @@ ClipTokenizer::ClipTokenizer(const std::string& path) {
   regex_ = std::make_unique<Regex>();
   int err = 0;
   PCRE2_SIZE offset = 0;
-  regex_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kClipPattern), PCRE2_ZERO_TERMINATED,
-                               PCRE2_UTF | PCRE2_UCP | PCRE2_CASELESS | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
+  regex_->code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kClipPattern), PCRE2_ZERO_TERMINATED,
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_CASELESS | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
   DEW_CHECK(regex_->code != nullptr, "clip tokenizer: CLIP's regex does not compile (PCRE2 error ", err, ")");
 }
 

@@ -47,8 +47,8 @@ const at::Tensor& TensorDataset::field(const std::string& field) const {
 }
 
 Batch TensorDataset::gather(const at::Tensor& indices) const {
-  DEW_CHECK(indices.dim() == 1 && indices.scalar_type() == at::kLong, name_,
-            ": gather expects int64 indices [B], got ", detail::shape_of(indices), " ", indices.scalar_type());
+  DEW_CHECK(indices.dim() == 1 && indices.scalar_type() == at::kLong, name_, ": gather expects int64 indices [B], got ",
+            detail::shape_of(indices), " ", indices.scalar_type());
   Batch out;
   for (const auto& kv : fields_) out[kv.first] = kv.second.index_select(0, indices);
   return out;
@@ -102,9 +102,10 @@ uint32_t big_endian(const unsigned char* b) {
 at::Tensor read_idx(const std::string& path, int32_t magic) {
   // IDX magic: two zero bytes, the element type (0x08 = unsigned byte) and the number of dimensions.
   const int32_t expected_type = (magic >> 8) & 0xff, ndim = magic & 0xff;
-  DEW_CHECK((magic >> 16) == 0 && expected_type == 0x08 && ndim >= 1 && ndim <= 4,
-            "read_idx(\"", path, "\"): expected magic must describe unsigned bytes with 1-4 dimensions "
-            "(0x0801-0x0804), got ", magic);
+  DEW_CHECK((magic >> 16) == 0 && expected_type == 0x08 && ndim >= 1 && ndim <= 4, "read_idx(\"", path,
+            "\"): expected magic must describe unsigned bytes with 1-4 dimensions "
+            "(0x0801-0x0804), got ",
+            magic);
   errno = 0;
   GzFile f(gzopen(path.c_str(), "rb"));
   if (!f) fail(path, ": cannot open: ", errno ? std::strerror(errno) : "out of memory");
@@ -143,7 +144,8 @@ TensorDataset load_fashion_mnist(const std::string& split, const std::string& di
   const std::string prefix = (fs::path(dir) / (split == "train" ? "train" : "t10k")).string();
   const std::string images_path = prefix + "-images-idx3-ubyte.gz", labels_path = prefix + "-labels-idx1-ubyte.gz";
   for (const auto& p : {images_path, labels_path}) {
-    DEW_CHECK(fs::exists(p), p, ": no such file (Fashion-MNIST comes from Debian's dataset-fashion-mnist package, "
+    DEW_CHECK(fs::exists(p), p,
+              ": no such file (Fashion-MNIST comes from Debian's dataset-fashion-mnist package, "
               "or set fashion_mnist.dir)");
   }
   auto images = read_idx(images_path, 2051);
@@ -155,8 +157,8 @@ TensorDataset load_fashion_mnist(const std::string& split, const std::string& di
   const int64_t max_label = labels.max().item<int64_t>();
   DEW_CHECK(max_label < 10, labels_path, ": label ", max_label, " is out of range; accepted: 0..9");
   TensorDataset ds({{"image", images.unsqueeze(1)}, {"label", labels.to(at::kLong)}}, "fashion_mnist");
-  ds.set_class_names({"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                      "Ankle boot"});
+  ds.set_class_names(
+      {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"});
   return ds;
 }
 
@@ -269,7 +271,7 @@ TensorDataset gaussian_blobs(const GaussianBlobsOptions& o) {
   auto labels = at::randint(0, o.classes, {o.count}, gen, at::TensorOptions().dtype(at::kLong));
   auto angle = labels.to(at::kDouble) * (2 * M_PI / double(o.classes));
   auto jitter = at::randn({o.count, 2}, gen, f64) * (s / 16);
-  auto width = at::rand({o.count}, gen, f64) * (0.06 * s) + 0.08 * s;   // sigma in [0.08, 0.14] size
+  auto width = at::rand({o.count}, gen, f64) * (0.06 * s) + 0.08 * s;  // sigma in [0.08, 0.14] size
   auto cy = (mid + (s / 4) * angle.sin() + jitter.select(1, 0)).view({-1, 1, 1});
   auto cx = (mid + (s / 4) * angle.cos() + jitter.select(1, 1)).view({-1, 1, 1});
   auto coord = at::arange(o.size, f64);
@@ -297,16 +299,16 @@ Registry<TensorDataset>& datasets() {
     };
     r->add<FashionMnistOptions>("fashion_mnist", "Fashion-MNIST IDX files: uint8 [N, 1, 28, 28] images, 10 labels",
                                 [=](const FashionMnistOptions& o) {
-                                  return tag(pad_images(load_fashion_mnist(o.split, o.dir), o.pad), "fashion_mnist", to_json(o));
+                                  return tag(pad_images(load_fashion_mnist(o.split, o.dir), o.pad), "fashion_mnist",
+                                             to_json(o));
                                 });
     r->add<ImageFolderOptions>("image_folder", "png/jpg images, class = sub-folder, centre-cropped and resized",
                                [=](const ImageFolderOptions& o) {
                                  return tag(load_image_folder(o.dir, o.size, o.channels), "image_folder", to_json(o));
                                });
-    r->add<GaussianBlobsOptions>("gaussian_blobs", "synthetic test images: one Gaussian bump per image, class = position",
-                                 [=](const GaussianBlobsOptions& o) {
-                                   return tag(gaussian_blobs(o), "gaussian_blobs", to_json(o));
-                                 });
+    r->add<GaussianBlobsOptions>(
+        "gaussian_blobs", "synthetic test images: one Gaussian bump per image, class = position",
+        [=](const GaussianBlobsOptions& o) { return tag(gaussian_blobs(o), "gaussian_blobs", to_json(o)); });
     r->add<MovingFashionMnistOptions>(
         "moving_fashion_mnist", "synthetic video: Fashion-MNIST items drifting and bouncing, uint8 [N, 1, T, S, S]",
         [=](const MovingFashionMnistOptions& o) {

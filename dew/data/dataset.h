@@ -104,7 +104,8 @@ struct GaussianBlobsOptions {
   int64_t channels = 1;
   int64_t classes = 4;
   int64_t seed = 0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("count", count, "number of images");
     v("size", size, "image side in pixels (>= 4)");
     v("channels", channels, "1 or 3 (the same blob in every channel)");
@@ -130,7 +131,8 @@ struct MovingFashionMnistOptions {
   std::string split = "train";
   std::string dir = kFashionMnistDir;
   int64_t seed = 0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("count", count, "number of videos");
     v("frames", frames, "frames per video (T)");
     v("size", size, "frame side in pixels, item_size..64");
@@ -159,7 +161,8 @@ struct FashionMnistOptions {
   std::string split = "train";
   std::string dir = kFashionMnistDir;
   int64_t pad = 0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.choice("split", split, {"train", "test"}, "train (60000 items) or test (10000)");
     v("dir", dir, "folder holding the {train,t10k}-*-ubyte.gz files");
     v("pad", pad, "zero pixels added on every side (2: 32 x 32 images, the size a VAE's 2x downsamplings divide)");
@@ -174,7 +177,8 @@ struct ImageFolderOptions {
   std::string dir;
   int64_t size = 64;
   int64_t channels = 3;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("dir", dir, "root folder, e.g. data/flowers; one sub-folder per class (required)");
     v("size", size, "images are centre-cropped and resized to size x size");
     v("channels", channels, "1 (grey) or 3 (RGB)");
@@ -200,7 +204,8 @@ struct LoaderOptions {
   std::pair<double, double> crop_scale{1.0, 1.0};
   std::pair<double, double> crop_ratio{0.75, 4.0 / 3};
   std::string image_field = "image";
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("batch_size", batch_size, "items per batch");
     v("shuffle", shuffle, "draw a new item order each epoch");
     v("drop_last", drop_last, "drop each epoch's final partial batch");

@@ -29,11 +29,13 @@ class Regex {
     int err = 0;
     PCRE2_SIZE offset = 0;
     uint32_t flags = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
-    code_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), flags, &err, &offset, nullptr));
+    code_.reset(
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), flags, &err, &offset, nullptr));
     if (!code_) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
-      fail(where, ": the regex \"", pattern, "\" does not compile at offset ", offset, ": ", reinterpret_cast<char*>(msg));
+      fail(where, ": the regex \"", pattern, "\" does not compile at offset ", offset, ": ",
+           reinterpret_cast<char*>(msg));
     }
   }
 
@@ -202,18 +204,22 @@ class HfBpeTokenizer : public Tokenizer {
     fs::path map = fs::path(path_).parent_path() / "special_tokens_map.json";
     std::error_code ec;
     if (fs::is_regular_file(config, ec)) {
-      io::write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(), io::read_file(config.string(), "hf_bpe"));
+      io::write_file_atomic((fs::path(dir) / "tokenizer_config.json").string(),
+                            io::read_file(config.string(), "hf_bpe"));
       if (fs::is_regular_file(map, ec))
-        io::write_file_atomic((fs::path(dir) / "special_tokens_map.json").string(), io::read_file(map.string(), "hf_bpe"));
+        io::write_file_atomic((fs::path(dir) / "special_tokens_map.json").string(),
+                              io::read_file(map.string(), "hf_bpe"));
     } else {
       auto piece = [&](int64_t id) { return id < 0 ? std::string() : pieces_[id]; };
-      detail::write_hf_token_configs(dir, piece(bos_), piece(eos_), piece(pad_), piece(unk_), "PreTrainedTokenizerFast");
+      detail::write_hf_token_configs(dir, piece(bos_), piece(eos_), piece(pad_), piece(unk_),
+                                     "PreTrainedTokenizerFast");
     }
   }
 
  private:
   void check(int64_t id) const {
-    DEW_CHECK(id >= 0 && id < vocab_size(), "hf_bpe: token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+    DEW_CHECK(id >= 0 && id < vocab_size(), "hf_bpe: token id ", id, " is outside the vocabulary [0, ", vocab_size(),
+              ")");
   }
 
   void add_piece(const std::string& piece, const json& id_value, const char* where) {
@@ -252,17 +258,20 @@ class HfBpeTokenizer : public Tokenizer {
     if (p.is_null()) return;
     std::string type = p.value("type", "");
     if (type == "Sequence") {
-      DEW_CHECK(p.contains("pretokenizers") && p["pretokenizers"].is_array(), "hf_bpe: ", where, " needs \"pretokenizers\"");
+      DEW_CHECK(p.contains("pretokenizers") && p["pretokenizers"].is_array(), "hf_bpe: ", where,
+                " needs \"pretokenizers\"");
       for (size_t i = 0; i < p["pretokenizers"].size(); ++i)
         parse_pre_tokenizer(p["pretokenizers"][i], where + ".pretokenizers[" + std::to_string(i) + "]");
     } else if (type == "Split") {
       std::string behavior = p.value("behavior", "Isolated");
-      DEW_CHECK(behavior == "Isolated" && !p.value("invert", false), "hf_bpe: ", where,
-                " Split with behavior \"", behavior, "\" / invert is not supported; accepted: Isolated, invert false");
+      DEW_CHECK(behavior == "Isolated" && !p.value("invert", false), "hf_bpe: ", where, " Split with behavior \"",
+                behavior, "\" / invert is not supported; accepted: Isolated, invert false");
       const json& pat = p.value("pattern", json());
       PreStep s;
-      if (pat.contains("Regex")) s.regex = std::make_shared<Regex>(pat["Regex"].get<std::string>(), false, "hf_bpe " + where);
-      else if (pat.contains("String")) s.regex = std::make_shared<Regex>(pat["String"].get<std::string>(), true, "hf_bpe " + where);
+      if (pat.contains("Regex"))
+        s.regex = std::make_shared<Regex>(pat["Regex"].get<std::string>(), false, "hf_bpe " + where);
+      else if (pat.contains("String"))
+        s.regex = std::make_shared<Regex>(pat["String"].get<std::string>(), true, "hf_bpe " + where);
       else fail("hf_bpe: ", where, ".pattern must hold \"Regex\" or \"String\", got ", pat.dump());
       steps_.push_back(s);
     } else if (type == "ByteLevel") {
@@ -327,10 +336,9 @@ class HfBpeTokenizer : public Tokenizer {
       first_bytes_.set(static_cast<unsigned char>(a.content[0]));
     }
     for (size_t i = 0; i < pieces_.size(); ++i)
-      DEW_CHECK(!pieces_[i].empty() || added_by_id_.count(i), "hf_bpe: \"", path_, "\" has no vocabulary entry for id ", i,
-                " (ids must be contiguous)");
+      DEW_CHECK(!pieces_[i].empty() || added_by_id_.count(i), "hf_bpe: \"", path_, "\" has no vocabulary entry for id ",
+                i, " (ids must be contiguous)");
   }
-
 
   static const std::unordered_map<std::string, int>& unicode_to_byte() {
     static const auto* m = [] {

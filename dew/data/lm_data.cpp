@@ -29,8 +29,8 @@ Batch lm_batch(const Tensor& tokens, int64_t eos_id, bool packed) {
 Batch LMData::validation(int64_t max_windows) const {
   const int64_t s = seq_len;
   const int64_t n = val_tokens > s ? (val_tokens - 1) / s : 0;
-  DEW_CHECK(n > 0, "validation: the validation stream has ", val_tokens, " ids, fewer than one window of seq_len + 1 = ",
-            s + 1);
+  DEW_CHECK(n > 0, "validation: the validation stream has ", val_tokens,
+            " ids, fewer than one window of seq_len + 1 = ", s + 1);
   const int64_t k = max_windows > 0 ? std::min(max_windows, n) : n;
   std::vector<Tensor> rows;
   rows.reserve(size_t(k));
@@ -96,9 +96,10 @@ Registry<LMData, int64_t>& lm_datasets() {
           DEW_CHECK(!o.dir.empty(), "lm_dataset \"tokens\": dir is required (a dew tokenize output directory)");
           auto files = std::make_shared<TokenFiles>(o.dir, o.check_ids);
           const auto& m = files->meta();
-          return make_lm_data(json{{"name", "tokens"}, {"dir", o.dir}, {"check_ids", o.check_ids}}, m.tokenizer,
-                              m.vocab_size, m.eos_id, m.packed, seq_len, m.train_tokens, m.val_tokens,
-                              [files](bool val, int64_t start, int64_t count) { return files->ids(val, start, count); });
+          return make_lm_data(
+              json{{"name", "tokens"}, {"dir", o.dir}, {"check_ids", o.check_ids}}, m.tokenizer, m.vocab_size, m.eos_id,
+              m.packed, seq_len, m.train_tokens, m.val_tokens,
+              [files](bool val, int64_t start, int64_t count) { return files->ids(val, start, count); });
         });
     r->add<FortunesDataOptions>(
         "fortunes", "Debian's fortunes, one document per fortune, byte-level ids (256 = EOS)",

@@ -28,16 +28,16 @@ namespace dew::data {
 
 /// A token source for LM training and validation.
 struct LMData {
-  json spec;                 // the {name, fields...} record it was built from
-  json tokenizer;            // spec that rebuilds the tokenizer (load_tokenizer)
-  int64_t vocab_size = 0;    // ids are in [0, vocab_size)
-  int64_t eos_id = -1;       // -1 = none
-  bool packed = false;       // documents joined with eos_id: batches carry segment_ids and positions
-  int64_t seq_len = 0;       // S: windows hold S + 1 ids
-  int64_t train_tokens = 0;  // ids in the training stream
-  int64_t val_tokens = 0;    // ids in the validation stream
+  json spec;                               // the {name, fields...} record it was built from
+  json tokenizer;                          // spec that rebuilds the tokenizer (load_tokenizer)
+  int64_t vocab_size = 0;                  // ids are in [0, vocab_size)
+  int64_t eos_id = -1;                     // -1 = none
+  bool packed = false;                     // documents joined with eos_id: batches carry segment_ids and positions
+  int64_t seq_len = 0;                     // S: windows hold S + 1 ids
+  int64_t train_tokens = 0;                // ids in the training stream
+  int64_t val_tokens = 0;                  // ids in the validation stream
   std::shared_ptr<TensorDataset> windows;  // {"start": int64 [N]} training window starts
-  DataLoader::BatchTransform transform;         // starts -> tokens (+ segment_ids, positions)
+  DataLoader::BatchTransform transform;    // starts -> tokens (+ segment_ids, positions)
   /// ids [start, start + count) of the training (val = false) or validation stream, int64 [count].
   std::function<at::Tensor(bool val, int64_t start, int64_t count)> read;
 
@@ -63,7 +63,8 @@ inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 struct TokensDataOptions {
   std::string dir;
   bool check_ids = true;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("dir", dir, "dew tokenize output directory (train.bin, val.bin, meta.json)");
     v("check_ids", check_ids, "scan every id against vocab_size when opening");
   }
@@ -73,7 +74,8 @@ struct FortunesDataOptions {
   std::string dir = kFortunesDir;
   int64_t val_every = 20;
   bool pack = true;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("dir", dir, "folder of fortune files (%-separated)");
     v("val_every", val_every, "every val_every-th fortune (0, N, 2N, ... in file order) is validation");
     v("pack", pack, "block-diagonal attention per fortune (segment ids and positions)");

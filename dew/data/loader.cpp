@@ -34,9 +34,9 @@ struct Pos {
 
 struct Ticket {
   int64_t seq = 0;
-  Pos at;           // the batch covers positions [at.index, end) of epoch at.epoch
+  Pos at;  // the batch covers positions [at.index, end) of epoch at.epoch
   int64_t end = 0;
-  Pos next;         // where the stream continues after this batch
+  Pos next;                                 // where the stream continues after this batch
   std::shared_ptr<const at::Tensor> order;  // the epoch's item order, int64 [N]
 };
 
@@ -118,10 +118,9 @@ struct DataLoader::Impl {
 
   std::shared_ptr<const at::Tensor> order_of(int64_t epoch) {
     if (epoch != order_epoch) {
-      auto idx = o.shuffle
-                     ? at::randperm(n, rng::generator(uint64_t(o.seed), uint64_t(epoch), "data/shuffle"),
-                                    at::TensorOptions().dtype(at::kLong))
-                     : at::arange(n, at::TensorOptions().dtype(at::kLong));
+      auto idx = o.shuffle ? at::randperm(n, rng::generator(uint64_t(o.seed), uint64_t(epoch), "data/shuffle"),
+                                          at::TensorOptions().dtype(at::kLong))
+                           : at::arange(n, at::TensorOptions().dtype(at::kLong));
       order = std::make_shared<const at::Tensor>(idx);
       order_epoch = epoch;
     }
@@ -226,15 +225,15 @@ DataLoader::DataLoader(std::shared_ptr<const TensorDataset> dataset, LoaderOptio
   DEW_CHECK(n < (int64_t(1) << 32), "DataLoader: dataset \"", name, "\" has ", n,
             " items; the augmentation stream (epoch << 32 | position) accepts fewer than 2^32");
   DEW_CHECK(o.batch_size >= 1, "loader.batch_size: must be >= 1, got ", o.batch_size);
-  DEW_CHECK(!o.drop_last || o.batch_size <= n, "loader.batch_size: ", o.batch_size, " is larger than dataset \"",
-            name, "\" (", n, " items) with drop_last = true, which would give no batches");
+  DEW_CHECK(!o.drop_last || o.batch_size <= n, "loader.batch_size: ", o.batch_size, " is larger than dataset \"", name,
+            "\" (", n, " items) with drop_last = true, which would give no batches");
   DEW_CHECK(o.num_workers >= 0 && o.num_workers <= 64, "loader.num_workers: must be in [0, 64], got ", o.num_workers);
   DEW_CHECK(o.prefetch >= 1, "loader.prefetch: must be >= 1, got ", o.prefetch);
   DEW_CHECK(o.crop_padding >= 0 && o.crop_padding <= 1024, "loader.crop_padding: must be in [0, 1024], got ",
             o.crop_padding);
   const auto [s0, s1] = o.crop_scale;
-  DEW_CHECK(s0 > 0 && s0 <= s1 && s1 <= 1, "loader.crop_scale: must be [min, max] with 0 < min <= max <= 1, got [",
-            s0, ", ", s1, "]");
+  DEW_CHECK(s0 > 0 && s0 <= s1 && s1 <= 1, "loader.crop_scale: must be [min, max] with 0 < min <= max <= 1, got [", s0,
+            ", ", s1, "]");
   const auto [r0, r1] = o.crop_ratio;
   DEW_CHECK(r0 > 0 && r0 <= r1 && std::isfinite(r1), "loader.crop_ratio: must be [min, max] with 0 < min <= max, got [",
             r0, ", ", r1, "]");
@@ -297,16 +296,14 @@ Batch DataLoader::next() {
 
 json DataLoader::state() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
-  return json{{"epoch", impl_->delivered_pos.epoch},
-              {"index", impl_->delivered_pos.index},
-              {"dataset_size", impl_->n}};
+  return json{{"epoch", impl_->delivered_pos.epoch}, {"index", impl_->delivered_pos.index}, {"dataset_size", impl_->n}};
 }
 
 void DataLoader::load_state(const json& state) {
   auto& m = *impl_;
   auto integer = [&](const char* key) -> int64_t {
-    DEW_CHECK(state.is_object() && state.contains(key) && state[key].is_number_integer(), "loader state: field \"",
-              key, "\" must be an integer, got ", state.is_object() && state.contains(key) ? state[key].dump() : "nothing",
+    DEW_CHECK(state.is_object() && state.contains(key) && state[key].is_number_integer(), "loader state: field \"", key,
+              "\" must be an integer, got ", state.is_object() && state.contains(key) ? state[key].dump() : "nothing",
               " (expected {\"epoch\": E, \"index\": I} from DataLoader::state())");
     return state[key].get<int64_t>();
   };

@@ -24,7 +24,8 @@ struct Block {
 };
 
 // I-JEPA's _sample_block_size: one uniform draw sets both the scale and the aspect ratio.
-Block ijepa_block_size(double r, std::pair<double, double> scale, std::pair<double, double> aspect, const TokenGrid& g) {
+Block ijepa_block_size(double r, std::pair<double, double> scale, std::pair<double, double> aspect,
+                       const TokenGrid& g) {
   const double s = scale.first + r * (scale.second - scale.first);
   const int64_t keep = int64_t(double(g.h * g.w) * s);
   const double ar = aspect.first + r * (aspect.second - aspect.first);
@@ -49,10 +50,10 @@ Block smallest_block(std::pair<double, double> scale, std::pair<double, double> 
     for (int64_t k = k_lo; k <= k_hi + 1; ++k) edge((double(k) / n - scale.first) / ds);
   if (da > 0)
     for (int64_t k = std::max<int64_t>(k_lo, 1); k <= k_hi; ++k)
-      for (int64_t m = 0; m <= std::max(g.h, g.w); ++m) {  // sides are clamped below the grid's
+      for (int64_t m = 0; m <= std::max(g.h, g.w); ++m) {           // sides are clamped below the grid's
         const double half = (double(m) + 0.5) * (double(m) + 0.5);  // a side's rounding flips at m + 1/2
-        edge((half / double(k) - aspect.first) / da);                // h = round(sqrt(k ar))
-        edge((double(k) / half - aspect.first) / da);                // w = round(sqrt(k / ar))
+        edge((half / double(k) - aspect.first) / da);               // h = round(sqrt(k ar))
+        edge((double(k) / half - aspect.first) / da);               // w = round(sqrt(k / ar))
       }
   std::sort(edges.begin(), edges.end());
   Block best = ijepa_block_size(0.0, scale, aspect, g);
@@ -106,7 +107,8 @@ void validate(const MultiBlockOptions& o, const TokenGrid& g, const std::string&
 }
 
 void validate(const TubeOptions& o, const TokenGrid& g, const std::string& where) {
-  DEW_CHECK(g.h >= 1 && g.w >= 1 && g.t >= 1, where, ": tube masks need a token grid, got ", g.t, " x ", g.h, " x ", g.w);
+  DEW_CHECK(g.h >= 1 && g.w >= 1 && g.t >= 1, where, ": tube masks need a token grid, got ", g.t, " x ", g.h, " x ",
+            g.w);
   DEW_CHECK(o.blocks >= 1, where, ".blocks: must be >= 1, got ", o.blocks);
   check_range(o.spatial_scale, 0.0, 1.0, where + ".spatial_scale");
   check_range(o.temporal_scale, 0.0, 1.0, where + ".temporal_scale");
@@ -127,7 +129,8 @@ void validate(const TubeOptions& o, const TokenGrid& g, const std::string& where
   const bool spans_clip = std::max<int64_t>(1, int64_t(double(g.t) * o.temporal_scale.second)) >= g.t;
   DEW_CHECK(!(fills_frame && spans_clip), where, ".spatial_scale: its largest tube ([", o.spatial_scale.first, ", ",
             o.spatial_scale.second, "] of a ", g.h, " x ", g.w, " grid, aspect [", o.aspect.first, ", ",
-            o.aspect.second, "], over ", g.t, " frames) can cover every token and leave no context; lower the largest "
+            o.aspect.second, "], over ", g.t,
+            " frames) can cover every token and leave no context; lower the largest "
             "spatial_scale or temporal_scale");
 }
 
@@ -141,7 +144,8 @@ Masks multiblock_masks(const MultiBlockOptions& o, const TokenGrid& g, int64_t b
 
   // _sample_block_mask: a block at a random corner (top in [0, H - h), as the reference's randint), restricted
   // to the acceptable regions; after 20 misses one region fewer is imposed.
-  auto sample = [&](const Block& b, const std::vector<std::vector<uint8_t>>* regions, std::vector<uint8_t>* complement) {
+  auto sample = [&](const Block& b, const std::vector<std::vector<uint8_t>>* regions,
+                    std::vector<uint8_t>* complement) {
     int64_t tries = 0, timeout = 20;
     while (true) {
       const int64_t top = randint(gen, 0, g.h - b.h), left = randint(gen, 0, g.w - b.w);

@@ -41,7 +41,8 @@ struct MultiBlockOptions {
   std::pair<double, double> context_scale{0.85, 1.0};
   int64_t min_keep = 4;
   bool allow_overlap = false;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("targets", targets, "target blocks per item");
     v("target_scale", target_scale, "[min, max] area of a target block as a fraction of the grid");
     v("target_aspect", target_aspect, "[min, max] height / width of a target block");
@@ -58,7 +59,8 @@ struct TubeOptions {
   std::pair<double, double> spatial_scale{0.15, 0.15};
   std::pair<double, double> temporal_scale{1.0, 1.0};
   std::pair<double, double> aspect{0.75, 1.5};
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("blocks", blocks, "tubes per target (their union)");
     v("spatial_scale", spatial_scale, "[min, max] tube cross-section as a fraction of a frame");
     v("temporal_scale", temporal_scale, "[min, max] tube length as a fraction of the clip");

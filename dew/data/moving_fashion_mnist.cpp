@@ -35,8 +35,8 @@ TensorDataset moving_fashion_mnist(const MovingFashionMnistOptions& o, const Ten
   DEW_CHECK(o.size >= o.item_size && o.size <= 64, w, ".size: must be in [item_size = ", o.item_size, ", 64], got ",
             o.size);
   DEW_CHECK(o.items >= 1 && o.items <= 8, w, ".items: must be in [1, 8], got ", o.items);
-  DEW_CHECK(o.min_speed >= 0 && o.max_speed >= o.min_speed, w, ".min_speed/max_speed: need 0 <= min_speed <= max_speed, got ",
-            o.min_speed, " and ", o.max_speed);
+  DEW_CHECK(o.min_speed >= 0 && o.max_speed >= o.min_speed, w,
+            ".min_speed/max_speed: need 0 <= min_speed <= max_speed, got ", o.min_speed, " and ", o.max_speed);
   const at::Tensor& src = source.field("image");
   DEW_CHECK(src.dim() == 4 && src.size(1) == 1 && src.scalar_type() == at::kByte, w,
             ": source images must be uint8 [N, 1, H, W], got ", src.sizes());

@@ -157,41 +157,42 @@ std::vector<Prompt> read_prompts(const std::string& path, const ChatFormat& fmt,
 Batch sft_rows(const std::string& path, const ChatFormat& fmt, int64_t max_len, bool pack, int64_t min_len) {
   DEW_CHECK(max_len >= 2, "sft_rows: max_len must be >= 2, got ", max_len);
   std::vector<std::vector<int64_t>> ids, masks;
-  for_each_jsonl(path, "{\"messages\": [...]} or {\"prompt\", \"completion\"}", [&](const json& r, const std::string& where) {
-    std::vector<int64_t> row, mask;
-    if (r.contains("messages")) {
-      Conversation conv = parse_chat_record(r.dump(), where);
-      bool any = false;
-      for (const auto& m : conv) any = any || m.role == ChatRole::assistant;
-      DEW_CHECK(any, where, ": no assistant message (nothing to learn)");
-      for (const auto& m : conv)
-        DEW_CHECK(m.role != ChatRole::assistant || m.content.find_first_not_of(" \t\r\n") != std::string::npos, where,
-                  ": an empty assistant message");
-      ChatTokens t;
-      try {
-        t = tokenize_chat(*fmt.tokenizer, render_chat(conv, fmt.templ, fmt.render));
-      } catch (const Error& e) {
-        fail(where, ": ", e.what());
-      }
-      row = t.ids;
-      mask.assign(t.mask.begin(), t.mask.end());
-    } else {
-      DEW_CHECK(r.contains("prompt") && r.contains("completion"), where,
-                ": expected \"messages\" or \"prompt\" and \"completion\"");
-      Prompt p = make_prompt(r["prompt"], fmt, where);
-      p.record = r;
-      auto c = completion_ids(p, r["completion"], fmt, "completion", where);
-      row = p.ids;
-      row.insert(row.end(), c.begin(), c.end());
-      mask.assign(p.ids.size(), 0);
-      mask.insert(mask.end(), c.size(), 1);
-    }
-    DEW_CHECK(int64_t(row.size()) <= max_len, where, ": the conversation is ", row.size(),
-              " tokens, longer than the model's context of ", max_len);
-    DEW_CHECK(row.size() >= 2, where, ": the conversation has ", row.size(), " token (at least 2 are needed)");
-    ids.push_back(std::move(row));
-    masks.push_back(std::move(mask));
-  });
+  for_each_jsonl(
+      path, "{\"messages\": [...]} or {\"prompt\", \"completion\"}", [&](const json& r, const std::string& where) {
+        std::vector<int64_t> row, mask;
+        if (r.contains("messages")) {
+          Conversation conv = parse_chat_record(r.dump(), where);
+          bool any = false;
+          for (const auto& m : conv) any = any || m.role == ChatRole::assistant;
+          DEW_CHECK(any, where, ": no assistant message (nothing to learn)");
+          for (const auto& m : conv)
+            DEW_CHECK(m.role != ChatRole::assistant || m.content.find_first_not_of(" \t\r\n") != std::string::npos,
+                      where, ": an empty assistant message");
+          ChatTokens t;
+          try {
+            t = tokenize_chat(*fmt.tokenizer, render_chat(conv, fmt.templ, fmt.render));
+          } catch (const Error& e) {
+            fail(where, ": ", e.what());
+          }
+          row = t.ids;
+          mask.assign(t.mask.begin(), t.mask.end());
+        } else {
+          DEW_CHECK(r.contains("prompt") && r.contains("completion"), where,
+                    ": expected \"messages\" or \"prompt\" and \"completion\"");
+          Prompt p = make_prompt(r["prompt"], fmt, where);
+          p.record = r;
+          auto c = completion_ids(p, r["completion"], fmt, "completion", where);
+          row = p.ids;
+          row.insert(row.end(), c.begin(), c.end());
+          mask.assign(p.ids.size(), 0);
+          mask.insert(mask.end(), c.size(), 1);
+        }
+        DEW_CHECK(int64_t(row.size()) <= max_len, where, ": the conversation is ", row.size(),
+                  " tokens, longer than the model's context of ", max_len);
+        DEW_CHECK(row.size() >= 2, where, ": the conversation has ", row.size(), " token (at least 2 are needed)");
+        ids.push_back(std::move(row));
+        masks.push_back(std::move(mask));
+      });
   const int64_t pad = pad_of(*fmt.tokenizer);
   Batch b;
   if (!pack) {

@@ -19,7 +19,6 @@ bool blank(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
 }
 
-
 std::string read_all(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   DEW_CHECK(f.good(), "documents: cannot read \"", path, "\"");
@@ -61,7 +60,8 @@ std::vector<std::string> document_files(const std::string& input) {
   DEW_CHECK(fs::exists(input, ec), "documents: \"", input, "\" does not exist (expected a file or a folder)");
   if (!fs::is_directory(input, ec)) return {input};
   std::vector<std::string> files;
-  for (auto it = fs::recursive_directory_iterator(input, ec); it != fs::recursive_directory_iterator(); it.increment(ec)) {
+  for (auto it = fs::recursive_directory_iterator(input, ec); it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
     DEW_CHECK(!ec, "documents: cannot list \"", input, "\": ", ec.message());
     const fs::path& p = it->path();
     if (p.filename().string().rfind('.', 0) == 0) {

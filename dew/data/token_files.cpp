@@ -58,8 +58,8 @@ std::string token_dtype_for(int64_t vocab_size) {
   return vocab_size <= 256 ? "uint8" : vocab_size <= 65536 ? "uint16" : "uint32";
 }
 
-void write_token_files(const std::string& dir, const std::vector<int64_t>& train_ids, const std::vector<int64_t>& val_ids,
-                       TokenMeta meta) {
+void write_token_files(const std::string& dir, const std::vector<int64_t>& train_ids,
+                       const std::vector<int64_t>& val_ids, TokenMeta meta) {
   meta.dtype = token_dtype_for(meta.vocab_size);
   DEW_CHECK(meta.eos_id >= -1 && meta.eos_id < meta.vocab_size, "write_token_files: eos_id ", meta.eos_id,
             " is outside [0, vocab_size = ", meta.vocab_size, ") (or -1 = none)");
@@ -111,7 +111,8 @@ TokenFiles::TokenFiles(const std::string& dir, bool check_ids) : dir_(dir) {
   const fs::path meta_path = fs::path(dir) / "meta.json";
   DEW_CHECK(fs::is_directory(dir), "token files: ", dir, " is not a directory (expected the output of dew tokenize)");
   std::ifstream f(meta_path);
-  DEW_CHECK(f.good(), meta_path.string(), ": missing (expected {tokenizer, vocab_size, dtype, train_tokens, val_tokens, eos_id})");
+  DEW_CHECK(f.good(), meta_path.string(),
+            ": missing (expected {tokenizer, vocab_size, dtype, train_tokens, val_tokens, eos_id})");
   json j;
   try {
     j = json::parse(f);

@@ -31,7 +31,8 @@ struct TokenMeta {
   int64_t val_tokens = 0;
   int64_t eos_id = -1;
   bool packed = false;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("tokenizer", tokenizer, "tokenizer spec that rebuilds the tokenizer, e.g. {\"name\": \"byte\"}");
     v("vocab_size", vocab_size, "ids are in [0, vocab_size)");
     v.choice("dtype", dtype, {"uint8", "uint16", "uint32"},
@@ -49,8 +50,8 @@ std::string token_dtype_for(int64_t vocab_size);
 /// Writes DIR/train.bin, DIR/val.bin and DIR/meta.json (creating DIR). meta.dtype, train_tokens and
 /// val_tokens are filled in here; every id must be in [0, meta.vocab_size) (dew::Error naming the first
 /// offending id and its index otherwise). Files are written to temporaries and renamed into place.
-void write_token_files(const std::string& dir, const std::vector<int64_t>& train_ids, const std::vector<int64_t>& val_ids,
-                       TokenMeta meta);
+void write_token_files(const std::string& dir, const std::vector<int64_t>& train_ids,
+                       const std::vector<int64_t>& val_ids, TokenMeta meta);
 
 /// Read-only memory maps of a token directory's train.bin and val.bin, read as int64 windows.
 class TokenFiles {

@@ -19,7 +19,9 @@ const std::array<std::string, 256>& byte_to_unicode() {
   static const std::array<std::string, 256> table = [] {
     std::array<std::string, 256> t;
     // Printable bytes keep their Latin-1 code point; the rest take U+0100 + n in byte order (GPT-2).
-    auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+    auto printable = [](int b) {
+      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    };
     uint32_t n = 0;
     for (int b = 0; b < 256; ++b) {
       uint32_t cp = printable(b) ? static_cast<uint32_t>(b) : 256 + n++;
@@ -67,8 +69,8 @@ std::pair<std::string, std::string> BpeMerges::parse(const nlohmann::json& e, in
   if (e.is_string()) {  // "a b"
     const std::string s = e.get<std::string>();
     const size_t sp = s.find(' ');
-    DEW_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos,
-              who, ": merge ", rank, " \"", s, "\" must be two pieces separated by one space");
+    DEW_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos, who,
+              ": merge ", rank, " \"", s, "\" must be two pieces separated by one space");
     return {s.substr(0, sp), s.substr(sp + 1)};
   }
   DEW_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), who, ": merge ", rank,
@@ -106,8 +108,10 @@ std::vector<std::string> BpeMerges::apply(const std::string& word, const std::st
 
 void write_hf_token_configs(const std::string& dir, const std::string& bos, const std::string& eos,
                             const std::string& pad, const std::string& unk, const std::string& tokenizer_class) {
-  json config = {{"tokenizer_class", tokenizer_class}, {"clean_up_tokenization_spaces", false},
-                 {"add_bos_token", !bos.empty()}, {"add_eos_token", false}};
+  json config = {{"tokenizer_class", tokenizer_class},
+                 {"clean_up_tokenization_spaces", false},
+                 {"add_bos_token", !bos.empty()},
+                 {"add_eos_token", false}};
   json map = json::object();
   auto put = [&](const char* key, const std::string& v) {
     config[key] = v.empty() ? json(nullptr) : json(v);
@@ -181,10 +185,15 @@ class ByteTokenizer : public Tokenizer {
     for (int b = 0; b < 256; ++b) vocab[b2u[b]] = b;
     json added = json::array();
     if (o_.eos)
-      added.push_back({{"id", 256}, {"content", kEos}, {"single_word", false}, {"lstrip", false},
-                       {"rstrip", false}, {"normalized", false}, {"special", true}});
-    json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
-                       {"use_regex", false}};
+      added.push_back({{"id", 256},
+                       {"content", kEos},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", true}});
+    json byte_level = {
+        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
     json file = {{"version", "1.0"},
                  {"truncation", nullptr},
                  {"padding", nullptr},
@@ -193,10 +202,17 @@ class ByteTokenizer : public Tokenizer {
                  {"pre_tokenizer", byte_level},
                  {"post_processor", nullptr},
                  {"decoder", byte_level},
-                 {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-                            {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
-                            {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
-                            {"vocab", vocab}, {"merges", json::array()}}}};
+                 {"model",
+                  {{"type", "BPE"},
+                   {"dropout", nullptr},
+                   {"unk_token", nullptr},
+                   {"continuing_subword_prefix", nullptr},
+                   {"end_of_word_suffix", nullptr},
+                   {"fuse_unk", false},
+                   {"byte_fallback", false},
+                   {"ignore_merges", false},
+                   {"vocab", vocab},
+                   {"merges", json::array()}}}};
     io::write_file_atomic((fs::path(dir) / "tokenizer.json").string(), file.dump(2) + "\n");
     detail::write_hf_token_configs(dir, "", o_.eos ? kEos : "", "", "", "PreTrainedTokenizerFast");
   }
@@ -211,15 +227,13 @@ class ByteTokenizer : public Tokenizer {
 Registry<const Tokenizer>& tokenizers() {
   static Registry<const Tokenizer>* r = [] {
     auto* reg = new Registry<const Tokenizer>("tokenizer");
-    reg->add<ByteTokenizerOptions>("byte", "raw bytes as ids 0..255, optional <eos> = 256; exact for any bytes",
-                                   [](const ByteTokenizerOptions& o) -> TokenizerPtr {
-                                     return std::make_shared<ByteTokenizer>(o);
-                                   });
+    reg->add<ByteTokenizerOptions>(
+        "byte", "raw bytes as ids 0..255, optional <eos> = 256; exact for any bytes",
+        [](const ByteTokenizerOptions& o) -> TokenizerPtr { return std::make_shared<ByteTokenizer>(o); });
     reg->add<SentencePieceOptions>("sentencepiece",
                                    "SentencePiece tokenizer.model: unigram (Viterbi) or BPE, byte fallback",
                                    [](const SentencePieceOptions& o) { return detail::make_sentencepiece(o); });
-    reg->add<HfBpeOptions>("hf_bpe",
-                           "Hugging Face tokenizer.json byte-level BPE: merges, added tokens, split regex",
+    reg->add<HfBpeOptions>("hf_bpe", "Hugging Face tokenizer.json byte-level BPE: merges, added tokens, split regex",
                            [](const HfBpeOptions& o) { return detail::make_hf_bpe(o); });
     return reg;
   }();
@@ -253,8 +267,7 @@ TokenizerPtr load_tokenizer(const std::string& spec) {
   // Other names: a JSON document starts with '{', a ModelProto does not.
   std::ifstream f(path, std::ios::binary);
   char c = 0;
-  while (f.get(c) && std::isspace(static_cast<unsigned char>(c))) {
-  }
+  while (f.get(c) && std::isspace(static_cast<unsigned char>(c))) {}
   return tokenizers().build(c == '{' ? "hf_bpe" : "sentencepiece", json{{"path", path}});
 }
 

@@ -77,17 +77,26 @@ using TokenizerPtr = std::shared_ptr<const Tokenizer>;
 
 struct ByteTokenizerOptions {
   bool eos = true;
-  template <class V> void visit(V& v) { v("eos", eos, "reserve id 256 as <eos> (vocab 257); false: vocab 256, no EOS"); }
+  template <class V>
+  void visit(V& v) {
+    v("eos", eos, "reserve id 256 as <eos> (vocab 257); false: vocab 256, no EOS");
+  }
 };
 
 struct SentencePieceOptions {
   std::string path;
-  template <class V> void visit(V& v) { v("path", path, "tokenizer.model file (SentencePiece ModelProto)"); }
+  template <class V>
+  void visit(V& v) {
+    v("path", path, "tokenizer.model file (SentencePiece ModelProto)");
+  }
 };
 
 struct HfBpeOptions {
   std::string path;
-  template <class V> void visit(V& v) { v("path", path, "Hugging Face tokenizer.json (byte-level BPE)"); }
+  template <class V>
+  void visit(V& v) {
+    v("path", path, "Hugging Face tokenizer.json (byte-level BPE)");
+  }
 };
 
 /// The registry of tokenizers: byte, sentencepiece, hf_bpe.

@@ -6,8 +6,8 @@ Preset preset(const std::string& name, const PresetOptions& o, int64_t height, i
   Preset p;
   p.name = name;
   if (name == "edm") {
-    DEW_CHECK(o.regime == "pixel" || o.regime == "latent",
-              "preset edm: field regime is required, got \"", o.regime, "\", accepted: pixel, latent");
+    DEW_CHECK(o.regime == "pixel" || o.regime == "latent", "preset edm: field regime is required, got \"", o.regime,
+              "\", accepted: pixel, latent");
     EDMOptions e;
     e.regime = o.regime;
     e.p_mean = o.p_mean;
@@ -34,7 +34,8 @@ Preset preset(const std::string& name, const PresetOptions& o, int64_t height, i
     f.density = o.density;
     f.shift = o.shift;
     if (o.resolution_shift) {
-      DEW_CHECK(height > 0 && width > 0, "preset flow: resolution_shift needs the image size, got ", height, "x", width);
+      DEW_CHECK(height > 0 && width > 0, "preset flow: resolution_shift needs the image size, got ", height, "x",
+                width);
       f.shift = flow_resolution_shift(height, width);
     }
     p.train = p.sample = schedules().build("flow", to_json(f));
@@ -65,9 +66,8 @@ Registry<Preset>& presets() {
         {"karras", "Karras VE for training and sampling; karras preconditioning"},
         {"sqrt", "Diffusion-LM sqrt schedule; x0 prediction"}};
     for (const auto& [name, doc] : docs) {
-      r->add<PresetOptions>(name, doc, [name = name](const PresetOptions& o) {
-        return std::make_shared<Preset>(preset(name, o));
-      });
+      r->add<PresetOptions>(
+          name, doc, [name = name](const PresetOptions& o) { return std::make_shared<Preset>(preset(name, o)); });
     }
     return r;
   }();

@@ -22,7 +22,8 @@ struct PresetOptions {
   bool resolution_shift = false;
   std::string density = "logit_normal";
   int64_t timesteps = 1000;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("min_snr_gamma", min_snr_gamma, "replace the weighting by MinSNR(gamma), e.g. 5.0");
     v("regime", regime, "edm: pixel | latent (required for edm)");
     v("p_mean", p_mean, "edm: explicit P_mean");

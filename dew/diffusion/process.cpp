@@ -5,8 +5,8 @@
 namespace dew::diffusion {
 
 DiffusionProcess::DiffusionProcess(Preset p) : p_(std::move(p)) {
-  DEW_CHECK(p_.train && p_.sample && p_.transform && p_.weighting,
-            "DiffusionProcess: preset \"", p_.name, "\" is incomplete");
+  DEW_CHECK(p_.train && p_.sample && p_.transform && p_.weighting, "DiffusionProcess: preset \"", p_.name,
+            "\" is incomplete");
 }
 
 TrainingInputs DiffusionProcess::training_inputs(const Tensor& x0, at::Generator gen) const {
@@ -16,8 +16,8 @@ TrainingInputs DiffusionProcess::training_inputs(const Tensor& x0, at::Generator
 }
 
 TrainingInputs DiffusionProcess::training_inputs(const Tensor& x0, const Tensor& t, const Tensor& eps) const {
-  DEW_CHECK(t.dim() == 1 && t.size(0) == x0.size(0), "training_inputs: t must be [B] with B = ", x0.size(0),
-            ", got ", t.sizes());
+  DEW_CHECK(t.dim() == 1 && t.size(0) == x0.size(0), "training_inputs: t must be [B] with B = ", x0.size(0), ", got ",
+            t.sizes());
   const Schedule& s = *p_.train;
   auto tc = t.to(at::kDouble).cpu();
   Rates r = s.rates(tc);
@@ -53,7 +53,8 @@ Prediction read_back(const Schedule& s, const Transform& tr, const Tensor& F, co
 }
 }  // namespace
 
-Prediction DiffusionProcess::denoise(const Tensor& F, const Tensor& x_t, const Tensor& t, const Schedule* schedule) const {
+Prediction DiffusionProcess::denoise(const Tensor& F, const Tensor& x_t, const Tensor& t,
+                                     const Schedule* schedule) const {
   return read_back(schedule ? *schedule : *p_.sample, *p_.transform, F, x_t, t);
 }
 

@@ -49,8 +49,8 @@ void check_discrete(const DiscreteOptions& o, bool takes_beta_range = false, con
   DEW_CHECK(o.beta_end > 0 && o.beta_end <= 1, "schedule.beta_end: must be in (0, 1], got ", o.beta_end);
   DEW_CHECK(o.p2_k >= 0, "schedule.p2_k: must be >= 0, got ", o.p2_k);
   if (o.beta_range) {
-    DEW_CHECK(takes_beta_range, "schedule.beta_range: only linear and scaled_linear take a beta range; schedule ",
-              name, " got [", o.beta_range->first, ", ", o.beta_range->second, "]");
+    DEW_CHECK(takes_beta_range, "schedule.beta_range: only linear and scaled_linear take a beta range; schedule ", name,
+              " got [", o.beta_range->first, ", ", o.beta_range->second, "]");
     auto [b0, b1] = *o.beta_range;
     DEW_CHECK(b0 > 0 && b0 <= b1 && b1 <= 1, "schedule.beta_range: need 0 < beta_start <= beta_end <= 1, got [", b0,
               ", ", b1, "]");
@@ -153,8 +153,7 @@ class FlowSchedule : public Schedule {
   Tensor draw_t(int64_t n, at::Generator gen) const override {
     if (o_.density == "logit_normal") return at::sigmoid(o_.m + o_.s * at::randn({n}, gen, kF64));
     auto u = at::rand({n}, gen, kF64);
-    if (o_.density == "mode")
-      return 1.0 - u - o_.mode_scale * ((u * (M_PI / 2)).cos().square() - 1.0 + u);
+    if (o_.density == "mode") return 1.0 - u - o_.mode_scale * ((u * (M_PI / 2)).cos().square() - 1.0 + u);
     if (o_.density == "cosmap") return 1.0 - 1.0 / ((u * (M_PI / 2)).tan() + 1.0);
     return u;
   }
@@ -247,7 +246,8 @@ SchedulePtr make_cosine_continuous() { return std::make_shared<CosineContinuousS
 
 SchedulePtr make_karras_ve(const KarrasOptions& o) {
   DEW_CHECK(o.sigma_min > 0, "schedule.sigma_min: must be > 0, got ", o.sigma_min);
-  DEW_CHECK(o.sigma_max > o.sigma_min, "schedule.sigma_max: must exceed sigma_min ", o.sigma_min, ", got ", o.sigma_max);
+  DEW_CHECK(o.sigma_max > o.sigma_min, "schedule.sigma_max: must exceed sigma_min ", o.sigma_min, ", got ",
+            o.sigma_max);
   DEW_CHECK(o.rho > 0, "schedule.rho: must be > 0, got ", o.rho);
   DEW_CHECK(o.sigma_data > 0, "schedule.sigma_data: must be > 0, got ", o.sigma_data);
   return std::make_shared<KarrasVESchedule>(o);
@@ -307,19 +307,18 @@ Registry<Schedule>& schedules() {
     };
     r->add<DiscreteOptions>("linear", "DDPM linear betas linspace(1e-4 s, 0.02 s, T), s = 1000/T, or beta_range",
                             [=](const DiscreteOptions& o) { return tag(make_linear(o), "linear", to_json(o)); });
-    r->add<DiscreteOptions>("scaled_linear",
-                            "Stable Diffusion betas linspace(sqrt(0.00085), sqrt(0.012), T)^2 (diffusers scaled_linear)",
-                            [=](const DiscreteOptions& o) {
-                              return tag(make_scaled_linear(o), "scaled_linear", to_json(o));
-                            });
+    r->add<DiscreteOptions>(
+        "scaled_linear", "Stable Diffusion betas linspace(sqrt(0.00085), sqrt(0.012), T)^2 (diffusers scaled_linear)",
+        [=](const DiscreteOptions& o) { return tag(make_scaled_linear(o), "scaled_linear", to_json(o)); });
     r->add<DiscreteOptions>("cosine", "improved-DDPM cosine alphabar, betas clipped at beta_end",
                             [=](const DiscreteOptions& o) { return tag(make_cosine(o), "cosine", to_json(o)); });
     r->add<DiscreteOptions>("exp", "alphabar(u) = exp(-12 u), betas clipped at 0.999",
                             [=](const DiscreteOptions& o) { return tag(make_exp(o), "exp", to_json(o)); });
     r->add<NoOptions>("sqrt", "Diffusion-LM sqrt schedule alpha^2 = 1 - sqrt(t + 1e-4) (rescaled)",
                       [=](const NoOptions&) { return tag(make_sqrt(), "sqrt", json::object()); });
-    r->add<NoOptions>("cosine_continuous", "alpha = cos(pi t/2), sigma = sin(pi t/2), weight 1/(1 + SNR)",
-                      [=](const NoOptions&) { return tag(make_cosine_continuous(), "cosine_continuous", json::object()); });
+    r->add<NoOptions>(
+        "cosine_continuous", "alpha = cos(pi t/2), sigma = sin(pi t/2), weight 1/(1 + SNR)",
+        [=](const NoOptions&) { return tag(make_cosine_continuous(), "cosine_continuous", json::object()); });
     r->add<KarrasOptions>("karras_ve", "Karras VE: alpha = 1, sigma on the rho-grid, EDM weight",
                           [=](const KarrasOptions& o) { return tag(make_karras_ve(o), "karras_ve", to_json(o)); });
     r->add<EDMOptions>("edm", "EDM training: log-normal sigma, alpha = 1, t = sigma",

@@ -73,7 +73,8 @@ struct DiscreteOptions {
   double p2_gamma = 1.0;
   std::optional<std::pair<double, double>> beta_range;
   bool rescale_zero_snr = false;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("timesteps", timesteps, "number of discrete steps T");
     v("beta_end", beta_end, "cosine: upper clip of each beta_i (1.0 gives zero terminal SNR)");
     v("p2_k", p2_k, "P2 loss weight (k + SNR)^-gamma: k");
@@ -92,7 +93,8 @@ struct KarrasOptions {
   double sigma_max = 80.0;
   double rho = 7.0;
   double sigma_data = 0.5;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("sigma_min", sigma_min, "smallest sigma (t = 0)");
     v("sigma_max", sigma_max, "largest sigma (t = 1)");
     v("rho", rho, "grid curvature: sigma^(1/rho) is linear in t");
@@ -107,7 +109,8 @@ struct EDMOptions {
   double sigma_min = 0.002;
   double sigma_max = 80.0;
   double sigma_data = 0.5;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.choice("regime", regime, {"pixel", "latent"}, "training sigma density: pixel (-1.2, 1.2) or latent (-0.4, 1.0)");
     v("p_mean", p_mean, "explicit P_mean (overrides regime)");
     v("p_std", p_std, "explicit P_std (overrides regime)");
@@ -123,7 +126,8 @@ struct FlowOptions {
   double s = 1.0;
   double mode_scale = 1.29;
   double shift = 1.0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.choice("density", density, {"logit_normal", "mode", "cosmap", "uniform"}, "training density of t");
     v("m", m, "logit_normal: location");
     v("s", s, "logit_normal: scale");

@@ -110,18 +110,18 @@ Registry<Transform>& transforms() {
   static Registry<Transform>* r = [] {
     auto* r = new Registry<Transform>("transform");
     r->add<NoOptions>("epsilon", "predict eps; x0 = (x_t - sigma F)/alpha",
-                   [](const NoOptions&) { return std::make_shared<EpsilonTransform>(); });
+                      [](const NoOptions&) { return std::make_shared<EpsilonTransform>(); });
     r->add<NoOptions>("x0", "predict x0 directly; eps = (x_t - alpha F)/sigma",
-                   [](const NoOptions&) { return std::make_shared<X0Transform>(); });
+                      [](const NoOptions&) { return std::make_shared<X0Transform>(); });
     r->add<NoOptions>("v", "predict v/sqrt(alpha^2 + sigma^2), v = alpha eps - sigma x0",
-                   [](const NoOptions&) { return std::make_shared<VTransform>(); });
+                      [](const NoOptions&) { return std::make_shared<VTransform>(); });
     r->add<NoOptions>("flow", "predict the velocity u = eps - x0",
-                   [](const NoOptions&) { return std::make_shared<FlowTransform>(); });
-    r->add<KarrasTransformOptions>("karras", "EDM preconditioning D = c_skip x_t + c_out F(c_in x_t)",
-                                   [](const KarrasTransformOptions& o) {
-                                     DEW_CHECK(o.sigma_data > 0, "transform.sigma_data: must be > 0, got ", o.sigma_data);
-                                     return std::make_shared<KarrasTransform>(o.sigma_data);
-                                   });
+                      [](const NoOptions&) { return std::make_shared<FlowTransform>(); });
+    r->add<KarrasTransformOptions>(
+        "karras", "EDM preconditioning D = c_skip x_t + c_out F(c_in x_t)", [](const KarrasTransformOptions& o) {
+          DEW_CHECK(o.sigma_data > 0, "transform.sigma_data: must be > 0, got ", o.sigma_data);
+          return std::make_shared<KarrasTransform>(o.sigma_data);
+        });
     return r;
   }();
   return *r;

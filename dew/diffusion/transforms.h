@@ -40,7 +40,10 @@ using TransformPtr = std::shared_ptr<Transform>;
 
 struct KarrasTransformOptions {
   double sigma_data = 0.5;
-  template <class V> void visit(V& v) { v("sigma_data", sigma_data, "data standard deviation sd"); }
+  template <class V>
+  void visit(V& v) {
+    v("sigma_data", sigma_data, "data standard deviation sd");
+  }
 };
 
 /// epsilon | x0 | v | flow | karras.

@@ -41,7 +41,7 @@ Registry<Weighting>& weightings() {
   static Registry<Weighting>* r = [] {
     auto* r = new Registry<Weighting>("weighting");
     r->add<NoOptions>("schedule", "the training schedule's own weight (P2, 1/(1+SNR), EDM lambda, 1)",
-                   [](const NoOptions&) { return std::make_shared<ScheduleWeighting>(); });
+                      [](const NoOptions&) { return std::make_shared<ScheduleWeighting>(); });
     r->add<MinSNROptions>("min_snr", "Min-SNR-gamma (Hang et al. 2023)", [](const MinSNROptions& o) {
       DEW_CHECK(o.gamma > 0, "weighting.gamma: must be > 0, got ", o.gamma);
       return std::make_shared<MinSNRWeighting>(o.gamma);

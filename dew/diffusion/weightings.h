@@ -15,7 +15,10 @@ using WeightingPtr = std::shared_ptr<Weighting>;
 
 struct MinSNROptions {
   double gamma = 5.0;
-  template <class V> void visit(V& v) { v("gamma", gamma, "SNR clip: w = min(SNR, gamma)/target_error_scale(SNR)"); }
+  template <class V>
+  void visit(V& v) {
+    v("gamma", gamma, "SNR clip: w = min(SNR, gamma)/target_error_scale(SNR)");
+  }
 };
 
 /// w = min(SNR, gamma) / target_error_scale(SNR), and w = 1 where SNR = 0.

@@ -111,7 +111,8 @@ std::vector<DiffusersMethod> diffusers_methods(const std::string& class_name) {
   return out;
 }
 
-std::map<std::string, Tensor> diffusers_forward(const DiffusersModel& model, const std::map<std::string, Tensor>& inputs,
+std::map<std::string, Tensor> diffusers_forward(const DiffusersModel& model,
+                                                const std::map<std::string, Tensor>& inputs,
                                                 const std::string& method_name) {
   const auto& methods = models::family(model.family).reference_methods;
   DEW_CHECK(!methods.empty(), model.class_name, " (", model.family, ") has no reference methods");
@@ -129,12 +130,14 @@ std::map<std::string, Tensor> diffusers_forward(const DiffusersModel& model, con
     if (!inputs.count(r)) missing.push_back(r);
   for (const auto& kv : inputs) {
     const bool known = std::count(method->required.begin(), method->required.end(), kv.first) +
-                           std::count(method->optional.begin(), method->optional.end(), kv.first) > 0;
+                           std::count(method->optional.begin(), method->optional.end(), kv.first) >
+                       0;
     if (!known) extra.push_back(kv.first);
   }
   if (!missing.empty() || !extra.empty()) {
     std::string msg = where + ":";
-    if (!missing.empty()) msg += " missing input" + std::string(missing.size() > 1 ? "s " : " ") + joined(missing) + ";";
+    if (!missing.empty())
+      msg += " missing input" + std::string(missing.size() > 1 ? "s " : " ") + joined(missing) + ";";
     if (!extra.empty()) msg += " unexpected input" + std::string(extra.size() > 1 ? "s " : " ") + joined(extra) + ";";
     msg += " it takes " + joined(method->required);
     if (!method->optional.empty()) msg += " (optional: " + joined(method->optional) + ")";

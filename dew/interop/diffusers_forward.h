@@ -44,10 +44,10 @@ struct DiffusersLoadOptions {
 
 /// A loaded component folder.
 struct DiffusersModel {
-  std::string folder;      // the folder as given
-  std::string class_name;  // e.g. "AutoencoderKL"
-  std::string family;      // e.g. "autoencoder_kl"
-  json fields;             // the family's fields, from config.json
+  std::string folder;                         // the folder as given
+  std::string class_name;                     // e.g. "AutoencoderKL"
+  std::string family;                         // e.g. "autoencoder_kl"
+  json fields;                                // the family's fields, from config.json
   std::shared_ptr<torch::nn::Module> module;  // in eval mode, on the device, in the dtype asked for
   io::LoadReport report;
   at::ScalarType dtype = at::kFloat;

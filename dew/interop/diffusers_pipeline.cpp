@@ -108,10 +108,11 @@ TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
   const json unet_config = read_json(root / "unet" / "config.json");
   p.default_size_ = unet_config.value("sample_size", int64_t(64)) * p.vae_scale_factor_;
   DEW_CHECK(u.in_channels() == v.latent_channels() && u.output_channels() == v.latent_channels(), dir,
-            ": the unet takes ", u.in_channels(), " and predicts ", u.output_channels(), " channels, the vae's latents have ",
-            v.latent_channels(), " (an inpainting unet needs an inpainting pipeline)");
-  const int64_t text = p.text_encoder_->options.hidden_size() +
-                       (p.sdxl() ? p.text_encoder_2_->options.hidden_size() : int64_t{0});
+            ": the unet takes ", u.in_channels(), " and predicts ", u.output_channels(),
+            " channels, the vae's latents have ", v.latent_channels(),
+            " (an inpainting unet needs an inpainting pipeline)");
+  const int64_t text =
+      p.text_encoder_->options.hidden_size() + (p.sdxl() ? p.text_encoder_2_->options.hidden_size() : int64_t{0});
   DEW_CHECK(u.context_features() == text, dir, ": the unet's cross_attention_dim is ", u.context_features(),
             " but the text encoder", p.sdxl() ? "s give " : " gives ", text);
   if (p.sdxl()) {
@@ -160,7 +161,9 @@ PromptEmbeddings TextToImagePipeline::encode(const PipelineRequest& r) {
   PromptEmbeddings e;
   if (!sdxl()) {
     // StableDiffusionPipeline: last_hidden_state, no padding mask.
-    auto last = [&](const std::vector<std::string>& texts) { return text_encoder_->forward(tokenize(texts, 0), {}).context; };
+    auto last = [&](const std::vector<std::string>& texts) {
+      return text_encoder_->forward(tokenize(texts, 0), {}).context;
+    };
     e.positive = last(pos);
     e.negative = last(neg);
     return e;
@@ -197,9 +200,9 @@ PipelineResult TextToImagePipeline::run(const PipelineRequest& r, const PromptEm
 
   scheduler_->set_timesteps(r.steps);
   scheduler_->set_eta(r.eta);
-  Tensor x = r.latents.defined()
-                 ? r.latents.to(at::kFloat)
-                 : at::randn(shape, rng::generator(r.seed, 0, "pipeline/latents"), at::TensorOptions().dtype(at::kFloat));
+  Tensor x = r.latents.defined() ? r.latents.to(at::kFloat)
+                                 : at::randn(shape, rng::generator(r.seed, 0, "pipeline/latents"),
+                                             at::TensorOptions().dtype(at::kFloat));
   x = x * scheduler_->init_noise_sigma();
 
   Conditioning cond;

@@ -43,8 +43,8 @@ struct PipelineRequest {
 
 /// The prompt embeddings a request turns into ([negative; positive] rows are built from these).
 struct PromptEmbeddings {
-  at::Tensor positive, negative;                 // [count, 77, D]
-  at::Tensor pooled_positive, pooled_negative;   // SDXL: [count, P]; undefined otherwise
+  at::Tensor positive, negative;                // [count, 77, D]
+  at::Tensor pooled_positive, pooled_negative;  // SDXL: [count, P]; undefined otherwise
 };
 
 struct PipelineResult {

@@ -65,7 +65,8 @@ void check_family(const nn::CausalTransformerOptions& o, const std::string& fami
     if (o.scale_offset() != 1.0) refuse(str("scale_offset ", o.scale_offset(), " (Gemma norms scale by 1 + weight)"));
     double want = std::sqrt(static_cast<double>(o.emb_features()));
     if (std::abs(o.embedding_scale() - want) > 1e-6 * want)
-      refuse(str("embedding_scale ", o.embedding_scale(), " (Gemma 3 scales embeddings by sqrt(hidden_size) = ", want, ")"));
+      refuse(str("embedding_scale ", o.embedding_scale(), " (Gemma 3 scales embeddings by sqrt(hidden_size) = ", want,
+                 ")"));
     return;
   }
   if (o.mlp() != "swiglu") refuse(str("mlp \"", o.mlp(), "\" (the family's runtimes implement silu gates only)"));
@@ -123,8 +124,7 @@ json hf_config(const nn::CausalTransformerOptions& o, const std::string& family,
     // Older transformers derive the layer kinds from a period instead: write it when one fits.
     for (int64_t p = 1; p <= o.num_layers(); ++p) {
       bool fits = true;
-      for (int64_t i = 0; i < o.num_layers(); ++i)
-        fits &= (types[i] == "full_attention") == ((i + 1) % p == 0);
+      for (int64_t i = 0; i < o.num_layers(); ++i) fits &= (types[i] == "full_attention") == ((i + 1) % p == 0);
       if (fits) {
         c["sliding_window_pattern"] = p;
         break;

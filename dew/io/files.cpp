@@ -7,8 +7,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "dew/core/error.h"
 #include <nlohmann/json.hpp>
+#include "dew/core/error.h"
 
 namespace fs = std::filesystem;
 

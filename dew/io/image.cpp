@@ -83,8 +83,8 @@ void save_png(const std::string& path, const at::Tensor& image) {
   DEW_CHECK(image.defined(), where, ": the image tensor is undefined");
   DEW_CHECK(image.dim() == 3, where, ": expected an image [C, H, W], got shape ", shape_of(image));
   check_channels(image.size(0), where);
-  DEW_CHECK(image.size(1) > 0 && image.size(2) > 0 && image.size(1) <= kMaxSide && image.size(2) <= kMaxSide,
-            where, ": height and width must be in [1, ", kMaxSide, "], got shape ", shape_of(image));
+  DEW_CHECK(image.size(1) > 0 && image.size(2) > 0 && image.size(1) <= kMaxSide && image.size(2) <= kMaxSide, where,
+            ": height and width must be in [1, ", kMaxSide, "], got shape ", shape_of(image));
   at::Tensor u8;
   if (image.scalar_type() == at::kByte) {
     u8 = image.detach().to(at::kCPU);
@@ -140,8 +140,8 @@ at::Tensor load_image(const std::string& path, int64_t channels) {
   if (!stbi_info_from_memory(bytes.data(), int(bytes.size()), &w, &h, &file_channels))
     fail("cannot decode image \"", path, "\": ", stbi_failure_reason(),
          " (accepted formats: png, jpg, bmp, gif, tga, psd, pnm)");
-  DEW_CHECK(w <= kMaxSide && h <= kMaxSide, "image \"", path, "\" is ", w, "x", h,
-            ", larger than the accepted ", kMaxSide, " pixels per side");
+  DEW_CHECK(w <= kMaxSide && h <= kMaxSide, "image \"", path, "\" is ", w, "x", h, ", larger than the accepted ",
+            kMaxSide, " pixels per side");
   std::unique_ptr<unsigned char, StbFree> pixels(
       stbi_load_from_memory(bytes.data(), int(bytes.size()), &w, &h, &file_channels, int(channels)));
   if (!pixels) fail("cannot decode image \"", path, "\": ", stbi_failure_reason());

@@ -187,7 +187,8 @@ at::Tensor SafetensorsFile::tensor(const std::string& name, bool copy) const {
   const bool aligned = reinterpret_cast<uintptr_t>(src) % dtype_size(e.dtype) == 0;
   if (!copy && aligned && mapping_->writable) {
     std::shared_ptr<Mapping> keep = mapping_;  // the tensor's storage holds the mapping alive
-    return at::from_blob(src, e.shape, [keep](void*) {}, options);
+    return at::from_blob(
+        src, e.shape, [keep](void*) {}, options);
   }
   at::Tensor out = at::empty(e.shape, options);
   std::memcpy(out.data_ptr(), src, bytes);
@@ -219,15 +220,15 @@ void save_safetensors(const std::string& path, const std::map<std::string, at::T
     DEW_CHECK(name != "__metadata__", where, ": the name is reserved for the metadata; choose another");
     DEW_CHECK(t.defined(), where, " is undefined; accepted: defined dense tensors");
     // Layouts are rendered first: passing a c10 type to fail() makes its str() call ambiguous with c10::str.
-    DEW_CHECK(t.layout() == at::kStrided, where, " has layout ", dew::str(t.layout()), "; accepted: strided (dense) tensors");
+    DEW_CHECK(t.layout() == at::kStrided, where, " has layout ", dew::str(t.layout()),
+              "; accepted: strided (dense) tensors");
     const Dtype d = dtype_of(t.scalar_type(), where);
     items.push_back({&name, &t, d, static_cast<uint64_t>(t.numel()) * dtype_size(d)});
   }
   // Largest elements first, then by name (as the reference writer does): with the header padded to 8
   // bytes every tensor then starts at a multiple of its element size, so readers can map it zero-copy.
-  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return dtype_size(a.dtype) > dtype_size(b.dtype);
-  });
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return dtype_size(a.dtype) > dtype_size(b.dtype); });
 
   json header = json::object();
   uint64_t offset = 0;
@@ -247,8 +248,8 @@ void save_safetensors(const std::string& path, const std::map<std::string, at::T
     fail(file, ": tensor names and metadata must be valid UTF-8 (", e.what(), ")");
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // data then starts 8-byte aligned
-  DEW_CHECK(text.size() <= kMaxHeaderBytes, file, ": header of ", text.size(), " bytes exceeds the ",
-            kMaxHeaderBytes, " bytes readers accept; store less metadata");
+  DEW_CHECK(text.size() <= kMaxHeaderBytes, file, ": header of ", text.size(), " bytes exceeds the ", kMaxHeaderBytes,
+            " bytes readers accept; store less metadata");
 
   const std::string tmp = path + ".tmp";
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));

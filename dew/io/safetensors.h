@@ -59,7 +59,7 @@ class SafetensorsFile {
   SafetensorsFile(std::string path, std::shared_ptr<Mapping> mapping, Header header);
 
   std::string path_;
-  std::shared_ptr<Mapping> mapping_;     // shared with zero-copy tensors' deleters
+  std::shared_ptr<Mapping> mapping_;  // shared with zero-copy tensors' deleters
   Header header_;
   std::map<std::string, size_t> index_;  // name -> position in header_.tensors
 };

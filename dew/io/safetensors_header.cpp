@@ -17,8 +17,8 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {Dtype::F64, "F64", 8}, {Dtype::F32, "F32", 4}, {Dtype::F16, "F16", 2}, {Dtype::BF16, "BF16", 2},
-    {Dtype::I64, "I64", 8}, {Dtype::I32, "I32", 4}, {Dtype::I16, "I16", 2}, {Dtype::I8, "I8", 1},
+    {Dtype::F64, "F64", 8}, {Dtype::F32, "F32", 4},   {Dtype::F16, "F16", 2}, {Dtype::BF16, "BF16", 2},
+    {Dtype::I64, "I64", 8}, {Dtype::I32, "I32", 4},   {Dtype::I16, "I16", 2}, {Dtype::I8, "I8", 1},
     {Dtype::U8, "U8", 1},   {Dtype::BOOL, "BOOL", 1},
 };
 
@@ -69,13 +69,13 @@ void render(const json& j, int depth, std::string& out) {
 
 // "list [1, -2]", "string \"x\"": the kind and a clipped rendering of a value for messages.
 std::string describe(const json& j) {
-  const char* kind = j.is_null() ? "null"
-                     : j.is_boolean() ? "bool"
+  const char* kind = j.is_null()             ? "null"
+                     : j.is_boolean()        ? "bool"
                      : j.is_number_integer() ? "int"
-                     : j.is_number() ? "float"
-                     : j.is_string() ? "string"
-                     : j.is_array() ? "list"
-                                    : "object";
+                     : j.is_number()         ? "float"
+                     : j.is_string()         ? "string"
+                     : j.is_array()          ? "list"
+                                             : "object";
   std::string text;
   render(j, 0, text);
   return std::string(kind) + " " + clip(text);
@@ -104,8 +104,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 TensorEntry parse_entry(const std::string& name, const json& v, uint64_t data_size, const std::string& file) {
   const std::string where = file + ": tensor " + quote(name);
-  DEW_CHECK(v.is_object(), where, " must be an object {\"dtype\", \"shape\", \"data_offsets\"}, got ",
-            describe(v));
+  DEW_CHECK(v.is_object(), where, " must be an object {\"dtype\", \"shape\", \"data_offsets\"}, got ", describe(v));
   for (auto it = v.begin(); it != v.end(); ++it) {
     const std::string& k = it.key();
     DEW_CHECK(k == "dtype" || k == "shape" || k == "data_offsets", where, ": unknown field ", quote(k),
@@ -125,8 +124,8 @@ TensorEntry parse_entry(const std::string& name, const json& v, uint64_t data_si
   DEW_CHECK(shape.is_array(), where, " field \"shape\" must be a list of integers >= 0, got ", describe(shape));
   for (size_t i = 0; i < shape.size(); ++i) {
     const std::string at = where + " field \"shape\" entry " + std::to_string(i);
-    e.shape.push_back(static_cast<int64_t>(
-        non_negative(shape[i], static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), at)));
+    e.shape.push_back(
+        static_cast<int64_t>(non_negative(shape[i], static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), at)));
   }
 
   const json& offsets = v.at("data_offsets");
@@ -155,9 +154,9 @@ TensorEntry parse_entry(const std::string& name, const json& v, uint64_t data_si
   uint64_t bytes = 0;
   DEW_CHECK(!__builtin_mul_overflow(numel, static_cast<uint64_t>(esize), &bytes), where, " field \"shape\" ",
             shape_text(e.shape), " x ", dtype_name(e.dtype), " overflows: its byte size does not fit uint64");
-  DEW_CHECK(bytes == e.end - e.begin, where, ": size mismatch: shape ", shape_text(e.shape), " x ",
-            dtype_name(e.dtype), " (", esize, " bytes) = ", bytes, " bytes, but data_offsets [", e.begin, ", ",
-            e.end, "] span ", e.end - e.begin, " bytes; accepted: equal sizes");
+  DEW_CHECK(bytes == e.end - e.begin, where, ": size mismatch: shape ", shape_text(e.shape), " x ", dtype_name(e.dtype),
+            " (", esize, " bytes) = ", bytes, " bytes, but data_offsets [", e.begin, ", ", e.end, "] span ",
+            e.end - e.begin, " bytes; accepted: equal sizes");
   return e;
 }
 
@@ -184,8 +183,8 @@ Header parse_header(const uint8_t* data, size_t size, const std::string& path_fo
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(data[i]) << (8 * i);
   DEW_CHECK(n <= kMaxHeaderBytes, file, ": absurd header length ", n, " bytes in the first 8 bytes; accepted: at most ",
             kMaxHeaderBytes, " (the file is corrupt or not safetensors)");
-  DEW_CHECK(n <= size - 8, file, ": header length ", n, " runs past the end of the file (", size,
-            " bytes, so at most ", size - 8, " header bytes); the file is truncated or corrupt");
+  DEW_CHECK(n <= size - 8, file, ": header length ", n, " runs past the end of the file (", size, " bytes, so at most ",
+            size - 8, " header bytes); the file is truncated or corrupt");
 
   Header h;
   h.data_start = 8 + n;
@@ -217,8 +216,8 @@ Header parse_header(const uint8_t* data, size_t size, const std::string& path_fo
     if (meta.is_null()) continue;  // the reference implementation reads null as "no metadata"
     DEW_CHECK(meta.is_object(), file, ": __metadata__ must be an object of string -> string, got ", describe(meta));
     for (auto m = meta.begin(); m != meta.end(); ++m) {
-      DEW_CHECK(m.value().is_string(), file, ": __metadata__ entry ", quote(m.key()),
-                " must be a string, got ", describe(m.value()), "; accepted: string values only");
+      DEW_CHECK(m.value().is_string(), file, ": __metadata__ entry ", quote(m.key()), " must be a string, got ",
+                describe(m.value()), "; accepted: string values only");
       h.metadata[m.key()] = m.value().get<std::string>();
     }
   }
@@ -234,8 +233,7 @@ Header parse_header(const uint8_t* data, size_t size, const std::string& path_fo
     if (t.begin < expected) {
       const TensorEntry& p = h.tensors[i - 1];
       fail(file, ": tensor ", quote(t.name), " data_offsets [", t.begin, ", ", t.end, "] overlap tensor ",
-           quote(p.name), " [", p.begin, ", ", p.end,
-           "]; accepted: each tensor starts where the previous one ends");
+           quote(p.name), " [", p.begin, ", ", p.end, "]; accepted: each tensor starts where the previous one ends");
     }
     DEW_CHECK(t.begin == expected, file, ": tensor ", quote(t.name), " data_offsets [", t.begin, ", ", t.end,
               "] leave a gap of bytes [", expected, ", ", t.begin,

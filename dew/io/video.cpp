@@ -138,8 +138,8 @@ std::vector<uint8_t> encode_gif(const at::Tensor& frames_in, int64_t delay_cs) {
     }
   }
   // NETSCAPE2.0 application extension: loop forever.
-  out.insert(out.end(), {0x21, 0xFF, 0x0B, 'N', 'E', 'T', 'S', 'C', 'A', 'P', 'E', '2', '.', '0', 0x03, 0x01, 0x00, 0x00,
-                         0x00});
+  out.insert(out.end(),
+             {0x21, 0xFF, 0x0B, 'N', 'E', 'T', 'S', 'C', 'A', 'P', 'E', '2', '.', '0', 0x03, 0x01, 0x00, 0x00, 0x00});
   const uint8_t* px = frames.data_ptr<uint8_t>();
   std::vector<uint8_t> idx(size_t(H * W));
   for (int64_t t = 0; t < T; ++t) {
@@ -148,7 +148,8 @@ std::vector<uint8_t> encode_gif(const at::Tensor& frames_in, int64_t delay_cs) {
       if (grey) {
         idx[size_t(p)] = f[p];
       } else {
-        const int r = (f[p] * 5 + 127) / 255, g = (f[H * W + p] * 6 + 127) / 255, b = (f[2 * H * W + p] * 5 + 127) / 255;
+        const int r = (f[p] * 5 + 127) / 255, g = (f[H * W + p] * 6 + 127) / 255,
+                  b = (f[2 * H * W + p] * 5 + 127) / 255;
         idx[size_t(p)] = uint8_t(r * 42 + g * 6 + b);
       }
     }

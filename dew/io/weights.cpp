@@ -80,7 +80,8 @@ WeightSource WeightSource::open(const std::string& path_in) {
   impl->description = path_in;
   const std::string name = path.filename().string();
   const std::string index_ext = ".index.json";
-  if (name.size() > index_ext.size() && name.compare(name.size() - index_ext.size(), index_ext.size(), index_ext) == 0) {
+  if (name.size() > index_ext.size() &&
+      name.compare(name.size() - index_ext.size(), index_ext.size(), index_ext) == 0) {
     nlohmann::json idx;
     try {
       idx = nlohmann::json::parse(std::ifstream(path));
@@ -91,10 +92,12 @@ WeightSource WeightSource::open(const std::string& path_in) {
               "\" has no weight_map object");
     std::map<std::string, size_t> shard_index;
     for (auto it = idx["weight_map"].begin(); it != idx["weight_map"].end(); ++it) {
-      DEW_CHECK(it.value().is_string(), "weights: \"", path_in, "\": weight_map entry \"", it.key(), "\" must name a file");
+      DEW_CHECK(it.value().is_string(), "weights: \"", path_in, "\": weight_map entry \"", it.key(),
+                "\" must name a file");
       const std::string shard = it.value().get<std::string>();
       DEW_CHECK(!shard.empty() && shard.find('/') == std::string::npos && shard != "." && shard != "..", "weights: \"",
-                path_in, "\": weight_map entry \"", it.key(), "\" names \"", shard, "\", which is not a file beside it");
+                path_in, "\": weight_map entry \"", it.key(), "\" names \"", shard,
+                "\", which is not a file beside it");
       auto s = shard_index.find(shard);
       if (s == shard_index.end()) {
         impl->files.push_back(SafetensorsFile::open((path.parent_path() / shard).string()));
@@ -210,7 +213,8 @@ std::vector<KeyMap::Target> KeyMap::map(const std::string& source_name, const st
   std::string name = source_name;
   for (const auto& r : rules_) {
     if (r->kind == Rule::kPrefix && name.rfind(r->from, 0) == 0) name = r->to + name.substr(r->from.size());
-    if (r->kind == Rule::kRegex && std::regex_match(name, r->pattern)) name = std::regex_replace(name, r->pattern, r->to);
+    if (r->kind == Rule::kRegex && std::regex_match(name, r->pattern))
+      name = std::regex_replace(name, r->pattern, r->to);
   }
   for (const auto& r : rules_) {
     if (r->kind == Rule::kTranspose && std::regex_match(name, r->pattern)) {

@@ -77,7 +77,7 @@ class KeyMap {
   struct Target {
     std::string name;
     std::function<at::Tensor(const at::Tensor&)> transform;  // null = as stored
-    std::vector<int64_t> shape;                               // the transformed shape
+    std::vector<int64_t> shape;                              // the transformed shape
   };
   std::vector<Target> map(const std::string& source_name, const std::vector<int64_t>& shape) const;
   bool may_be_missing(const std::string& module_name) const;
@@ -88,9 +88,9 @@ class KeyMap {
 };
 
 struct LoadOptions {
-  bool strict = true;            // a source tensor the module does not have is an error (else reported)
-  bool require_buffers = true;   // every module buffer must be in the source (else absent buffers keep their values)
-  bool keep_dtype = false;       // inference: parameters take the file's dtype instead of being cast to theirs
+  bool strict = true;           // a source tensor the module does not have is an error (else reported)
+  bool require_buffers = true;  // every module buffer must be in the source (else absent buffers keep their values)
+  bool keep_dtype = false;      // inference: parameters take the file's dtype instead of being cast to theirs
 };
 
 /// What a load did.

@@ -69,7 +69,8 @@ ClassifierInfo fashion_classifier(bool verbose) {
       kv.value().copy_(f.tensor(kv.key()));
     }
     auto meta = f.metadata();
-    info.test_accuracy = meta.count("test_accuracy") ? std::stod(meta.at("test_accuracy")) : accuracy_on_test(info.model);
+    info.test_accuracy =
+        meta.count("test_accuracy") ? std::stod(meta.at("test_accuracy")) : accuracy_on_test(info.model);
     info.model->eval();
     return info;
   }

@@ -22,7 +22,8 @@ Tensor gaussian_window(int64_t size, double sigma) {
 }  // namespace
 
 std::pair<Tensor, Tensor> gaussian_fit(const Tensor& features) {
-  DEW_CHECK(features.dim() == 2 && features.size(0) >= 2, "features: expected [N, D] with N >= 2, got ", features.sizes());
+  DEW_CHECK(features.dim() == 2 && features.size(0) >= 2, "features: expected [N, D] with N >= 2, got ",
+            features.sizes());
   auto f = features.to(at::kDouble);
   auto mu = f.mean(0);
   auto c = f - mu;
@@ -30,9 +31,9 @@ std::pair<Tensor, Tensor> gaussian_fit(const Tensor& features) {
 }
 
 double frechet_distance(const Tensor& mu1, const Tensor& cov1, const Tensor& mu2, const Tensor& cov2) {
-  DEW_CHECK(mu1.sizes() == mu2.sizes() && cov1.sizes() == cov2.sizes() && cov1.dim() == 2 &&
-                cov1.size(0) == mu1.numel(),
-            "frechet_distance: mismatched shapes ", mu1.sizes(), ", ", cov1.sizes(), ", ", mu2.sizes(), ", ", cov2.sizes());
+  DEW_CHECK(
+      mu1.sizes() == mu2.sizes() && cov1.sizes() == cov2.sizes() && cov1.dim() == 2 && cov1.size(0) == mu1.numel(),
+      "frechet_distance: mismatched shapes ", mu1.sizes(), ", ", cov1.sizes(), ", ", mu2.sizes(), ", ", cov2.sizes());
   auto m1 = mu1.to(at::kDouble), m2 = mu2.to(at::kDouble);
   auto c1 = cov1.to(at::kDouble), c2 = cov2.to(at::kDouble);
   auto s1 = sqrtm_psd(c1);
@@ -77,7 +78,8 @@ namespace {
 
 class Fn : public Metric {
  public:
-  Fn(std::string name, std::function<double(const Tensor&, const Tensor&)> f) : name_(std::move(name)), f_(std::move(f)) {}
+  Fn(std::string name, std::function<double(const Tensor&, const Tensor&)> f)
+      : name_(std::move(name)), f_(std::move(f)) {}
   std::string name() const override { return name_; }
   double operator()(const Tensor& a, const Tensor& b) const override { return f_(a, b); }
 
@@ -97,12 +99,11 @@ Registry<Metric>& registry() {
     r->add<RangeOptions>("ssim", "structural similarity (11x11 Gaussian, sigma 1.5)", [](const RangeOptions& o) {
       return std::make_shared<Fn>("ssim", [o](const Tensor& a, const Tensor& b) { return ssim(a, b, o.range); });
     });
-    r->add<NoOptions>("frechet_distance", "Frechet distance between Gaussian fits of two feature sets [N, D]",
-                   [](const NoOptions&) {
-                     return std::make_shared<Fn>("frechet_distance", [](const Tensor& a, const Tensor& b) {
-                       return frechet_distance(a, b);
-                     });
-                   });
+    r->add<NoOptions>(
+        "frechet_distance", "Frechet distance between Gaussian fits of two feature sets [N, D]", [](const NoOptions&) {
+          return std::make_shared<Fn>("frechet_distance",
+                                      [](const Tensor& a, const Tensor& b) { return frechet_distance(a, b); });
+        });
     return r;
   }();
   return *r;

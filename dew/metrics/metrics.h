@@ -33,7 +33,10 @@ class Metric {
 
 struct RangeOptions {
   double range = 2.0;
-  template <class V> void visit(V& v) { v("range", range, "width of the value range (2 for [-1, 1])"); }
+  template <class V>
+  void visit(V& v) {
+    v("range", range, "width of the value range (2 for [-1, 1])");
+  }
 };
 
 /// psnr | ssim | frechet_distance.

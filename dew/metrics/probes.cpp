@@ -78,15 +78,16 @@ const std::vector<std::string>& knn_votes() {
   return v;
 }
 
-at::Tensor knn_predict(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
-                       int64_t classes, const KnnOptions& o) {
+at::Tensor knn_predict(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x, int64_t classes,
+                       const KnnOptions& o) {
   check_set(train_x, train_y, classes, "probe: training");
   DEW_CHECK(test_x.defined() && test_x.dim() == 2 && test_x.size(0) >= 1,
-            "probe: test features must be [N, D] with N >= 1, got ", test_x.defined() ? test_x.sizes() : at::IntArrayRef{});
+            "probe: test features must be [N, D] with N >= 1, got ",
+            test_x.defined() ? test_x.sizes() : at::IntArrayRef{});
   DEW_CHECK(train_x.size(1) == test_x.size(1), "probe: training and test features differ in width: ", train_x.size(1),
             " vs ", test_x.size(1));
-  DEW_CHECK(o.k >= 1 && o.k <= train_x.size(0), "knn: k must be in [1, ", train_x.size(0), "] (the training rows), got ",
-            o.k);
+  DEW_CHECK(o.k >= 1 && o.k <= train_x.size(0), "knn: k must be in [1, ", train_x.size(0),
+            "] (the training rows), got ", o.k);
   const auto accepted = [](const std::vector<std::string>& ok, const std::string& v) {
     return std::find(ok.begin(), ok.end(), v) != ok.end();
   };
@@ -111,8 +112,8 @@ at::Tensor knn_predict(const at::Tensor& train_x, const at::Tensor& train_y, con
     const at::Tensor near = std::get<0>(top).to(at::kDouble), labels = ytr.index({std::get<1>(top)});  // [b, k]
     // The weights exp(s / T) less the common factor exp(s_1 / T) of the nearest neighbour, which orders the
     // classes as they are and cannot underflow to 0 for a small T.
-    const at::Tensor weight = o.vote == "weighted" ? ((near - near.narrow(1, 0, 1)) / o.temperature).exp()
-                                                   : at::ones_like(near);
+    const at::Tensor weight =
+        o.vote == "weighted" ? ((near - near.narrow(1, 0, 1)) / o.temperature).exp() : at::ones_like(near);
     const at::Tensor votes = at::zeros({labels.size(0), classes}, at::kDouble).scatter_add_(1, labels, weight);
     const at::Tensor summed = at::zeros({labels.size(0), classes}, at::kDouble).scatter_add_(1, labels, near);
     // Among the classes with the largest vote (>= the nearest neighbour's weight 1 > 0, so only voted-for

@@ -47,8 +47,8 @@ const std::vector<std::string>& knn_votes();
 /// The class with the largest vote wins; a tie goes to the tied class with the larger summed similarity.
 /// `prep` first shifts both sets by the training mean ("center") and also divides by the training std
 /// ("standardize"), or leaves them ("none"). dew::Error on bad shapes, labels or options.
-at::Tensor knn_predict(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
-                       int64_t classes, const KnnOptions& o = {});
+at::Tensor knn_predict(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x, int64_t classes,
+                       const KnnOptions& o = {});
 /// The fraction of test rows whose knn_predict class is test_y.
 double knn_accuracy(const at::Tensor& train_x, const at::Tensor& train_y, const at::Tensor& test_x,
                     const at::Tensor& test_y, int64_t classes, const KnnOptions& o = {});

@@ -14,11 +14,10 @@ namespace {
 
 // A [B, Sk] key mask becomes [B, 1, 1, Sk]; 4-D masks pass through.
 Tensor as_4d_mask(const Tensor& mask, const Tensor& q, const Tensor& k) {
-  DEW_CHECK(mask.scalar_type() == at::kBool, "attention: mask must be bool (true = attend), got ",
-            mask.scalar_type());
+  DEW_CHECK(mask.scalar_type() == at::kBool, "attention: mask must be bool (true = attend), got ", mask.scalar_type());
   if (mask.dim() == 2) {
-    DEW_CHECK(mask.size(0) == q.size(0) && mask.size(1) == k.size(2), "attention: key mask ",
-              mask.sizes(), " does not match batch ", q.size(0), " and keys ", k.size(2));
+    DEW_CHECK(mask.size(0) == q.size(0) && mask.size(1) == k.size(2), "attention: key mask ", mask.sizes(),
+              " does not match batch ", q.size(0), " and keys ", k.size(2));
     return mask.view({mask.size(0), 1, 1, mask.size(1)});
   }
   DEW_CHECK(mask.dim() == 4, "attention: mask must be [B, Sk] or 4-D, got ", mask.sizes());
@@ -26,10 +25,10 @@ Tensor as_4d_mask(const Tensor& mask, const Tensor& q, const Tensor& k) {
 }
 
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v) {
-  DEW_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [B, H, S, D], got ",
-            q.sizes(), ", ", k.sizes(), ", ", v.sizes());
-  DEW_CHECK(q.size(-1) == k.size(-1) && k.size(2) == v.size(2), "attention: q ", q.sizes(), ", k ",
-            k.sizes(), ", v ", v.sizes(), " do not fit together");
+  DEW_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [B, H, S, D], got ", q.sizes(),
+            ", ", k.sizes(), ", ", v.sizes());
+  DEW_CHECK(q.size(-1) == k.size(-1) && k.size(2) == v.size(2), "attention: q ", q.sizes(), ", k ", k.sizes(), ", v ",
+            v.sizes(), " do not fit together");
 }
 
 }  // namespace
@@ -77,8 +76,8 @@ Tensor chunked_with_bias(const Tensor& q, const Tensor& k, const Tensor& v, cons
   const bool per_query = bias.defined() && bias.size(-2) != 1;
   for (int64_t s = 0; s < sq; s += chunk_size) {
     const int64_t n = std::min(chunk_size, sq - s);
-    outs.push_back(reference_with_bias(q.narrow(2, s, n), k, v, per_query ? bias.narrow(-2, s, n) : bias,
-                                       force_fp32_for_softmax));
+    outs.push_back(
+        reference_with_bias(q.narrow(2, s, n), k, v, per_query ? bias.narrow(-2, s, n) : bias, force_fp32_for_softmax));
   }
   return at::cat(outs, 2);
 }
@@ -169,8 +168,8 @@ Tensor attention_checked(const Tensor& q, const Tensor& k, const Tensor& v, cons
 
 }  // namespace
 
-Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask, const std::string& impl,
-                        bool force_fp32_for_softmax) {
+Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
+                        const std::string& impl, bool force_fp32_for_softmax) {
   check_qkv(q, k, v);
   return attention_checked(q, k, v, mask, impl, force_fp32_for_softmax);
 }
@@ -178,7 +177,8 @@ Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const std::string& impl,
                  bool force_fp32_for_softmax) {
   check_qkv(q, k, v);
-  const AttentionMask m = mask.defined() ? prepare_attention_mask(as_4d_mask(mask, q, k), q.scalar_type()) : AttentionMask{};
+  const AttentionMask m =
+      mask.defined() ? prepare_attention_mask(as_4d_mask(mask, q, k), q.scalar_type()) : AttentionMask{};
   return attention_checked(q, k, v, m, impl, force_fp32_for_softmax);
 }
 
@@ -186,7 +186,8 @@ Tensor dense(const Tensor& x, const torch::nn::Linear& layer) {
   const auto dt = x.scalar_type();
   const Tensor& w = layer->weight;
   const Tensor& b = layer->bias;
-  return row_parallel_linear(x, w.scalar_type() == dt ? w : w.to(dt), !b.defined() || b.scalar_type() == dt ? b : b.to(dt));
+  return row_parallel_linear(x, w.scalar_type() == dt ? w : w.to(dt),
+                             !b.defined() || b.scalar_type() == dt ? b : b.to(dt));
 }
 
 // ---- HeadNorm ----
@@ -237,9 +238,7 @@ std::vector<Tensor> split_heads(const Tensor& t, int64_t n, int64_t heads) {
   return t.view({B, S, n, heads, dh}).permute({2, 0, 3, 1, 4}).unbind(0);
 }
 
-Tensor merge_heads(const Tensor& t) {
-  return t.transpose(1, 2).reshape({t.size(0), t.size(2), t.size(1) * t.size(3)});
-}
+Tensor merge_heads(const Tensor& t) { return t.transpose(1, 2).reshape({t.size(0), t.size(2), t.size(1) * t.size(3)}); }
 
 // ---- SelfAttention ----
 
@@ -272,8 +271,8 @@ void SelfAttentionImpl::reset_parameters() {
 }
 
 Tensor SelfAttentionImpl::forward(const Tensor& x, const Rope& rope, const Tensor& mask) {
-  DEW_CHECK(x.dim() == 3 && x.size(2) == options.dim(), "SelfAttention: x must be [B, S, ", options.dim(),
-            "], got ", x.sizes());
+  DEW_CHECK(x.dim() == 3 && x.size(2) == options.dim(), "SelfAttention: x must be [B, S, ", options.dim(), "], got ",
+            x.sizes());
   auto qkv_ = split_heads(dense(x, qkv), 3, options.num_heads());  // 3 x [B, H, S, Dh]
   Tensor q = qkv_[0], k = qkv_[1], v = qkv_[2];
   if (!q_norm.is_empty()) {
@@ -319,14 +318,13 @@ void CrossAttentionImpl::reset_parameters() {
 }
 
 Tensor CrossAttentionImpl::forward(const Tensor& x, const Tensor& context, const Tensor& context_mask) {
-  DEW_CHECK(x.dim() == 3 && x.size(2) == options.dim(), "CrossAttention: x must be [B, S, ", options.dim(),
-            "], got ", x.sizes());
+  DEW_CHECK(x.dim() == 3 && x.size(2) == options.dim(), "CrossAttention: x must be [B, S, ", options.dim(), "], got ",
+            x.sizes());
   DEW_CHECK(context.dim() == 3 && context.size(0) == x.size(0) && context.size(2) == options.context_dim(),
-            "CrossAttention: context must be [", x.size(0), ", L, ", options.context_dim(), "], got ",
-            context.sizes());
+            "CrossAttention: context must be [", x.size(0), ", L, ", options.context_dim(), "], got ", context.sizes());
   const int64_t h = options.num_heads();
-  Tensor qh = split_heads(dense(x, q), 1, h)[0];                               // [B, H, S, Dh]
-  auto kvh = split_heads(dense(context.to(x.scalar_type()), kv), 2, h);        // 2 x [B, H, L, Dh]
+  Tensor qh = split_heads(dense(x, q), 1, h)[0];                         // [B, H, S, Dh]
+  auto kvh = split_heads(dense(context.to(x.scalar_type()), kv), 2, h);  // 2 x [B, H, L, Dh]
   Tensor kh = kvh[0], vh = kvh[1];
   if (!q_norm.is_empty()) {
     qh = q_norm(qh);

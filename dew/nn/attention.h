@@ -50,7 +50,7 @@ std::vector<Tensor> split_heads(const Tensor& t, int64_t n, int64_t heads);
 Tensor merge_heads(const Tensor& t);
 /// attention() with a prepared mask (its shape is checked against k only).
 Tensor attention_masked(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
-                 const std::string& impl = "auto", bool force_fp32_for_softmax = true);
+                        const std::string& impl = "auto", bool force_fp32_for_softmax = true);
 
 /// The reference path: one matmul for the scores, softmax (in fp32 if asked), one matmul for the output.
 /// The mask must already be 4-D (broadcastable to [B, H, Sq, Sk]) with no fully masked row.

@@ -50,8 +50,7 @@ Tensor layer_norm_fp32(const Tensor& x, double eps) {
 
 Tensor layer_norm_affine(const Tensor& x, const torch::nn::LayerNorm& ln) {
   const auto dt = norm_dtype(x);
-  return at::layer_norm(x.to(dt), ln->options.normalized_shape(), ln->weight.to(dt), ln->bias.to(dt),
-                        ln->options.eps())
+  return at::layer_norm(x.to(dt), ln->options.normalized_shape(), ln->weight.to(dt), ln->bias.to(dt), ln->options.eps())
       .to(x.scalar_type());
 }
 
@@ -89,7 +88,9 @@ Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer) {
   if (same_size_3x3(o) && winograd_conv_preferred() && winograd_conv_applies(x, w, b)) return conv3x3_winograd(x, w, b);
   // The padding variant is passed through untouched.
   namespace F = torch::nn::functional;
-  return F::conv2d(x, w, F::Conv2dFuncOptions().bias(b).stride(o.stride()).padding(o.padding()).dilation(o.dilation()).groups(o.groups()));
+  return F::conv2d(
+      x, w,
+      F::Conv2dFuncOptions().bias(b).stride(o.stride()).padding(o.padding()).dilation(o.dilation()).groups(o.groups()));
 }
 
 Tensor cpu_channels_last(const Tensor& x) {
@@ -126,8 +127,8 @@ Tensor masked_mean(const Tensor& x, const Tensor& mask) {
   DEW_CHECK(x.dim() == 3, "masked_mean: x must be [B, L, D], got ", x.sizes());
   const Tensor xf = x.to(at::kFloat);
   if (!mask.defined()) return xf.mean(1);
-  DEW_CHECK(mask.dim() == 2 && mask.size(0) == x.size(0) && mask.size(1) == x.size(1),
-            "masked_mean: mask must be [", x.size(0), ", ", x.size(1), "], got ", mask.sizes());
+  DEW_CHECK(mask.dim() == 2 && mask.size(0) == x.size(0) && mask.size(1) == x.size(1), "masked_mean: mask must be [",
+            x.size(0), ", ", x.size(1), "], got ", mask.sizes());
   const Tensor m = mask.to(at::kFloat).unsqueeze(-1);  // [B, L, 1]
   return (xf * m).sum(1) / m.sum(1).clamp_min(1.0);
 }
@@ -135,8 +136,8 @@ Tensor masked_mean(const Tensor& x, const Tensor& mask) {
 // ---- TimeEmbedding ----
 
 TimeEmbeddingImpl::TimeEmbeddingImpl(TimeEmbeddingOptions options_) : options(std::move(options_)) {
-  DEW_CHECK(options.features() > 0 && options.features() % 2 == 0,
-            "TimeEmbedding: features must be even and > 0, got ", options.features());
+  DEW_CHECK(options.features() > 0 && options.features() % 2 == 0, "TimeEmbedding: features must be even and > 0, got ",
+            options.features());
   reset();
 }
 
@@ -158,18 +159,17 @@ void TimeEmbeddingImpl::reset_parameters() {
 }
 
 Tensor TimeEmbeddingImpl::forward(const Tensor& t, at::ScalarType dtype) {
-  Tensor f = fourier(t).to(dtype);                    // [B, F]
+  Tensor f = fourier(t).to(dtype);                       // [B, F]
   return dense(at::silu(dense(f, linear_1)), linear_2);  // [B, F]
 }
 
 // ---- Mlp ----
 
 MlpImpl::MlpImpl(MlpOptions options_) : options(std::move(options_)) {
-  DEW_CHECK(options.dim() > 0 && options.hidden() > 0, "Mlp: dim and hidden must be > 0, got ", options.dim(),
-            " and ", options.hidden());
+  DEW_CHECK(options.dim() > 0 && options.hidden() > 0, "Mlp: dim and hidden must be > 0, got ", options.dim(), " and ",
+            options.hidden());
   activation(at::zeros({1}), options.activation());  // validates the name now, not at the first forward
-  DEW_CHECK(options.dropout() >= 0 && options.dropout() < 1, "Mlp: dropout must be in [0, 1), got ",
-            options.dropout());
+  DEW_CHECK(options.dropout() >= 0 && options.dropout() < 1, "Mlp: dropout must be in [0, 1), got ", options.dropout());
   reset();
 }
 
@@ -277,8 +277,12 @@ ResBlockImpl::ResBlockImpl(ResBlockOptions options_) : options(std::move(options
 
 void ResBlockImpl::reset() {
   const auto& o = options;
-  auto gn = [&](int64_t ch) { return torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), ch).eps(o.norm_eps())); };
-  auto conv3 = [](int64_t in, int64_t out) { return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1)); };
+  auto gn = [&](int64_t ch) {
+    return torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), ch).eps(o.norm_eps()));
+  };
+  auto conv3 = [](int64_t in, int64_t out) {
+    return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 3).padding(1));
+  };
   norm1 = register_module("norm1", gn(o.in_channels()));
   conv1 = register_module("conv1", conv3(o.in_channels(), o.out_channels()));
   if (o.emb_features() > 0)
@@ -286,7 +290,8 @@ void ResBlockImpl::reset() {
   norm2 = register_module("norm2", gn(o.out_channels()));
   conv2 = register_module("conv2", conv3(o.out_channels(), o.out_channels()));
   if (o.in_channels() != o.out_channels())
-    conv_shortcut = register_module("conv_shortcut", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), o.out_channels(), 1)));
+    conv_shortcut = register_module("conv_shortcut",
+                                    torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), o.out_channels(), 1)));
   reset_parameters();
 }
 
@@ -301,15 +306,16 @@ void ResBlockImpl::reset_parameters() {
 Tensor ResBlockImpl::forward(const Tensor& x, const Tensor& temb) {
   const auto& o = options;
   const bool timed = o.emb_features() > 0;
-  DEW_CHECK(x.dim() == 4 && x.size(1) == o.in_channels() &&
-                (timed ? temb.defined() && temb.dim() == 2 && temb.size(0) == x.size(0) && temb.size(1) == o.emb_features()
-                       : !temb.defined()),
-            "ResBlock: x must be [B, ", o.in_channels(), ", H, W] and temb [B, ", o.emb_features(),
-            "] (none when emb_features is 0), got ", x.sizes(), " and ",
-            temb.defined() ? c10::str(temb.sizes()) : std::string("none"));
+  DEW_CHECK(
+      x.dim() == 4 && x.size(1) == o.in_channels() &&
+          (timed ? temb.defined() && temb.dim() == 2 && temb.size(0) == x.size(0) && temb.size(1) == o.emb_features()
+                 : !temb.defined()),
+      "ResBlock: x must be [B, ", o.in_channels(), ", H, W] and temb [B, ", o.emb_features(),
+      "] (none when emb_features is 0), got ", x.sizes(), " and ",
+      temb.defined() ? c10::str(temb.sizes()) : std::string("none"));
   // norm1 also passes x through for the skip path: its backward then sums x's two gradients in one pass
   const auto [a, skip] = group_norm_act_and_input(x, norm1, o.activation());
-  Tensor h = conv(a, conv1);                                                                    // [B, out, H, W]
+  Tensor h = conv(a, conv1);  // [B, out, H, W]
   Tensor t = timed ? dense(activation(temb.to(x.scalar_type()), o.activation()), time_emb_proj) : Tensor();  // [B, out]
   // norm2 of h + t (t broadcast over the positions), with the addition folded into the norm's pass
   h = torch::dropout(group_norm_act(h, norm2, o.activation(), t), o.dropout(), is_training());
@@ -365,13 +371,15 @@ struct RematBackward : torch::autograd::Node {
   }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    DEW_CHECK(!released, "remat: backward through the same graph a second time (retain_graph is not supported "
-                         "under remat)");
+    DEW_CHECK(!released,
+              "remat: backward through the same graph a second time (retain_graph is not supported "
+              "under remat)");
     for (size_t i = 0; i < inputs.size(); ++i)
       DEW_CHECK(inputs[i]._version() == versions[i], "remat: input ", i,
                 " was modified in place after the forward; the recomputation would differ");
     std::vector<Tensor> in(inputs.size());
-    for (size_t i = 0; i < inputs.size(); ++i) in[i] = needs_grad[i] ? inputs[i].detach().requires_grad_(true) : inputs[i];
+    for (size_t i = 0; i < inputs.size(); ++i)
+      in[i] = needs_grad[i] ? inputs[i].detach().requires_grad_(true) : inputs[i];
     std::vector<Tensor> outs;
     {
       RngReplay replay(device, rng_state);

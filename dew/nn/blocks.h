@@ -238,8 +238,7 @@ using RematFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& inp
 /// capture by value what it needs. The default RNG state of the inputs'
 /// device is replayed, so dropout draws the same masks. Outputs must be floating point; the graph
 /// can be traversed once (no retain_graph). Without grad mode or anything requiring grad, just fn(inputs).
-std::vector<Tensor> remat(const RematFn& fn, const std::vector<Tensor>& inputs,
-                          const std::vector<Tensor>& params);
+std::vector<Tensor> remat(const RematFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& params);
 /// remat of a one-output function over a module's parameters.
 Tensor remat(const torch::nn::Module& block, const std::function<Tensor(const std::vector<Tensor>&)>& fn,
              const std::vector<Tensor>& inputs);

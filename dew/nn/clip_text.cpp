@@ -24,11 +24,13 @@ ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTextOptions& o)
   k_proj = attn->register_module("k_proj", torch::nn::Linear(d, d));
   v_proj = attn->register_module("v_proj", torch::nn::Linear(d, d));
   out_proj = attn->register_module("out_proj", torch::nn::Linear(d, d));
-  layer_norm1 = register_module("layer_norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.layer_norm_eps())));
+  layer_norm1 =
+      register_module("layer_norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.layer_norm_eps())));
   auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
   fc1 = mlp->register_module("fc1", torch::nn::Linear(d, f));
   fc2 = mlp->register_module("fc2", torch::nn::Linear(f, d));
-  layer_norm2 = register_module("layer_norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.layer_norm_eps())));
+  layer_norm2 =
+      register_module("layer_norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.layer_norm_eps())));
 }
 
 Tensor ClipEncoderLayerImpl::forward(const Tensor& x, const Tensor& mask) {
@@ -90,8 +92,8 @@ void ClipTextImpl::reset() {
   final_layer_norm = text_model->register_module(
       "final_layer_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.layer_norm_eps())));
   if (o.projection_dim() > 0)
-    text_projection = register_module(
-        "text_projection", torch::nn::Linear(torch::nn::LinearOptions(d, o.projection_dim()).bias(false)));
+    text_projection = register_module("text_projection",
+                                      torch::nn::Linear(torch::nn::LinearOptions(d, o.projection_dim()).bias(false)));
   reset_parameters();
 }
 
@@ -163,8 +165,8 @@ TextEncoding ClipTextImpl::forward_hidden(const Tensor& ids, const Tensor& mask_
     }
     if (from_end > 0 && int64_t(i) + 1 == o.num_hidden_layers() - from_end) hidden = h.to(at::kFloat);
   }
-  Tensor out = at::layer_norm(h.to(at::kFloat), {d}, final_layer_norm->weight, final_layer_norm->bias,
-                              o.layer_norm_eps());
+  Tensor out =
+      at::layer_norm(h.to(at::kFloat), {d}, final_layer_norm->weight, final_layer_norm->bias, o.layer_norm_eps());
   // transformers' rule (CLIPTextTransformer.forward): eos_token_id 2 marks OpenAI's old configs, pooled at
   // argmax(ids) (the eot id is the largest); else at the first eos_token_id (position 0 when there is none).
   const Tensor index = o.eos_token_id() == 2 ? ids.argmax(-1) : ids.eq(o.eos_token_id()).to(at::kInt).argmax(-1);
@@ -190,9 +192,9 @@ ClipTextOptions clip_text_options_from_hf(const json& config_in) {
   if (c.contains("architectures") && c["architectures"].is_array())
     for (const auto& a : c["architectures"])
       if (a == "CLIPTextModelWithProjection") fields["projection_dim"] = c.value("projection_dim", int64_t(512));
-  for (const char* k : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                        "max_position_embeddings", "hidden_act", "layer_norm_eps", "bos_token_id", "eos_token_id",
-                        "pad_token_id"})
+  for (const char* k :
+       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "max_position_embeddings", "hidden_act", "layer_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id"})
     if (c.contains(k) && !c[k].is_null()) fields[k] = c[k];
   return from_json<ClipTextOptions>(fields, "clip_text config.json");
 }
@@ -201,7 +203,7 @@ io::KeyMap clip_text_key_map(bool whole_clip) {
   io::KeyMap map;
   // A whole CLIPModel file: the vision tower, both projections and the logit scale are not the text model's.
   if (whole_clip) map.skip(R"((vision_model\..*|visual_projection\..*|text_projection\..*|logit_scale))");
-  map.skip(R"((text_model\.)?embeddings\.position_ids)");  // a buffer in older transformers files
+  map.skip(R"((text_model\.)?embeddings\.position_ids)");                     // a buffer in older transformers files
   map.regex(R"(^(?!text_model\.|text_projection\.)(.*)$)", "text_model.$1");  // a bare CLIPTextTransformer file
   return map;
 }
@@ -220,7 +222,8 @@ void load_clip_text_weights(ClipTextImpl& model, const std::string& path) {
 
 void save_clip_text_weights(const ClipTextImpl& model, const std::string& path) {
   std::map<std::string, Tensor> tensors;
-  for (const auto& p : model.named_parameters()) tensors[p.key()] = p.value().detach().to(at::kCPU, at::kFloat).contiguous();
+  for (const auto& p : model.named_parameters())
+    tensors[p.key()] = p.value().detach().to(at::kCPU, at::kFloat).contiguous();
   io::save_safetensors(path, tensors, {{"format", "pt"}});
 }
 

@@ -17,9 +17,7 @@ torch::nn::Conv2d conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride
 }
 
 // [B, S, H * D] -> [B, H, S, D]
-Tensor split_heads(const Tensor& x, int64_t heads) {
-  return x.view({x.size(0), x.size(1), heads, -1}).transpose(1, 2);
-}
+Tensor split_heads(const Tensor& x, int64_t heads) { return x.view({x.size(0), x.size(1), heads, -1}).transpose(1, 2); }
 
 }  // namespace
 
@@ -55,8 +53,8 @@ void Upsample2DImpl::reset() { conv = register_module("conv", conv2d(channels, c
 Tensor Upsample2DImpl::forward(const Tensor& x, at::IntArrayRef size) {
   DEW_CHECK(x.dim() == 4 && x.size(1) == channels, "Upsample2D: x must be [B, ", channels, ", H, W], got ", x.sizes());
   DEW_CHECK(size.empty() || size.size() == 2, "Upsample2D: size must be (H, W), got ", size);
-  const Tensor up = size.empty() ? at::upsample_nearest2d(x, {2 * x.size(2), 2 * x.size(3)})
-                                 : at::upsample_nearest2d(x, size);
+  const Tensor up =
+      size.empty() ? at::upsample_nearest2d(x, {2 * x.size(2), 2 * x.size(3)}) : at::upsample_nearest2d(x, size);
   return nn::conv(up, conv);
 }
 
@@ -106,7 +104,8 @@ SpatialSelfAttentionImpl::SpatialSelfAttentionImpl(int64_t channels_, int64_t gr
 }
 
 void SpatialSelfAttentionImpl::reset() {
-  group_norm = register_module("group_norm", torch::nn::GroupNorm(torch::nn::GroupNormOptions(groups, channels).eps(eps)));
+  group_norm =
+      register_module("group_norm", torch::nn::GroupNorm(torch::nn::GroupNormOptions(groups, channels).eps(eps)));
   attn = DiffusersAttention(DiffusersAttentionOptions(channels, 1).qkv_bias(true).impl(impl));
   // The projections are this module's own children (diffusers: attentions.0.to_q ...), not attn.*.
   for (const auto& child : attn->named_children()) register_module(child.key(), child.value());
@@ -122,7 +121,8 @@ Tensor SpatialSelfAttentionImpl::forward(const Tensor& x) {
 
 // ---- transformer ----
 
-BasicTransformerBlockImpl::BasicTransformerBlockImpl(BasicTransformerBlockOptions options_) : options(std::move(options_)) {
+BasicTransformerBlockImpl::BasicTransformerBlockImpl(BasicTransformerBlockOptions options_)
+    : options(std::move(options_)) {
   DEW_CHECK(!options.cross_only() || options.context_features() > 0,
             "transformer block: cross_only needs a context (context_features > 0)");
   reset();
@@ -164,8 +164,8 @@ Tensor BasicTransformerBlockImpl::forward(const Tensor& x, const Tensor& context
             o.context_features(), "] is required");
   const bool train = is_training() && o.dropout() > 0;
   auto drop = [&](const Tensor& t) { return train ? at::dropout(t, o.dropout(), true) : t; };
-  Tensor h = x + drop(o.cross_only() ? attn1(layer_norm_affine(x, norm1), context, mask)
-                                     : attn1(layer_norm_affine(x, norm1)));
+  Tensor h =
+      x + drop(o.cross_only() ? attn1(layer_norm_affine(x, norm1), context, mask) : attn1(layer_norm_affine(x, norm1)));
   if (attn2) h = h + drop(attn2(layer_norm_affine(h, norm2), context, mask));
   const auto parts = dense(layer_norm_affine(h, norm3), ff_in).chunk(2, -1);  // hidden, gate
   const Tensor gated = parts[0] * at::gelu(parts[1], o.approximate_gelu() ? "tanh" : "none");
@@ -185,11 +185,10 @@ Transformer2DImpl::Transformer2DImpl(Transformer2DOptions options_) : options(st
 void Transformer2DImpl::reset() {
   const auto& o = options;
   const int64_t c = o.channels();
-  norm = register_module("norm", torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), c).eps(o.norm_eps())));
-  if (o.linear_projection())
-    proj_in_linear = register_module("proj_in", torch::nn::Linear(c, c));
-  else
-    proj_in_conv = register_module("proj_in", conv2d(c, c, 1));
+  norm =
+      register_module("norm", torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), c).eps(o.norm_eps())));
+  if (o.linear_projection()) proj_in_linear = register_module("proj_in", torch::nn::Linear(c, c));
+  else proj_in_conv = register_module("proj_in", conv2d(c, c, 1));
   transformer_blocks = register_module("transformer_blocks", torch::nn::ModuleList());
   blocks.clear();
   for (int64_t i = 0; i < o.depth(); ++i) {
@@ -204,10 +203,8 @@ void Transformer2DImpl::reset() {
     transformer_blocks->push_back(b);
     blocks.push_back(b);
   }
-  if (o.linear_projection())
-    proj_out_linear = register_module("proj_out", torch::nn::Linear(c, c));
-  else
-    proj_out_conv = register_module("proj_out", conv2d(c, c, 1));
+  if (o.linear_projection()) proj_out_linear = register_module("proj_out", torch::nn::Linear(c, c));
+  else proj_out_conv = register_module("proj_out", conv2d(c, c, 1));
 }
 
 Tensor Transformer2DImpl::forward(const Tensor& x, const Tensor& context, const Tensor& mask) {
@@ -223,16 +220,16 @@ Tensor Transformer2DImpl::forward(const Tensor& x, const Tensor& context, const 
       std::vector<Tensor> in{t};
       if (context.defined()) in.push_back(context);
       const Tensor m = mask;
-      t = remat(*block, [block, m](const std::vector<Tensor>& v) mutable {
-            return block(v[0], v.size() > 1 ? v[1] : Tensor(), m);
-          }, in);
+      t = remat(
+          *block,
+          [block, m](const std::vector<Tensor>& v) mutable { return block(v[0], v.size() > 1 ? v[1] : Tensor(), m); },
+          in);
     } else {
       t = block(t, context, mask);
     }
   }
-  const Tensor out = o.linear_projection()
-                         ? dense(t, proj_out_linear).transpose(1, 2).reshape({b, c, h, w})
-                         : nn::conv(t.transpose(1, 2).reshape({b, c, h, w}), proj_out_conv);
+  const Tensor out = o.linear_projection() ? dense(t, proj_out_linear).transpose(1, 2).reshape({b, c, h, w})
+                                           : nn::conv(t.transpose(1, 2).reshape({b, c, h, w}), proj_out_conv);
   return out + x;
 }
 

@@ -29,7 +29,7 @@ void FourierFeaturesImpl::reset() {
 Tensor FourierFeaturesImpl::forward(const Tensor& t) {
   DEW_CHECK(t.dim() == 1, "FourierFeatures: t must be [B], got ", t.sizes());
   Tensor arg = t.to(at::kFloat).unsqueeze(1) * (2.0 * M_PI) * freqs.unsqueeze(0);  // [B, features/2]
-  return at::cat({at::sin(arg), at::cos(arg)}, 1);                                  // [B, features]
+  return at::cat({at::sin(arg), at::cos(arg)}, 1);                                 // [B, features]
 }
 
 // ---- fixed tables ----
@@ -40,7 +40,7 @@ Tensor timestep_embedding(const Tensor& t, int64_t dim, double max_period) {
   const int64_t half = dim / 2;
   auto opts = t.options().dtype(at::kFloat);
   Tensor f = at::exp(-std::log(max_period) * at::arange(half, opts) / static_cast<double>(half));  // [half]
-  Tensor arg = t.to(at::kFloat).unsqueeze(1) * f.unsqueeze(0);                                    // [B, half]
+  Tensor arg = t.to(at::kFloat).unsqueeze(1) * f.unsqueeze(0);                                     // [B, half]
   Tensor emb = at::cat({at::cos(arg), at::sin(arg)}, 1);
   if (dim % 2) emb = at::cat({emb, at::zeros({t.size(0), 1}, opts)}, 1);
   return emb;
@@ -80,8 +80,8 @@ Rope rope_1d(const Tensor& positions, int64_t head_dim, double theta) {
 
 Tensor apply_rope(const Tensor& x, const Rope& rope) {
   if (!rope.defined()) return x;
-  DEW_CHECK(x.dim() == 4 && x.size(-1) == rope.cos.size(-1) && x.size(2) == rope.cos.size(-2),
-            "apply_rope: x ", x.sizes(), " does not match tables ", rope.cos.sizes());
+  DEW_CHECK(x.dim() == 4 && x.size(-1) == rope.cos.size(-1) && x.size(2) == rope.cos.size(-2), "apply_rope: x ",
+            x.sizes(), " does not match tables ", rope.cos.sizes());
   return rope_rotate(x, rope.cos, rope.sin);
 }
 

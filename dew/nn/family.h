@@ -45,9 +45,8 @@ struct ReferenceMethod {
   /// module (the family's, in eval mode), inputs by reference name (floating ones already in the module's
   /// dtype and device; integer and boolean ones as given), `where` ("Class.method", for messages) ->
   /// outputs by name.
-  std::function<std::map<std::string, at::Tensor>(torch::nn::Module& module,
-                                                  const std::map<std::string, at::Tensor>& inputs,
-                                                  const std::string& where)>
+  std::function<std::map<std::string, at::Tensor>(
+      torch::nn::Module& module, const std::map<std::string, at::Tensor>& inputs, const std::string& where)>
       run;
 };
 

@@ -32,8 +32,8 @@ namespace kernels {
 #undef DEW_SIMD_KERNELS
 }  // namespace kernels
 
-torch::autograd::variable_list detail::composite_grads(const Tensor& y, const std::vector<Tensor>& inputs,
-                                                       size_t n, const Tensor& grad, size_t total) {
+torch::autograd::variable_list detail::composite_grads(const Tensor& y, const std::vector<Tensor>& inputs, size_t n,
+                                                       const Tensor& grad, size_t total) {
   torch::autograd::variable_list out(total);
   std::vector<Tensor> wrt;
   std::vector<size_t> slot;
@@ -75,15 +75,14 @@ struct KernelSet {
   decltype(&kernels::base::rope_row_backward) rope_row_backward;
 };
 
-#define DEW_KERNEL_SET(NS)                                                                                     \
-  KernelSet {                                                                                                  \
-    #NS, kernels::NS::gelu_forward, kernels::NS::gelu_backward, kernels::NS::span_moments,                  \
-        kernels::NS::span_affine_silu, kernels::NS::span_silu_grad, kernels::NS::span_combine,               \
-        kernels::NS::rows_moments, kernels::NS::rows_affine_silu, kernels::NS::rows_silu_grad,               \
-        kernels::NS::rows_combine, kernels::NS::attention_forward, kernels::NS::attention_backward,          \
-        kernels::NS::adam_update, kernels::NS::ema_update, kernels::NS::sum_squares,                          \
-        kernels::NS::rms_rows_forward, kernels::NS::rms_rows_backward, kernels::NS::rope_row,                  \
-        kernels::NS::rope_row_backward                                                                         \
+#define DEW_KERNEL_SET(NS)                                                                                          \
+  KernelSet {                                                                                                       \
+#NS, kernels::NS::gelu_forward, kernels::NS::gelu_backward, kernels::NS::span_moments,                          \
+        kernels::NS::span_affine_silu, kernels::NS::span_silu_grad, kernels::NS::span_combine,                      \
+        kernels::NS::rows_moments, kernels::NS::rows_affine_silu, kernels::NS::rows_silu_grad,                      \
+        kernels::NS::rows_combine, kernels::NS::attention_forward, kernels::NS::attention_backward,                 \
+        kernels::NS::adam_update, kernels::NS::ema_update, kernels::NS::sum_squares, kernels::NS::rms_rows_forward, \
+        kernels::NS::rms_rows_backward, kernels::NS::rope_row, kernels::NS::rope_row_backward                       \
   }
 
 bool cpu_has(const std::string& isa) {
@@ -111,8 +110,8 @@ std::string default_isa() {
   if (!env || !*env) return widest;
   const std::string asked = env;
   if ((asked == "avx512" || asked == "avx2" || asked == "base") && cpu_has(asked)) return asked;
-  std::fprintf(stderr, "[dew warn] DEW_FUSED_ISA=%s: not one of avx512, avx2, base that this CPU runs; using %s\n",
-               env, widest.c_str());
+  std::fprintf(stderr, "[dew warn] DEW_FUSED_ISA=%s: not one of avx512, avx2, base that this CPU runs; using %s\n", env,
+               widest.c_str());
   return widest;
 }
 
@@ -176,8 +175,8 @@ struct NormShape {
 };
 
 NormShape norm_shape(const Tensor& x, int64_t groups) {
-  NormShape s{x.size(0), x.size(1), x.numel() / std::max<int64_t>(1, x.size(0) * x.size(1)), groups,
-              x.size(1) / groups, false};
+  NormShape s{x.size(0), x.size(1),          x.numel() / std::max<int64_t>(1, x.size(0) * x.size(1)),
+              groups,    x.size(1) / groups, false};
   s.rows = x.dim() == 4 ? x.is_contiguous(at::MemoryFormat::ChannelsLast)
                         : x.dim() == 5 && x.is_contiguous(at::MemoryFormat::ChannelsLast3d);
   s.rows = s.rows && !x.is_contiguous();  // a tensor contiguous both ways (S = 1 or C = 1) is NCHW here
@@ -514,9 +513,8 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     float *yp = y.data_ptr<float>(), *rp = rstd.data_ptr<float>();
     const auto& k = active();
     const auto e = static_cast<float>(eps), o = static_cast<float>(offset);
-    parallel(rows, std::max<int64_t>(1, kElementGrain / D), [&](int64_t b, int64_t end) {
-      k.rms_rows_forward(xp + b * D, wp, yp + b * D, rp + b, end - b, D, e, o);
-    });
+    parallel(rows, std::max<int64_t>(1, kElementGrain / D),
+             [&](int64_t b, int64_t end) { k.rms_rows_forward(xp + b * D, wp, yp + b * D, rp + b, end - b, D, e, o); });
     ctx->save_for_backward({input, weight, rstd});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["offset"] = offset;
@@ -575,7 +573,11 @@ struct RopeRows {
 };
 
 RopeRows rope_rows(const Tensor& x, const Tensor& table) {
-  return {x.size(0), x.size(1), x.size(2), x.size(3), {x.stride(0), x.stride(1), x.stride(2)},
+  return {x.size(0),
+          x.size(1),
+          x.size(2),
+          x.size(3),
+          {x.stride(0), x.stride(1), x.stride(2)},
           table.dim() == 4 ? x.size(2) * x.size(3) : 0};
 }
 
@@ -605,9 +607,8 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
     const float *xp = x.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     const auto& k = active();
-    for_rope_rows(r, y.strides(), [&](int64_t xo, int64_t to, int64_t yo) {
-      k.rope_row(xp + xo, cp + to, sp + to, yp + yo, r.D / 2);
-    });
+    for_rope_rows(r, y.strides(),
+                  [&](int64_t xo, int64_t to, int64_t yo) { k.rope_row(xp + xo, cp + to, sp + to, yp + yo, r.D / 2); });
     ctx->save_for_backward({c, s});  // the rotation is linear: backward needs only the tables
     return y;
   }
@@ -641,7 +642,6 @@ struct RopeFunction : public torch::autograd::Function<RopeFunction> {
 
 // ---- linear ----
 
-
 }  // namespace
 
 bool fused_kernels_apply(const Tensor& x) {
@@ -671,8 +671,8 @@ Tensor add_channel_shift(const Tensor& x, const Tensor& shift) {
 std::array<Tensor, 2> group_norm_silu_and_input(const Tensor& x, int64_t groups, const Tensor& weight,
                                                 const Tensor& bias, double eps, const Tensor& shift) {
   DEW_CHECK(x.dim() >= 2, "group_norm_silu: x must be [B, C, ...], got ", x.sizes());
-  DEW_CHECK(groups > 0 && x.size(1) % groups == 0, "group_norm_silu: groups must divide the channels (",
-            x.size(1), "), got ", groups);
+  DEW_CHECK(groups > 0 && x.size(1) % groups == 0, "group_norm_silu: groups must divide the channels (", x.size(1),
+            "), got ", groups);
   check_channel_shift(x, shift);
   // SSE2 only: the NCHW kernel is slower than the composite (2.8 vs 1.3 ms at 32 x 32 x 28 x 28), the
   // channels-last one faster (3.1 vs 7.5 ms): measured per variant in bench/bench_fused.cpp.
@@ -710,16 +710,18 @@ Tensor rope_rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
 }
 
 bool fused_attention_applies(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return fused_kernels_apply(q) && fused_kernels_apply(k) && fused_kernels_apply(v) && q.dim() == 4 &&
-         k.dim() == 4 && v.dim() == 4 && q.numel() > 0 && k.numel() > 0 &&
+  return fused_kernels_apply(q) && fused_kernels_apply(k) && fused_kernels_apply(v) && q.dim() == 4 && k.dim() == 4 &&
+         v.dim() == 4 && q.numel() > 0 && k.numel() > 0 &&
          q.sizes() == at::IntArrayRef({k.size(0), k.size(1), q.size(2), k.size(3)}) && v.sizes() == k.sizes();
 }
 
 bool fused_attention_preferred(int64_t keys) { return keys <= kFusedAttentionMaxKeys; }
 
 Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
-  DEW_CHECK(fused_attention_applies(q, k, v), "fused_attention: needs float32 CPU q [B, H, Sq, D] and k, v [B, H, Sk, D]"
-            ", got ", q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  DEW_CHECK(fused_attention_applies(q, k, v),
+            "fused_attention: needs float32 CPU q [B, H, Sq, D] and k, v [B, H, Sk, D]"
+            ", got ",
+            q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   return AttentionFunction::apply(q, k, v);
 }
 
@@ -736,8 +738,8 @@ Tensor linear_by_rows(const Tensor& input, const Tensor& weight, const Tensor& b
   const Tensor x = input.reshape({-1, K});
   std::vector<int64_t> shape = input.sizes().vec();
   shape.back() = N;
-  const bool needs_grad = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() ||
-                                                          (bias.defined() && bias.requires_grad()));
+  const bool needs_grad = at::GradMode::is_enabled() &&
+                          (x.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
   if (needs_grad) {
     std::vector<Tensor> rows;
     for (int64_t i = 0; i < x.size(0); ++i)
@@ -777,13 +779,14 @@ bool fused_adam_update(const Tensor& p, const Tensor& g, const Tensor& m, const 
   if (!flat_float(p) || !flat_float(g) || !flat_float(m) || !flat_float(v) || g.numel() != p.numel() ||
       m.numel() != p.numel() || v.numel() != p.numel())
     return false;
-  const float k[7] = {static_cast<float>(c.l2), static_cast<float>(c.beta1), static_cast<float>(c.beta2),
-                      static_cast<float>(c.decay), static_cast<float>(c.step), static_cast<float>(1.0 / c.bc2),
+  const float k[7] = {static_cast<float>(c.l2),    static_cast<float>(c.beta1), static_cast<float>(c.beta2),
+                      static_cast<float>(c.decay), static_cast<float>(c.step),  static_cast<float>(1.0 / c.bc2),
                       static_cast<float>(c.eps)};
   float *pp = p.data_ptr<float>(), *mp = m.data_ptr<float>(), *vp = v.data_ptr<float>();
   const float* gp = g.data_ptr<float>();
   const auto& kern = active();
-  parallel(p.numel(), kUpdateGrain, [&](int64_t b, int64_t e) { kern.adam_update(pp + b, gp + b, mp + b, vp + b, e - b, k); });
+  parallel(p.numel(), kUpdateGrain,
+           [&](int64_t b, int64_t e) { kern.adam_update(pp + b, gp + b, mp + b, vp + b, e - b, k); });
   return true;
 }
 

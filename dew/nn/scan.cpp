@@ -84,9 +84,9 @@ Scan make_scan(const std::string& order, int64_t h, int64_t w) {
   for (int64_t n = 0; n < h * w; ++n) {
     const int64_t idx = cells[n].first * w + cells[n].second;
     // A curve that left the grid or visited a cell twice is a bug, not bad input; fail loudly.
-    DEW_CHECK(cells[n].first >= 0 && cells[n].first < h && cells[n].second >= 0 && cells[n].second < w &&
-                  inv[idx] == -1,
-              "scan order \"", order, "\" is not a permutation of the ", h, " x ", w, " grid");
+    DEW_CHECK(
+        cells[n].first >= 0 && cells[n].first < h && cells[n].second >= 0 && cells[n].second < w && inv[idx] == -1,
+        "scan order \"", order, "\" is not a permutation of the ", h, " x ", w, " grid");
     perm[n] = idx;
     inv[idx] = n;
   }

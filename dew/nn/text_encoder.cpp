@@ -25,7 +25,8 @@ Registry<TextEncoderImpl>& registry() {
   static Registry<TextEncoderImpl>* r = [] {
     auto* r = new Registry<TextEncoderImpl>("text_encoder");
     r->add<nn::ByteTextEncoderOptions>(
-        "byte_text_encoder", "trainable transformer over UTF-8 bytes (ids = byte + 1, 0 = padding); \"\" encodes to zeros",
+        "byte_text_encoder",
+        "trainable transformer over UTF-8 bytes (ids = byte + 1, 0 = padding); \"\" encodes to zeros",
         [](const nn::ByteTextEncoderOptions& o) -> TextEncoderPtr {
           auto m = nn::ByteTextEncoder(o).ptr();
           m->set_config({{"architecture", "byte_text_encoder"}, {"fields", to_json(o)}});
@@ -48,9 +49,15 @@ Registry<TextEncoderImpl>& registry() {
     byte.build = builder("byte_text_encoder");
     models::add_family_info("byte_text_encoder", std::move(byte));
     models::Family clip(Role::kTextEncoder,
-                        {{{"vocab_size", 40}, {"hidden_size", 16}, {"intermediate_size", 32}, {"num_hidden_layers", 2},
-                          {"num_attention_heads", 2}, {"max_position_embeddings", 12}, {"eos_token_id", 39},
-                          {"bos_token_id", 38}, {"pad_token_id", 0}},
+                        {{{"vocab_size", 40},
+                          {"hidden_size", 16},
+                          {"intermediate_size", 32},
+                          {"num_hidden_layers", 2},
+                          {"num_attention_heads", 2},
+                          {"max_position_embeddings", 12},
+                          {"eos_token_id", 39},
+                          {"bos_token_id", 38},
+                          {"pad_token_id", 0}},
                          {3, 12}},
                         [](const json& c) { return to_json(nn::clip_text_options_from_hf(c)); });
     clip.reference_key_map = [](const json&, const io::WeightSource& source) {
@@ -163,8 +170,8 @@ TextEncoding ByteTextEncoderImpl::forward(const Tensor& ids, const Tensor& mask_
   DEW_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "byte_text_encoder: ids must be [B, L] int64, got ",
             ids.sizes(), " ", ids.scalar_type());
   const int64_t l = ids.size(1);
-  DEW_CHECK(l >= 1 && l <= o.max_length(), "byte_text_encoder: ids length must be in [1, max_length = ",
-            o.max_length(), "], got ", l);
+  DEW_CHECK(l >= 1 && l <= o.max_length(), "byte_text_encoder: ids length must be in [1, max_length = ", o.max_length(),
+            "], got ", l);
   if (ids.numel() > 0) {
     const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
     DEW_CHECK(lo >= 0 && hi <= 256, "byte_text_encoder: ids must be in [0, 256] (byte + 1, 0 = padding), got [", lo,
@@ -188,7 +195,7 @@ TextEncoding ByteTextEncoderImpl::forward(const Tensor& ids, const Tensor& mask_
   TextEncoding e;
   e.mask = mask;
   e.context = out * mask.unsqueeze(-1).to(at::kFloat);  // padding carries nothing
-  e.pooled = masked_mean(out, mask);                   // zeros for a caption without tokens
+  e.pooled = masked_mean(out, mask);                    // zeros for a caption without tokens
   return e;
 }
 

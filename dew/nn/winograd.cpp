@@ -49,10 +49,10 @@ struct WinoKernels {
   decltype(&wino_kernels::base::small_gemm) gemm;
 };
 
-#define DEW_WINO_SET(NS)                                                                                     \
-  WinoKernels {                                                                                              \
-    wino_kernels::NS::wino_input, wino_kernels::NS::wino_grad_tiles, wino_kernels::NS::wino_output,         \
-        wino_kernels::NS::small_gemm                                                                          \
+#define DEW_WINO_SET(NS)                                                                            \
+  WinoKernels {                                                                                     \
+    wino_kernels::NS::wino_input, wino_kernels::NS::wino_grad_tiles, wino_kernels::NS::wino_output, \
+        wino_kernels::NS::small_gemm                                                                \
   }
 
 // The variant of the fused kernels' instruction set (fused_kernel_isa(), which tests switch).
@@ -193,10 +193,13 @@ bool winograd_conv_applies(const Tensor& x, const Tensor& weight, const Tensor& 
 bool winograd_conv_preferred() { return fused_kernel_isa() != "avx512"; }
 
 Tensor conv3x3_winograd(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  DEW_CHECK(winograd_conv_applies(x, weight, bias), "conv3x3_winograd: needs float32 CPU x [N, C, H, W] in channels-last "
-            "memory, weight [O, C, 3, 3] and bias [O] or none, with C and O multiples of 8; got x ", x.sizes(),
-            " (", x.scalar_type(), "), weight ", weight.sizes(), ", bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{});
-  return WinogradConvFunction::apply(x, weight.contiguous(), bias.defined() ? bias.contiguous() : at::empty({0}, weight.options()));
+  DEW_CHECK(winograd_conv_applies(x, weight, bias),
+            "conv3x3_winograd: needs float32 CPU x [N, C, H, W] in channels-last "
+            "memory, weight [O, C, 3, 3] and bias [O] or none, with C and O multiples of 8; got x ",
+            x.sizes(), " (", x.scalar_type(), "), weight ", weight.sizes(), ", bias ",
+            bias.defined() ? bias.sizes() : at::IntArrayRef{});
+  return WinogradConvFunction::apply(x, weight.contiguous(),
+                                     bias.defined() ? bias.contiguous() : at::empty({0}, weight.options()));
 }
 
 }  // namespace dew::nn

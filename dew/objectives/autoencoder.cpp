@@ -95,7 +95,8 @@ std::map<std::string, double> AutoencoderObjective::validate(int64_t step, const
     at::NoGradGuard ng;
     const at::Tensor x = data::to_model_range(images.slice(0, 0, std::min(o_.preview_count, images.size(0))));
     const auto device = module_device(*autoencoder_);
-    const at::Tensor x_hat = autoencoder_->decode(autoencoder_->encode(x.to(device)).mean).to(at::kFloat).clamp(-1, 1).cpu();
+    const at::Tensor x_hat =
+        autoencoder_->decode(autoencoder_->encode(x.to(device)).mean).to(at::kFloat).clamp(-1, 1).cpu();
     std::vector<at::Tensor> rows;
     const int64_t nrow = 8;
     for (int64_t b = 0; b < x.size(0); b += nrow) {
@@ -111,8 +112,7 @@ std::map<std::string, double> AutoencoderObjective::validate(int64_t step, const
     }
     namespace fs = std::filesystem;
     fs::create_directories(training::RunDir(run_dir).samples());
-    io::save_png(training::RunDir(run_dir).sample(step, ".png"),
-                 io::make_grid(at::cat(rows), nrow, 2));
+    io::save_png(training::RunDir(run_dir).sample(step, ".png"), io::make_grid(at::cat(rows), nrow, 2));
   }
   return {{"val/psnr", s.psnr}, {"val/ssim", s.ssim}, {"val/l1", s.l1}, {"val/kl", s.kl}};
 }

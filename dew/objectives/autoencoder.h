@@ -29,7 +29,8 @@ struct AutoencoderObjectiveOptions {
   int64_t val_items = 1000;
   int64_t preview_count = 16;
   std::string image_field = "image";
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.choice("reconstruction", reconstruction, {"l1", "mse"},
              "reconstruction error, mean over the elements of [-1, 1] images");
     v("kl_weight", kl_weight, "weight of the KL term (per-image KL sum / (C H W): LDM's kl_weight, 1e-6 there)");

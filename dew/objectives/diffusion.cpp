@@ -16,8 +16,12 @@ DiffusionObjective::DiffusionObjective(BackbonePtr model, diffusion::Preset pres
                                        int64_t num_classes, std::vector<int64_t> sample_shape,
                                        TextEncoderPtr text_encoder, std::vector<std::string> class_names,
                                        LatentSpacePtr latent)
-    : model_(std::move(model)), process_(std::move(preset)), o_(std::move(options)), num_classes_(num_classes),
-      sample_shape_(std::move(sample_shape)), latent_(std::move(latent)) {
+    : model_(std::move(model)),
+      process_(std::move(preset)),
+      o_(std::move(options)),
+      num_classes_(num_classes),
+      sample_shape_(std::move(sample_shape)),
+      latent_(std::move(latent)) {
   if (text_encoder) {
     DEW_CHECK(num_classes_ > 0 && int64_t(class_names.size()) == num_classes_,
               "diffusion objective: text conditioning captions the labels, so the data needs class names (got ",
@@ -82,7 +86,7 @@ std::map<std::string, double> DiffusionObjective::validate(int64_t step, const s
   g.solver = o_.sampler;
   g.steps = o_.steps;
   g.guidance = o_.guidance;
-  g.seed = 1234;  // the same prior every validation, so previews are comparable across steps
+  g.seed = 1234;       // the same prior every validation, so previews are comparable across steps
   g.clamp = !latent_;  // latents are decoded as they are
   if (text_.encoder) g.text = &text_;
   int64_t nrow = 8;

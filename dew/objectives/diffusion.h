@@ -8,9 +8,9 @@
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/text_encoder.h"
 #include "dew/objectives/latent.h"
-#include "dew/training/objective.h"
 #include "dew/sampling/diffusion_sample.h"
 #include "dew/sampling/guidance.h"
+#include "dew/training/objective.h"
 
 namespace dew {
 
@@ -24,7 +24,8 @@ struct DiffusionObjectiveOptions {
   std::string image_field = "image";
   std::string label_field = "label";
   std::string caption_template = "a photo of {}";
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("unconditional_prob", unconditional_prob,
       "probability of training a row with the null class instead of its label");
     v("ema_decay", ema_decay, "EMA decay of the parameters");
@@ -44,8 +45,8 @@ class DiffusionObjective : public Objective {
   /// A text encoder (optional) conditions on captions of the labels instead of the labels themselves;
   /// it is attached to the model's tree (attach_text_encoder). class_names: label id -> name. A latent
   /// space (optional) makes it latent diffusion; sample_shape is then the latent shape [c, h, w].
-  DiffusionObjective(BackbonePtr model, diffusion::Preset preset, DiffusionObjectiveOptions options, int64_t num_classes,
-                     std::vector<int64_t> sample_shape, TextEncoderPtr text_encoder = nullptr,
+  DiffusionObjective(BackbonePtr model, diffusion::Preset preset, DiffusionObjectiveOptions options,
+                     int64_t num_classes, std::vector<int64_t> sample_shape, TextEncoderPtr text_encoder = nullptr,
                      std::vector<std::string> class_names = {}, LatentSpacePtr latent = nullptr);
   std::string name() const override { return "diffusion"; }
   torch::nn::Module& module() override { return *model_; }

@@ -69,8 +69,9 @@ LossOutput DPOObjective::loss(const data::Batch& batch, int64_t step, at::Genera
     // TRL's "sft" loss: cross entropy of the chosen completion tokens, a mean over all of them in the batch.
     const at::Tensor lc = logits.select(1, 0).narrow(1, 0, len - 1);
     const at::Tensor keep = mask.select(1, 0).narrow(1, 1, len - 1).reshape({-1}).nonzero().squeeze(1);
-    const at::Tensor ce = at::cross_entropy_loss(lc.reshape({-1, lc.size(-1)}).index_select(0, keep),
-                                            ids.select(1, 0).narrow(1, 1, len - 1).reshape({-1}).index_select(0, keep));
+    const at::Tensor ce =
+        at::cross_entropy_loss(lc.reshape({-1, lc.size(-1)}).index_select(0, keep),
+                               ids.select(1, 0).narrow(1, 1, len - 1).reshape({-1}).index_select(0, keep));
     d.loss = d.loss + o_.sft_weight * ce;
     d.metrics["sft_loss"] = ce.item<double>();
   }

@@ -19,7 +19,8 @@ struct DPOObjectiveOptions {
   double label_smoothing = 0.0;
   std::string reference_logps = "batch";
   double sft_weight = 0.0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("beta", beta, "DPO beta (the implicit KL constraint to the reference)");
     v("label_smoothing", label_smoothing,
       "cDPO label smoothing: the assumed probability that a pair's label is flipped, in [0, 0.5)");

@@ -47,17 +47,18 @@ GRPOObjective::GRPOObjective(nn::CausalTransformer model, GRPOObjectiveOptions o
   DEW_CHECK(o_.temperature > 0, "objective.temperature: must be > 0 (rollouts sample), got ", o_.temperature);
   DEW_CHECK(o_.top_p > 0 && o_.top_p <= 1, "objective.top_p: must be in (0, 1], got ", o_.top_p);
   DEW_CHECK(o_.top_k >= 0, "objective.top_k: must be >= 0, got ", o_.top_k);
-  DEW_CHECK(o_.eps_low >= 0 && o_.eps_low < 1 && o_.eps_high >= 0, "objective.eps_low must be in [0, 1) and eps_high >= 0, got ",
-            o_.eps_low, " and ", o_.eps_high);
+  DEW_CHECK(o_.eps_low >= 0 && o_.eps_low < 1 && o_.eps_high >= 0,
+            "objective.eps_low must be in [0, 1) and eps_high >= 0, got ", o_.eps_low, " and ", o_.eps_high);
   DEW_CHECK(o_.dual_clip > 1, "objective.dual_clip: must be > 1, got ", o_.dual_clip);
   DEW_CHECK(o_.beta >= 0, "objective.beta: must be >= 0, got ", o_.beta);
   DEW_CHECK(o_.epochs >= 1 && o_.mini_batches >= 1, "objective.epochs and objective.mini_batches: must be >= 1, got ",
             o_.epochs, " and ", o_.mini_batches);
-  DEW_CHECK(o_.reward_weights.empty() || o_.reward_weights.size() == rewards_.size(), "objective.reward_weights: ",
-            o_.reward_weights.size(), " weights for ", rewards_.size(), " rewards");
+  DEW_CHECK(o_.reward_weights.empty() || o_.reward_weights.size() == rewards_.size(),
+            "objective.reward_weights: ", o_.reward_weights.size(), " weights for ", rewards_.size(), " rewards");
   DEW_CHECK(!prompts_.empty() && !rewards_.empty(), "objective grpo: needs prompts and at least one reward");
   // The rollout statistics, in a fixed order (the buffer holds their values; a resumed run logs the same).
-  std::map<std::string, int> names = {{"reward", 0}, {"reward_std", 0}, {"completion_length", 0}, {"groups_without_signal", 0}};
+  std::map<std::string, int> names = {
+      {"reward", 0}, {"reward_std", 0}, {"completion_length", 0}, {"groups_without_signal", 0}};
   for (const auto& r : rewards_) {
     names["reward/" + r->name()] = 0;
     names["reward/" + r->name() + "_std"] = 0;
@@ -157,8 +158,11 @@ void GRPOObjective::roll_out(const at::Tensor& index, int64_t step, at::Generato
     for (int64_t i = 0; i < n; ++i) {
       json rewards = json::object();
       for (const auto& [name, s] : r.scores) rewards[name] = s[size_t(i)];
-      json line = {{"step", step + 1}, {"prompt", rows[i]->text}, {"completion", r.completions[i].text},
-                   {"rewards", rewards}, {"reward", r.total[size_t(i)]},
+      json line = {{"step", step + 1},
+                   {"prompt", rows[i]->text},
+                   {"completion", r.completions[i].text},
+                   {"rewards", rewards},
+                   {"reward", r.total[size_t(i)]},
                    {"advantage", row_adv[i]},
                    {"finish", r.completions[i].finish}};
       // A sampled completion need not be valid UTF-8: invalid bytes are written as U+FFFD.

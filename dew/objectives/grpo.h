@@ -29,7 +29,8 @@ struct GRPOObjectiveOptions {
   int64_t epochs = 1;
   int64_t mini_batches = 2;
   std::vector<double> reward_weights;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("group_size", group_size, "completions per prompt (>= 2)");
     v("max_new_tokens", max_new_tokens, "tokens per completion at most");
     v("temperature", temperature, "sampling temperature of the rollouts (> 0)");
@@ -51,8 +52,9 @@ struct GRPOObjectiveOptions {
 class GRPOObjective : public ReferencePolicyObjective {
  public:
   /// prompts: the training prompts (the loader's "index" picks rows); rewards: what scores a completion.
-  GRPOObjective(nn::CausalTransformer model, GRPOObjectiveOptions o, data::ChatFormat fmt, std::vector<data::Prompt> prompts,
-                std::vector<post_training::RewardPtr> rewards, std::shared_ptr<post_training::ChatEvaluator> eval);
+  GRPOObjective(nn::CausalTransformer model, GRPOObjectiveOptions o, data::ChatFormat fmt,
+                std::vector<data::Prompt> prompts, std::vector<post_training::RewardPtr> rewards,
+                std::shared_ptr<post_training::ChatEvaluator> eval);
   std::string name() const override { return "grpo"; }
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
   void begin(int64_t step, const std::string& run_dir) override;

@@ -44,12 +44,14 @@ int64_t pool_regions(const std::string& pool, const TokenGrid& g, const std::str
   if (pool.size() > 4 && pool.compare(0, 4, "grid") == 0 &&
       pool.find_first_not_of("0123456789", 4) == std::string::npos && pool.size() <= 6)
     k = std::stoll(pool.substr(4));
-  DEW_CHECK(k >= 1 && k <= std::min(g.h, g.w), field, ": got \"", pool, "\", accepted: mean, tokens, gridK with 1 <= K <= ",
-            std::min(g.h, g.w), " (the token grid is ", g.h, " x ", g.w, ")");
+  DEW_CHECK(k >= 1 && k <= std::min(g.h, g.w), field, ": got \"", pool,
+            "\", accepted: mean, tokens, gridK with 1 <= K <= ", std::min(g.h, g.w), " (the token grid is ", g.h, " x ",
+            g.w, ")");
   return k;
 }
 
-at::Tensor pooled_features(TokenEncoderImpl& encoder, const at::Tensor& images, const std::string& pool, int64_t batch) {
+at::Tensor pooled_features(TokenEncoderImpl& encoder, const at::Tensor& images, const std::string& pool,
+                           int64_t batch) {
   DEW_CHECK(images.scalar_type() == at::kByte, "pooled_features: images must be uint8, got ", images.scalar_type());
   const TokenGrid g = encoder.grid();
   const int64_t k = pool_regions(pool, g, "pool");
@@ -96,12 +98,16 @@ ProbeResult probe(TokenEncoderImpl* encoder, const data::TensorDataset& train, c
 JEPAObjective::JEPAObjective(std::shared_ptr<TokenEncoderImpl> encoder, std::shared_ptr<TokenPredictorImpl> predictor,
                              JEPAObjectiveOptions options, data::DatasetPtr probe_train, data::DatasetPtr probe_test,
                              int64_t classes)
-    : encoder_(std::move(encoder)), predictor_(std::move(predictor)), o_(std::move(options)),
-      probe_train_(std::move(probe_train)), probe_test_(std::move(probe_test)), classes_(classes) {
+    : encoder_(std::move(encoder)),
+      predictor_(std::move(predictor)),
+      o_(std::move(options)),
+      probe_train_(std::move(probe_train)),
+      probe_test_(std::move(probe_test)),
+      classes_(classes) {
   DEW_CHECK(encoder_ && predictor_, "objective jepa: needs an encoder and a predictor");
   DEW_CHECK(o_.momentum >= 0 && o_.momentum <= o_.final_momentum && o_.final_momentum <= 1,
-            "objective.momentum / final_momentum: need 0 <= momentum <= final_momentum <= 1, got ", o_.momentum, " and ",
-            o_.final_momentum);
+            "objective.momentum / final_momentum: need 0 <= momentum <= final_momentum <= 1, got ", o_.momentum,
+            " and ", o_.final_momentum);
   DEW_CHECK(o_.probe_train >= 0 && o_.probe_test >= 0 && o_.knn_k >= 1 && o_.probe_epochs >= 1,
             "objective.probe_train / probe_test / knn_k / probe_epochs: need >= 0, >= 0, >= 1, >= 1; got ",
             o_.probe_train, ", ", o_.probe_test, ", ", o_.knn_k, ", ", o_.probe_epochs);
@@ -123,7 +129,8 @@ JEPAObjective::JEPAObjective(std::shared_ptr<TokenEncoderImpl> encoder, std::sha
             "model.predictor.fields.encoder_features: must be the encoder's width ", encoder_->features(), ", got ",
             pf.value("encoder_features", json()).dump());
   if (probe_train_ || probe_test_)
-    DEW_CHECK(probe_train_ && probe_test_ && classes_ >= 2, "objective jepa: a probe needs a training set, a test set and >= 2 classes");
+    DEW_CHECK(probe_train_ && probe_test_ && classes_ >= 2,
+              "objective jepa: a probe needs a training set, a test set and >= 2 classes");
   root_ = std::make_shared<torch::nn::Module>("JEPA");
   root_->register_module("encoder", encoder_);
   root_->register_module("predictor", predictor_);
@@ -194,8 +201,8 @@ std::map<std::string, double> JEPAObjective::validate(int64_t, const std::string
                             {"label", head(probe_test_->field("label"), o_.probe_test)}});
   metrics::LinearProbeOptions lo;
   lo.epochs = o_.probe_epochs;
-  const ProbeResult r = probe(encoder_.get(), train, test, classes_, {o_.knn_k, o_.knn_prep, o_.knn_vote, o_.knn_temperature},
-                              lo, o_.probe_pool);
+  const ProbeResult r = probe(encoder_.get(), train, test, classes_,
+                              {o_.knn_k, o_.knn_prep, o_.knn_vote, o_.knn_temperature}, lo, o_.probe_pool);
   return {{"val/linear_acc", r.linear}, {"val/knn_acc", r.knn}};
 }
 

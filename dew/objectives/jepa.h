@@ -29,7 +29,8 @@ struct JEPAObjectiveOptions {
   double knn_temperature = 0.07;
   int64_t probe_epochs = 30;
   std::string probe_pool = "mean";
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.choice("loss", loss, {"mse", "smooth_l1", "l1"}, "distance to the target features (I-JEPA smooth_l1, V-JEPA l1)");
     v("momentum", momentum, "target-encoder EMA momentum at the first step");
     v("final_momentum", final_momentum, "target-encoder EMA momentum at the last step (linear in between)");
@@ -44,7 +45,8 @@ struct JEPAObjectiveOptions {
              "kNN probe: neighbours vote exp(cosine / knn_temperature) (DINO) or 1 (a count)");
     v("knn_temperature", knn_temperature, "kNN probe: temperature of the weighted vote (> 0)");
     v("probe_epochs", probe_epochs, "epochs of the linear probe");
-    v("probe_pool", probe_pool, "probe features: mean (over tokens), tokens (all, concatenated) or gridK (K x K region means)");
+    v("probe_pool", probe_pool,
+      "probe features: mean (over tokens), tokens (all, concatenated) or gridK (K x K region means)");
   }
 };
 

@@ -27,7 +27,8 @@ json LatentScaling::to_json() const {
 LatentScaling LatentScaling::from_json(const json& j, const std::string& where) {
   DEW_CHECK(j.is_object() && j.value("source", json()).is_string() && j.value("scaling_factor", json()).is_number() &&
                 j.value("shift_factor", json()).is_number(),
-            where, ": expected {\"source\": autoencoder|std, \"scaling_factor\": x, \"shift_factor\": y}, got ", j.dump());
+            where, ": expected {\"source\": autoencoder|std, \"scaling_factor\": x, \"shift_factor\": y}, got ",
+            j.dump());
   LatentScaling s;
   s.source = j["source"];
   s.scaling_factor = j["scaling_factor"];
@@ -98,7 +99,8 @@ at::Tensor LatentSpace::encode_raw_all(const at::Tensor& images, at::Generator g
   return at::cat(out);
 }
 
-std::vector<int64_t> LatentSpace::latent_shape(const std::vector<int64_t>& image_shape, const std::string& where) const {
+std::vector<int64_t> LatentSpace::latent_shape(const std::vector<int64_t>& image_shape,
+                                               const std::string& where) const {
   DEW_CHECK(image_shape.size() == 3, where, ": latent diffusion takes images [C, H, W], got ", image_shape.size(),
             " dims per item");
   const json fields = autoencoder_->config().value("fields", json::object());
@@ -108,12 +110,13 @@ std::vector<int64_t> LatentSpace::latent_shape(const std::vector<int64_t>& image
   at::NoGradGuard ng;
   std::vector<int64_t> probe = {1};
   probe.insert(probe.end(), image_shape.begin(), image_shape.end());
-  const at::Tensor z = autoencoder_->encode(at::zeros(probe, at::TensorOptions().device(module_device(*autoencoder_)))).mean;
+  const at::Tensor z =
+      autoencoder_->encode(at::zeros(probe, at::TensorOptions().device(module_device(*autoencoder_)))).mean;
   const at::Tensor back = autoencoder_->decode(z);
   DEW_CHECK(back.sizes() == at::IntArrayRef(probe), where, ": images ", image_shape[1], "x", image_shape[2],
             " come back from the autoencoder as ", back.size(-2), "x", back.size(-1),
-            "; pad or resize them to a multiple of its downsampling (", image_shape[1] / std::max<int64_t>(1, z.size(-2)),
-            ")");
+            "; pad or resize them to a multiple of its downsampling (",
+            image_shape[1] / std::max<int64_t>(1, z.size(-2)), ")");
   return {z.size(1), z.size(2), z.size(3)};
 }
 

@@ -27,7 +27,8 @@ struct LatentOptions {
   std::string scale = "auto";
   int64_t scale_items = 1000;
   int64_t batch_size = 256;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.choice("sample", sample, {"mean", "posterior"},
              "the posterior's mean, or a sample of it (from (seed, \"latents/cache\") when cached, the step's "
              "generator otherwise)");

@@ -17,8 +17,9 @@ using at::Tensor;
 
 ChunkedCE chunked_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& targets, double softcap,
                                 int64_t chunk) {
-  DEW_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1), "chunked_cross_entropy: hidden ",
-            hidden.sizes(), " and weight ", weight.sizes(), " must be [N, D] and [V, D]");
+  DEW_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
+            "chunked_cross_entropy: hidden ", hidden.sizes(), " and weight ", weight.sizes(),
+            " must be [N, D] and [V, D]");
   DEW_CHECK(targets.dim() == 1 && targets.size(0) == hidden.size(0), "chunked_cross_entropy: targets ", targets.sizes(),
             " must be [", hidden.size(0), "]");
   DEW_CHECK(chunk >= 0, "chunked_cross_entropy: chunk must be >= 0, got ", chunk);
@@ -37,14 +38,14 @@ ChunkedCE chunked_cross_entropy(const Tensor& hidden, const Tensor& weight, cons
     maxes.push_back(mx);
     argmaxes.push_back(am + s);
     // This chunk's contribution to the target logit: rows whose target falls in [s, s + k).
-    Tensor in = (tgt >= s).logical_and(tgt < s + k);               // [N, 1]
-    Tensor local = (tgt - s).clamp(0, k - 1);                      // [N, 1]
+    Tensor in = (tgt >= s).logical_and(tgt < s + k);  // [N, 1]
+    Tensor local = (tgt - s).clamp(0, k - 1);         // [N, 1]
     target_logit = target_logit + l.gather(1, local).masked_fill(in.logical_not(), 0.0).squeeze(1);
   }
   Tensor lse = lses.size() == 1 ? lses[0] : at::logsumexp(at::stack(lses, 1), -1);  // [N]
-  Tensor best = argmaxes.size() == 1 ? argmaxes[0]
-                                     : at::stack(argmaxes, 1).gather(1, std::get<1>(at::stack(maxes, 1).max(1, true)))
-                                           .squeeze(1);
+  Tensor best = argmaxes.size() == 1
+                    ? argmaxes[0]
+                    : at::stack(argmaxes, 1).gather(1, std::get<1>(at::stack(maxes, 1).max(1, true))).squeeze(1);
   return {(lse - target_logit).sum(), (best == targets).sum()};
 }
 
@@ -86,8 +87,8 @@ std::tuple<Tensor, Tensor, int64_t> LMObjective::sums(const data::Batch& batch) 
   DEW_CHECK(it != batch.end(), "objective lm: the batch has no \"tokens\" field");
   const auto device = model_->head_weight().device();  // batches arrive on the CPU
   const Tensor tokens = it->second.to(device);
-  DEW_CHECK(tokens.dim() == 2 && tokens.size(1) == o_.seq_len + 1, "objective lm: tokens must be [B, seq_len + 1 = ",
-            o_.seq_len + 1, "], got ", tokens.sizes());
+  DEW_CHECK(tokens.dim() == 2 && tokens.size(1) == o_.seq_len + 1,
+            "objective lm: tokens must be [B, seq_len + 1 = ", o_.seq_len + 1, "], got ", tokens.sizes());
   const int64_t s = o_.seq_len;
   auto field = [&](const char* name) {
     auto f = batch.find(name);
@@ -143,7 +144,8 @@ std::map<std::string, double> LMObjective::evaluate(const data::Batch& windows) 
   if (was_training) model_->train();
   DEW_CHECK(count > 0, "objective lm: no validation target carries loss");
   const double ce = loss_sum / double(count);
-  return {{"ce", ce}, {"perplexity", std::exp(ce)}, {"token_accuracy", correct / double(count)}, {"tokens", double(count)}};
+  return {
+      {"ce", ce}, {"perplexity", std::exp(ce)}, {"token_accuracy", correct / double(count)}, {"tokens", double(count)}};
 }
 
 std::map<std::string, double> LMObjective::validate(int64_t step, const std::string& run_dir) {

@@ -36,10 +36,12 @@ struct LMObjectiveOptions {
   std::string sample_prompt;
   double sample_temperature = 0.8;
   int64_t sample_top_k = 0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("seq_len", seq_len, "tokens per training row S (rows hold S + 1 ids: inputs ids[:S], targets ids[1:])");
     v("pad_id", pad_id, "targets equal to pad_id carry no loss (-1 = none)");
-    v.choice("loss_role", loss_role, {"all", "loss_mask"}, "which targets count: all, or where batch loss_mask is true");
+    v.choice("loss_role", loss_role, {"all", "loss_mask"},
+             "which targets count: all, or where batch loss_mask is true");
     v("vocab_chunk", vocab_chunk, "vocabulary columns per cross-entropy chunk (0 = one chunk)");
     v("ema_decay", ema_decay, "EMA decay of the parameters (0 = none: validation uses the live weights)");
     v("val_windows", val_windows, "validation windows (0 = the whole validation stream)");

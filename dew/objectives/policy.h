@@ -11,8 +11,8 @@
 #include <string>
 
 #include "dew/nn/backbones/causal_transformer.h"
-#include "dew/training/objective.h"
 #include "dew/objectives/rollouts.h"
+#include "dew/training/objective.h"
 
 namespace dew::post_training {
 

@@ -101,8 +101,8 @@ Tensor broadcast_tokens(const Tensor& per_completion, const Tensor& response_mas
 
 Tensor sequence_logps(const Tensor& logits, const Tensor& ids, const Tensor& mask) {
   check_floating("sequence_logps", "logits", logits);
-  DEW_CHECK(logits.dim() >= 2 && logits.size(-1) > 0 && logits.size(-2) > 0, "sequence_logps: logits ",
-            logits.sizes(), " must be [..., S, V] with S, V > 0");
+  DEW_CHECK(logits.dim() >= 2 && logits.size(-1) > 0 && logits.size(-2) > 0, "sequence_logps: logits ", logits.sizes(),
+            " must be [..., S, V] with S, V > 0");
   DEW_CHECK(ids.defined() && ids.scalar_type() == at::kLong, "sequence_logps: ids must be int64, got ",
             ids.defined() ? std::string(c10::toString(ids.scalar_type())) : std::string("undefined"));
   DEW_CHECK(ids.sizes() == logits.sizes().slice(0, logits.dim() - 1), "sequence_logps: ids ", ids.sizes(),
@@ -127,8 +127,8 @@ DpoLoss dpo_loss_from_logps(const Tensor& policy_logps, const Tensor& reference_
   check_beta_smoothing("dpo_loss", beta, label_smoothing);
   check_floating("dpo_loss", "policy_logps", policy_logps);
   check_floating("dpo_loss", "reference_logps", reference_logps);
-  DEW_CHECK(policy_logps.dim() == 2 && policy_logps.size(1) == 2 && policy_logps.size(0) > 0,
-            "dpo_loss: policy_logps ", policy_logps.sizes(), " must be [B, 2] with B > 0 (column 0 = chosen)");
+  DEW_CHECK(policy_logps.dim() == 2 && policy_logps.size(1) == 2 && policy_logps.size(0) > 0, "dpo_loss: policy_logps ",
+            policy_logps.sizes(), " must be [B, 2] with B > 0 (column 0 = chosen)");
   check_same_shape("dpo_loss", "reference_logps", reference_logps, "policy_logps", policy_logps);
   const Tensor ref = reference_logps.detach();
   DpoLoss out;
@@ -138,10 +138,9 @@ DpoLoss dpo_loss_from_logps(const Tensor& policy_logps, const Tensor& reference_
   const Tensor rejected_logratios = out.rejected_logps - ref.select(1, 1);
   const Tensor delta = chosen_logratios - rejected_logratios;
   // TRL main's sigmoid loss; with label smoothing, TRL v0.28's conservative (cDPO) form.
-  const Tensor per_pair = label_smoothing == 0
-                              ? -at::log_sigmoid(beta * delta)
-                              : (-at::log_sigmoid(beta * delta)) * (1 - label_smoothing) -
-                                    at::log_sigmoid(-beta * delta) * label_smoothing;
+  const Tensor per_pair = label_smoothing == 0 ? -at::log_sigmoid(beta * delta)
+                                               : (-at::log_sigmoid(beta * delta)) * (1 - label_smoothing) -
+                                                     at::log_sigmoid(-beta * delta) * label_smoothing;
   out.loss = per_pair.mean();
   out.chosen_rewards = beta * chosen_logratios.detach();
   out.rejected_rewards = beta * rejected_logratios.detach();
@@ -167,8 +166,8 @@ DpoLoss dpo_loss(const Tensor& policy_logits, const Tensor& reference_logits, co
             " must be [B, 2, S, V] with B > 0 (index 0 = chosen, 1 = rejected)");
   check_same_shape("dpo_loss", "reference_logits", reference_logits, "policy_logits", policy_logits);
   DEW_CHECK(ids.defined() && ids.sizes() == policy_logits.sizes().slice(0, 3), "dpo_loss: ids ",
-            ids.defined() ? ids.sizes() : at::IntArrayRef{}, " must be [B, 2, S] = ",
-            policy_logits.sizes().slice(0, 3));
+            ids.defined() ? ids.sizes() : at::IntArrayRef{},
+            " must be [B, 2, S] = ", policy_logits.sizes().slice(0, 3));
   check_mask("dpo_loss", "completion_mask", completion_mask);
   check_same_shape("dpo_loss", "completion_mask", completion_mask, "ids", ids);
   const Tensor policy = sequence_logps(policy_logits, ids, completion_mask);  // [B, 2]
@@ -273,8 +272,7 @@ PolicyLoss policy_loss(const Tensor& old_logp, const Tensor& logp, const Tensor&
   const auto dtype = logp.scalar_type();
   out.ppo_kl = masked_mean(-negative_approx_kl.detach(), response_mask);
   out.clipfrac = masked_mean(at::gt(pg_losses2, pg_losses1).to(dtype), response_mask);
-  out.clipfrac_lower =
-      masked_mean(at::gt(clip_pg_losses1, pg_losses3).to(dtype) * negative.to(dtype), response_mask);
+  out.clipfrac_lower = masked_mean(at::gt(clip_pg_losses1, pg_losses3).to(dtype) * negative.to(dtype), response_mask);
   return out;
 }
 

@@ -12,8 +12,8 @@ Registry<Objective, const ObjectiveContext&>& objectives() {
         "diffusion", "denoising diffusion / flow matching with a preset; preview grid at validation",
         [](const DiffusionObjectiveOptions& o, const ObjectiveContext& c) {
           DEW_CHECK(c.model && c.preset, "objective diffusion: needs a model and a preset");
-          return std::make_shared<DiffusionObjective>(c.model, *c.preset, o, c.num_classes, c.sample_shape, c.text_encoder,
-                                                      c.class_names, c.latent);
+          return std::make_shared<DiffusionObjective>(c.model, *c.preset, o, c.num_classes, c.sample_shape,
+                                                      c.text_encoder, c.class_names, c.latent);
         });
     r->add<LMObjectiveOptions>(
         "lm", "next-token cross entropy of a causal_transformer; validation perplexity and a sampled text",

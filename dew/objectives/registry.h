@@ -15,15 +15,15 @@ struct LMData;
 
 /// What an objective is built around, besides its own options: its modules by role, and data facts.
 struct ObjectiveContext {
-  BackbonePtr model;                  // diffusion objectives: the denoiser
+  BackbonePtr model;                              // diffusion objectives: the denoiser
   nn::CausalTransformer language_model{nullptr};  // language-model objectives: the policy
-  diffusion::PresetPtr preset;        // diffusion objectives
-  int64_t num_classes = 0;            // 0 = unconditional
-  std::vector<int64_t> sample_shape;  // one item, e.g. [1, 28, 28]
-  std::shared_ptr<data::LMData> lm_data;  // language-model objectives: validation stream, EOS, tokenizer
-  TextEncoderPtr text_encoder;        // diffusion: condition on captions of the labels (optional)
-  std::vector<std::string> class_names;  // label id -> name
-  LatentSpacePtr latent;              // latent diffusion: the frozen autoencoder (sample_shape is the latent's)
+  diffusion::PresetPtr preset;                    // diffusion objectives
+  int64_t num_classes = 0;                        // 0 = unconditional
+  std::vector<int64_t> sample_shape;              // one item, e.g. [1, 28, 28]
+  std::shared_ptr<data::LMData> lm_data;          // language-model objectives: validation stream, EOS, tokenizer
+  TextEncoderPtr text_encoder;                    // diffusion: condition on captions of the labels (optional)
+  std::vector<std::string> class_names;           // label id -> name
+  LatentSpacePtr latent;  // latent diffusion: the frozen autoencoder (sample_shape is the latent's)
 };
 
 /// diffusion, lm (more with later objectives).

@@ -152,7 +152,8 @@ void match_each(const std::string& reward, const std::vector<RewardInput>& input
 
 class ExactReward : public Reward {
  public:
-  explicit ExactReward(const RewardOptions& o) : extract_(compile("exact", "extract", o.extract)), field_(o.answer_field) {
+  explicit ExactReward(const RewardOptions& o)
+      : extract_(compile("exact", "extract", o.extract)), field_(o.answer_field) {
     DEW_CHECK(!field_.empty(), "reward exact: answer_field is empty; name the record field of the reference answer");
   }
   std::string name() const override { return "exact"; }
@@ -175,8 +176,8 @@ class ExactReward : public Reward {
       if (it != record.end() && it->is_string()) return it->get<std::string>();
       if (it != record.end() && it->is_number()) return it->dump();
     }
-    fail("reward exact: the prompt record has no \"", field_, "\" (string or number): ",
-         one_line(record.dump(-1, ' ', false, json::error_handler_t::replace), 120));
+    fail("reward exact: the prompt record has no \"", field_,
+         "\" (string or number): ", one_line(record.dump(-1, ' ', false, json::error_handler_t::replace), 120));
   }
 
   // Group 1 (or the whole match when there is no group 1 or it did not take part) of the last match.
@@ -261,8 +262,7 @@ struct Child {
     if (pid <= 0) return;
     ::kill(-pid, SIGKILL);
     int status;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   }
 };
 
@@ -287,8 +287,7 @@ struct SigpipeHold {
       sigemptyset(&s);
       sigaddset(&s, SIGPIPE);
       timespec zero{0, 0};
-      while (sigtimedwait(&s, nullptr, &zero) < 0 && errno == EINTR) {
-      }
+      while (sigtimedwait(&s, nullptr, &zero) < 0 && errno == EINTR) {}
     }
     pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   }
@@ -325,7 +324,8 @@ struct CommandResult {
 CommandResult run_command(const std::string& command, const std::string& input, double timeout_s,
                           const std::string& who) {
   using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
   auto timeout = [&] { return fail(who, "timed out after ", timeout_s, " s; its process group was killed"); };
 
   Fd stdin_read, stdin_write, stdout_read, stdout_write;

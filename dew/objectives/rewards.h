@@ -18,10 +18,10 @@ namespace dew::post_training {
 
 /// One completion to score.
 struct RewardInput {
-  std::string prompt;            // the prompt text as the model saw it (rendered)
-  std::string completion;        // the generated text, end-of-turn marker already cut off
-  json record;                   // the prompts-file line it came from, e.g. {"prompt": ..., "answer": "82"}
-  int64_t completion_tokens = 0; // tokens of the completion, e.g. 117
+  std::string prompt;             // the prompt text as the model saw it (rendered)
+  std::string completion;         // the generated text, end-of-turn marker already cut off
+  json record;                    // the prompts-file line it came from, e.g. {"prompt": ..., "answer": "82"}
+  int64_t completion_tokens = 0;  // tokens of the completion, e.g. 117
 };
 
 /// Options of the rewards (each reward reads only its own fields).
@@ -32,7 +32,8 @@ struct RewardOptions {
   int64_t length_target = 0;
   double length_scale = 0.01;
   double timeout_s = 60;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("extract", extract, "exact: ECMAScript regex; its last match in the completion (group 1 if any) is the answer");
     v("answer_field", answer_field, "exact: record field holding the reference answer (string or number)");
     v("format", format, "format: ECMAScript regex the whole completion must match (reward 1, else 0)");

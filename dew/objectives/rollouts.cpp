@@ -24,8 +24,8 @@ Rollout score(const std::vector<const data::Prompt*>& prompts, std::vector<Compl
               const std::vector<RewardPtr>& rewards, const std::vector<double>& weights) {
   DEW_CHECK(prompts.size() == completions.size(), "score: ", prompts.size(), " prompts and ", completions.size(),
             " completions");
-  DEW_CHECK(weights.empty() || weights.size() == rewards.size(), "reward weights: ", weights.size(),
-            " weights for ", rewards.size(), " rewards");
+  DEW_CHECK(weights.empty() || weights.size() == rewards.size(), "reward weights: ", weights.size(), " weights for ",
+            rewards.size(), " rewards");
   Rollout r;
   r.completions = std::move(completions);
   std::vector<RewardInput> inputs(prompts.size());
@@ -95,7 +95,8 @@ ChatEvaluator::ChatEvaluator(const EvalOptions& o, const data::ChatFormat& fmt, 
   rewards_ = make_rewards(o_.reward, "", reward_options);
 }
 
-std::map<std::string, double> ChatEvaluator::evaluate(nn::CausalTransformerImpl& model, const std::string& samples_path) {
+std::map<std::string, double> ChatEvaluator::evaluate(nn::CausalTransformerImpl& model,
+                                                      const std::string& samples_path) {
   std::map<std::string, double> m;
   if (!enabled()) return m;
   const bool was_training = model.is_training();
@@ -123,8 +124,8 @@ std::map<std::string, double> ChatEvaluator::evaluate(nn::CausalTransformerImpl&
     fs::create_directories(fs::path(samples_path).parent_path());
     std::ofstream f(samples_path, std::ios::binary);
     for (size_t i = 0; i < prompts_.size() && int64_t(i) < o_.samples; ++i)
-      f << prompts_[i].text << r.completions[i].text << "\n    reward " << r.total[i] << " ("
-        << r.completions[i].finish << ")\n";
+      f << prompts_[i].text << r.completions[i].text << "\n    reward " << r.total[i] << " (" << r.completions[i].finish
+        << ")\n";
   }
   return m;
 }

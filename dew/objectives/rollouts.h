@@ -28,7 +28,7 @@ struct Completion {
 
 /// Completions of a batch of prompts and their rewards.
 struct Rollout {
-  std::vector<Completion> completions;               // one per prompt given
+  std::vector<Completion> completions;                // one per prompt given
   std::map<std::string, std::vector<double>> scores;  // reward name -> one per completion
   std::vector<double> total;                          // sum over rewards of weight * score
 };
@@ -37,9 +37,9 @@ struct Rollout {
 /// (its eos_id and stop are set here from the format: the tokenizer's EOS, and the end-of-turn marker for
 /// conversational prompts), in chunks of `chunk` rows, and scores them. weights: one per reward (empty = 1).
 /// max_new_tokens is cut to the room each prompt leaves in the model's context.
-Rollout roll_out(nn::CausalTransformerImpl& model, const data::ChatFormat& fmt, const std::vector<const data::Prompt*>& prompts,
-                 sampling::GenerationOptions g, const std::vector<RewardPtr>& rewards,
-                 const std::vector<double>& weights = {}, int64_t chunk = 256);
+Rollout roll_out(nn::CausalTransformerImpl& model, const data::ChatFormat& fmt,
+                 const std::vector<const data::Prompt*>& prompts, sampling::GenerationOptions g,
+                 const std::vector<RewardPtr>& rewards, const std::vector<double>& weights = {}, int64_t chunk = 256);
 
 /// Scores completions texts of `prompts` (no generation): the rewards of roll_out.
 Rollout score(const std::vector<const data::Prompt*>& prompts, std::vector<Completion> completions,
@@ -55,7 +55,8 @@ struct EvalOptions {
   int64_t max_new_tokens = 32;
   int64_t count = 0;
   int64_t samples = 8;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("prompts", prompts,
       "held-out prompts file ({\"prompt\", \"answer\", ...} lines) scored at validation (empty = none)");
     v("reward", reward, "rewards scored there (comma-separated: exact, format, length)");

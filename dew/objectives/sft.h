@@ -13,7 +13,8 @@ namespace dew {
 struct SFTObjectiveOptions {
   bool pack = false;
   int64_t vocab_chunk = 8192;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("pack", pack, "pack conversations into rows of the model's context (block-diagonal attention); false: pad each");
     v("vocab_chunk", vocab_chunk, "vocabulary columns per cross-entropy chunk (0 = one chunk)");
   }

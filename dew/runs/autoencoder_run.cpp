@@ -83,8 +83,8 @@ Built build_autoencoder_run(json& r, const c10::Device& device) {
   DEW_CHECK(train->contains(obj.image_field), "objective.image_field: dataset ", train->name(), " has no field \"",
             obj.image_field, "\"");
   const auto sizes = train->field(obj.image_field).sizes();
-  DEW_CHECK(sizes.size() == 4, "data: an autoencoder trains on images [N, C, H, W], dataset ", train->name(),
-            " holds ", sizes);
+  DEW_CHECK(sizes.size() == 4, "data: an autoencoder trains on images [N, C, H, W], dataset ", train->name(), " holds ",
+            sizes);
   const std::vector<int64_t> shape(sizes.begin() + 1, sizes.end());
   json& f = r["model"]["fields"];
   if (!f.is_object()) f = json::object();
@@ -101,8 +101,7 @@ Built build_autoencoder_run(json& r, const c10::Device& device) {
   if (obj.val_items > 0) {
     if (held_out.is_null())
       log::warn("no validation scores: dataset ", train->name(), " has no test split (give --test_data)");
-    else
-      test = data::datasets().build(held_out);
+    else test = data::datasets().build(held_out);
   }
   if (test)
     DEW_CHECK(test->contains(obj.image_field) && test->field(obj.image_field).sizes().slice(1) == sizes.slice(1),
@@ -137,8 +136,9 @@ json autoencoder_test_spec(const json& r) {
 RunKind autoencoder_kind() {
   RunKind k;
   k.name = "autoencoder";
-  k.doc = "a KL autoencoder (autoencoder_kl) on images: reconstruction + KL, the first stage of latent diffusion "
-          "(default: Fashion-MNIST padded to 32 x 32)";
+  k.doc =
+      "a KL autoencoder (autoencoder_kl) on images: reconstruction + KL, the first stage of latent diffusion "
+      "(default: Fashion-MNIST padded to 32 x 32)";
   k.defaults = autoencoder_defaults;
   k.open_keys = {"model.fields", "data", "test_data"};
   k.identity = {"model", "seed", "data"};

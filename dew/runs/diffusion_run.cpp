@@ -110,7 +110,8 @@ TextEncoderPtr build_text_encoder(const json& record) {
 // .safetensors file, strictly; a family that inflates another's weights (unet_3d from a 2D unet) reads them
 // through its inflation key map (what it adds stays at its initialisation).
 void init_model_from(BackboneImpl& model, const std::string& arch, const std::string& source) {
-  const auto weights = fs::is_directory(source) ? run_weight_source(source, OpenOptions{}) : io::WeightSource::open(source);
+  const auto weights =
+      fs::is_directory(source) ? run_weight_source(source, OpenOptions{}) : io::WeightSource::open(source);
   const models::Family& family = models::family(arch);
   io::KeyMap map;
   io::LoadOptions lo;
@@ -175,9 +176,9 @@ data::DatasetPtr prepare_latents(LatentSpace& space, const json& r, const data::
   }
   if (mode == "std") {
     const int64_t k = std::min(o.scale_items, images.size(0));
-    space.set_scaling(scaling_by_std(z.defined() ? z.slice(0, 0, k)
-                                                 : space.encode_raw_all(images.slice(0, 0, k),
-                                                                        rng::generator(seed, 0, "latents/scale"))));
+    space.set_scaling(scaling_by_std(
+        z.defined() ? z.slice(0, 0, k)
+                    : space.encode_raw_all(images.slice(0, 0, k), rng::generator(seed, 0, "latents/scale"))));
   } else {
     space.set_scaling(LatentScaling{});
   }
@@ -202,12 +203,11 @@ Built build_diffusion(json& r, const c10::Device& device) {
   DEW_CHECK(r["model"].is_object() && r["model"].contains("architecture") && r["model"]["architecture"].is_string(),
             "model: expected {\"architecture\": NAME, \"fields\": {...}}, got ", r["model"].dump());
   const std::string arch = r["model"]["architecture"];
-  DEW_CHECK(models::registry().contains(arch), "model.architecture: unknown \"", arch, "\"; registered: ",
-            [] {
-              std::string s;
-              for (const auto& n : models::registry().names()) s += (s.empty() ? "" : ", ") + n;
-              return s;
-            }());
+  DEW_CHECK(models::registry().contains(arch), "model.architecture: unknown \"", arch, "\"; registered: ", [] {
+    std::string s;
+    for (const auto& n : models::registry().names()) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }());
   set_threads(r["threads"].get<int64_t>(), workload_of(arch));
   auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
   auto obj_opts = from_json<DiffusionObjectiveOptions>(r["objective"], "objective");
@@ -274,9 +274,9 @@ Built build_diffusion(json& r, const c10::Device& device) {
   model->to(device);  // with the text encoder the objective attached to its tree
   b.preview = ".png";
   b.derived = {{"sample_shape", shape}, {"class_names", dataset->class_names()}};
-  b.summary = "training " + arch + " (" + std::to_string(parameter_count(*model)) + " parameters) on " + dataset->name() + " (" +
-              std::to_string(dataset->size()) + " items), preset " + preset->name + ", batch " +
-              std::to_string(lo.batch_size);
+  b.summary = "training " + arch + " (" + std::to_string(parameter_count(*model)) + " parameters) on " +
+              dataset->name() + " (" + std::to_string(dataset->size()) + " items), preset " + preset->name +
+              ", batch " + std::to_string(lo.batch_size);
   if (latent) {
     // Every field is checked by now; the encoding of the training set comes last.
     b.loader = std::make_shared<data::DataLoader>(prepare_latents(*latent, r, dataset, obj_opts.image_field), lo);
@@ -296,8 +296,10 @@ Built build_diffusion(json& r, const c10::Device& device) {
 
 std::shared_ptr<AutoencoderImpl> open_autoencoder_source(const AutoencoderSource& s, const c10::Device& device,
                                                          int64_t* step) {
-  DEW_CHECK(s.run.empty() != s.folder.empty(), "autoencoder: give one of run (a dew autoencoder run) and folder (a "
-            "diffusers AutoencoderKL folder), got run \"", s.run, "\" and folder \"", s.folder, "\"");
+  DEW_CHECK(s.run.empty() != s.folder.empty(),
+            "autoencoder: give one of run (a dew autoencoder run) and folder (a "
+            "diffusers AutoencoderKL folder), got run \"",
+            s.run, "\" and folder \"", s.folder, "\"");
   if (!s.run.empty()) {
     DEW_CHECK(training::RunDir::holds_run(s.run), "autoencoder.run: ", s.run,
               " is not a run directory (no run.json; train one with `dew train autoencoder --run ", s.run, "`)");
@@ -362,11 +364,12 @@ DiffusionRun open_diffusion_run(const std::string& run_dir, const OpenOptions& o
     const std::string where = run_dir + "/run.json";
     const auto src = from_json<AutoencoderSource>(r["autoencoder"], where + " autoencoder");
     const auto options = from_json<LatentOptions>(r.value("latent", json::object()), where + " latent");
-    const auto scaling = LatentScaling::from_json(derived.value("latent_scaling", json()), where + " derived.latent_scaling");
+    const auto scaling =
+        LatentScaling::from_json(derived.value("latent_scaling", json()), where + " derived.latent_scaling");
     DEW_CHECK(derived.contains("image_shape") && derived["image_shape"].is_array(), where, ": missing image_shape");
     out.image_shape = derived["image_shape"].get<std::vector<int64_t>>();
-    out.latent = std::make_shared<LatentSpace>(open_autoencoder_source(src, parse_device(o.device, "device")), options,
-                                               scaling);
+    out.latent =
+        std::make_shared<LatentSpace>(open_autoencoder_source(src, parse_device(o.device, "device")), options, scaling);
   }
   return out;
 }

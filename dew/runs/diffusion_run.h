@@ -24,7 +24,8 @@ struct AutoencoderSource {
   std::string folder;
   std::string weights = "ema";
   int64_t step = -1;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("run", run, "a `dew train autoencoder` run whose autoencoder the model trains on (latent diffusion)");
     v("folder", folder, "or a diffusers AutoencoderKL folder (config.json + diffusion_pytorch_model.safetensors)");
     v.choice("weights", weights, {"ema", "live"}, "run: which weights of its checkpoint");
@@ -40,16 +41,16 @@ std::shared_ptr<AutoencoderImpl> open_autoencoder_source(const AutoencoderSource
 /// A trained diffusion run: its model with checkpoint weights, its process and what it was trained on.
 struct DiffusionRun {
   std::string dir;
-  json record;                                          // run.json (current shape)
-  BackbonePtr model;                                    // in eval mode, on the device asked for
+  json record;        // run.json (current shape)
+  BackbonePtr model;  // in eval mode, on the device asked for
   std::shared_ptr<diffusion::DiffusionProcess> process;
-  std::vector<int64_t> shape;                           // one sample, e.g. [1, 28, 28] (a latent run: [4, 16, 16])
-  int64_t num_classes = 0;                              // of the model's label table (0 for text runs)
-  int64_t step = 0;                                     // the checkpoint's step
-  std::shared_ptr<TextConditioner> text;                // text runs
-  std::vector<std::string> class_names;                 // of the training data
-  LatentSpacePtr latent;                                // latent runs: the frozen autoencoder (null in pixel space)
-  std::vector<int64_t> image_shape;                     // one image, e.g. [1, 32, 32] (= shape in pixel space)
+  std::vector<int64_t> shape;             // one sample, e.g. [1, 28, 28] (a latent run: [4, 16, 16])
+  int64_t num_classes = 0;                // of the model's label table (0 for text runs)
+  int64_t step = 0;                       // the checkpoint's step
+  std::shared_ptr<TextConditioner> text;  // text runs
+  std::vector<std::string> class_names;   // of the training data
+  LatentSpacePtr latent;                  // latent runs: the frozen autoencoder (null in pixel space)
+  std::vector<int64_t> image_shape;       // one image, e.g. [1, 32, 32] (= shape in pixel space)
   /// Samples -> images in [-1, 1]: latents decoded by the autoencoder, pixel samples as they are.
   at::Tensor images(const at::Tensor& samples) const { return latent ? latent->decode(samples) : samples; }
   /// Classes the run can be conditioned on: by label, or by the caption of a label.

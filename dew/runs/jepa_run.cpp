@@ -57,9 +57,7 @@ json jepa_defaults() {
   r.update(json{
       // "auto": jepa_encoder for images, jepa_video_encoder for clips. image_size, in_channels and frames
       // come from the data unless given, and patch_size from default_jepa_patch (7 for Fashion-MNIST).
-      {"model",
-       {{"architecture", "auto"},
-        {"fields", {{"emb_features", 128}, {"num_layers", 6}, {"num_heads", 4}}}}},
+      {"model", {{"architecture", "auto"}, {"fields", {{"emb_features", 128}, {"num_layers", 6}, {"num_heads", 4}}}}},
       // The grid fields and encoder_features are the encoder's.
       {"predictor",
        {{"architecture", "jepa_predictor"}, {"fields", {{"emb_features", 64}, {"num_layers", 6}, {"num_heads", 4}}}}},
@@ -106,8 +104,8 @@ void complete_models(json& r, at::IntArrayRef s, const std::string& data_name) {
             "model: expected {\"architecture\": NAME, \"fields\": {...}}, got ", m.dump());
   if (m["architecture"] == "auto") m["architecture"] = video ? "jepa_video_encoder" : "jepa_encoder";
   const std::string arch = m["architecture"];
-  DEW_CHECK(models::token_encoders().contains(arch), "model.architecture: unknown \"", arch,
-            "\"; accepted: auto, ", registry_names(models::token_encoders()));
+  DEW_CHECK(models::token_encoders().contains(arch), "model.architecture: unknown \"", arch, "\"; accepted: auto, ",
+            registry_names(models::token_encoders()));
   DEW_CHECK((arch == "jepa_video_encoder") == video, "model.architecture: ", arch, " does not take ",
             video ? "clips" : "images", " (dataset ", data_name, " holds ", s, ")");
   json& f = m["fields"];
@@ -121,8 +119,9 @@ void complete_models(json& r, at::IntArrayRef s, const std::string& data_name) {
   json& p = r["predictor"];
   DEW_CHECK(p.is_object() && p.value("architecture", json()).is_string(),
             "predictor: expected {\"architecture\": NAME, \"fields\": {...}}, got ", p.dump());
-  DEW_CHECK(models::token_predictors().contains(p["architecture"].get<std::string>()), "predictor.architecture: unknown ",
-            p["architecture"].dump(), "; accepted: ", registry_names(models::token_predictors()));
+  DEW_CHECK(models::token_predictors().contains(p["architecture"].get<std::string>()),
+            "predictor.architecture: unknown ", p["architecture"].dump(),
+            "; accepted: ", registry_names(models::token_predictors()));
   if (!p["fields"].is_object()) p["fields"] = json::object();
 }
 
@@ -147,8 +146,7 @@ Built build_jepa(json& r, const c10::Device& device) {
   if (obj_opts.probe_train > 0 && train->contains("label") && classes >= 2) {
     if (held_out.is_null())
       log::warn("no validation probe: dataset ", train->name(), " has no test split (give --test_data)");
-    else
-      test = data::datasets().build(held_out);
+    else test = data::datasets().build(held_out);
   }
   encoder->to(device);
   predictor->to(device);
@@ -170,8 +168,8 @@ io::WeightSource encoder_weights(const std::string& run_dir, const OpenOptions& 
   training::TensorMap all = run_weights(run_dir, o, step), enc;
   for (auto& [k, v] : all)
     if (k.rfind("encoder.", 0) == 0) enc[k.substr(8)] = v;
-  return io::WeightSource::of_tensors(std::move(enc), run_dir + " step_" + std::to_string(*step) + " (" + o.weights +
-                                                          " encoder weights)");
+  return io::WeightSource::of_tensors(
+      std::move(enc), run_dir + " step_" + std::to_string(*step) + " (" + o.weights + " encoder weights)");
 }
 
 }  // namespace
@@ -194,16 +192,17 @@ JEPAModels build_jepa_models(json& r, at::IntArrayRef sizes, const std::string& 
 }
 
 int64_t default_jepa_patch(int64_t image_size) {
-  DEW_CHECK(image_size > 0 && image_size % 4 == 0, "model.fields.patch_size: not given, and the recipe cuts images into ",
-            "4 x 4 tokens, which needs a side that is a multiple of 4, got ", image_size,
-            "; give --model.fields.patch_size");
+  DEW_CHECK(
+      image_size > 0 && image_size % 4 == 0, "model.fields.patch_size: not given, and the recipe cuts images into ",
+      "4 x 4 tokens, which needs a side that is a multiple of 4, got ", image_size, "; give --model.fields.patch_size");
   return image_size / 4;
 }
 
 RunKind jepa_kind() {
   RunKind k;
   k.name = "jepa";
-  k.doc = "I-JEPA / V-JEPA representation learning (default: Fashion-MNIST images; --data moving_fashion_mnist for video)";
+  k.doc =
+      "I-JEPA / V-JEPA representation learning (default: Fashion-MNIST images; --data moving_fashion_mnist for video)";
   k.defaults = jepa_defaults;
   k.open_keys = {"model.fields", "predictor.fields", "data", "test_data"};
   k.identity = {"model", "predictor", "seed", "data"};
@@ -254,8 +253,8 @@ std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOpti
   DEW_CHECK(train->contains("label") && classes >= 2, "probe: dataset ", train->name(), " has no class labels");
   const auto first = [](const data::DatasetPtr& d, int64_t n) {
     if (n == 0 || n >= d->size()) return *d;
-    return data::TensorDataset({{"image", d->field("image").slice(0, 0, n)}, {"label", d->field("label").slice(0, 0, n)}},
-                               d->name());
+    return data::TensorDataset(
+        {{"image", d->field("image").slice(0, 0, n)}, {"label", d->field("label").slice(0, 0, n)}}, d->name());
   };
   const data::TensorDataset tr = first(train, p.train_items), te = first(test, p.test_items);
   std::vector<ProbeRow> rows;
@@ -271,10 +270,14 @@ std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOpti
     add("initialisation", init.get());
     add("pixels", nullptr);
   }
-  json out = {{"run", run_dir}, {"step", run.step}, {"weights", o.weights}, {"pool", p.pool}, {"train_items", tr.size()},
-              {"test_items", te.size()}, {"knn_k", p.knn.k}, {"knn_prep", p.knn.prep}, {"knn_vote", p.knn.vote},
-              {"knn_temperature", p.knn.temperature}, {"rows", json::array()}};
-  for (const auto& row : rows) out["rows"].push_back({{"features", row.features}, {"linear", row.linear}, {"knn", row.knn}});
+  json out = {{"run", run_dir},           {"step", run.step},
+              {"weights", o.weights},     {"pool", p.pool},
+              {"train_items", tr.size()}, {"test_items", te.size()},
+              {"knn_k", p.knn.k},         {"knn_prep", p.knn.prep},
+              {"knn_vote", p.knn.vote},   {"knn_temperature", p.knn.temperature},
+              {"rows", json::array()}};
+  for (const auto& row : rows)
+    out["rows"].push_back({{"features", row.features}, {"linear", row.linear}, {"knn", row.knn}});
   const fs::path dir = fs::path(run_dir) / "eval";
   fs::create_directories(dir);
   io::write_file_atomic((dir / ("probes_step_" + std::to_string(run.step) + ".json")).string(), out.dump(2));

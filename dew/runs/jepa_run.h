@@ -47,8 +47,8 @@ struct ProbeOptions {
   int64_t test_items = 0;       // items of the test split they score (0 = all)
   metrics::KnnOptions knn;      // k 20, prep none, vote weighted (DINO), temperature 0.07
   metrics::LinearProbeOptions linear;
-  bool baselines = true;        // also the encoder at its initialisation and the raw pixels
-  std::string pool = "mean";    // mean | tokens | gridK (dew::feature_pools)
+  bool baselines = true;      // also the encoder at its initialisation and the raw pixels
+  std::string pool = "mean";  // mean | tokens | gridK (dew::feature_pools)
 };
 
 /// The probes the run records (objective.probe_pool, knn_k, knn_prep, knn_vote, knn_temperature, probe_epochs):

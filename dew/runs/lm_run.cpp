@@ -53,8 +53,9 @@ json lm_defaults() {
 }
 
 std::string lm_help(const json&) {
-  return "model fields (causal_transformer):\n" + format_fields(models::language_models().info("causal_transformer").fields, "  ") +
-         "\ndata sources:\n" + format_registry(data::lm_datasets()) + "objective fields:\n" +
+  return "model fields (causal_transformer):\n" +
+         format_fields(models::language_models().info("causal_transformer").fields, "  ") + "\ndata sources:\n" +
+         format_registry(data::lm_datasets()) + "objective fields:\n" +
          format_fields(fields_of<LMObjectiveOptions>(), "  ");
 }
 

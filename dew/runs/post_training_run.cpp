@@ -36,8 +36,8 @@ bool has_chat_template(const fs::path& dir) {
 
 data::ChatTemplate template_for(const std::string& asked, const data::Tokenizer& tok, const std::string& what) {
   if (asked != "auto") return data::parse_chat_template(asked);
-  DEW_CHECK(tok.name() == "byte", "chat_template: ", what, " records no chat template and its tokenizer is ", tok.name(),
-            "; pass --chat_template NAME (llama3, llama3.1, qwen2.5, qwen3, gemma3, plain)");
+  DEW_CHECK(tok.name() == "byte", "chat_template: ", what, " records no chat template and its tokenizer is ",
+            tok.name(), "; pass --chat_template NAME (llama3, llama3.1, qwen2.5, qwen3, gemma3, plain)");
   return data::ChatTemplate::plain;  // Dew's template for byte models
 }
 
@@ -68,9 +68,8 @@ json post_training_defaults(const std::string& run, training::TrainerOptions to,
 
 std::string post_training_help(const std::string& objective_fields) {
   return "model fields (causal_transformer, used when init_from is empty):\n" +
-         format_fields(models::language_models().info("causal_transformer").fields, "  ") +
-         "\neval fields:\n" + format_fields(fields_of<post_training::EvalOptions>(), "  ") + "\nobjective fields:\n" +
-         objective_fields;
+         format_fields(models::language_models().info("causal_transformer").fields, "  ") + "\neval fields:\n" +
+         format_fields(fields_of<post_training::EvalOptions>(), "  ") + "\nobjective fields:\n" + objective_fields;
 }
 
 std::string data_path(const json& r, const char* key, const char* what) {
@@ -97,8 +96,9 @@ json resolve_reference(const json& r, const std::function<void(const training::T
   if (dir.empty()) return json::object({{"reference", "starting weights"}});
   if (training::RunDir::holds_run(dir)) {
     const std::string kind = read_record(dir).value("kind", "");
-    DEW_CHECK(std::find(language_model_kinds().begin(), language_model_kinds().end(), kind) != language_model_kinds().end(),
-              "reference: ", dir, " is a ", kind, " run; the reference is a language-model run (lm, sft, dpo, grpo)");
+    DEW_CHECK(
+        std::find(language_model_kinds().begin(), language_model_kinds().end(), kind) != language_model_kinds().end(),
+        "reference: ", dir, " is a ", kind, " run; the reference is a language-model run (lm, sft, dpo, grpo)");
     OpenOptions o;
     o.step = training::latest_checkpoint(dir);
     set(run_weights(dir, o), dir + " step_" + std::to_string(o.step));
@@ -121,7 +121,7 @@ Built finish(Built b, json& r, const Policy& p, const std::string& what) {
   b.preview = ".txt";
   b.summary = "training causal_transformer (" + std::to_string(parameter_count(*p.model.ptr())) + " parameters, from " +
               (p.source.value("kind", "none") == "none" ? std::string("its initialisation")
-                                                         : p.source["init_from"].get<std::string>()) +
+                                                        : p.source["init_from"].get<std::string>()) +
               ") on " + what;
   return b;
 }
@@ -163,7 +163,8 @@ Built build_dpo(json& r, const c10::Device& device) {
   const int64_t n = rows.at("ids").size(0);
   Built b;
   auto obj = std::make_shared<DPOObjective>(p.model, oo, rows, evaluator(r, p));
-  const json ref = resolve_reference(r, [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
+  const json ref =
+      resolve_reference(r, [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
   b.objective = obj;
   lo.seed = r["seed"].get<int64_t>();
   b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(rows, "dpo"), lo);
@@ -181,17 +182,23 @@ Built build_grpo(json& r, const c10::Device& device) {
   auto ro = from_json<post_training::RewardOptions>(r["reward_options"], "reward_options");
   DEW_CHECK(r["reward"].is_string() && r["reward_command"].is_string(),
             "reward and reward_command: expected strings (e.g. --reward exact, --reward-command \"python3 score.py\")");
-  DEW_CHECK(r["trainer"].value("accumulation", int64_t(1)) == 1, "trainer.accumulation: grpo takes one mini-batch of a "
-            "rollout per step (use objective.mini_batches and loader.batch_size), got ", r["trainer"]["accumulation"].dump());
+  DEW_CHECK(r["trainer"].value("accumulation", int64_t(1)) == 1,
+            "trainer.accumulation: grpo takes one mini-batch of a "
+            "rollout per step (use objective.mini_batches and loader.batch_size), got ",
+            r["trainer"]["accumulation"].dump());
   const std::string prompts_file = data_path(r, "prompts", "a JSON-lines file of {\"prompt\", ...}");
   // Every reward is checked (names, regexes) before the model is built.
-  DEW_CHECK(!r["reward"].get<std::string>().empty() || !r["reward_command"].get<std::string>().empty(),
-            "reward: none given; pass --reward NAME[,NAME] (", [] {
-              std::string s;
-              for (const auto& n : post_training::builtin_rewards()) s += (s.empty() ? "" : ", ") + n;
-              return s;
-            }(), ") or --reward-command CMD");
-  auto rewards = post_training::make_rewards(r["reward"].get<std::string>(), r["reward_command"].get<std::string>(), ro);
+  DEW_CHECK(
+      !r["reward"].get<std::string>().empty() || !r["reward_command"].get<std::string>().empty(),
+      "reward: none given; pass --reward NAME[,NAME] (",
+      [] {
+        std::string s;
+        for (const auto& n : post_training::builtin_rewards()) s += (s.empty() ? "" : ", ") + n;
+        return s;
+      }(),
+      ") or --reward-command CMD");
+  auto rewards =
+      post_training::make_rewards(r["reward"].get<std::string>(), r["reward_command"].get<std::string>(), ro);
   Policy p = resolve_policy(r, device);
   auto prompts = data::read_prompts(prompts_file, p.format, p.model->options.max_seq_len());
   const int64_t n = int64_t(prompts.size());
@@ -199,7 +206,8 @@ Built build_grpo(json& r, const c10::Device& device) {
             " holds ", n);
   Built b;
   auto obj = std::make_shared<GRPOObjective>(p.model, oo, p.format, std::move(prompts), rewards, evaluator(r, p, ro));
-  const json ref = resolve_reference(r, [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
+  const json ref =
+      resolve_reference(r, [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
   b.objective = obj;
   lo.seed = r["seed"].get<int64_t>();
   lo.drop_last = true;  // every rollout holds batch_size prompts
@@ -263,8 +271,9 @@ Policy resolve_policy(json& r, const c10::Device& device) {
   } else if (training::RunDir::holds_run(from)) {
     const json rec = read_record(from);
     const std::string kind = rec.value("kind", "");
-    DEW_CHECK(std::find(language_model_kinds().begin(), language_model_kinds().end(), kind) != language_model_kinds().end(),
-              "init_from: ", from, " is a ", kind, " run; a policy starts from a language-model run (lm, sft, dpo, grpo)");
+    DEW_CHECK(
+        std::find(language_model_kinds().begin(), language_model_kinds().end(), kind) != language_model_kinds().end(),
+        "init_from: ", from, " is a ", kind, " run; a policy starts from a language-model run (lm, sft, dpo, grpo)");
     const json derived = rec.value("derived", json::object());
     DEW_CHECK(!derived.value("tokenizer", json()).is_null(), "init_from: ", from, "/run.json records no tokenizer");
     const int64_t step = training::latest_checkpoint(from);  // fixed now: the run may go on training
@@ -272,9 +281,10 @@ Policy resolve_policy(json& r, const c10::Device& device) {
     p.tokenizer_spec = derived["tokenizer"];
     auto tok = data::load_tokenizer(p.tokenizer_spec);
     const std::string recorded = derived.value("chat_template", "");
-    p.format = {tok, asked == "auto" && !recorded.empty() ? data::parse_chat_template(recorded)
-                                                          : template_for(asked, *tok, from),
-                {}};
+    p.format = {
+        tok,
+        asked == "auto" && !recorded.empty() ? data::parse_chat_template(recorded) : template_for(asked, *tok, from),
+        {}};
     p.source = {{"init_from", from}, {"kind", "run"}, {"step", step}};
     auto model = p.model;
     p.init = [model, from, step]() mutable {
@@ -289,10 +299,8 @@ Policy resolve_policy(json& r, const c10::Device& device) {
     auto tok = data::load_tokenizer(from);
     p.tokenizer_spec = tok->spec();
     data::ChatTemplate t;
-    if (asked == "auto" && has_chat_template(from))
-      t = data::recognise_chat_template(from);
-    else
-      t = template_for(asked, *tok, from);
+    if (asked == "auto" && has_chat_template(from)) t = data::recognise_chat_template(from);
+    else t = template_for(asked, *tok, from);
     p.format = {tok, t, {}};
     p.source = {{"init_from", from}, {"kind", "hf"}};
   } else {

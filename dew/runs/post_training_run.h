@@ -25,9 +25,9 @@ const std::vector<std::string>& language_model_kinds();
 struct Policy {
   nn::CausalTransformer model{nullptr};
   data::ChatFormat format;
-  json tokenizer_spec;                // what data::load_tokenizer rebuilds the tokenizer from
-  json source = json::object();       // {"init_from", "kind": run|hf|none, "step"} for the run record
-  std::function<void()> init;         // loads the starting weights (empty: the fresh initialisation)
+  json tokenizer_spec;           // what data::load_tokenizer rebuilds the tokenizer from
+  json source = json::object();  // {"init_from", "kind": run|hf|none, "step"} for the run record
+  std::function<void()> init;    // loads the starting weights (empty: the fresh initialisation)
 };
 
 /// Resolves r["init_from"], r["model"], r["tokenizer"] and r["chat_template"] (completing r["model"] to the

@@ -14,11 +14,11 @@
 namespace dew {
 
 std::vector<const RegistryBase*> all_registries() {
-  return {&models::registry(),         &models::language_models(),  &text_encoders::registry(),
-          &models::token_encoders(),   &models::token_predictors(), &models::autoencoders(),
-          &data::datasets(),           &data::lm_datasets(),        &data::tokenizers(),
-          &diffusion::presets(),       &diffusion::schedules(),     &diffusion::transforms(),
-          &diffusion::weightings(),    &sampling::solvers(),        &objectives(),
+  return {&models::registry(),       &models::language_models(),  &text_encoders::registry(),
+          &models::token_encoders(), &models::token_predictors(), &models::autoencoders(),
+          &data::datasets(),         &data::lm_datasets(),        &data::tokenizers(),
+          &diffusion::presets(),     &diffusion::schedules(),     &diffusion::transforms(),
+          &diffusion::weightings(),  &sampling::solvers(),        &objectives(),
           &metrics::registry()};
 }
 

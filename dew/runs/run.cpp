@@ -8,8 +8,8 @@
 #include "dew/data/dataset.h"
 #include "dew/io/files.h"
 #include "dew/io/weights.h"
-#include "dew/training/objective.h"
 #include "dew/runs/kinds.h"
+#include "dew/training/objective.h"
 #include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
@@ -21,7 +21,8 @@ namespace {
 const std::map<std::string, RunKind>& kinds_map() {
   static const auto* m = [] {
     auto* m = new std::map<std::string, RunKind>();
-    for (auto k : {diffusion_kind(), autoencoder_kind(), lm_kind(), jepa_kind(), sft_kind(), dpo_kind(), grpo_kind()}) (*m)[k.name] = std::move(k);
+    for (auto k : {diffusion_kind(), autoencoder_kind(), lm_kind(), jepa_kind(), sft_kind(), dpo_kind(), grpo_kind()})
+      (*m)[k.name] = std::move(k);
     return m;
   }();
   return *m;
@@ -58,7 +59,8 @@ json recipe_of_record(json record) {
 json read_record(const std::string& run_dir) {
   json r = training::read_run_json(run_dir);
   const std::string where = training::RunDir(run_dir).record();
-  DEW_CHECK(r.is_object() && r.contains("kind") && r["kind"].is_string(), where, ": no \"kind\" (not a dew run record)");
+  DEW_CHECK(r.is_object() && r.contains("kind") && r["kind"].is_string(), where,
+            ": no \"kind\" (not a dew run record)");
   const int format = r.value("format", 1);
   if (format == kRunFormat) return r;
   DEW_CHECK(format == 1, where, ": run format ", format, ", this dew reads formats 1 and ", kRunFormat,
@@ -83,8 +85,8 @@ json read_record(const std::string& run_dir) {
 
 json read_record_of_kind(const std::string& run_dir, const std::string& kind, const std::string& what) {
   json r = read_record(run_dir);
-  DEW_CHECK(r.value("kind", "") == kind, run_dir, "/run.json: not ", what, " (kind ", r.value("kind", json("missing")).dump(),
-            ")");
+  DEW_CHECK(r.value("kind", "") == kind, run_dir, "/run.json: not ", what, " (kind ",
+            r.value("kind", json("missing")).dump(), ")");
   DEW_CHECK(r.contains("model") && r["model"].is_object() && r["model"].contains("fields"), run_dir,
             "/run.json: missing the model record {architecture, fields}");
   return r;

@@ -41,7 +41,8 @@ struct RunOptions {
   int64_t seed = 0;
   int64_t threads = 0;
   std::string device = "auto";
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("run", run, "run directory, e.g. runs/fashion_mnist");
     v("seed", seed, "seed of every random draw (initialisation, data order, noise, dropout)");
     v("threads", threads, "intra-op threads (0 = the measured default for the model)");
@@ -64,9 +65,9 @@ struct Built {
 struct RunKind {
   std::string name;
   std::string doc;
-  std::function<json()> defaults;          // the recipe with its defaults
-  std::vector<std::string> open_keys;      // recipe objects whose keys are free ("model.fields", "data")
-  std::vector<std::string> identity;       // recipe keys a resumed run must keep ("model", "seed", "data", ...)
+  std::function<json()> defaults;      // the recipe with its defaults
+  std::vector<std::string> open_keys;  // recipe objects whose keys are free ("model.fields", "data")
+  std::vector<std::string> identity;   // recipe keys a resumed run must keep ("model", "seed", "data", ...)
   /// Extra --help text for a recipe (model fields, data sources).
   std::function<std::string(const json& recipe)> help;
   /// Completes data-dependent recipe fields (model channels, vocabulary) and builds everything on `device`.
@@ -121,8 +122,8 @@ struct OpenOptions {
   /// ema | live | reference. In a post-training run (sft, dpo, grpo) the EMA is the frozen starting model:
   /// there "ema" opens the trained (live) weights and "reference" the frozen ones.
   std::string weights = "ema";
-  int64_t step = -1;            // a checkpoint's step (-1 = the latest)
-  std::string device = "cpu";   // auto | cpu | cuda | cuda:N
+  int64_t step = -1;           // a checkpoint's step (-1 = the latest)
+  std::string device = "cpu";  // auto | cpu | cuda | cuda:N
 };
 
 /// The weights of one checkpoint of RUN by module path: its live state (parameters and buffers), with, for

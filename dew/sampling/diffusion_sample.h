@@ -16,7 +16,7 @@ namespace dew {
 /// caption "" is the unconditional datum (label dropout during training, the guidance's second branch).
 struct TextConditioner {
   TextEncoderPtr encoder;
-  std::vector<std::string> class_names;            // label id -> name
+  std::vector<std::string> class_names;  // label id -> name
   std::string caption_template = "a photo of {}";
   /// "a photo of an ankle boot" for "Ankle boot": lower-case name with "a"/"an" put in the template's {}.
   std::string caption(int64_t label) const;
@@ -31,17 +31,17 @@ void attach_text_encoder(BackboneImpl& model, const TextEncoderPtr& encoder);
 /// What to sample: one row per label or prompt (both absent = unconditional rows).
 struct DiffusionSampleOptions {
   int64_t count = 16;
-  at::Tensor labels;                  // [count] int64, or undefined
-  std::vector<std::string> prompts;   // text runs: count captions (empty: captions of `labels`)
+  at::Tensor labels;                      // [count] int64, or undefined
+  std::vector<std::string> prompts;       // text runs: count captions (empty: captions of `labels`)
   const TextConditioner* text = nullptr;  // text runs: the encoder; "" is the guidance's null prompt
-  std::vector<int64_t> shape;         // [C, H, W] of one sample
+  std::vector<int64_t> shape;             // [C, H, W] of one sample
   std::string solver = "ddim";
   json solver_fields = json::object();
   int64_t steps = 50;
-  sampling::CFG guidance;             // scale 1 = unguided (no doubled batch)
+  sampling::CFG guidance;  // scale 1 = unguided (no doubled batch)
   uint64_t seed = 0;
   int64_t batch_size = 64;
-  bool clamp = true;                  // clip the result to [-1, 1] (images); latents are returned as they are
+  bool clamp = true;  // clip the result to [-1, 1] (images); latents are returned as they are
 };
 
 /// Checks what sample_diffusion would refuse (counts, the solver's name, fields and schedule, guidance), cheaply.

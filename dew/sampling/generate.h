@@ -23,29 +23,29 @@
 namespace dew::sampling {
 
 struct GenerationOptions {
-  int64_t max_new_tokens = 128;      // tokens generated per prompt at most
-  double temperature = 1.0;          // 0 = greedy (argmax of the penalised logits)
-  int64_t top_k = 0;                 // keep the k most likely tokens (0 = off)
-  double top_p = 1.0;                // keep the smallest set with probability >= top_p (1 = off)
-  double min_p = 0.0;                // drop tokens with p < min_p * p_max (0 = off)
-  double repetition_penalty = 1.0;   // CTRL penalty on tokens already in the row (1 = off)
-  int64_t eos_id = -1;               // a row stops after generating it (-1 = none)
-  std::vector<std::string> stop;     // a row stops once its decoded new text contains one of these
+  int64_t max_new_tokens = 128;     // tokens generated per prompt at most
+  double temperature = 1.0;         // 0 = greedy (argmax of the penalised logits)
+  int64_t top_k = 0;                // keep the k most likely tokens (0 = off)
+  double top_p = 1.0;               // keep the smallest set with probability >= top_p (1 = off)
+  double min_p = 0.0;               // drop tokens with p < min_p * p_max (0 = off)
+  double repetition_penalty = 1.0;  // CTRL penalty on tokens already in the row (1 = off)
+  int64_t eos_id = -1;              // a row stops after generating it (-1 = none)
+  std::vector<std::string> stop;    // a row stops once its decoded new text contains one of these
   std::function<std::string(const std::vector<int64_t>&)> decode;  // needed for `stop`
-  uint64_t seed = 0;                 // sampling is a pure function of (model, prompts, options)
-  std::string padding = "left";      // left | right: where a short prompt's padding goes in the batch
-  int64_t pad_id = 0;                // id placed in padding slots (masked out; any valid id)
+  uint64_t seed = 0;             // sampling is a pure function of (model, prompts, options)
+  std::string padding = "left";  // left | right: where a short prompt's padding goes in the batch
+  int64_t pad_id = 0;            // id placed in padding slots (masked out; any valid id)
 };
 
 /// Throws dew::Error naming the first invalid field.
 void validate(const GenerationOptions& o);
 
 struct GenerationResult {
-  std::vector<std::vector<int64_t>> tokens;   // new tokens per prompt (EOS or the stop token included)
-  std::vector<int64_t> lengths;               // tokens[i].size()
-  std::vector<std::vector<double>> logprobs;  // log p of each token under the processed (sampled) distribution
+  std::vector<std::vector<int64_t>> tokens;       // new tokens per prompt (EOS or the stop token included)
+  std::vector<int64_t> lengths;                   // tokens[i].size()
+  std::vector<std::vector<double>> logprobs;      // log p of each token under the processed (sampled) distribution
   std::vector<std::vector<double>> raw_logprobs;  // log p under the model's own distribution (no processing)
-  std::vector<std::string> finish_reason;     // "eos", "stop" or "length"
+  std::vector<std::string> finish_reason;         // "eos", "stop" or "length"
 };
 
 /// Processes next-token logits [B, V] (float32) for sampling: repetition penalty over `seen` ([B, V]

@@ -4,8 +4,8 @@ namespace dew::sampling {
 
 void validate(const CFG& c) {
   DEW_CHECK(c.scale >= 0, "guidance.scale: must be >= 0, got ", c.scale);
-  DEW_CHECK(c.start >= 0 && c.start <= c.stop && c.stop <= 1,
-            "guidance.start/stop: need 0 <= start <= stop <= 1, got ", c.start, ", ", c.stop);
+  DEW_CHECK(c.start >= 0 && c.start <= c.stop && c.stop <= 1, "guidance.start/stop: need 0 <= start <= stop <= 1, got ",
+            c.start, ", ", c.stop);
   DEW_CHECK(c.rescale >= 0 && c.rescale <= 1, "guidance.rescale: must be in [0, 1], got ", c.rescale);
 }
 

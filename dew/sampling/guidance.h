@@ -12,7 +12,8 @@ struct CFG {
   double start = 0.0;
   double stop = 1.0;
   double rescale = 0.0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("scale", scale, "guidance scale (1 disables guidance)");
     v("start", start, "progress at which guidance starts (progress = 1 - t/T)");
     v("stop", stop, "progress at which guidance stops");

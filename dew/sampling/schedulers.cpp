@@ -65,8 +65,14 @@ Vec interp_index(const Vec& x, const Vec& fp) {
   Vec y;
   const auto n = int64_t(fp.size());
   for (double v : x) {
-    if (v <= 0) { y.push_back(fp[0]); continue; }
-    if (v >= double(n - 1)) { y.push_back(fp[n - 1]); continue; }
+    if (v <= 0) {
+      y.push_back(fp[0]);
+      continue;
+    }
+    if (v >= double(n - 1)) {
+      y.push_back(fp[n - 1]);
+      continue;
+    }
     const auto j = int64_t(std::floor(v));
     y.push_back((fp[j + 1] - fp[j]) * (v - double(j)) + fp[j]);  // slope over a unit step
   }
@@ -267,9 +273,7 @@ class PNDMScheduler : public Common {
     const int64_t prev = timestep - diff;
     const auto t = int64_t(prk_[counter_ / 4 * 4]);
     const int64_t phase = counter_ % 4;
-    auto add = [&](double w) {
-      cur_model_output_ = cur_model_output_ ? *cur_model_output_ + w * m : w * m;
-    };
+    auto add = [&](double w) { cur_model_output_ = cur_model_output_ ? *cur_model_output_ + w * m : w * m; };
     if (phase == 0) {
       add(1.0 / 6);
       ets_.push_back(m);
@@ -284,7 +288,8 @@ class PNDMScheduler : public Common {
     return prev_sample(from, t, prev, m);
   }
   Tensor step_plms(Tensor m, int64_t timestep, Tensor x) {
-    DEW_CHECK(skip_prk_ || ets_.size() >= 3, class_name_, ": the PLMS steps need the 12 pseudo Runge-Kutta steps first");
+    DEW_CHECK(skip_prk_ || ets_.size() >= 3, class_name_,
+              ": the PLMS steps need the 12 pseudo Runge-Kutta steps first");
     int64_t prev = timestep - b_.T / n_;
     if (counter_ != 1) {
       while (ets_.size() > 3) ets_.pop_front();
@@ -384,7 +389,8 @@ class EulerDiscreteScheduler : public SigmaScheduler {
     if (interpolation_ == "linear") {
       sig = interp_index(ts, train);
     } else {
-      for (double l : torch_linspace(std::log(train.back()), std::log(train.front()), n + 1)) sig.push_back(std::exp(l));
+      for (double l : torch_linspace(std::log(train.back()), std::log(train.front()), n + 1))
+        sig.push_back(std::exp(l));
     }
     if (karras_) {
       sig = karras_sigmas(sigma_min_.value_or(sig.back()), sigma_max_.value_or(sig.front()), n);
@@ -517,7 +523,8 @@ class DPMSolver : public Common {
       r.require_flag(k, false, false, " (use_karras_sigmas is supported)");
     final_zero_ = r.choice("final_sigmas_type", "zero", {"zero", "sigma_min"}) == "zero";
     lambda_min_clipped_ = r.number("lambda_min_clipped", -std::numeric_limits<double>::infinity());
-    if (const json* v = r.find("variance_type")) r.bad("variance_type", *v, "null (learned variances are not supported)");
+    if (const json* v = r.find("variance_type"))
+      r.bad("variance_type", *v, "null (learned variances are not supported)");
   }
   void set_timesteps(int64_t n) override {
     check_steps(class_name_, n, b_.T);
@@ -569,7 +576,7 @@ class DPMSolver : public Common {
     auto x = f64(x_in), m = f64(out);
     // The data prediction at sigma_i.
     const auto [a0, s0] = alpha_sigma(sigmas_[i]);
-    Tensor x0 = prediction_type_ == "epsilon" ? (x - s0 * m) / a0
+    Tensor x0 = prediction_type_ == "epsilon"        ? (x - s0 * m) / a0
                 : prediction_type_ == "v_prediction" ? a0 * x - s0 * m
                                                      : m;
     outputs_.push_back(x0);
@@ -650,12 +657,9 @@ class DPMSolver : public Common {
 }  // namespace
 
 const std::vector<std::string>& scheduler_classes() {
-  static const std::vector<std::string> names = {"DDIMScheduler",
-                                                 "PNDMScheduler",
-                                                 "EulerDiscreteScheduler",
-                                                 "EulerAncestralDiscreteScheduler",
-                                                 "LMSDiscreteScheduler",
-                                                 "DPMSolverMultistepScheduler"};
+  static const std::vector<std::string> names = {"DDIMScheduler",          "PNDMScheduler",
+                                                 "EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler",
+                                                 "LMSDiscreteScheduler",   "DPMSolverMultistepScheduler"};
   return names;
 }
 

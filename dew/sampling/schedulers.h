@@ -60,8 +60,7 @@ class Scheduler {
   virtual at::Tensor scale_model_input(const at::Tensor& x, int64_t i) const;
   /// One step from the model output at step i; noise(i, x) supplies the ancestral / eta / SDE noise.
   /// Multistep schedulers need i = 0, 1, 2, ... in order after set_timesteps.
-  virtual at::Tensor step(const at::Tensor& model_output, int64_t i, const at::Tensor& x,
-                          const NoiseSource& noise) = 0;
+  virtual at::Tensor step(const at::Tensor& model_output, int64_t i, const at::Tensor& x, const NoiseSource& noise) = 0;
   /// DDIM's eta (diffusers passes it to step; 0 = deterministic). Other classes refuse eta != 0.
   virtual void set_eta(double eta);
 

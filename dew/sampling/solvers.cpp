@@ -206,8 +206,8 @@ class DPMSolverPP : public Solver {
     auto x0 = denoise_at(c.denoiser, x, t).x0;
     const double lt = std::log(at_) - std::log(st), ls = std::log(as) - std::log(ss);
     const double h = ls - lt;
-    bool first_order = !prev_x0_.has_value() || ss == 0 ||
-                       (lower_order_final_ && c.num_steps < 15 && c.index == c.num_steps - 2);
+    bool first_order =
+        !prev_x0_.has_value() || ss == 0 || (lower_order_final_ && c.num_steps < 15 && c.index == c.num_steps - 2);
     Tensor d = x0;
     if (!first_order) {
       double r = prev_h_ / h;
@@ -273,25 +273,26 @@ Registry<Solver>& solvers() {
       return std::make_shared<DDIM>(o.eta);
     });
     r->add<NoOptions>("euler", "Euler on the probability-flow ODE (any schedule)",
-                   [](const NoOptions&) { return std::make_shared<Euler>(); });
+                      [](const NoOptions&) { return std::make_shared<Euler>(); });
     r->add<NoOptions>("euler_ancestral", "Euler ancestral (k-diffusion; VE)",
-                   [](const NoOptions&) { return std::make_shared<EulerAncestral>(); });
+                      [](const NoOptions&) { return std::make_shared<EulerAncestral>(); });
     r->add<HeunOptions>("heun", "Heun 2nd order, EDM algorithm 2 with churn (VE)", [](const HeunOptions& o) {
       DEW_CHECK(o.s_churn >= 0, "solver heun.s_churn: must be >= 0, got ", o.s_churn);
       DEW_CHECK(o.s_noise >= 0, "solver heun.s_noise: must be >= 0, got ", o.s_noise);
       return std::make_shared<Heun>(o);
     });
     r->add<NoOptions>("rk4", "classic Runge-Kutta 4 on dx/dsigma (VE)",
-                   [](const NoOptions&) { return std::make_shared<RK4>(); });
-    r->add<MultistepOptions>("multistep_dpm", "linear multistep in sigma, orders 1-3 (VE)",
-                             [](const MultistepOptions& o) {
-                               DEW_CHECK(o.order >= 1 && o.order <= 3, "solver multistep_dpm.order: must be 1, 2 or 3, got ", o.order);
-                               return std::make_shared<MultistepDPM>(o.order);
-                             });
-    r->add<DPMSolverOptions>("dpmsolver++", "DPM-Solver++(2M) (Lu et al. 2022)",
-                             [](const DPMSolverOptions& o) { return std::make_shared<DPMSolverPP>(o.lower_order_final); });
+                      [](const NoOptions&) { return std::make_shared<RK4>(); });
+    r->add<MultistepOptions>(
+        "multistep_dpm", "linear multistep in sigma, orders 1-3 (VE)", [](const MultistepOptions& o) {
+          DEW_CHECK(o.order >= 1 && o.order <= 3, "solver multistep_dpm.order: must be 1, 2 or 3, got ", o.order);
+          return std::make_shared<MultistepDPM>(o.order);
+        });
+    r->add<DPMSolverOptions>("dpmsolver++", "DPM-Solver++(2M) (Lu et al. 2022)", [](const DPMSolverOptions& o) {
+      return std::make_shared<DPMSolverPP>(o.lower_order_final);
+    });
     r->add<NoOptions>("pndm", "PNDM: pseudo-Runge-Kutta warm-up then PLMS (Liu et al. 2022)",
-                   [](const NoOptions&) { return std::make_shared<PNDM>("pndm"); });
+                      [](const NoOptions&) { return std::make_shared<PNDM>("pndm"); });
     r->add<NoOptions>("plms", "alias of pndm", [](const NoOptions&) { return std::make_shared<PNDM>("plms"); });
     return r;
   }();

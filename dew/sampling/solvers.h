@@ -53,20 +53,25 @@ using SolverPtr = std::shared_ptr<Solver>;
 
 struct DDPMOptions {
   std::string variance = "small";
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.choice("variance", variance, {"small", "large"}, "posterior variance (small) or beta (large, VP only)");
   }
 };
 struct DDIMOptions {
   double eta = 0.0;
-  template <class V> void visit(V& v) { v("eta", eta, "stochasticity: 0 deterministic, 1 = DDPM posterior"); }
+  template <class V>
+  void visit(V& v) {
+    v("eta", eta, "stochasticity: 0 deterministic, 1 = DDPM posterior");
+  }
 };
 struct HeunOptions {
   double s_churn = 0.0;
   double s_tmin = 0.0;
   std::optional<double> s_tmax;
   double s_noise = 1.0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("s_churn", s_churn, "EDM churn S_churn (0 = deterministic)");
     v("s_tmin", s_tmin, "churn only where sigma >= S_tmin");
     v("s_tmax", s_tmax, "churn only where sigma <= S_tmax (null = infinity)");
@@ -75,11 +80,15 @@ struct HeunOptions {
 };
 struct MultistepOptions {
   int64_t order = 3;
-  template <class V> void visit(V& v) { v("order", order, "highest order, 1 to 3"); }
+  template <class V>
+  void visit(V& v) {
+    v("order", order, "highest order, 1 to 3");
+  }
 };
 struct DPMSolverOptions {
   bool lower_order_final = true;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("lower_order_final", lower_order_final, "first-order final step when there are fewer than 15 steps");
   }
 };

@@ -28,7 +28,8 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& c, int
   io::save_safetensors((tmp / "model.safetensors").string(), c.model, {{"format", "dew"}});
   io::save_safetensors((tmp / "ema.safetensors").string(), c.ema, {{"format", "dew"}});
   io::save_safetensors((tmp / "optimizer.safetensors").string(), c.optimizer, {{"format", "dew"}});
-  if (!c.objective.empty()) io::save_safetensors((tmp / "objective.safetensors").string(), c.objective, {{"format", "dew"}});
+  if (!c.objective.empty())
+    io::save_safetensors((tmp / "objective.safetensors").string(), c.objective, {{"format", "dew"}});
   json state = c.state;
   state["step"] = c.step;
   state["format"] = kCheckpointFormat;
@@ -66,8 +67,7 @@ std::vector<int64_t> list_checkpoints(const std::string& run_dir) {
     if (!fs::exists(e.path() / "state.json")) continue;  // incomplete (should not happen: renamed whole)
     try {
       out.push_back(std::stoll(n.substr(5)));
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
   std::sort(out.begin(), out.end());
   return out;

@@ -107,7 +107,8 @@ std::map<std::string, Tensor> Optimizer::state_dict() const {
 void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   auto get = [&](const std::string& key, const Tensor& like) {
     auto it = state.find(key);
-    DEW_CHECK(it != state.end(), "optimizer state: missing \"", key, "\" (was the checkpoint written by another optimizer?)");
+    DEW_CHECK(it != state.end(), "optimizer state: missing \"", key,
+              "\" (was the checkpoint written by another optimizer?)");
     DEW_CHECK(it->second.sizes() == like.sizes(), "optimizer state \"", key, "\": shape ", it->second.sizes(),
               " does not match the parameter's ", like.sizes());
     return it->second;

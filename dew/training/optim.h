@@ -23,7 +23,8 @@ struct OptimOptions {
   int64_t warmup_steps = 100;
   double min_lr_ratio = 0.1;
   double grad_clip = 1.0;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v.choice("name", name, {"adamw", "adam", "sgd"}, "optimizer");
     v("lr", lr, "peak learning rate");
     v("beta1", beta1, "Adam beta1");
@@ -74,8 +75,8 @@ class Optimizer {
 ///   EmaSpec::ramp(0.996, 1.0)               linear in the step from 0.996 to 1.0 over the run (JEPA's target)
 struct EmaSpec {
   EmaSpec(double constant_decay = 0.999) : decay(constant_decay) {}  // NOLINT: EmaSpec{0.999} reads as the decay
-  double decay = 0.999;       // the constant decay, or the ramp's first value
-  double final_decay = -1;    // >= 0: the ramp's value at the last step
+  double decay = 0.999;                                              // the constant decay, or the ramp's first value
+  double final_decay = -1;                                           // >= 0: the ramp's value at the last step
   std::vector<std::string> prefixes;  // parameters averaged: names starting with one of these (empty = all trainable)
   /// The copy is the frozen reference of post-training (decay 1.0), not an average: validation runs the live
   /// weights, and opening the run's "ema" weights gives the trained ones (see runs::OpenOptions).

@@ -88,9 +88,7 @@ void check_autocast(const std::string& mode, const c10::Device& device) {
             device.str(), "; accepted on the CPU: auto, off, bfloat16");
 }
 
-void truncate_metrics(const std::string& run_dir, int64_t step) {
-  io::truncate_jsonl(RunDir(run_dir).metrics(), step);
-}
+void truncate_metrics(const std::string& run_dir, int64_t step) { io::truncate_jsonl(RunDir(run_dir).metrics(), step); }
 
 TensorMap module_state(torch::nn::Module& m) {
   TensorMap out;
@@ -101,8 +99,12 @@ TensorMap module_state(torch::nn::Module& m) {
 
 Trainer::Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loader, OptimOptions optim,
                  TrainerOptions options, std::string run_dir, uint64_t seed)
-    : obj_(std::move(objective)), loader_(std::move(loader)), oo_(std::move(optim)), to_(std::move(options)),
-      run_dir_(std::move(run_dir)), seed_(seed) {
+    : obj_(std::move(objective)),
+      loader_(std::move(loader)),
+      oo_(std::move(optim)),
+      to_(std::move(options)),
+      run_dir_(std::move(run_dir)),
+      seed_(seed) {
   validate(to_);
   for (const auto& kv : obj_->module().named_parameters())
     if (kv.value().requires_grad()) params_.emplace_back(kv.key(), kv.value());
@@ -114,8 +116,8 @@ Trainer::Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loade
 }
 
 void Trainer::restore(const Checkpoint& c) {
-  io::load_weights(obj_->module(), io::WeightSource::of_tensors(c.model, run_dir_ + " step_" + std::to_string(c.step) +
-                                                                             "/model.safetensors"));
+  io::load_weights(obj_->module(), io::WeightSource::of_tensors(
+                                       c.model, run_dir_ + " step_" + std::to_string(c.step) + "/model.safetensors"));
   at::NoGradGuard ng;
   for (auto& [name, avg] : ema_->averages()) {
     auto it = c.ema.find(name);
@@ -197,7 +199,8 @@ StepOutcome Trainer::train_step() {
     opt_->zero_grad();
     ++bad_total_;
     ++bad_consecutive_;
-    log::warn("step ", step_, ": non-finite loss, update skipped (", bad_consecutive_, " in a row, ", bad_total_, " total)");
+    log::warn("step ", step_, ": non-finite loss, update skipped (", bad_consecutive_, " in a row, ", bad_total_,
+              " total)");
     if (bad_consecutive_ >= to_.max_bad_loss_steps) {
       const std::string last = save();
       fail("training stopped: ", bad_consecutive_, " consecutive non-finite losses at step ", step_,
@@ -260,7 +263,8 @@ TrainResult Trainer::fit() {
     metrics << line.dump() << "\n" << std::flush;
     if (!to_.best_metric.empty() && v.count(to_.best_metric)) {
       double x = v[to_.best_metric];
-      bool better = best_.is_null() || (to_.best_mode_max ? x > best_["value"].get<double>() : x < best_["value"].get<double>());
+      bool better =
+          best_.is_null() || (to_.best_mode_max ? x > best_["value"].get<double>() : x < best_["value"].get<double>());
       if (better) best_ = {{"metric", to_.best_metric}, {"value", x}, {"step", step_}};
     }
     for (auto& [k, x] : v) res.last_metrics[k] = x;
@@ -279,8 +283,13 @@ TrainResult Trainer::fit() {
       const double now = elapsed();
       const double rate = window_samples / std::max(1e-9, now - window_start);
       const double per_step = now / double(step_ - start);
-      json line = {{"step", step_}, {"time", now}, {"train/loss", window_loss / window_steps}, {"train/lr", lr},
-                   {"train/grad_norm", gnorm}, {"samples_per_s", rate}, {"train/bad_loss_steps", bad_total_}};
+      json line = {{"step", step_},
+                   {"time", now},
+                   {"train/loss", window_loss / window_steps},
+                   {"train/lr", lr},
+                   {"train/grad_norm", gnorm},
+                   {"samples_per_s", rate},
+                   {"train/bad_loss_steps", bad_total_}};
       for (auto& [name, x] : window_metrics) line["train/" + name] = x / window_steps;
       metrics << line.dump() << "\n" << std::flush;
       std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  %.1f samples/s  ETA %s\n", (long long)step_,

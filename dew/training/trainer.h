@@ -3,8 +3,8 @@
 // and checkpoint cadence, metrics.jsonl, the progress line and SIGINT/SIGTERM handling. Rerunning the
 // same command on a run directory resumes from its latest checkpoint and continues bit for bit.
 #pragma once
-#include "dew/training/objective.h"
 #include "dew/training/checkpoint.h"
+#include "dew/training/objective.h"
 #include "dew/training/optim.h"
 
 namespace dew::training {
@@ -21,7 +21,8 @@ struct TrainerOptions {
   std::string best_metric;
   bool best_mode_max = false;
   std::string autocast = "auto";
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("steps", steps, "optimizer steps in the run");
     v("accumulation", accumulation, "micro-batches per optimizer step");
     v("log_every", log_every, "metrics.jsonl and progress line cadence in steps");
@@ -52,18 +53,18 @@ struct TrainResult {
 
 /// What one optimizer step did (Trainer::train_step).
 struct StepOutcome {
-  bool finite = true;       // false: a non-finite loss skipped the update (no optimizer or EMA change)
-  double loss = 0;          // the loss averaged over the micro-batches (finite steps)
-  double lr = 0;            // the learning rate of the step
-  double grad_norm = 0;     // global gradient norm before clipping (finite steps)
-  int64_t samples = 0;      // items of the micro-batches whose gradient was taken
+  bool finite = true;                     // false: a non-finite loss skipped the update (no optimizer or EMA change)
+  double loss = 0;                        // the loss averaged over the micro-batches (finite steps)
+  double lr = 0;                          // the learning rate of the step
+  double grad_norm = 0;                   // global gradient norm before clipping (finite steps)
+  int64_t samples = 0;                    // items of the micro-batches whose gradient was taken
   std::map<std::string, double> metrics;  // the objective's metrics, averaged over the micro-batches
   // Wall time of the step's parts, summed over its micro-batches (clock reads around each; on CUDA the
   // loss ends with the device sync of the finite check and the backward with that of the gradient norm):
-  double data_s = 0;        // waiting for the loader's batches
-  double loss_s = 0;        // the objective's loss (the forward) and the finite check
-  double backward_s = 0;    // backward and the gradient norm and clip
-  double update_s = 0;      // zero_grad, the optimizer step and the EMA update
+  double data_s = 0;      // waiting for the loader's batches
+  double loss_s = 0;      // the objective's loss (the forward) and the finite check
+  double backward_s = 0;  // backward and the gradient norm and clip
+  double update_s = 0;    // zero_grad, the optimizer step and the EMA update
 };
 
 class Trainer {

@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "runs/library_example";
   try {
     // 1. A model from the registry, by name and fields, as `dew models` lists them.
-    const dew::json fields = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 1}, {"num_heads", 2},
+    const dew::json fields = {{"patch_size", 2},  {"emb_features", 32},   {"num_layers", 1}, {"num_heads", 2},
                               {"in_channels", 1}, {"output_channels", 1}, {"num_classes", 3}};
     auto model = dew::models::build("simple_dit", fields);
     dew::Conditioning cond;
@@ -24,14 +24,14 @@ int main(int argc, char** argv) {
     dew::json recipe = dew::runs::default_recipe("diffusion");
     recipe["run"] = dir;
     recipe["data"] = {{"name", "gaussian_blobs"}, {"count", 64}, {"size", 8}, {"classes", 3}};
-    recipe["model"] = {{"architecture", "simple_dit"}, {"fields", {{"patch_size", 2}, {"emb_features", 32},
-                                                                   {"num_layers", 1}, {"num_heads", 2}}}};
+    recipe["model"] = {{"architecture", "simple_dit"},
+                       {"fields", {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 1}, {"num_heads", 2}}}};
     recipe["loader"]["batch_size"] = 8;
     recipe["trainer"]["steps"] = 20;
     recipe["trainer"]["log_every"] = 10;
     recipe["objective"]["steps"] = 4;
     auto run = dew::runs::prepare("diffusion", recipe);  // every field checked, nothing written yet
-    auto result = dew::runs::train(run);                  // rerunning resumes from the latest checkpoint
+    auto result = dew::runs::train(run);                 // rerunning resumes from the latest checkpoint
     std::cout << "trained " << result.step << " steps, checkpoint " << result.last_checkpoint << "\n";
 
     // 3. Sampling the run's EMA weights: two samples of each class.

@@ -109,8 +109,9 @@ TEST(BenchCli, DpoRunsBothSidesAndPrintsTheRatio) {
   EXPECT_NE(r.output.find("## dew bench: a DPO training step"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/step / C++ ms/step): "), std::string::npos) << r.output;
   ASSERT_EQ(r.output.find("## dew bench: summary"), r.output.find("## dew bench")) << r.output;
-  EXPECT_NE(r.output.find("| case | unit | C++ | Python eager | Python compiled | vs eager | vs compiled | compile s |"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("| case | unit | C++ | Python eager | Python compiled | vs eager | vs compiled | compile s |"),
+      std::string::npos)
       << r.output;
   // The dpo row: C++, eager and compiled times, both ratios and a compile time, none of them missing.
   const auto row = r.output.find("| dpo | ms/step | ");
@@ -170,8 +171,9 @@ TEST(BenchCli, SdRunsWithoutThePeer) {
   const std::string tiny = " --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1";
   auto r = run_dew("bench --models sd_unet,sd_vae --no-peer" + tiny);
   ASSERT_EQ(r.code, 0) << r.output;
-  for (const char* needle : {"## dew bench: Stable Diffusion components", "### sd_unet: a UNet2DConditionModel training step",
-                             "### sd_vae: AutoencoderKL encode + decode", "\"_class_name\":\"UNet2DConditionModel\""})
+  for (const char* needle :
+       {"## dew bench: Stable Diffusion components", "### sd_unet: a UNet2DConditionModel training step",
+        "### sd_vae: AutoencoderKL encode + decode", "\"_class_name\":\"UNet2DConditionModel\""})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   EXPECT_EQ(r.output.find("Speed-up"), std::string::npos) << r.output;
   if (!have_python_torch()) GTEST_SKIP() << DEW_PYTHON " with torch is not available";
@@ -189,7 +191,8 @@ TEST(BenchCli, SdRunsBothSidesWithDiffusers) {
   // parameter count), from the environment's pinned diffusers (scripts/setup installs it).
   if (!have_diffusers()) GTEST_SKIP() << "bench/sd_peer.py --probe cannot import diffusers";
   auto r = run_dew(
-      "bench --models sd_unet,sd_vae --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1 --no-compile");
+      "bench --models sd_unet,sd_vae --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1 "
+      "--no-compile");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("peer: unavailable"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/step / C++ ms/step): "), std::string::npos) << r.output;

@@ -62,8 +62,10 @@ TEST(Cli, BadInputIsOneLineAndExitTwo) {
     EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
   };
   one_line_error(run_dew("frobnicate"), "unknown command \"frobnicate\"");
-  one_line_error(run_dew("train diffusion --trainer.stepz 3"), "unknown option --trainer.stepz; valid keys under trainer:");
-  one_line_error(run_dew("train diffusion --trainer.steps many --run " + tmp("bad")), "trainer.steps: expected an integer");
+  one_line_error(run_dew("train diffusion --trainer.stepz 3"),
+                 "unknown option --trainer.stepz; valid keys under trainer:");
+  one_line_error(run_dew("train diffusion --trainer.steps many --run " + tmp("bad")),
+                 "trainer.steps: expected an integer");
   one_line_error(run_dew("train diffusion --preset.name cosin --run " + tmp("bad2")), "unknown preset \"cosin\"");
   one_line_error(run_dew("sample " + tmp("missing")), "does not exist");
   auto empty = tmp("empty");

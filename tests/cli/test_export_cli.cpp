@@ -31,7 +31,10 @@ dew::nn::CausalTransformer make_run(const std::string& dir, const json& fields, 
   fs::create_directories(dir);
   // The run.json fields `dew train lm` writes and load_lm_run reads.
   json model_record = {{"architecture", "causal_transformer"}, {"fields", fields}};
-  json record = {{"kind", "lm"}, {"model", model_record}, {"tokenizer", tokenizer}, {"eos_id", 256},
+  json record = {{"kind", "lm"},
+                 {"model", model_record},
+                 {"tokenizer", tokenizer},
+                 {"eos_id", 256},
                  {"recipe", {{"model", model_record}}}};
   std::ofstream(dir + "/run.json") << record.dump(2);
   dew::training::Checkpoint c;
@@ -46,8 +49,8 @@ dew::nn::CausalTransformer make_run(const std::string& dir, const json& fields, 
 
 TEST(ExportCli, ExportsTheLatestCheckpointAndItsEma) {
   dew::test::TempDir dir("export_cli");
-  json fields = {{"vocab_size", 257}, {"emb_features", 32}, {"num_layers", 1}, {"num_heads", 2}, {"head_dim", 16},
-                 {"mlp_features", 32}, {"max_seq_len", 32}, {"qk_norm", false}};
+  json fields = {{"vocab_size", 257}, {"emb_features", 32}, {"num_layers", 1},   {"num_heads", 2},
+                 {"head_dim", 16},    {"mlp_features", 32}, {"max_seq_len", 32}, {"qk_norm", false}};
   auto model = make_run(dir.file("run"), fields, "byte");
   auto r = run_dew("export " + dir.file("run") + " " + dir.file("hf") + " --family llama");
   ASSERT_EQ(r.code, 0) << r.output;
@@ -66,8 +69,8 @@ TEST(ExportCli, ExportsTheLatestCheckpointAndItsEma) {
 
 TEST(ExportCli, ErrorsExit2WithOneLine) {
   dew::test::TempDir dir("export_cli_err");
-  json fields = {{"vocab_size", 257}, {"emb_features", 16}, {"num_layers", 1}, {"num_heads", 2}, {"mlp_features", 16},
-                 {"max_seq_len", 16}, {"qk_norm", true}};
+  json fields = {{"vocab_size", 257},  {"emb_features", 16}, {"num_layers", 1}, {"num_heads", 2},
+                 {"mlp_features", 16}, {"max_seq_len", 16},  {"qk_norm", true}};
   make_run(dir.file("run"), fields, "byte");
   auto expect_error = [&](const std::string& args, const std::string& needle) {
     auto r = run_dew("export " + args);

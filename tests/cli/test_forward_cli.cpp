@@ -18,14 +18,12 @@ using dew::test::sd_golden;
 
 using dew::test::run_dew;
 
-
-
 // Writes `inputs` to DIR/in.safetensors, runs `dew forward FOLDER ... FLAGS`, returns the written outputs.
 std::map<std::string, at::Tensor> forward(const dew::test::TempDir& dir, const std::string& folder,
                                           const std::map<std::string, at::Tensor>& inputs, const std::string& flags) {
   dew::io::save_safetensors(dir.file("in.safetensors"), inputs);
   const auto r = run_dew("forward " + sd_golden(folder) + " --inputs " + dir.file("in.safetensors") + " --out " +
-                     dir.file("out.safetensors") + " " + flags);
+                         dir.file("out.safetensors") + " " + flags);
   EXPECT_EQ(r.code, 0) << r.output;
   if (r.code != 0) return {};
   EXPECT_NE(r.output.find("wrote"), std::string::npos) << r.output;
@@ -40,7 +38,8 @@ TEST(ForwardCli, EncodesAndDecodesAVaeFolderLikeDiffusers) {
     std::printf("dew forward %s:\n", name.c_str());
     auto out = forward(dir, name, {{"sample", io.at("sample")}}, "--method encode");
     ASSERT_EQ(out.size(), 2u);
-    dew::test::expect_golden(name + " latent_mean", out.at("latent_mean"), io.at("latent_mean_f32"), io.at("latent_mean_f64"));
+    dew::test::expect_golden(name + " latent_mean", out.at("latent_mean"), io.at("latent_mean_f32"),
+                             io.at("latent_mean_f64"));
     dew::test::expect_golden(name + " latent_logvar", out.at("latent_logvar"), io.at("latent_logvar_f32"),
                              io.at("latent_logvar_f64"));
     out = forward(dir, name, {{"z", io.at("z")}}, "--method decode");
@@ -96,7 +95,8 @@ TEST(ForwardCli, MissingAndExtraInputsAreOneLineNamingThem) {
   EXPECT_NE(r.output.find("unexpected input noise"), std::string::npos) << r.output;
   r = run_dew(base + " --method sample");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("accepted: encode, decode, forward, tiled_encode, tiled_decode"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("accepted: encode, decode, forward, tiled_encode, tiled_decode"), std::string::npos)
+      << r.output;
   r = run_dew(base + " --class StableCascadeUNet");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
@@ -112,11 +112,11 @@ TEST(ForwardCli, MissingAndExtraInputsAreOneLineNamingThem) {
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.output.find("usage: dew forward DIR"), std::string::npos);
   // every class of the family table with its methods
-  for (const char* line : {"UNet2DConditionModel (unet_2d_condition)",
-                           "forward: sample, timestep, encoder_hidden_states [, encoder_attention_mask, text_embeds, "
-                           "class_labels, time_ids] -> sample",
-                           "AutoencoderKL (autoencoder_kl)", "encode: sample -> latent_mean, latent_logvar",
-                           "tiled_decode: z -> sample"})
+  for (const char* line :
+       {"UNet2DConditionModel (unet_2d_condition)",
+        "forward: sample, timestep, encoder_hidden_states [, encoder_attention_mask, text_embeds, "
+        "class_labels, time_ids] -> sample",
+        "AutoencoderKL (autoencoder_kl)", "encode: sample -> latent_mean, latent_logvar", "tiled_decode: z -> sample"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
 }
 

@@ -20,7 +20,6 @@ std::string lm_tmp(const std::string& name) {
   return d.string();
 }
 
-
 std::string tiny_tokens() { return dew::test::write_tiny_tokens(lm_tmp("tokens")); }
 
 }  // namespace

@@ -17,7 +17,6 @@ using dew::test::run_dew;
 const std::string kPipe = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/pipeline";
 const std::string kPrompt = "--prompt 'a photo of a cat on the moon' --negative-prompt 'blurry, low quality'";
 
-
 }  // namespace
 
 TEST(PipelineCli, WritesDiffusersImageForTheSameLatents) {
@@ -27,8 +26,9 @@ TEST(PipelineCli, WritesDiffusersImageForTheSameLatents) {
   for (const std::string sched : {"DDIMScheduler", "EulerDiscreteScheduler"}) {
     SCOPED_TRACE(sched);
     const std::string png = dir.file(sched + ".png");
-    const auto r = run_dew("sample --pipeline " + kPipe + " " + kPrompt + " --steps 5 --guidance 7.5 --size 32x32 --latents " +
-                       dir.file("latents.safetensors") + " --scheduler " + sched + " --out " + png);
+    const auto r =
+        run_dew("sample --pipeline " + kPipe + " " + kPrompt + " --steps 5 --guidance 7.5 --size 32x32 --latents " +
+                dir.file("latents.safetensors") + " --scheduler " + sched + " --out " + png);
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_NE(r.output.find(sched), std::string::npos) << r.output;
     const at::Tensor ours = dew::io::load_image(png, 3).to(at::kInt);  // [3, 32, 32]
@@ -47,13 +47,12 @@ TEST(PipelineCli, WritesDiffusersImageForTheSameLatents) {
 TEST(PipelineCli, BadInputExitsTwoWithOneLine) {
   dew::test::TempDir dir("pipeline_cli_bad");
   const std::string out = " --out " + dir.file("x.png");
-  for (const std::string& args :
-       {"sample --pipeline " + dir.file("nowhere") + " --prompt cat" + out,
-        "sample --pipeline " + kPipe + " --prompt cat --size 15x16" + out,
-        "sample --pipeline " + kPipe + " --prompt cat --scheduler NoSuchScheduler" + out,
-        "sample --pipeline " + kPipe + " --prompt cat --steps 0" + out,
-        "sample --pipeline " + kPipe + " --prompt cat --out " + dir.file("x.jpg"),
-        "sample --pipeline " + kPipe + out}) {
+  for (const std::string& args : {"sample --pipeline " + dir.file("nowhere") + " --prompt cat" + out,
+                                  "sample --pipeline " + kPipe + " --prompt cat --size 15x16" + out,
+                                  "sample --pipeline " + kPipe + " --prompt cat --scheduler NoSuchScheduler" + out,
+                                  "sample --pipeline " + kPipe + " --prompt cat --steps 0" + out,
+                                  "sample --pipeline " + kPipe + " --prompt cat --out " + dir.file("x.jpg"),
+                                  "sample --pipeline " + kPipe + out}) {
     SCOPED_TRACE(args);
     const auto r = run_dew(args);
     EXPECT_EQ(r.code, 2) << r.output;

@@ -22,7 +22,8 @@ std::string tv_tmp(const std::string& name) {
 }
 
 const std::string kVideoData =
-    " --data '{\"name\":\"moving_fashion_mnist\",\"count\":32,\"frames\":4,\"size\":16,\"item_size\":8,\"split\":\"test\"}'"
+    " --data "
+    "'{\"name\":\"moving_fashion_mnist\",\"count\":32,\"frames\":4,\"size\":16,\"item_size\":8,\"split\":\"test\"}'"
     " --loader.batch_size 4 --trainer.log_every 2 --trainer.checkpoint_every 2 --objective.steps 2"
     " --objective.preview_per_class 1";
 
@@ -30,13 +31,14 @@ const std::string kVideoData =
 
 TEST(CliText, TrainsOnCaptionsAndSamplesFromAPrompt) {
   auto dir = tv_tmp("text");
-  auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 3 --trainer.checkpoint_every 3"
-               " --data '{\"name\":\"gaussian_blobs\",\"count\":32,\"size\":8,\"classes\":3}'"
-               " --model.architecture simple_dit"
-               " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'"
-               " --text_encoder.architecture byte_text_encoder"
-               " --text_encoder.fields '{\"features\":16,\"num_layers\":1,\"num_heads\":2,\"max_length\":24}'"
-               " --loader.batch_size 8 --objective.steps 2");
+  auto r = run_dew("train diffusion --run " + dir +
+                   " --trainer.steps 3 --trainer.checkpoint_every 3"
+                   " --data '{\"name\":\"gaussian_blobs\",\"count\":32,\"size\":8,\"classes\":3}'"
+                   " --model.architecture simple_dit"
+                   " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'"
+                   " --text_encoder.architecture byte_text_encoder"
+                   " --text_encoder.fields '{\"features\":16,\"num_layers\":1,\"num_heads\":2,\"max_length\":24}'"
+                   " --loader.batch_size 8 --objective.steps 2");
   ASSERT_EQ(r.code, 0) << r.output;
   auto record = dew::json::parse(std::ifstream(fs::path(dir) / "run.json"));
   // the model takes the encoder's context instead of labels
@@ -62,8 +64,8 @@ TEST(CliText, TrainsOnCaptionsAndSamplesFromAPrompt) {
 TEST(CliVideo, VideoDiTTrainsOnMovingFashionMnistAndWritesStripAndGif) {
   auto dir = tv_tmp("video_dit");
   auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 2" + kVideoData +
-               " --model.architecture video_dit"
-               " --model.fields '{\"patch_size\":4,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'");
+                   " --model.architecture video_dit"
+                   " --model.fields '{\"patch_size\":4,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'");
   ASSERT_EQ(r.code, 0) << r.output;
   auto record = dew::json::parse(std::ifstream(fs::path(dir) / "run.json"));
   EXPECT_EQ(record["derived"]["sample_shape"], dew::json({1, 4, 16, 16}));
@@ -80,35 +82,39 @@ TEST(CliVideo, UnetRunInflatesIntoUnet3D) {
   const std::string unet_fields =
       " --model.fields '{\"emb_features\":16,\"feature_depths\":[8,16],\"attention_configs\":[null,null],"
       "\"num_res_blocks\":1,\"norm_groups\":4}'";
-  auto r = run_dew("train diffusion --run " + dir2d + " --trainer.steps 2 --trainer.checkpoint_every 2"
-               " --data '{\"name\":\"gaussian_blobs\",\"count\":16,\"size\":16,\"classes\":10}'"
-               " --model.architecture unet --loader.batch_size 4 --objective.steps 2" + unet_fields);
+  auto r = run_dew("train diffusion --run " + dir2d +
+                   " --trainer.steps 2 --trainer.checkpoint_every 2"
+                   " --data '{\"name\":\"gaussian_blobs\",\"count\":16,\"size\":16,\"classes\":10}'"
+                   " --model.architecture unet --loader.batch_size 4 --objective.steps 2" +
+                   unet_fields);
   ASSERT_EQ(r.code, 0) << r.output;
   r = run_dew("train diffusion --run " + dir3d + " --trainer.steps 2 --init_from " + dir2d + kVideoData +
-          " --model.architecture unet_3d" + unet_fields);
+              " --model.architecture unet_3d" + unet_fields);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("inflated"), std::string::npos) << r.output;
   // a 2D checkpoint of another shape is refused with the offending name
   r = run_dew("train diffusion --run " + tv_tmp("unet3d_bad") + " --trainer.steps 1 --init_from " + dir2d + kVideoData +
-          " --model.architecture unet_3d --model.fields '{\"emb_features\":16,\"feature_depths\":[8,8],"
-          "\"attention_configs\":[null,null],\"num_res_blocks\":1,\"norm_groups\":4}'");
+              " --model.architecture unet_3d --model.fields '{\"emb_features\":16,\"feature_depths\":[8,8],"
+              "\"attention_configs\":[null,null],\"num_res_blocks\":1,\"norm_groups\":4}'");
   EXPECT_EQ(r.code, 2) << r.output;
 }
 
 TEST(CliText, AModelThatNeedsTextIsRefusedBeforeTraining) {
   auto dir = tv_tmp("mmdit_no_text");
-  auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 1"
-               " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":8,\"classes\":2}'"
-               " --model.architecture simple_mmdit"
-               " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":2,\"num_heads\":2}'");
+  auto r = run_dew("train diffusion --run " + dir +
+                   " --trainer.steps 1"
+                   " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":8,\"classes\":2}'"
+                   " --model.architecture simple_mmdit"
+                   " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":2,\"num_heads\":2}'");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("needs a text context: add --text_encoder.architecture"), std::string::npos) << r.output;
   // the same directory then trains once the encoder is given (nothing was recorded for the refused run)
-  r = run_dew("train diffusion --run " + dir + " --trainer.steps 1 --trainer.checkpoint_every 1 --objective.steps 1"
-          " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":8,\"classes\":2}' --loader.batch_size 4"
-          " --model.architecture simple_mmdit"
-          " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":2,\"num_heads\":2}'"
-          " --text_encoder.architecture byte_text_encoder"
-          " --text_encoder.fields '{\"features\":16,\"num_layers\":1,\"num_heads\":2,\"max_length\":16}'");
+  r = run_dew("train diffusion --run " + dir +
+              " --trainer.steps 1 --trainer.checkpoint_every 1 --objective.steps 1"
+              " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":8,\"classes\":2}' --loader.batch_size 4"
+              " --model.architecture simple_mmdit"
+              " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":2,\"num_heads\":2}'"
+              " --text_encoder.architecture byte_text_encoder"
+              " --text_encoder.fields '{\"features\":16,\"num_layers\":1,\"num_heads\":2,\"max_length\":16}'");
   EXPECT_EQ(r.code, 0) << r.output;
 }

@@ -29,7 +29,7 @@ TEST(TokenizeCli, WritesPackedByteTokenFiles) {
   std::ofstream(dir.file("in/a.fortunes")) << "Hi\n%\nyo\n%\n";
   std::ofstream(dir.file("in/b.txt")) << "whole file\n";
   auto r = run_dew("tokenize --input " + dir.file("in") + " --out " + dir.file("out") +
-               " --tokenizer byte --val-fraction 0.2 --pack");
+                   " --tokenizer byte --val-fraction 0.2 --pack");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("3 documents"), std::string::npos) << r.output;
   auto meta = dew::json::parse(read(dir.file("out/meta.json")));
@@ -59,7 +59,7 @@ TEST(TokenizeCli, UnpackedBytesAreUint8) {
   dew::test::TempDir dir("tokenize_cli_u8");
   std::ofstream(dir.file("t.txt")) << "abc\xff";
   auto r = run_dew("tokenize --input " + dir.file("t.txt") + " --out " + dir.file("out") +
-               " --tokenizer '{\"name\":\"byte\",\"eos\":false}' --val-fraction 0");
+                   " --tokenizer '{\"name\":\"byte\",\"eos\":false}' --val-fraction 0");
   ASSERT_EQ(r.code, 0) << r.output;
   auto meta = dew::json::parse(read(dir.file("out/meta.json")));
   EXPECT_EQ(meta["dtype"], "uint8");

@@ -3,14 +3,17 @@
 #include "tests/test_util.h"
 
 #include "dew/core/registry.h"
-#include "dew/runs/registries.h"
 #include "dew/core/rng.h"
+#include "dew/runs/registries.h"
 
 namespace {
 
 struct Inner {
   double lr = 0.1;
-  template <class V> void visit(V& v) { v("lr", lr, "learning rate"); }
+  template <class V>
+  void visit(V& v) {
+    v("lr", lr, "learning rate");
+  }
 };
 
 struct Opts {
@@ -22,7 +25,8 @@ struct Opts {
   std::optional<double> gamma;
   std::pair<double, double> interval{0.0, 1.0};
   Inner inner;
-  template <class V> void visit(V& v) {
+  template <class V>
+  void visit(V& v) {
     v("layers", layers, "number of layers");
     v("ratio", ratio, "a ratio");
     v("flag", flag, "a flag");
@@ -112,7 +116,10 @@ struct Thing {
 };
 struct ThingOpts {
   int64_t value = 1;
-  template <class V> void visit(V& v) { v("value", value, "the value"); }
+  template <class V>
+  void visit(V& v) {
+    v("value", value, "the value");
+  }
 };
 }  // namespace
 
@@ -139,9 +146,9 @@ TEST(Registry, LibraryRegistriesAreListed) {
   std::set<std::string> kinds;
   for (auto* r : all) kinds.insert(r->kind());
   EXPECT_EQ(kinds.size(), all.size()) << "one registry per kind";
-  for (auto k : {"model", "language_model", "text_encoder", "encoder", "predictor", "autoencoder", "dataset",
-                 "lm_dataset", "tokenizer", "preset", "schedule", "transform", "weighting", "solver", "objective",
-                 "metric"})
+  for (auto k :
+       {"model", "language_model", "text_encoder", "encoder", "predictor", "autoencoder", "dataset", "lm_dataset",
+        "tokenizer", "preset", "schedule", "transform", "weighting", "solver", "objective", "metric"})
     EXPECT_TRUE(kinds.count(k)) << k;
   for (auto* r : all) EXPECT_FALSE(r->entries().empty()) << r->kind();
 }

@@ -70,7 +70,7 @@ TEST(Threads, DefaultsSplitTheCoresBetweenLibTorchAndTheBlas) {
 
   setenv("OMP_NUM_THREADS", "1", 1);
   EXPECT_EQ(dew::set_threads(0, dew::Workload::kIntraOp), 1);  // the environment wins over the default
-  EXPECT_EQ(dew::set_threads(2, dew::Workload::kGemm), 2);  // an explicit count wins over both
+  EXPECT_EQ(dew::set_threads(2, dew::Workload::kGemm), 2);     // an explicit count wins over both
   EXPECT_EQ(at::get_num_threads(), 2);
   unsetenv("OMP_NUM_THREADS");
   at::set_num_threads(before);
@@ -248,4 +248,3 @@ TEST(Threads, KeepFreedMemoryReusesLargeBlocksWithoutPageFaults) {
             "glibc.malloc.mmap_threshold=" + std::to_string(dew::kMallocMmapThreshold) +
                 ":glibc.malloc.trim_threshold=" + std::to_string(dew::kMallocTrimThreshold));
 }
-

@@ -18,10 +18,10 @@
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 using dew::data::ChatRole;
 using dew::data::ChatTemplate;
 using dew::data::Conversation;
+using nlohmann::json;
 
 const std::string kGoldenDir = std::string(DEW_SOURCE_DIR) + "/tests/golden/chat";
 
@@ -45,7 +45,8 @@ ChatTemplate template_of(const std::string& variant) {
 
 Conversation conversation_of(const json& messages) {
   Conversation c;
-  for (const auto& m : messages) c.push_back({dew::data::parse_chat_role(m["role"].get<std::string>()), m["content"].get<std::string>()});
+  for (const auto& m : messages)
+    c.push_back({dew::data::parse_chat_role(m["role"].get<std::string>()), m["content"].get<std::string>()});
   return c;
 }
 
@@ -68,7 +69,8 @@ TEST(ChatGolden, EveryRenderingIsByteExact) {
     if (tc.contains("error")) {
       // The template raises (Gemma 3's alternation rule): Dew refuses the same conversations.
       const std::string err = dew::test::error_of([&] { dew::data::render_chat(conv, t, options_of(tc)); });
-      EXPECT_NE(err.find("must alternate user/assistant/user/assistant/..."), std::string::npos) << label(tc) << ": " << err;
+      EXPECT_NE(err.find("must alternate user/assistant/user/assistant/..."), std::string::npos)
+          << label(tc) << ": " << err;
       ++raised;
       continue;
     }
@@ -91,7 +93,8 @@ TEST(ChatGolden, CoversEveryTemplateAndOption) {
     if (tc["kwargs"].contains("enable_thinking")) thinking.insert(tc["kwargs"]["enable_thinking"].dump());
     non_ascii = non_ascii || tc["messages"].dump(-1, ' ', false).find("日本語") != std::string::npos;
   }
-  EXPECT_EQ(variants, (std::set<std::string>{"llama3", "llama3.1", "qwen2.5", "qwen3", "qwen3@2504", "gemma3", "plain"}));
+  EXPECT_EQ(variants,
+            (std::set<std::string>{"llama3", "llama3.1", "qwen2.5", "qwen3", "qwen3@2504", "gemma3", "plain"}));
   EXPECT_EQ(thinking, (std::set<std::string>{"true", "false"}));
   EXPECT_TRUE(prompt && no_prompt && non_ascii);
 }
@@ -129,9 +132,11 @@ TEST(ChatSpans, CoverEachAssistantContentAndItsEndMarker) {
       ASSERT_EQ(inside.substr(inside.size() - marker.size()), marker) << label(tc) << " span " << k;
       const std::string body = inside.substr(0, inside.size() - marker.size());
       const std::string& content = assistants[k]->content;
-      if (t == ChatTemplate::qwen3 && (body.rfind("<think>\n", 0) == 0 || content.find("</think>") != std::string::npos)) {
+      if (t == ChatTemplate::qwen3 &&
+          (body.rfind("<think>\n", 0) == 0 || content.find("</think>") != std::string::npos)) {
         // Qwen3 rewrites a turn's reasoning: what follows the last </think> ends the body.
-        const std::string tail = content.substr(content.find("</think>") == std::string::npos ? 0 : content.rfind("</think>") + 8);
+        const std::string tail =
+            content.substr(content.find("</think>") == std::string::npos ? 0 : content.rfind("</think>") + 8);
         const size_t cut = tail.find_first_not_of('\n');
         const std::string answer = cut == std::string::npos ? "" : tail.substr(cut);
         ASSERT_GE(body.size(), answer.size()) << label(tc);
@@ -180,12 +185,16 @@ TEST(ChatSpans, ByteLevelBpeTokenMask) {
   const auto& b2u = dew::data::detail::byte_to_unicode();
   for (int b = 0; b < 256; ++b) vocab[b2u[b]] = b;
   auto added = [](int64_t id, const std::string& s) {
-    return json{{"id", id}, {"content", s}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                {"normalized", false}, {"special", true}};
+    return json{{"id", id},        {"content", s},        {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
   };
   json bl = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  json file = {{"version", "1.0"}, {"added_tokens", json::array({added(256, "<|im_start|>"), added(257, "<|im_end|>")})},
-               {"normalizer", nullptr}, {"pre_tokenizer", bl}, {"post_processor", nullptr}, {"decoder", bl},
+  json file = {{"version", "1.0"},
+               {"added_tokens", json::array({added(256, "<|im_start|>"), added(257, "<|im_end|>")})},
+               {"normalizer", nullptr},
+               {"pre_tokenizer", bl},
+               {"post_processor", nullptr},
+               {"decoder", bl},
                {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"unk_token", nullptr}}}};
   std::ofstream(dir.file("tokenizer.json")) << file.dump();
   auto tok = dew::data::load_tokenizer(dir.file("tokenizer.json"));
@@ -236,8 +245,9 @@ TEST(ChatRender, NamesAndMarkers) {
   EXPECT_STREQ(dew::data::chat_end_of_turn(ChatTemplate::qwen3), "<|im_end|>");
   EXPECT_STREQ(dew::data::chat_end_of_turn(ChatTemplate::gemma3), "<end_of_turn>");
   EXPECT_STREQ(dew::data::chat_role_name(ChatRole::developer), "developer");
-  EXPECT_NE(dew::test::error_of([] { dew::data::parse_chat_role("bot"); }).find("system, user, assistant, tool, developer"),
-            std::string::npos);
+  EXPECT_NE(
+      dew::test::error_of([] { dew::data::parse_chat_role("bot"); }).find("system, user, assistant, tool, developer"),
+      std::string::npos);
 }
 
 // ---- recognition ----
@@ -267,7 +277,8 @@ TEST(ChatRecognise, EachCommittedTemplateFromAModelFolder) {
     EXPECT_EQ(dew::data::recognise_chat_template(dir.path.string()), want) << variant;
     EXPECT_EQ(dew::data::recognise_chat_template(dir.file("tokenizer_config.json")), want) << variant;
     // A list of named templates: "default" is taken.
-    json list = json::array({{{"name", "tool_use"}, {"template", "{{ nope }}"}}, {{"name", "default"}, {"template", text}}});
+    json list =
+        json::array({{{"name", "tool_use"}, {"template", "{{ nope }}"}}, {{"name", "default"}, {"template", text}}});
     std::ofstream(dir.file("tokenizer_config.json")) << json{{"chat_template", list}}.dump();
     EXPECT_EQ(dew::data::recognise_chat_template(dir.path.string()), want) << variant;
     // Jinja's own normalisations: CRLF line ends, a final newline more or less.
@@ -275,7 +286,8 @@ TEST(ChatRecognise, EachCommittedTemplateFromAModelFolder) {
     for (char c : text) crlf += c == '\n' ? std::string("\r\n") : std::string(1, c);
     EXPECT_EQ(dew::data::recognise_chat_template_text(crlf, "crlf"), want) << variant;
     const bool ends_nl = !text.empty() && text.back() == '\n';
-    EXPECT_EQ(dew::data::recognise_chat_template_text(ends_nl ? text.substr(0, text.size() - 1) : text + "\n", "nl"), want)
+    EXPECT_EQ(dew::data::recognise_chat_template_text(ends_nl ? text.substr(0, text.size() - 1) : text + "\n", "nl"),
+              want)
         << variant;
   }
   // chat_template.jinja beside tokenizer_config.json wins, as in transformers.
@@ -308,7 +320,9 @@ TEST(ChatRecognise, ModifiedOrUnknownTemplatesAreRefused) {
   EXPECT_NE(dew::test::error_of([&] { dew::data::recognise_chat_template(folder); }).find("has no chat_template"),
             std::string::npos);
   std::ofstream(dir.file("tokenizer_config.json")) << R"({"chat_template": [{"name": "rag", "template": "x"}]})";
-  EXPECT_NE(dew::test::error_of([&] { dew::data::recognise_chat_template(folder); }).find("without a \"default\" entry (names: rag)"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::data::recognise_chat_template(folder);
+            }).find("without a \"default\" entry (names: rag)"),
             std::string::npos);
   EXPECT_NE(dew::test::error_of([&] { dew::data::recognise_chat_template(dir.file("missing")); }).find("missing"),
             std::string::npos);
@@ -321,7 +335,8 @@ TEST(ChatData, ReadsJsonLines) {
   std::ofstream(dir.file("chat.jsonl"))
       << R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "naïve 日本語 🙂"}, {"role": "assistant", "content": " a \n"}], "id": 7})"
       << "\n\n"
-      << R"({"messages": [{"role": "developer", "content": ""}, {"role": "tool", "content": "{}"}]})" << "\r\n";
+      << R"({"messages": [{"role": "developer", "content": ""}, {"role": "tool", "content": "{}"}]})"
+      << "\r\n";
   auto convs = dew::data::read_chat_jsonl(dir.file("chat.jsonl"));
   ASSERT_EQ(convs.size(), 2u);
   ASSERT_EQ(convs[0].size(), 3u);

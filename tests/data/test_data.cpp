@@ -10,6 +10,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <zlib.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
@@ -17,7 +18,6 @@
 #include <functional>
 #include <random>
 #include <set>
-#include <unistd.h>
 
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
@@ -189,7 +189,8 @@ TEST(FashionMnist, CorruptFilesAreErrorsNamingTheFile) {
 
 TEST(Datasets, RegistryBuildsEverySource) {
   auto& reg = dew::data::datasets();
-  EXPECT_EQ(reg.names(), (std::vector<std::string>{"fashion_mnist", "gaussian_blobs", "image_folder", "moving_fashion_mnist"}));
+  EXPECT_EQ(reg.names(),
+            (std::vector<std::string>{"fashion_mnist", "gaussian_blobs", "image_folder", "moving_fashion_mnist"}));
   auto blobs = reg.build(dew::json{{"name", "gaussian_blobs"}, {"count", 20}, {"size", 12}, {"channels", 3}});
   EXPECT_EQ(blobs->field("image").sizes(), (std::vector<int64_t>{20, 3, 12, 12}));
   EXPECT_EQ(blobs->spec()["name"], "gaussian_blobs");
@@ -397,7 +398,8 @@ TEST(DataLoader, AugmentationsFlipAndShiftItems) {
     auto padded = at::constant_pad_nd(plain[i], {2, 2, 2, 2}, 0);
     bool found = false;
     for (int64_t dy = 0; dy <= 4 && !found; ++dy)
-      for (int64_t dx = 0; dx <= 4 && !found; ++dx) found = at::equal(cropped[i], padded.narrow(1, dy, 8).narrow(2, dx, 8));
+      for (int64_t dx = 0; dx <= 4 && !found; ++dx)
+        found = at::equal(cropped[i], padded.narrow(1, dy, 8).narrow(2, dx, 8));
     EXPECT_TRUE(found) << i;
     n_moved += !at::equal(cropped[i], plain[i]);
   }
@@ -464,7 +466,8 @@ TEST(DataLoader, ResizedCropResizesTheBoxBilinearly) {
     for (int64_t t = 0; t < frames; ++t)
       for (int64_t y = 0; y < side; ++y)
         for (int64_t x = 0; x < side; ++x) a[i][0][t][y][x] = uint8_t(ramp(double(y), double(x), t));
-  auto ds = std::make_shared<TensorDataset>(dew::data::Batch{{"image", clip}, {"id", at::arange(n, at::kLong)}}, "ramps");
+  auto ds =
+      std::make_shared<TensorDataset>(dew::data::Batch{{"image", clip}, {"id", at::arange(n, at::kLong)}}, "ramps");
   LoaderOptions o;
   o.batch_size = n;
   o.shuffle = false;
@@ -505,8 +508,8 @@ TEST(DataLoader, ResizedCropResizesTheBoxBilinearly) {
 // box after the same number of draws, and the same resized image, uint8 exactly and float to rounding (a
 // float64 image stays float64).
 TEST(DataLoader, ResizedCropMatchesTorchvision) {
-  const auto file = dew::io::SafetensorsFile::open(std::string(DEW_SOURCE_DIR) +
-                                                   "/tests/golden/crop/torchvision_crop.safetensors");
+  const auto file =
+      dew::io::SafetensorsFile::open(std::string(DEW_SOURCE_DIR) + "/tests/golden/crop/torchvision_crop.safetensors");
   const auto cases = nlohmann::json::parse(file.metadata().at("cases"));
   ASSERT_EQ(cases.size(), 7u);
   for (const auto& c : cases) {
@@ -516,8 +519,9 @@ TEST(DataLoader, ResizedCropMatchesTorchvision) {
     const auto image = file.tensor(name + ".image"), want = file.tensor(name + ".out");
     const int64_t h = image.size(-2), w = image.size(-1);
     int64_t k = 0;
-    const auto box = dew::data::random_resized_crop_box(h, w, {c["scale"][0], c["scale"][1]}, {c["ratio"][0], c["ratio"][1]},
-                                                        [&] { return uint32_t(draws[k++].item<int64_t>()); });
+    const auto box =
+        dew::data::random_resized_crop_box(h, w, {c["scale"][0], c["scale"][1]}, {c["ratio"][0], c["ratio"][1]},
+                                           [&] { return uint32_t(draws[k++].item<int64_t>()); });
     EXPECT_EQ(k, file.tensor(name + ".used").item<int64_t>());
     const auto want_box = file.tensor(name + ".box");
     ASSERT_EQ(std::vector<int64_t>({box.top, box.left, box.height, box.width}),
@@ -627,7 +631,8 @@ namespace {
 // A source of one 4 x 4 white square, so each frame's item position can be read back exactly.
 dew::data::TensorDataset square_source() {
   auto img = at::full({1, 1, 4, 4}, 255, at::TensorOptions().dtype(at::kByte));
-  dew::data::TensorDataset ds({{"image", img}, {"label", at::tensor({int64_t(3)}, at::TensorOptions().dtype(at::kLong))}}, "square");
+  dew::data::TensorDataset ds(
+      {{"image", img}, {"label", at::tensor({int64_t(3)}, at::TensorOptions().dtype(at::kLong))}}, "square");
   ds.set_class_names({"a", "b", "c", "d"});
   return ds;
 }
@@ -685,7 +690,9 @@ TEST(MovingFashionMnist, IsAPureFunctionOfItsOptions) {
   o.seed = 1;
   EXPECT_FALSE(a.equal(dew::data::moving_fashion_mnist(o, square_source()).field("image")));
   o.size = 100;
-  EXPECT_NE(dew::test::error_of([&] { dew::data::moving_fashion_mnist(o, square_source()); }).find("moving_fashion_mnist.size"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::data::moving_fashion_mnist(o, square_source());
+            }).find("moving_fashion_mnist.size"),
             std::string::npos);
 }
 

@@ -21,15 +21,16 @@ namespace {
 using dew::json;
 using Ids = std::vector<int64_t>;
 
-const std::vector<std::pair<std::string, std::string>> kMerges = {
-    {"Ġ", "t"}, {"h", "e"}, {"Ġt", "he"}, {"l", "o"}, {"lo", "w"}, {"e", "r"}, {"l", "l"}, {"t", "'"}, {"Ġ", "Ġ"}, {"3", "4"}};
+const std::vector<std::pair<std::string, std::string>> kMerges = {{"Ġ", "t"},  {"h", "e"}, {"Ġt", "he"}, {"l", "o"},
+                                                                  {"lo", "w"}, {"e", "r"}, {"l", "l"},   {"t", "'"},
+                                                                  {"Ġ", "Ġ"},  {"3", "4"}};
 
 const char* kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 json added(int64_t id, const std::string& content, bool special) {
-  return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-          {"normalized", false}, {"special", special}};
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
 /// style "gpt2": ByteLevel pre-tokenizer with its own regex, merges as "a b" strings.
@@ -48,8 +49,8 @@ std::string write_tokenizer(const dew::test::TempDir& dir, const std::string& st
   }
   json file;
   file["version"] = "1.0";
-  file["added_tokens"] = json::array({added(266, "<|endoftext|>", true), added(267, "<|user|>", false),
-                                      added(268, "<|begin_of_text|>", true)});
+  file["added_tokens"] = json::array(
+      {added(266, "<|endoftext|>", true), added(267, "<|user|>", false), added(268, "<|begin_of_text|>", true)});
   file["normalizer"] = nullptr;
   json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   if (style == "gpt2") {
@@ -58,16 +59,18 @@ std::string write_tokenizer(const dew::test::TempDir& dir, const std::string& st
   } else {
     json no_regex = byte_level;
     no_regex["use_regex"] = false;
-    file["pre_tokenizer"] = {
-        {"type", "Sequence"},
-        {"pretokenizers", json::array({{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Pattern}}},
-                                        {"behavior", "Isolated"}, {"invert", false}},
-                                       no_regex})}};
+    file["pre_tokenizer"] = {{"type", "Sequence"},
+                             {"pretokenizers", json::array({{{"type", "Split"},
+                                                             {"pattern", {{"Regex", kLlama3Pattern}}},
+                                                             {"behavior", "Isolated"},
+                                                             {"invert", false}},
+                                                            no_regex})}};
     file["post_processor"] = {
         {"type", "TemplateProcessing"},
         {"single", json::array({{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
-        {"special_tokens", {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {268}}, {"tokens", {"<|begin_of_text|>"}}}}}}};
+        {"special_tokens",
+         {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {268}}, {"tokens", {"<|begin_of_text|>"}}}}}}};
   }
   file["decoder"] = byte_level;
   file["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"unk_token", nullptr}};
@@ -79,11 +82,11 @@ std::string write_tokenizer(const dew::test::TempDir& dir, const std::string& st
 TEST(TokenizerHfBpe, ByteToUnicodeMapIsGpt2s) {
   const auto& t = dew::data::detail::byte_to_unicode();
   EXPECT_EQ(t['a'], "a");
-  EXPECT_EQ(t[' '], "\xC4\xA0");    // U+0120 "Ġ": byte 32 is the 33rd unprintable byte -> 256 + 32
-  EXPECT_EQ(t['\n'], "\xC4\x8A");   // U+010A "Ċ"
-  EXPECT_EQ(t[0x7F], "\xC4\xA1");   // U+0121: after the 33 bytes 0..32
-  EXPECT_EQ(t[0xAD], "\xC5\x83");   // U+0143 "Ń": 33 + 34 (0x7F..0xA0) = 67 -> 256 + 67
-  EXPECT_EQ(t[0xE9], "\xC3\xA9");   // printable Latin-1 keeps its code point: "é"
+  EXPECT_EQ(t[' '], "\xC4\xA0");   // U+0120 "Ġ": byte 32 is the 33rd unprintable byte -> 256 + 32
+  EXPECT_EQ(t['\n'], "\xC4\x8A");  // U+010A "Ċ"
+  EXPECT_EQ(t[0x7F], "\xC4\xA1");  // U+0121: after the 33 bytes 0..32
+  EXPECT_EQ(t[0xAD], "\xC5\x83");  // U+0143 "Ń": 33 + 34 (0x7F..0xA0) = 67 -> 256 + 67
+  EXPECT_EQ(t[0xE9], "\xC3\xA9");  // printable Latin-1 keeps its code point: "é"
 }
 
 TEST(TokenizerHfBpe, Gpt2StyleMergesByRank) {
@@ -164,8 +167,8 @@ TEST(TokenizerHfBpe, MalformedFilesAreErrors) {
   });
   EXPECT_NE(msg.find("WordPiece"), std::string::npos) << msg;
   msg = dew::test::error_of([&] {
-    dew::data::load_tokenizer(write("m.json", {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}}},
-                                                          {"merges", {"a b"}}}}}));
+    dew::data::load_tokenizer(
+        write("m.json", {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}}}, {"merges", {"a b"}}}}}));
   });
   EXPECT_NE(msg.find("\"ab\", which is not in model.vocab"), std::string::npos) << msg;
   msg = dew::test::error_of([&] {

@@ -61,7 +61,9 @@ TEST(TokenFiles, RoundTripAtEveryWidth) {
 TEST(TokenFiles, CorruptFilesAreErrorsNamingTheFile) {
   dew::test::TempDir dir("token_files_bad");
   const std::string d = dir.file("t");
-  EXPECT_NE(error_of([&] { dew::data::write_token_files(d, {1, 2, 300}, {}, meta_of(300)); }).find("index 2"),
+  EXPECT_NE(error_of([&] {
+              dew::data::write_token_files(d, {1, 2, 300}, {}, meta_of(300));
+            }).find("index 2"),
             std::string::npos);
   dew::data::write_token_files(d, iota(100, 300), iota(10, 300), meta_of(300));
   // truncated train.bin
@@ -141,8 +143,9 @@ TEST(LMData, WindowsAreDeterministicAndResumable) {
   auto v = lm->validation(2);
   EXPECT_EQ(v.at("tokens").sizes(), (std::vector<int64_t>{2, 17}));
   EXPECT_EQ(v.at("tokens")[1][0].item<int64_t>(), val[16]);
-  EXPECT_NE(error_of([&] { dew::data::lm_datasets().build(json{{"name", "tokens"}, {"dir", dir.file("t")}}, 1000); })
-                .find("fewer than one window"),
+  EXPECT_NE(error_of([&] {
+              dew::data::lm_datasets().build(json{{"name", "tokens"}, {"dir", dir.file("t")}}, 1000);
+            }).find("fewer than one window"),
             std::string::npos);
 }
 

@@ -56,7 +56,8 @@ TEST(Masks, MultiBlockGeometryOverManyDraws) {
         const at::Tensor t = m.targets[k][b];
         EXPECT_GE(t.min().item<int64_t>(), 0);
         EXPECT_LT(t.max().item<int64_t>(), 196);
-        for (int64_t i = 0; i < t.size(0); ++i) EXPECT_EQ(ctx.count(t[i].item<int64_t>()), 0u) << "context meets a target";
+        for (int64_t i = 0; i < t.size(0); ++i)
+          EXPECT_EQ(ctx.count(t[i].item<int64_t>()), 0u) << "context meets a target";
       }
     }
   }
@@ -93,8 +94,8 @@ TEST(Masks, TheSameGeneratorDrawsTheSameMasks) {
   const Masks c = dew::data::multiblock_masks(o, g, 16, dew::rng::generator(1, 6, "objective"));
   EXPECT_TRUE(a.context.equal(b.context));
   EXPECT_TRUE(a.targets.equal(b.targets));
-  EXPECT_FALSE(a.context.sizes() == c.context.sizes() && a.context.equal(c.context) && a.targets.sizes() == c.targets.sizes() &&
-               a.targets.equal(c.targets));
+  EXPECT_FALSE(a.context.sizes() == c.context.sizes() && a.context.equal(c.context) &&
+               a.targets.sizes() == c.targets.sizes() && a.targets.equal(c.targets));
 }
 
 TEST(Masks, TubesSpanTheFramesAndTheContextIsTheRest) {
@@ -142,8 +143,9 @@ TEST(Masks, MinKeepHoldsForEveryBlockTheDrawsCanMake) {
   o.targets = 1;
   o.min_keep = 1;
   EXPECT_EQ(brute_min(o.target_scale, o.target_aspect, 4, 4), 1);
-  EXPECT_NE(dew::test::error_of([&] { dew::data::validate(o, {1, 4, 4}, "objective.masks"); })
-                .find("objective.masks.target_scale: the smallest target block (1 x 1 tokens on a 4 x 4 grid)"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::data::validate(o, {1, 4, 4}, "objective.masks");
+            }).find("objective.masks.target_scale: the smallest target block (1 x 1 tokens on a 4 x 4 grid)"),
             std::string::npos);
   // Random ranges: refused exactly when some draw gives a block of min_keep tokens or fewer; every accepted
   // one draws masks (the sampler's loop ends).
@@ -178,26 +180,30 @@ TEST(Masks, MinKeepHoldsForEveryBlockTheDrawsCanMake) {
 TEST(Masks, OptionsOutOfRangeAreRefusedByName) {
   dew::data::MultiBlockOptions o;
   o.target_scale = {0.3, 0.2};
-  EXPECT_NE(dew::test::error_of([&] { dew::data::validate(o, {1, 7, 7}, "objective.masks"); })
-                .find("objective.masks.target_scale: must be [min, max]"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::data::validate(o, {1, 7, 7}, "objective.masks");
+            }).find("objective.masks.target_scale: must be [min, max]"),
             std::string::npos);
   o = {};
   o.min_keep = 40;
-  EXPECT_NE(dew::test::error_of([&] { dew::data::validate(o, {1, 7, 7}, "objective.masks"); })
-                .find("must keep more than min_keep = 40"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::data::validate(o, {1, 7, 7}, "objective.masks");
+            }).find("must keep more than min_keep = 40"),
             std::string::npos);
   dew::data::TubeOptions t;
   t.spatial_scale = {0.001, 0.001};
-  EXPECT_NE(dew::test::error_of([&] { dew::data::validate(t, {2, 4, 4}, "objective.tubes"); })
-                .find("objective.tubes.spatial_scale: the smallest tube"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::data::validate(t, {2, 4, 4}, "objective.tubes");
+            }).find("objective.tubes.spatial_scale: the smallest tube"),
             std::string::npos);
   // A tube that can fill every frame of the clip would leave no context in any redraw: refused. 0.9 of 16
   // tokens is 14, whose rounded square root is 4, the whole side; the same range over half the frames, or
   // with aspects that cannot make it square, is accepted, and draws.
   t = {};
   t.spatial_scale = {0.5, 0.9};
-  EXPECT_NE(dew::test::error_of([&] { dew::data::validate(t, {2, 4, 4}, "objective.tubes"); })
-                .find("objective.tubes.spatial_scale: its largest tube"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::data::validate(t, {2, 4, 4}, "objective.tubes");
+            }).find("objective.tubes.spatial_scale: its largest tube"),
             std::string::npos);
   t.temporal_scale = {0.5, 0.5};
   EXPECT_EQ(dew::test::error_of([&] { dew::data::validate(t, {2, 4, 4}, "objective.tubes"); }), "");
@@ -205,7 +211,8 @@ TEST(Masks, OptionsOutOfRangeAreRefusedByName) {
   t.aspect = {1.5, 2.0};
   EXPECT_EQ(dew::test::error_of([&] { dew::data::validate(t, {2, 4, 4}, "objective.tubes"); }), "");
   for (int64_t step = 0; step < 20; ++step)
-    EXPECT_GT(dew::data::tube_masks(t, {2, 4, 4}, 3, dew::rng::generator(9, uint64_t(step), "masks")).context.size(1), 0);
+    EXPECT_GT(dew::data::tube_masks(t, {2, 4, 4}, 3, dew::rng::generator(9, uint64_t(step), "masks")).context.size(1),
+              0);
 }
 
 }  // namespace

@@ -28,19 +28,21 @@ std::string row_text(const at::Tensor& ids, const at::Tensor& keep) {
 
 TEST(PostTrainingData, SftRowsMaskExactlyTheAssistantTurns) {
   dew::test::TempDir d("pt_sft");
-  const std::string f = d.write("c.jsonl",
-                              R"({"messages":[{"role":"user","content":"1+2="},{"role":"assistant","content":"3"}]})"
-                              "\n\n"
-                              R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},)"
-                              R"({"role":"assistant","content":"ab"},{"role":"user","content":"again"},{"role":"assistant","content":"c"}]})"
-                              "\n");
+  const std::string f = d.write(
+      "c.jsonl",
+      R"({"messages":[{"role":"user","content":"1+2="},{"role":"assistant","content":"3"}]})"
+      "\n\n"
+      R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"},)"
+      R"({"role":"assistant","content":"ab"},{"role":"user","content":"again"},{"role":"assistant","content":"c"}]})"
+      "\n");
   auto b = dew::data::sft_rows(f, byte_plain(), 512);
   const std::string first = "<|user|>\n1+2=<|end|>\n<|assistant|>\n3<|end|>\n";
   const at::Tensor tokens = b.at("tokens"), mask = b.at("loss_mask");
   ASSERT_EQ(tokens.size(0), 2);
   // Rows pad to the longest conversation; the byte tokenizer pads with EOS (256), which carries no loss.
-  const std::string second = "<|system|>\ns<|end|>\n<|user|>\nq<|end|>\n<|assistant|>\nab<|end|>\n<|user|>\nagain<|end|>\n"
-                             "<|assistant|>\nc<|end|>\n";
+  const std::string second =
+      "<|system|>\ns<|end|>\n<|user|>\nq<|end|>\n<|assistant|>\nab<|end|>\n<|user|>\nagain<|end|>\n"
+      "<|assistant|>\nc<|end|>\n";
   EXPECT_EQ(tokens.size(1), int64_t(second.size()));
   EXPECT_EQ(row_text(tokens[0], tokens[0] < 256), first);
   EXPECT_EQ(tokens[0][int64_t(first.size())].item<int64_t>(), 256);
@@ -63,11 +65,12 @@ TEST(PostTrainingData, SftRowsMaskExactlyTheAssistantTurns) {
 
 TEST(PostTrainingData, PromptCompletionRecordsAndPreferenceRows) {
   dew::test::TempDir d("pt_pairs");
-  const std::string f = d.write("p.jsonl",
-                              R"({"prompt":[{"role":"user","content":"2+2="}],"chosen":"4","rejected":[{"role":"assistant","content":"5"}]})"
-                              "\n"
-                              R"({"prompt":"Q: hi A:","chosen":" yes","rejected":" no"})"
-                              "\n");
+  const std::string f = d.write(
+      "p.jsonl",
+      R"({"prompt":[{"role":"user","content":"2+2="}],"chosen":"4","rejected":[{"role":"assistant","content":"5"}]})"
+      "\n"
+      R"({"prompt":"Q: hi A:","chosen":" yes","rejected":" no"})"
+      "\n");
   auto b = dew::data::preference_rows(f, byte_plain(), 128);
   ASSERT_EQ(b.at("ids").sizes(), (std::vector<int64_t>{2, 2, b.at("ids").size(2)}));
   const at::Tensor ids = b.at("ids"), m = b.at("completion_mask");
@@ -78,9 +81,10 @@ TEST(PostTrainingData, PromptCompletionRecordsAndPreferenceRows) {
   EXPECT_EQ(m[1][0].sum().item<int64_t>(), 5);
   EXPECT_EQ(b.at("index").sizes(), (std::vector<int64_t>{2}));
 
-  auto prompts = dew::data::read_prompts(d.write("q.jsonl", R"({"prompt":[{"role":"user","content":"7+1="}],"answer":"8"})"
-                                                             "\n"),
-                                         byte_plain(), 128);
+  auto prompts =
+      dew::data::read_prompts(d.write("q.jsonl", R"({"prompt":[{"role":"user","content":"7+1="}],"answer":"8"})"
+                                                 "\n"),
+                              byte_plain(), 128);
   ASSERT_EQ(prompts.size(), 1u);
   EXPECT_EQ(prompts[0].text, "<|user|>\n7+1=<|end|>\n<|assistant|>\n");
   EXPECT_TRUE(prompts[0].conversational);
@@ -100,16 +104,20 @@ TEST(PostTrainingData, BadFilesNameTheFileAndLine) {
       {ok + "\nnot json\n", "c.jsonl:2: not JSON", 0},
       {R"({"messages":[{"role":"robot","content":"a"}]})", "c.jsonl:1:", 0},
       {R"({"messages":[{"role":"user","content":"a"}]})", "c.jsonl:1: no assistant message", 0},
-      {R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"  "}]})", "c.jsonl:1: an empty assistant", 0},
-      {R"({"messages":[{"role":"user","content":")" + std::string(300, 'x') + R"("},{"role":"assistant","content":"b"}]})",
+      {R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"  "}]})",
+       "c.jsonl:1: an empty assistant", 0},
+      {R"({"messages":[{"role":"user","content":")" + std::string(300, 'x') +
+           R"("},{"role":"assistant","content":"b"}]})",
        "c.jsonl:1: the conversation is 340 tokens, longer than the model's context of 100", 0},
       {"\n" + std::string(R"({"prompt":"p","chosen":"a"})"), "c.jsonl:2: no \"rejected\"", 1},
       {R"({"prompt":"p","chosen":"a","rejected":""})", "c.jsonl:1: \"rejected\" is an empty completion", 1},
       {R"({"prompt":[{"role":"user","content":"p"},{"role":"assistant","content":"x"}],"chosen":"a","rejected":"b"})",
        "c.jsonl:1: the prompt's messages end with an assistant turn", 1},
-      {R"({"prompt":"p","chosen":[{"role":"user","content":"a"}],"rejected":"b"})", "c.jsonl:1: \"chosen\" must be a text or one assistant message", 1},
+      {R"({"prompt":"p","chosen":[{"role":"user","content":"a"}],"rejected":"b"})",
+       "c.jsonl:1: \"chosen\" must be a text or one assistant message", 1},
       {R"({"answer":"1"})", "c.jsonl:1: no \"prompt\"", 2},
-      {R"({"prompt":")" + std::string(120, 'x') + R"("})", "c.jsonl:1: the prompt is 120 tokens, which leaves no room", 2},
+      {R"({"prompt":")" + std::string(120, 'x') + R"("})", "c.jsonl:1: the prompt is 120 tokens, which leaves no room",
+       2},
       {"", "c.jsonl: no records", 2},
   };
   for (const auto& c : cases) {

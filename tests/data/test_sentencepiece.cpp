@@ -82,9 +82,9 @@ TEST(TokenizerSentencePiece, MalformedFilesAreErrors) {
   std::ofstream(dir.file("text.model")) << "not a model at all";
   msg = dew::test::error_of([&] { dew::data::load_tokenizer(dir.file("text.model")); });
   EXPECT_NE(msg.find("text.model"), std::string::npos) << msg;
-  EXPECT_NE(dew::test::error_of([&] { dew::data::load_tokenizer(kFixtures + "sp_bpe.model")->decode({400}); })
-                .find("400"),
-            std::string::npos);
+  EXPECT_NE(
+      dew::test::error_of([&] { dew::data::load_tokenizer(kFixtures + "sp_bpe.model")->decode({400}); }).find("400"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -46,7 +46,9 @@ TEST(TextCorpus, FolderFilesSkipIndexesLinksAndHidden) {
   EXPECT_EQ(whole.size(), 3u);
   auto forced = dew::data::read_documents(dir.path.string(), "fortune");
   EXPECT_EQ(forced.size(), 6u);
-  EXPECT_NE(dew::test::error_of([&] { dew::data::read_documents(dir.path.string(), "lines"); }).find("accepted: auto, fortune, file"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::data::read_documents(dir.path.string(), "lines");
+            }).find("accepted: auto, fortune, file"),
             std::string::npos);
   EXPECT_NE(dew::test::error_of([&] { dew::data::read_documents(dir.file("missing")); }).find("missing"),
             std::string::npos);

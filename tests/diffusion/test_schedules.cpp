@@ -117,20 +117,23 @@ TEST(Schedules, KarrasGridEndpointsAndInverse) {
   const int n = 18;
   auto sig = k->rates(k->grid(n)).sigma;
   for (int i = 0; i < n; ++i) {
-    double expect = std::pow(std::pow(80.0, 1 / 7.0) + i / double(n - 1) * (std::pow(0.002, 1 / 7.0) - std::pow(80.0, 1 / 7.0)), 7.0);
+    double expect = std::pow(
+        std::pow(80.0, 1 / 7.0) + i / double(n - 1) * (std::pow(0.002, 1 / 7.0) - std::pow(80.0, 1 / 7.0)), 7.0);
     EXPECT_NEAR(sig[i].item<double>(), expect, 1e-9 * expect) << i;
   }
   auto t = at::linspace(0, 1, 101, kF64);
   EXPECT_LT((k->t_of_sigma(k->rates(t).sigma) - t).abs().max().item<double>(), 1e-12);
   // EDM weight lambda(sigma) = (sigma^2 + sd^2)/(sigma sd)^2 and c_noise = ln(sigma)/4
   double sigma = k->rates_at(0.6).second;
-  EXPECT_NEAR(k->weight(at::full({1}, 0.6, kF64)).item<double>(), (sigma * sigma + 0.25) / (sigma * sigma * 0.25), 1e-9);
+  EXPECT_NEAR(k->weight(at::full({1}, 0.6, kF64)).item<double>(), (sigma * sigma + 0.25) / (sigma * sigma * 0.25),
+              1e-9);
   EXPECT_NEAR(k->model_time(at::full({1}, 0.6, kF64)).item<float>(), std::log(sigma) / 4, 1e-6);
   EXPECT_NE(error_of([] { make_linear()->t_of_sigma(at::ones({1})); }).find("variance-exploding"), std::string::npos);
 }
 
 TEST(Schedules, EdmTrainingDensity) {
-  for (auto [regime, mean, std] : {std::tuple<const char*, double, double>{"pixel", -1.2, 1.2}, {"latent", -0.4, 1.0}}) {
+  for (auto [regime, mean, std] :
+       {std::tuple<const char*, double, double>{"pixel", -1.2, 1.2}, {"latent", -0.4, 1.0}}) {
     EDMOptions o;
     o.regime = regime;
     auto s = make_edm(o);
@@ -264,7 +267,10 @@ TEST(Presets, TableMatchesSpec) {
   EXPECT_NEAR(preset("flow").train->rates_at(0.3).second, 0.3, 1e-15);
   auto msg = error_of([] { preset("edm"); });
   EXPECT_NE(msg.find("regime is required"), std::string::npos) << msg;
-  EXPECT_NE(error_of([] { presets().build(json{{"name", "flow"}, {"shiftt", 2}}); }).find("valid fields"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              presets().build(json{{"name", "flow"}, {"shiftt", 2}});
+            }).find("valid fields"),
+            std::string::npos);
   EXPECT_NE(error_of([] { presets().build(json{{"name", "cosin"}}); }).find("registered: cosine"), std::string::npos);
   EXPECT_NEAR(preset("karras").sample->prior_std(), std::sqrt(1 + 80.0 * 80.0), 1e-9);
 }
@@ -281,7 +287,8 @@ TEST(Process, EdmLossEqualsPreconditionedRegression) {
   auto sigma = bcast(in.t, x0);
   auto c_skip = 0.25 / (sigma.square() + 0.25), c_out = sigma * 0.5 / (sigma.square() + 0.25).sqrt();
   auto expect = 0.5 * (F - (x0 - c_skip * in.x_t) / c_out).square().flatten(1).mean(1);
-  EXPECT_LT((proc.loss_per_row(F, in).to(at::kDouble) - expect).abs().max().item<double>(), 1e-4 * expect.max().item<double>());
+  EXPECT_LT((proc.loss_per_row(F, in).to(at::kDouble) - expect).abs().max().item<double>(),
+            1e-4 * expect.max().item<double>());
   // the inputs are what the forward process says
   EXPECT_LT((in.x_t - (x0 + sigma * in.eps)).abs().max().item<double>(), 1e-12);
   EXPECT_LT((in.net_input - in.x_t / (sigma.square() + 0.25).sqrt()).abs().max().item<double>(), 1e-12);
@@ -289,7 +296,9 @@ TEST(Process, EdmLossEqualsPreconditionedRegression) {
 }
 
 TEST(Process, EpsilonLossIsZeroForTheTrueNoise) {
-  Preset p{"custom", make_cosine(), make_cosine(), make_transform("epsilon"), weightings().build("schedule", json::object()), {}};
+  Preset p{
+      "custom", make_cosine(), make_cosine(), make_transform("epsilon"), weightings().build("schedule", json::object()),
+      {}};
   DiffusionProcess proc(p);
   auto gen = rng::generator(1, 0, "test");
   auto x0 = at::randn({4, 3, 2, 2}, gen);

@@ -134,7 +134,7 @@ TEST(DiffusersPipeline, BrokenFoldersNameTheFile) {
   const auto p = (dir.path / "p").string();
   std::filesystem::remove_all(dir.path / "p" / "vae");
   EXPECT_NE(error_of([&] { dew::interop::TextToImagePipeline::load(p); }).find("vae"), std::string::npos);
-  EXPECT_NE(error_of([&] { dew::interop::TextToImagePipeline::load((dir.path / "nowhere").string()); })
-                .find("not a folder"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { dew::interop::TextToImagePipeline::load((dir.path / "nowhere").string()); }).find("not a folder"),
+      std::string::npos);
 }

@@ -5,9 +5,9 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <iostream>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 
 #include "dew/data/tokenizer.h"
 #include "dew/interop/hf_decoder.h"
@@ -22,17 +22,35 @@ using dew::nn::CausalTransformerOptions;
 namespace {
 
 CausalTransformerOptions tiny() {
-  return CausalTransformerOptions().vocab_size(260).emb_features(32).num_layers(2).num_heads(4).num_kv_heads(2)
-      .head_dim(8).mlp_features(48).max_seq_len(64).qk_norm(false).tie_embeddings(false);
+  return CausalTransformerOptions()
+      .vocab_size(260)
+      .emb_features(32)
+      .num_layers(2)
+      .num_heads(4)
+      .num_kv_heads(2)
+      .head_dim(8)
+      .mlp_features(48)
+      .max_seq_len(64)
+      .qk_norm(false)
+      .tie_embeddings(false);
 }
 
 CausalTransformerOptions tiny_for(const std::string& family) {
   auto o = tiny();
   if (family == "qwen3") o.qk_norm(true).attention_bias(true).rope_theta(1e6);
   if (family == "gemma3_text")
-    o.qk_norm(true).sandwich_norms(true).scale_offset(1.0).embedding_scale(std::sqrt(32.0)).mlp("geglu")
-        .layer_types({"sliding_attention", "full_attention"}).sliding_window(4).rope_theta(1e6)
-        .sliding_rope_theta(1e4).final_logit_softcap(30.0).tie_embeddings(true).norm_eps(1e-6);
+    o.qk_norm(true)
+        .sandwich_norms(true)
+        .scale_offset(1.0)
+        .embedding_scale(std::sqrt(32.0))
+        .mlp("geglu")
+        .layer_types({"sliding_attention", "full_attention"})
+        .sliding_window(4)
+        .rope_theta(1e6)
+        .sliding_rope_theta(1e4)
+        .final_logit_softcap(30.0)
+        .tie_embeddings(true)
+        .norm_eps(1e-6);
   return o;
 }
 
@@ -68,8 +86,8 @@ TEST_P(HfDecoderFamilies, ExportThenImportIsBitwiseIdentical) {
   auto model = random_model(tiny_for(family), 3);
   auto tok = dew::data::load_tokenizer("byte");
   dew::interop::save_pretrained_decoder(model, dir.path.string(), tok.get(), family);
-  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                        "tokenizer_config.json"})
+  for (const char* f :
+       {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
     EXPECT_TRUE(fs::exists(dir.file(f))) << f;
   auto back = dew::interop::load_pretrained_decoder(dir.path.string());
   dew::json a = dew::to_json(model->options), b = dew::to_json(back->options);
@@ -111,8 +129,8 @@ TEST_P(HfDecoderFamilies, ExportMatchesAnIndependentPythonReference) {
     rows.push_back(r);
   }
   std::ofstream(dir.file("ids.json")) << rows.dump();
-  std::string cmd = DEW_PYTHON " " + std::string(DEW_SOURCE_DIR) + "/tests/interop/hf_reference.py " +
-                    dir.file("hf") + " " + dir.file("ids.json") + " " + dir.file("logits.f32");
+  std::string cmd = DEW_PYTHON " " + std::string(DEW_SOURCE_DIR) + "/tests/interop/hf_reference.py " + dir.file("hf") +
+                    " " + dir.file("ids.json") + " " + dir.file("logits.f32");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream f(dir.file("logits.f32"), std::ios::binary);
   std::string raw((std::istreambuf_iterator<char>(f)), {});
@@ -121,7 +139,8 @@ TEST_P(HfDecoderFamilies, ExportMatchesAnIndependentPythonReference) {
   torch::NoGradGuard g;
   auto ours = model->forward_tokens(ids);
   double diff = (ours - ref).abs().max().item<double>();
-  std::cout << family << ": max |dew - python reference| = " << diff << " (logit std " << ref.std().item<double>() << ")\n";
+  std::cout << family << ": max |dew - python reference| = " << diff << " (logit std " << ref.std().item<double>()
+            << ")\n";
   EXPECT_LT(diff, 1e-4);
 }
 
@@ -198,7 +217,8 @@ TEST(HfDecoder, RefusesWhatTheFamilyCannotExpress) {
   expect_refused(tiny().partial_rotary_factor(0.5), "llama", "partial_rotary_factor 0.5");
   expect_refused(tiny_for("gemma3_text").embedding_scale(1.0), "gemma3_text", "embedding_scale 1");
   auto m = random_model(tiny(), 0);
-  std::string msg = dew::test::error_of([&] { dew::interop::save_pretrained_decoder(m, dir.path.string(), nullptr, "gpt2"); });
+  std::string msg =
+      dew::test::error_of([&] { dew::interop::save_pretrained_decoder(m, dir.path.string(), nullptr, "gpt2"); });
   EXPECT_NE(msg.find("accepted: llama, qwen3, gemma3_text"), std::string::npos) << msg;
 }
 
@@ -219,7 +239,8 @@ TEST(HfDecoder, LoadsShardedCheckpoints) {
   ASSERT_FALSE(second.empty());
   dew::io::save_safetensors(dir.file("model-00001-of-00002.safetensors"), first);
   dew::io::save_safetensors(dir.file("model-00002-of-00002.safetensors"), second);
-  std::ofstream(dir.file("model.safetensors.index.json")) << json{{"metadata", json::object()}, {"weight_map", map}}.dump();
+  std::ofstream(dir.file("model.safetensors.index.json"))
+      << json{{"metadata", json::object()}, {"weight_map", map}}.dump();
   auto back = dew::interop::load_pretrained_decoder(dir.path.string());
   expect_identical(model, back);
 
@@ -259,13 +280,13 @@ TEST(HfDecoder, WidensBf16AndFp16) {
 
 TEST(HfDecoder, ReadsHandWrittenConfigsAndRefusesUnsupportedOnes) {
   // A Gemma 3 style config from an older transformers: no layer_types, a sliding_window_pattern instead.
-  json g = {{"model_type", "gemma3_text"}, {"vocab_size", 100}, {"hidden_size", 16}, {"intermediate_size", 32},
-            {"num_hidden_layers", 4}, {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"head_dim", 8},
-            {"query_pre_attn_scalar", 8}, {"sliding_window_pattern", 2}, {"sliding_window", 16},
-            {"rope_scaling", nullptr}};
+  json g = {{"model_type", "gemma3_text"}, {"vocab_size", 100},      {"hidden_size", 16},
+            {"intermediate_size", 32},     {"num_hidden_layers", 4}, {"num_attention_heads", 2},
+            {"num_key_value_heads", 1},    {"head_dim", 8},          {"query_pre_attn_scalar", 8},
+            {"sliding_window_pattern", 2}, {"sliding_window", 16},   {"rope_scaling", nullptr}};
   auto o = dew::nn::options_from_hf_config(g);
-  EXPECT_EQ(o.layer_types(), (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention",
-                                                       "full_attention"}));
+  EXPECT_EQ(o.layer_types(),
+            (std::vector<std::string>{"sliding_attention", "full_attention", "sliding_attention", "full_attention"}));
   EXPECT_EQ(o.mlp(), "geglu");
   EXPECT_DOUBLE_EQ(o.embedding_scale(), 4.0);
   EXPECT_DOUBLE_EQ(o.rope_theta(), 1e6);
@@ -282,8 +303,8 @@ TEST(HfDecoder, ReadsHandWrittenConfigsAndRefusesUnsupportedOnes) {
   json r = g;
   r["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
   bad(r, "rope_scaling");
-  json l = {{"model_type", "llama"}, {"vocab_size", 10}, {"hidden_size", 8}, {"num_hidden_layers", 1},
-            {"num_attention_heads", 2}, {"hidden_act", "relu"}};
+  json l = {{"model_type", "llama"},  {"vocab_size", 10},         {"hidden_size", 8},
+            {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"hidden_act", "relu"}};
   bad(l, "hidden_act \"relu\"");
 }
 
@@ -292,21 +313,21 @@ TEST(HfDecoder, DewLayoutAndBadFolders) {
   auto model = random_model(tiny(), 9);
   std::map<std::string, at::Tensor> params;
   for (const auto& p : model->named_parameters()) params[p.key()] = p.value().detach();
-  dew::interop::save_hf_layout(params, {{"architecture", "causal_transformer"}, {"fields", dew::to_json(model->options)}},
-                               dir.path.string());
+  dew::interop::save_hf_layout(
+      params, {{"architecture", "causal_transformer"}, {"fields", dew::to_json(model->options)}}, dir.path.string());
   auto back = dew::interop::load_pretrained_decoder(dir.path.string());
   expect_identical(model, back);
 
   // Drop one tensor and add a stray one: both are named.
   params.erase("layers.0.mlp.up_proj.weight");
   params["layers.0.extra"] = torch::zeros({2});
-  dew::interop::save_hf_layout(params, {{"architecture", "causal_transformer"}, {"fields", dew::to_json(model->options)}},
-                               dir.path.string());
+  dew::interop::save_hf_layout(
+      params, {{"architecture", "causal_transformer"}, {"fields", dew::to_json(model->options)}}, dir.path.string());
   std::string msg = dew::test::error_of([&] { dew::interop::load_pretrained_decoder(dir.path.string()); });
   EXPECT_NE(msg.find("layers.0.mlp.up_proj.weight"), std::string::npos) << msg;
   params["layers.0.mlp.up_proj.weight"] = model->named_parameters()["layers.0.mlp.up_proj.weight"].detach();
-  dew::interop::save_hf_layout(params, {{"architecture", "causal_transformer"}, {"fields", dew::to_json(model->options)}},
-                               dir.path.string());
+  dew::interop::save_hf_layout(
+      params, {{"architecture", "causal_transformer"}, {"fields", dew::to_json(model->options)}}, dir.path.string());
   msg = dew::test::error_of([&] { dew::interop::load_pretrained_decoder(dir.path.string()); });
   EXPECT_NE(msg.find("layers.0.extra"), std::string::npos) << msg;
   msg = dew::test::error_of([&] { dew::interop::load_pretrained_decoder(dir.file("nowhere")); });

@@ -5,10 +5,10 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <filesystem>
-#include <functional>
-#include <fstream>
 #include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 
 #include "dew/core/error.h"
 #include "dew/io/image.h"

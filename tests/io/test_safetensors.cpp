@@ -97,8 +97,7 @@ TEST(Safetensors, DtypeTable) {
   EXPECT_EQ(dew::io::dtype_size(Dtype::BOOL), 1u);
   EXPECT_STREQ(dew::io::dtype_name(Dtype::BF16), "BF16");
   EXPECT_EQ(dew::io::dtype_from_string("I16", "test"), Dtype::I16);
-  for (at::ScalarType t : kTypes)
-    EXPECT_EQ(dew::io::scalar_type(dew::io::dtype_of(t, "test")), t) << c10::toString(t);
+  for (at::ScalarType t : kTypes) EXPECT_EQ(dew::io::scalar_type(dew::io::dtype_of(t, "test")), t) << c10::toString(t);
   expect_error([] { dew::io::dtype_of(at::kComplexFloat, "tensor x"); }, {"tensor x", "ComplexFloat", "BFloat16"},
                "complex dtype");
 }
@@ -190,11 +189,10 @@ TEST(Safetensors, HandBuiltFileReads) {
   const std::string data = std::string("\x00\x00\xc0\x3f\x00\x00\x00\xc0", 8) + std::string("\x02\x01\xff\xff", 4) +
                            std::string("\x01\x00\x01", 3);
   // Deliberately unpadded: data starts at an odd offset, so zero-copy must fall back to copies.
-  const std::string header =
-      R"({"b":{"dtype":"I16","shape":[1,2],"data_offsets":[8,12]},)"
-      R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("m":{"data_offsets":[12,15],"shape":[3],"dtype":"BOOL"},)"
-      R"("__metadata__":{"k":"v"}})";
+  const std::string header = R"({"b":{"dtype":"I16","shape":[1,2],"data_offsets":[8,12]},)"
+                             R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("m":{"data_offsets":[12,15],"shape":[3],"dtype":"BOOL"},)"
+                             R"("__metadata__":{"k":"v"}})";
   ASSERT_EQ((8 + header.size()) % 2, 1u) << "the data section should start at an odd offset";
   const std::string path = temp_path("hand.safetensors");
   write_bytes(path, file_bytes(header, data));
@@ -253,8 +251,8 @@ TEST(Safetensors, WrittenByteLayout) {
   EXPECT_EQ(h["a"]["shape"], nlohmann::json::array({3}));
   EXPECT_EQ(h["a"]["data_offsets"], nlohmann::json::array({16, 22}));
   const std::string data = bytes.substr(8 + n);
-  EXPECT_EQ(data, std::string("\x00\x00\x00\x00\x00\x00\xe0\x3f", 8) + std::string("\x00\x00\xc0\x3f\x00\x00\x00\xc0", 8) +
-                      std::string("\x02\x01\xff\xff\x03\x00", 6));
+  EXPECT_EQ(data, std::string("\x00\x00\x00\x00\x00\x00\xe0\x3f", 8) +
+                      std::string("\x00\x00\xc0\x3f\x00\x00\x00\xc0", 8) + std::string("\x02\x01\xff\xff\x03\x00", 6));
   ::unlink(path.c_str());
 }
 
@@ -279,23 +277,30 @@ TEST(Safetensors, MalformedFilesAreRefused) {
       {"non-JSON header", file_bytes("{\"a\": nope", ""), {"not valid JSON"}},
       {"header not an object", file_bytes("[1, 2]", ""), {"JSON object", "list"}},
       {"entry not an object", file_bytes("{\"a\": 3}", ""), {"\"a\"", "must be an object"}},
-      {"unknown dtype", file_bytes("{" + entry("w", "F8_E4M3", "[2]", 0, 2) + "}", std::string(2, '\0')),
+      {"unknown dtype",
+       file_bytes("{" + entry("w", "F8_E4M3", "[2]", 0, 2) + "}", std::string(2, '\0')),
        {"unknown dtype", "F8_E4M3", "\"w\"", "BF16"}},
-      {"dtype not a string", file_bytes(R"({"w":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0')),
+      {"dtype not a string",
+       file_bytes(R"({"w":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0')),
        {"dtype", "must be a string", "int 4"}},
-      {"unknown field", file_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", std::string(4, '\0')),
+      {"unknown field",
+       file_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", std::string(4, '\0')),
        {"unknown field", "\"x\""}},
       {"missing field", file_bytes(R"({"w":{"dtype":"F32","shape":[1]}})", ""), {"missing field", "data_offsets"}},
       {"negative dimension", file_bytes("{" + entry("w", "F32", "[-2]", 0, 8) + "}", d8), {"shape", ">= 0", "-2"}},
       {"float dimension", file_bytes("{" + entry("w", "F32", "[2.0]", 0, 8) + "}", d8), {"shape", "float"}},
-      {"shape x dtype size mismatch", file_bytes("{" + entry("w", "F32", "[3]", 0, 8) + "}", d8),
+      {"shape x dtype size mismatch",
+       file_bytes("{" + entry("w", "F32", "[3]", 0, 8) + "}", d8),
        {"size mismatch", "12 bytes", "8 bytes", "\"w\""}},
-      {"out-of-range offsets", file_bytes("{" + entry("w", "F32", "[4]", 0, 16) + "}", d8),
+      {"out-of-range offsets",
+       file_bytes("{" + entry("w", "F32", "[4]", 0, 16) + "}", d8),
        {"out of range", "16", "8 bytes"}},
       {"reversed offsets", file_bytes("{" + entry("w", "U8", "[0]", 8, 0) + "}", d8), {"reversed", "[8, 0]"}},
-      {"negative offset", file_bytes(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[-1,0]}})", d8),
+      {"negative offset",
+       file_bytes(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[-1,0]}})", d8),
        {"data_offsets", ">= 0", "-1"}},
-      {"offsets not a pair", file_bytes(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}})", d8),
+      {"offsets not a pair",
+       file_bytes(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}})", d8),
        {"data_offsets", "two integers"}},
       {"overlapping offsets",
        file_bytes("{" + entry("a", "F32", "[2]", 0, 8) + "," + entry("b", "F32", "[2]", 4, 12) + "}", d12),
@@ -305,15 +310,20 @@ TEST(Safetensors, MalformedFilesAreRefused) {
        {"gap", "[4, 8)"}},
       {"trailing bytes", file_bytes("{" + entry("a", "F32", "[1]", 0, 4) + "}", d8), {"cover", "8 bytes"}},
       {"absurd shape overflow",
-       file_bytes("{" + entry("w", "F32", "[4611686018427387904, 4611686018427387904]", 0, 4) + "}", std::string(4, '\0')),
+       file_bytes("{" + entry("w", "F32", "[4611686018427387904, 4611686018427387904]", 0, 4) + "}",
+                  std::string(4, '\0')),
        {"overflow", "4611686018427387904"}},
       {"overflow hidden by a zero dimension",
-       file_bytes("{" + entry("w", "F32", "[0, 4611686018427387904, 4]", 0, 0) + "}", ""), {"overflow"}},
-      {"byte size overflow", file_bytes("{" + entry("w", "F64", "[4611686018427387904]", 0, 8) + "}", d8),
+       file_bytes("{" + entry("w", "F32", "[0, 4611686018427387904, 4]", 0, 0) + "}", ""),
+       {"overflow"}},
+      {"byte size overflow",
+       file_bytes("{" + entry("w", "F64", "[4611686018427387904]", 0, 8) + "}", d8),
        {"overflow", "uint64"}},
-      {"dimension beyond int64", file_bytes("{" + entry("w", "U8", "[18446744073709551615]", 0, 8) + "}", d8),
+      {"dimension beyond int64",
+       file_bytes("{" + entry("w", "U8", "[18446744073709551615]", 0, 8) + "}", d8),
        {"at most 9223372036854775807"}},
-      {"metadata with a non-string value", file_bytes(R"({"__metadata__":{"k":1}})", ""),
+      {"metadata with a non-string value",
+       file_bytes(R"({"__metadata__":{"k":1}})", ""),
        {"__metadata__", "\"k\"", "must be a string", "int 1"}},
       {"metadata not an object", file_bytes(R"({"__metadata__":["k"]})", ""), {"__metadata__", "object"}},
   };
@@ -349,18 +359,33 @@ TEST(Safetensors, ReaderErrors) {
 
 TEST(Safetensors, WriterErrors) {
   const std::string path = temp_path("w.safetensors");
-  expect_error([&] { dew::io::save_safetensors(path, {{"c", at::ones({2}, at::kComplexFloat)}}); },
-               {"\"c\"", "ComplexFloat", "cannot be stored"}, "complex tensor");
-  expect_error([&] { dew::io::save_safetensors(path, {{"__metadata__", at::ones({2})}}); }, {"reserved"},
-               "reserved name");
-  expect_error([&] { dew::io::save_safetensors(path, {{"u", at::Tensor()}}); }, {"\"u\"", "undefined"},
-               "undefined tensor");
-  expect_error([&] { dew::io::save_safetensors(path, {{"x", at::ones({1})}}, {{"k", "\xff\xfe"}}); }, {"UTF-8"},
-               "invalid UTF-8 metadata");
+  expect_error(
+      [&] {
+        dew::io::save_safetensors(path, {{"c", at::ones({2}, at::kComplexFloat)}});
+      },
+      {"\"c\"", "ComplexFloat", "cannot be stored"}, "complex tensor");
+  expect_error(
+      [&] {
+        dew::io::save_safetensors(path, {{"__metadata__", at::ones({2})}});
+      },
+      {"reserved"}, "reserved name");
+  expect_error(
+      [&] {
+        dew::io::save_safetensors(path, {{"u", at::Tensor()}});
+      },
+      {"\"u\"", "undefined"}, "undefined tensor");
+  expect_error(
+      [&] {
+        dew::io::save_safetensors(path, {{"x", at::ones({1})}}, {{"k", "\xff\xfe"}});
+      },
+      {"UTF-8"}, "invalid UTF-8 metadata");
   EXPECT_FALSE(exists(path));
   EXPECT_FALSE(exists(path + ".tmp"));
-  expect_error([] { dew::io::save_safetensors("/nonexistent/dir/x.safetensors", {{"x", at::ones({1})}}); },
-               {"cannot create", "/nonexistent/dir/x.safetensors.tmp", "No such file"}, "missing directory");
+  expect_error(
+      [] {
+        dew::io::save_safetensors("/nonexistent/dir/x.safetensors", {{"x", at::ones({1})}});
+      },
+      {"cannot create", "/nonexistent/dir/x.safetensors.tmp", "No such file"}, "missing directory");
 
   // Overwriting replaces the old content whole.
   dew::io::save_safetensors(path, {{"old", at::ones({100})}});

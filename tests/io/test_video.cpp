@@ -73,9 +73,13 @@ TEST(Video, FilesAreWrittenAndBadShapesAreErrors) {
   EXPECT_TRUE(std::filesystem::exists(dir.file("a.gif")));
   EXPECT_TRUE(std::filesystem::exists(dir.file("seq/frame_003.png")));
   EXPECT_EQ(dew::io::load_image(dir.file("strip.png"), 1).size(1), 2 * 10 + 2);
-  EXPECT_NE(dew::test::error_of([&] { dew::io::video_strip(torch::zeros({2, 1, 8, 8}), 2); }).find("[N, C, T, H, W]"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::io::video_strip(torch::zeros({2, 1, 8, 8}), 2);
+            }).find("[N, C, T, H, W]"),
             std::string::npos);
-  EXPECT_NE(dew::test::error_of([&] { dew::io::encode_gif(torch::zeros({2, 2, 8, 8})); }).find("C = 1 or 3"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::io::encode_gif(torch::zeros({2, 2, 8, 8}));
+            }).find("C = 1 or 3"),
             std::string::npos);
 }
 

@@ -4,8 +4,8 @@
 
 #include <fstream>
 
-#include "dew/io/safetensors.h"
 #include "dew/core/options.h"
+#include "dew/io/safetensors.h"
 #include "dew/io/weights.h"
 #include "tests/test_util.h"
 
@@ -39,10 +39,12 @@ at::Tensor arange(std::vector<int64_t> shape, double offset) {
 TEST(Weights, KeyMapRenamesSplitsAndTransposes) {
   Block m;
   // A checkpoint in another layout: "attn." prefix, one fused qkv, the output stored transposed, fp16.
-  std::map<std::string, at::Tensor> file = {
-      {"attn.qkv.weight", arange({12, 4}, 0)}, {"attn.qkv.bias", arange({12}, 100)},
-      {"attn.out_t.weight", arange({4, 2}, 200).to(at::kHalf)}, {"attn.out.bias", arange({2}, 300)},
-      {"attn.steps", at::full({1}, 7, at::kLong)}, {"attn.rotary.inv_freq", at::ones({2})}};
+  std::map<std::string, at::Tensor> file = {{"attn.qkv.weight", arange({12, 4}, 0)},
+                                            {"attn.qkv.bias", arange({12}, 100)},
+                                            {"attn.out_t.weight", arange({4, 2}, 200).to(at::kHalf)},
+                                            {"attn.out.bias", arange({2}, 300)},
+                                            {"attn.steps", at::full({1}, 7, at::kLong)},
+                                            {"attn.rotary.inv_freq", at::ones({2})}};
   io::KeyMap map;
   map.prefix("attn.", "")
       .skip(R"(.*inv_freq)")
@@ -138,15 +140,19 @@ TEST(Weights, ShardedIndexFoldersAndKeptDtypes) {
   EXPECT_EQ(m.steps.scalar_type(), at::kLong);
 
   // A weight_map naming a file outside the folder, or a shard that lacks its tensor, is refused by name.
-  std::ofstream(dir.file("bad.safetensors.index.json")) << json{{"weight_map", {{"q.weight", "../x.safetensors"}}}}.dump();
-  EXPECT_NE(error_of([&] { io::WeightSource::open(dir.file("bad.safetensors.index.json")); }).find("not a file beside it"),
-            std::string::npos);
+  std::ofstream(dir.file("bad.safetensors.index.json"))
+      << json{{"weight_map", {{"q.weight", "../x.safetensors"}}}}.dump();
+  EXPECT_NE(
+      error_of([&] { io::WeightSource::open(dir.file("bad.safetensors.index.json")); }).find("not a file beside it"),
+      std::string::npos);
   std::ofstream(dir.file("bad2.safetensors.index.json"))
       << json{{"weight_map", {{"q.weight", "part-2.safetensors"}}}}.dump();
-  EXPECT_NE(error_of([&] { io::WeightSource::open(dir.file("bad2.safetensors.index.json")); })
-                .find("puts \"q.weight\" in \"part-2.safetensors\", which does not hold it"),
+  EXPECT_NE(error_of([&] {
+              io::WeightSource::open(dir.file("bad2.safetensors.index.json"));
+            }).find("puts \"q.weight\" in \"part-2.safetensors\", which does not hold it"),
             std::string::npos);
   dew::test::TempDir empty("weights_empty");
-  EXPECT_NE(error_of([&] { io::WeightSource::open(empty.path.string()); }).find("holds none of model.safetensors.index.json"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { io::WeightSource::open(empty.path.string()); }).find("holds none of model.safetensors.index.json"),
+      std::string::npos);
 }

@@ -69,7 +69,8 @@ TEST(Metrics, SsimMatchesScikitImage) {
       cb.push_back(0.8 * a + 0.15 * at::cos(0.7 * xs - 0.4 * grid + double(2 * c + k)) - 0.05);
     }
     const double ours = ssim(at::stack(ca).unsqueeze(0), at::stack(cb).unsqueeze(0));
-    std::printf("pair %d: ssim %.17g, scikit-image %.17g, |diff| %.3g\n", k, ours, skimage[k], std::abs(ours - skimage[k]));
+    std::printf("pair %d: ssim %.17g, scikit-image %.17g, |diff| %.3g\n", k, ours, skimage[k],
+                std::abs(ours - skimage[k]));
     EXPECT_NEAR(ours, skimage[k], 1e-10) << "pair " << k;
   }
 }

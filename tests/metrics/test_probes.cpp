@@ -70,7 +70,10 @@ TEST(Probes, KnnWeightedVoteEqualsDinosKnnClassifier) {
               double(correct) / 200.0);
     // The problem tells the votes apart: a count gives other classes on some items.
     o.vote = "majority";
-    EXPECT_GT(dew::metrics::knn_predict(g.at("train_x"), g.at("train_y"), g.at("test_x"), 5, o).ne(want).sum().item<int64_t>(),
+    EXPECT_GT(dew::metrics::knn_predict(g.at("train_x"), g.at("train_y"), g.at("test_x"), 5, o)
+                  .ne(want)
+                  .sum()
+                  .item<int64_t>(),
               0);
   }
 }
@@ -122,8 +125,9 @@ TEST(Probes, KnnCentringMovesTheOriginToTheTrainingMean) {
   EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, zero, 2, {2, "none"}), 0.0);
   EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, zero, 2, {2, "center"}), 1.0);
   EXPECT_EQ(dew::metrics::knn_accuracy(xtr, ytr, xte, zero, 2, {2, "standardize"}), 1.0);
-  EXPECT_NE(dew::test::error_of([&] { dew::metrics::knn_accuracy(xtr, ytr, xte, zero, 2, {2, "whiten"}); })
-                .find("prep must be none, center or standardize, got \"whiten\""),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::metrics::knn_accuracy(xtr, ytr, xte, zero, 2, {2, "whiten"});
+            }).find("prep must be none, center or standardize, got \"whiten\""),
             std::string::npos);
 }
 
@@ -149,17 +153,21 @@ TEST(Probes, BadInputsAreRefused) {
   at::Tensor y = torch::zeros({10}, at::kLong);
   EXPECT_NE(dew::test::error_of([&] { dew::metrics::knn_accuracy(x, y, x, y, 2, {11}); }).find("k must be in [1, 10]"),
             std::string::npos);
-  EXPECT_NE(dew::test::error_of([&] { dew::metrics::linear_probe_accuracy(x, y + 5, x, y, 2); })
-                .find("labels must be in [0, 2)"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::metrics::linear_probe_accuracy(x, y + 5, x, y, 2);
+            }).find("labels must be in [0, 2)"),
             std::string::npos);
-  EXPECT_NE(dew::test::error_of([&] { dew::metrics::knn_accuracy(x, y, torch::randn({4, 2}), y.slice(0, 0, 4), 2, {3}); })
-                .find("differ in width"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::metrics::knn_accuracy(x, y, torch::randn({4, 2}), y.slice(0, 0, 4), 2, {3});
+            }).find("differ in width"),
             std::string::npos);
-  EXPECT_NE(dew::test::error_of([&] { dew::metrics::knn_accuracy(x, y, x, y, 2, {3, "none", "vote"}); })
-                .find("vote must be weighted or majority, got \"vote\""),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::metrics::knn_accuracy(x, y, x, y, 2, {3, "none", "vote"});
+            }).find("vote must be weighted or majority, got \"vote\""),
             std::string::npos);
-  EXPECT_NE(dew::test::error_of([&] { dew::metrics::knn_accuracy(x, y, x, y, 2, {3, "none", "weighted", 0.0}); })
-                .find("temperature must be finite and > 0, got 0"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::metrics::knn_accuracy(x, y, x, y, 2, {3, "none", "weighted", 0.0});
+            }).find("temperature must be finite and > 0, got 0"),
             std::string::npos);
 }
 

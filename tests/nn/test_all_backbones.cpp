@@ -1,23 +1,23 @@
 // Every registered diffusion backbone, through the paths a run uses: built from its {architecture,
 // fields} record, saved to safetensors and loaded into a fresh build (its own checkpoint), listed with
 // all its fields, trained a few steps on one batch, and refusing a mismatched checkpoint.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <set>
 
+#include "dew/core/rng.h"
 #include "dew/io/safetensors.h"
 #include "dew/io/weights.h"
-#include "dew/core/rng.h"
 #include "dew/nn/attention.h"
-#include "dew/nn/backbones/causal_transformer.h"
-#include "dew/nn/text_encoder.h"
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/roles.h"
+#include "dew/nn/text_encoder.h"
 #include "dew/training/trainer.h"
 #include "tests/nn/backbone_checks.h"
 #include "tests/test_util.h"
@@ -93,8 +93,7 @@ TEST(AllBackbones, EveryFamilyHasATinyConfigurationThatBuilds) {
     const dew::models::Family* f = nullptr;
     EXPECT_EQ(dew::test::error_of([&] { f = &dew::models::family(name); }), "");
     if (!f) continue;
-    if (f->role == dew::models::Role::kDenoiser)
-      EXPECT_NO_THROW(dew::models::build(name, f->tiny.fields));
+    if (f->role == dew::models::Role::kDenoiser) EXPECT_NO_THROW(dew::models::build(name, f->tiny.fields));
     else if (f->role == dew::models::Role::kLanguageModel)
       EXPECT_NO_THROW(dew::models::build_language_model({{"architecture", name}, {"fields", f->tiny.fields}}));
     else if (f->role == dew::models::Role::kTokenEncoder)
@@ -103,8 +102,7 @@ TEST(AllBackbones, EveryFamilyHasATinyConfigurationThatBuilds) {
       EXPECT_NO_THROW(dew::models::build_token_predictor({{"architecture", name}, {"fields", f->tiny.fields}}));
     else if (f->role == dew::models::Role::kAutoencoder)
       EXPECT_NO_THROW(dew::models::build_autoencoder({{"architecture", name}, {"fields", f->tiny.fields}}));
-    else
-      EXPECT_NO_THROW(dew::text_encoders::build(name, f->tiny.fields));
+    else EXPECT_NO_THROW(dew::text_encoders::build(name, f->tiny.fields));
     EXPECT_FALSE(f->tiny.input.empty());
     denoisers += f->role == dew::models::Role::kDenoiser;
   }
@@ -125,8 +123,8 @@ TEST(AllBackbones, EveryDiffusionArchitectureIsRegisteredWithItsFields) {
     ASSERT_TRUE(reg.contains(t.arch)) << t.arch;
     std::set<std::string> names;
     for (const auto& f : reg.info(t.arch).fields) names.insert(f.name);
-    for (const char* common : {"dtype", "attention_impl", "remat", "in_channels", "output_channels", "num_classes",
-                               "context_features"})
+    for (const char* common :
+         {"dtype", "attention_impl", "remat", "in_channels", "output_channels", "num_classes", "context_features"})
       EXPECT_TRUE(names.count(common)) << t.arch << " lacks the common field " << common;
   }
 }
@@ -175,8 +173,8 @@ TEST(AllBackbones, ScanOrdersAreEquivariantWhereTheDesignSaysSo) {
   // and unpatchify applies the inverse permutation; RoPE is the identity under hilbert and zigzag. So a
   // hilbert model and a zigzag model with the same weights compute the same function, while raster
   // (RoPE over the sequence index) and an S5 mixer (a recurrence along the scan) see the order.
-  const json dit = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 2},
-                    {"in_channels", 1}, {"output_channels", 1}};
+  const json dit = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 2},
+                    {"num_heads", 2},  {"in_channels", 1},   {"output_channels", 1}};
   auto with = [](json base, const json& extra) {
     base.update(extra);
     return base;
@@ -315,7 +313,8 @@ TEST(AllBackbones, TheParameterTreeDoesNotDependOnDtypeAttentionOrRemat) {
   for (const auto& t : tiny_models()) {
     SCOPED_TRACE(t.arch);
     const auto base = dew::test::param_shapes(*dew::models::build(t.arch, t.fields));
-    for (const json& change : {json{{"dtype", "bfloat16"}}, json{{"attention_impl", "chunked"}}, json{{"remat", true}}}) {
+    for (const json& change :
+         {json{{"dtype", "bfloat16"}}, json{{"attention_impl", "chunked"}}, json{{"remat", true}}}) {
       json f = t.fields;
       f.update(change);
       EXPECT_EQ(dew::test::param_shapes(*dew::models::build(t.arch, f)), base) << change.dump();
@@ -377,8 +376,9 @@ TEST(AllBackbones, ConditioningInputsAFamilyDoesNotTakeAreRefused) {
     auto batch = dew::test::fixed_batch(t.input, 14);
     batch.cond = conditioning(t);
     batch.cond.extra["guidance"] = torch::ones({t.input[0]});
-    EXPECT_NE(dew::test::error_of([&] { m->forward(batch.x_t, batch.t, batch.cond); })
-                  .find(t.arch + ": unknown conditioning input \"guidance\""),
+    EXPECT_NE(dew::test::error_of([&] {
+                m->forward(batch.x_t, batch.t, batch.cond);
+              }).find(t.arch + ": unknown conditioning input \"guidance\""),
               std::string::npos);
     batch.cond.extra.clear();
     batch.cond.pooled = torch::ones({t.input[0], 4});
@@ -555,8 +555,10 @@ TEST(AllBackbones, AMismatchedCheckpointIsAClearError) {
   json bigger = tiny.fields;
   bigger["emb_features"] = 64;
   auto big = dew::models::build("simple_dit", bigger);
-  const auto msg = dew::test::error_of(
-      [&] { dew::io::load_weights(*big, dew::io::WeightSource::of_tensors(dew::training::module_state(*small), "small.safetensors")); });
+  const auto msg = dew::test::error_of([&] {
+    dew::io::load_weights(*big,
+                          dew::io::WeightSource::of_tensors(dew::training::module_state(*small), "small.safetensors"));
+  });
   EXPECT_NE(msg.find("small.safetensors"), std::string::npos) << msg;
 }
 

@@ -36,7 +36,7 @@ TEST(Attention, ReferenceMatchesFloat64Math) {
 
 TEST(Attention, ChunkedAndAutoAgreeWithReferenceWithAndWithoutMasks) {
   auto [q, k, v] = random_qkv(2, 3, 300, 70, 16, 2);  // 300 query rows: two default chunks of 256
-  Tensor key_mask = torch::rand({2, 70}) > 0.3;        // [B, Sk]
+  Tensor key_mask = torch::rand({2, 70}) > 0.3;       // [B, Sk]
   Tensor causal = torch::ones({300, 70}, at::kBool).tril().view({1, 1, 300, 70});  // per-query 4-D mask
   for (const Tensor& mask : {Tensor(), key_mask, causal}) {
     Tensor ref = attention(q, k, v, mask, "reference");
@@ -58,8 +58,9 @@ TEST(Attention, ChunkedGradientsMatchReference) {
   int i = 0;
   for (const char* impl : {"reference", "chunked"}) {
     Tensor q = q0.clone().requires_grad_(), k = k0.clone().requires_grad_(), v = v0.clone().requires_grad_();
-    Tensor out = impl == std::string("chunked") ? dew::nn::attention_chunked(q, k, v, mask.view({1, 1, 1, 40}), true, 32)
-                                               : attention(q, k, v, mask, impl);
+    Tensor out = impl == std::string("chunked")
+                     ? dew::nn::attention_chunked(q, k, v, mask.view({1, 1, 1, 40}), true, 32)
+                     : attention(q, k, v, mask, impl);
     (out * w).sum().backward();
     grads[i++] = {q.grad(), k.grad(), v.grad()};
   }

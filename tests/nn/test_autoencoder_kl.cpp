@@ -27,7 +27,6 @@ using dew::test::sd_golden;
 using dew::json;
 using dew::test::error_of;
 
-
 std::shared_ptr<dew::nn::AutoencoderKLImpl> load(const std::string& name, at::ScalarType dtype = at::kFloat) {
   dew::interop::DiffusersLoadOptions o;
   o.dtype = dtype;
@@ -134,7 +133,9 @@ TEST(AutoencoderKL, ATileAsLargeAsTheInputIsThePlainPath) {
   EXPECT_EQ(tiled.sizes(), vae->decode(io.at("z")).sizes());
   const auto te = vae->tiled_encode(io.at("sample"), dew::nn::VaeTileOptions().sample_size(8));
   EXPECT_EQ(te.mean.sizes(), q.mean.sizes());
-  EXPECT_NE(error_of([&] { vae->tiled_decode(io.at("z"), dew::nn::VaeTileOptions().sample_size(1)); }).find("under one latent"),
+  EXPECT_NE(error_of([&] {
+              vae->tiled_decode(io.at("z"), dew::nn::VaeTileOptions().sample_size(1));
+            }).find("under one latent"),
             std::string::npos);
 }
 
@@ -148,9 +149,11 @@ TEST(AutoencoderKL, UnsupportedConfigSettingsAreRefusedByName) {
   };
   EXPECT_NE(refusal("norm_type", "spatial").find("unsupported setting \"norm_type\""), std::string::npos);
   EXPECT_NE(refusal("act_fn", "gelu").find("act_fn \"gelu\""), std::string::npos);
-  EXPECT_NE(refusal("down_block_types", json::array({"DownEncoderBlock2D", "AttnDownEncoderBlock2D"})).find("AttnDownEncoderBlock2D"),
+  EXPECT_NE(refusal("down_block_types", json::array({"DownEncoderBlock2D", "AttnDownEncoderBlock2D"}))
+                .find("AttnDownEncoderBlock2D"),
             std::string::npos);
-  EXPECT_NE(refusal("up_block_types", json::array({"UpDecoderBlock2D"})).find("one entry per level (2)"), std::string::npos);
+  EXPECT_NE(refusal("up_block_types", json::array({"UpDecoderBlock2D"})).find("one entry per level (2)"),
+            std::string::npos);
   EXPECT_NE(refusal("layers_per_block", "two").find("layers_per_block"), std::string::npos);
   // bookkeeping keys are dropped; diffusers' defaults fill what a hand-written config leaves out
   const json minimal = {{"_class_name", "AutoencoderKL"}, {"_name_or_path", "x"}};
@@ -206,8 +209,8 @@ TEST(AutoencoderKL, OldCheckpointLayoutsLoadThroughTheKeyMap) {
   dew::test::TempDir dir("vae_ldm");
   const std::string folder = sd_golden("vae");
   auto reference = load("vae");
-  const json fields = dew::models::fields_from_reference_config(
-      "autoencoder_kl", json::parse(std::ifstream(folder + "/config.json")));
+  const json fields =
+      dew::models::fields_from_reference_config("autoencoder_kl", json::parse(std::ifstream(folder + "/config.json")));
   // the original LDM layout inside a whole SD checkpoint (first_stage_model.*, 1x1-conv attention weights)
   const auto ldm = as_ldm_checkpoint(folder, 2);
   EXPECT_TRUE(ldm.count("first_stage_model.decoder.up.1.block.0.conv1.weight"));

@@ -2,9 +2,9 @@
 // conditioning, field validation and the {architecture, fields} config round trip.
 #include <gtest/gtest.h>
 
+#include <torch/torch.h>
 #include "tests/nn/backbone_checks.h"
 #include "tests/test_util.h"
-#include <torch/torch.h>
 
 #include <chrono>
 #include <set>
@@ -26,8 +26,11 @@ json tiny_dit(json extra = json::object()) {
   return f;
 }
 json tiny_unet(json extra = json::object()) {
-  json f = {{"emb_features", 32},   {"feature_depths", {16, 32}}, {"attention_configs", {nullptr, 4}},
-            {"num_res_blocks", 1}, {"norm_groups", 8}};
+  json f = {{"emb_features", 32},
+            {"feature_depths", {16, 32}},
+            {"attention_configs", {nullptr, 4}},
+            {"num_res_blocks", 1},
+            {"norm_groups", 8}};
   f.update(extra);
   return f;
 }
@@ -57,8 +60,9 @@ TEST(Backbones, SimpleDiTOverfitsOneBatch) {
 
 TEST(Backbones, ConditionalHilbertSimpleDiTOverfitsOneBatch) {
   torch::manual_seed(0);
-  auto m = dew::models::build("simple_dit", tiny_dit({{"scan_order", "hilbert"}, {"num_classes", 4},
-                                                       {"context_features", 8}, {"qk_norm", true}}));
+  auto m = dew::models::build(
+      "simple_dit",
+      tiny_dit({{"scan_order", "hilbert"}, {"num_classes", 4}, {"context_features", 8}, {"qk_norm", true}}));
   Batch b = fixed_batch(4, 3, 8, 2);
   b.cond.labels = torch::tensor({0, 1, 2, 4}, at::kLong);
   b.cond.context = torch::randn({4, 5, 8});
@@ -100,11 +104,16 @@ TEST(Backbones, MaskedContextTokensAndAbsentLabelsBehave) {
   Tensor t = torch::rand({2});
   EXPECT_LT(max_diff(dit->condition(t, a, 2), dit->condition(t, b, 2)), 1e-5);
   a.labels = torch::tensor({0, 4}, at::kLong);
-  EXPECT_NE(error_of([&] { m->forward(torch::randn({2, 3, 4, 4}), t, a); }).find("labels must lie in"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              m->forward(torch::randn({2, 3, 4, 4}), t, a);
+            }).find("labels must lie in"),
+            std::string::npos);
   auto plain = dew::models::build("simple_dit", tiny_dit());
   dew::Conditioning text;
   text.context = torch::randn({2, 4, 6});
-  EXPECT_NE(error_of([&] { plain->forward(torch::randn({2, 3, 4, 4}), t, text); }).find("context_features is 0"),
+  EXPECT_NE(error_of([&] {
+              plain->forward(torch::randn({2, 3, 4, 4}), t, text);
+            }).find("context_features is 0"),
             std::string::npos);
 }
 
@@ -128,10 +137,11 @@ TEST(Backbones, Bfloat16ComputeRunsAndStaysClose) {
 
 TEST(Backbones, UnknownFieldsAndBadValuesAreErrors) {
   // a unet would ignore a text context without an attention level: refused, naming the fix
-  EXPECT_NE(error_of([] {
-              dew::models::build("unet", tiny_unet({{"attention_configs", {nullptr, nullptr}}, {"context_features", 8}}));
-            }).find("needs at least one attention level"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] {
+        dew::models::build("unet", tiny_unet({{"attention_configs", {nullptr, nullptr}}, {"context_features", 8}}));
+      }).find("needs at least one attention level"),
+      std::string::npos);
   auto msg = error_of([] { dew::models::build("simple_dit", {{"num_layerz", 2}}); });
   EXPECT_NE(msg.find("unknown field \"num_layerz\""), std::string::npos) << msg;
   EXPECT_NE(msg.find("num_layers"), std::string::npos) << msg;
@@ -161,12 +171,13 @@ TEST(Backbones, ParameterNamesAreStable) {
     for (const auto& kv : m->named_buffers()) s.insert(kv.key());
     return s;
   };
-  auto dit = names(dew::models::build("simple_dit", tiny_dit({{"num_classes", 2}, {"context_features", 4}, {"qk_norm", true}})));
-  for (const char* n : {"x_embedder.weight", "t_embedder.fourier.freqs", "t_embedder.linear_1.weight",
-                        "t_embedder.linear_2.bias", "y_embedder.weight", "context_embedder.weight",
-                        "blocks.0.adaLN_modulation.weight", "blocks.1.attn.qkv.weight", "blocks.1.attn.proj.bias",
-                        "blocks.1.attn.q_norm.weight", "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight",
-                        "final_layer.adaLN_modulation.weight", "final_layer.linear.weight"})
+  auto dit = names(
+      dew::models::build("simple_dit", tiny_dit({{"num_classes", 2}, {"context_features", 4}, {"qk_norm", true}})));
+  for (const char* n :
+       {"x_embedder.weight", "t_embedder.fourier.freqs", "t_embedder.linear_1.weight", "t_embedder.linear_2.bias",
+        "y_embedder.weight", "context_embedder.weight", "blocks.0.adaLN_modulation.weight", "blocks.1.attn.qkv.weight",
+        "blocks.1.attn.proj.bias", "blocks.1.attn.q_norm.weight", "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight",
+        "final_layer.adaLN_modulation.weight", "final_layer.linear.weight"})
     EXPECT_TRUE(dit.count(n)) << n;
   auto unet = names(dew::models::build("unet", tiny_unet({{"context_features", 4}})));
   for (const char* n : {"conv_in.weight", "t_embedder.linear_1.weight", "down_blocks.0.resnets.0.conv1.weight",
@@ -204,9 +215,11 @@ TEST(Backbones, DefaultsMatchTheSpec) {
 }
 
 TEST(Backbones, OptionsBuilderBuildsTheSameModelAsJson) {
-  dew::nn::Unet u(dew::nn::UnetOptions().emb_features(32).feature_depths({16, 32}).attention_configs({{}, 4}).num_res_blocks(1));
+  dew::nn::Unet u(
+      dew::nn::UnetOptions().emb_features(32).feature_depths({16, 32}).attention_configs({{}, 4}).num_res_blocks(1));
   EXPECT_EQ(param_shapes(*u), param_shapes(*dew::models::build("unet", tiny_unet())));
-  dew::nn::SimpleDiT d(dew::nn::SimpleDiTOptions().patch_size(2).emb_features(64).num_layers(2).num_heads(4).mlp_ratio(2));
+  dew::nn::SimpleDiT d(
+      dew::nn::SimpleDiTOptions().patch_size(2).emb_features(64).num_layers(2).num_heads(4).mlp_ratio(2));
   EXPECT_EQ(param_shapes(*d), param_shapes(*dew::models::build("simple_dit", tiny_dit())));
   dew::nn::Unet full;  // the default Options are the registry's defaults: the same parameter tree
   EXPECT_EQ(param_shapes(*full), param_shapes(*dew::models::build("unet", json::object())));

@@ -24,7 +24,8 @@ void randomize(torch::nn::Module& m, double std = 0.2) {
 
 TEST(Scan, EveryOrderIsAPermutationWithAnExactInverse) {
   for (const auto& order : dew::nn::scan_orders()) {
-    for (auto [h, w] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {4, 4}, {8, 8}, {16, 16}, {6, 10}, {5, 7}, {3, 16}, {9, 2}}) {
+    for (auto [h, w] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {1, 7}, {4, 4}, {8, 8}, {16, 16}, {6, 10}, {5, 7}, {3, 16}, {9, 2}}) {
       auto s = dew::nn::make_scan(order, h, w);
       ASSERT_EQ(s.perm.numel(), h * w);
       EXPECT_TRUE(torch::equal(std::get<0>(s.perm.sort()), torch::arange(h * w))) << order << " " << h << "x" << w;

@@ -6,8 +6,8 @@
 #include <cmath>
 
 #include "dew/nn/backbones/causal_transformer.h"
-#include "tests/test_util.h"
 #include "tests/golden_util.h"
+#include "tests/test_util.h"
 
 using dew::nn::CausalTransformer;
 using dew::nn::CausalTransformerOptions;
@@ -85,13 +85,13 @@ TEST(CausalTransformer, RmsNormMatchesFormula) {
 TEST(CausalTransformer, ParameterNamesFollowHuggingFace) {
   CausalTransformer m(featureful());
   auto named = m->named_parameters();
-  for (const char* k : {"embed_tokens.weight", "layers.0.input_layernorm.weight", "layers.0.self_attn.q_proj.weight",
-                        "layers.0.self_attn.q_proj.bias", "layers.0.self_attn.k_proj.weight",
-                        "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
-                        "layers.0.self_attn.q_norm.weight", "layers.0.self_attn.k_norm.weight",
-                        "layers.0.post_attention_layernorm.weight", "layers.0.pre_feedforward_layernorm.weight",
-                        "layers.0.post_feedforward_layernorm.weight", "layers.2.mlp.gate_proj.weight",
-                        "layers.2.mlp.up_proj.weight", "layers.2.mlp.down_proj.weight", "norm.weight", "lm_head.weight"})
+  for (const char* k :
+       {"embed_tokens.weight", "layers.0.input_layernorm.weight", "layers.0.self_attn.q_proj.weight",
+        "layers.0.self_attn.q_proj.bias", "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",
+        "layers.0.self_attn.o_proj.weight", "layers.0.self_attn.q_norm.weight", "layers.0.self_attn.k_norm.weight",
+        "layers.0.post_attention_layernorm.weight", "layers.0.pre_feedforward_layernorm.weight",
+        "layers.0.post_feedforward_layernorm.weight", "layers.2.mlp.gate_proj.weight", "layers.2.mlp.up_proj.weight",
+        "layers.2.mlp.down_proj.weight", "norm.weight", "lm_head.weight"})
     EXPECT_TRUE(named.contains(k)) << k;
   EXPECT_EQ(named["layers.1.self_attn.k_proj.weight"].sizes(), (std::vector<int64_t>{16, 32}));  // 2 kv heads x 8
   CausalTransformer tied(plain());
@@ -212,12 +212,18 @@ TEST(CausalTransformer, BadOptionsAndInputsNameTheField) {
   EXPECT_NE(error_of([] { CausalTransformer(plain().num_kv_heads(3)); }).find("num_kv_heads"), std::string::npos);
   EXPECT_NE(error_of([] { CausalTransformer(plain().layer_types({"full_attention"})); }).find("layer_types"),
             std::string::npos);
-  EXPECT_NE(error_of([] { CausalTransformer(plain().layer_types({"full_attention", "local"})); }).find("local"),
+  EXPECT_NE(error_of([] {
+              CausalTransformer(plain().layer_types({"full_attention", "local"}));
+            }).find("local"),
             std::string::npos);
   CausalTransformer m(plain());
-  EXPECT_NE(error_of([&] { m->forward_tokens(torch::full({1, 3}, 19, torch::kLong)); }).find("[0, 19)"),
+  EXPECT_NE(error_of([&] {
+              m->forward_tokens(torch::full({1, 3}, 19, torch::kLong));
+            }).find("[0, 19)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { m->forward_tokens(torch::zeros({1, 65}, torch::kLong)); }).find("max_seq_len"),
+  EXPECT_NE(error_of([&] {
+              m->forward_tokens(torch::zeros({1, 65}, torch::kLong));
+            }).find("max_seq_len"),
             std::string::npos);
   auto built = dew::models::build_language_model(
       {{"architecture", "causal_transformer"},
@@ -226,8 +232,9 @@ TEST(CausalTransformer, BadOptionsAndInputsNameTheField) {
   // A language model is no denoiser: it is not in the denoiser registry at all.
   EXPECT_NE(error_of([] { dew::models::build("causal_transformer", {}); }).find("unknown model \"causal_transformer\""),
             std::string::npos);
-  EXPECT_NE(error_of([] {
-              dew::models::build_language_model({{"architecture", "causal_transformer"}, {"fields", {{"rope_thta", 1}}}});
-            }).find("rope_theta"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] {
+        dew::models::build_language_model({{"architecture", "causal_transformer"}, {"fields", {{"rope_thta", 1}}}});
+      }).find("rope_theta"),
+      std::string::npos);
 }

@@ -19,8 +19,8 @@ namespace {
 using at::Tensor;
 using dew::test::error_of;
 using dew::test::IsaGuard;
-using dew::test::runnable_isas;
 using dew::test::max_diff;
+using dew::test::runnable_isas;
 
 TEST(Fused, GeluTanhHandValues) {
   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) evaluated in double by hand.
@@ -128,8 +128,8 @@ TEST(Fused, GroupNormSiluMatchesATenOnEveryIsaAndLayout) {
                                    isa + " NHWC 64ch");
     expect_group_norm_silu_matches(torch::randn({2, 24, 5, 3}).contiguous(at::MemoryFormat::ChannelsLast), 6,
                                    isa + " NHWC 24ch");
-    expect_group_norm_silu_matches(
-        torch::randn({2, 20, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast3d), 4, isa + " NDHWC");
+    expect_group_norm_silu_matches(torch::randn({2, 20, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast3d), 4,
+                                   isa + " NDHWC");
     // A non-contiguous input (a channel slice) goes through a contiguous copy.
     expect_group_norm_silu_matches(torch::randn({2, 16, 6, 6}).slice(1, 0, 8), 2, isa + " sliced");
     // With a per-(sample, channel) shift (a ResBlock's time embedding), both layouts, tails included.
@@ -162,7 +162,9 @@ TEST(Fused, GroupNormSiluAndInputAddsTheSkipGradientIntoDx) {
         Tensor x = x0.clone().requires_grad_(), sh = s0.clone().requires_grad_();
         auto out = dew::nn::group_norm_silu_and_input(x, 6, w, b, 1e-5, sh);
         EXPECT_TRUE(torch::equal(out[1], x0)) << isa;
-        Tensor loss = use == 2 ? (out[1] * gs).sum() : use == 1 ? (out[0] * gy).sum() : (out[0] * gy + out[1] * gs).sum();
+        Tensor loss = use == 2   ? (out[1] * gs).sum()
+                      : use == 1 ? (out[0] * gy).sum()
+                                 : (out[0] * gy + out[1] * gs).sum();
         loss.backward();
         Tensor xr = x0.clone().requires_grad_(), shr = s0.clone().requires_grad_();
         Tensor yr = at::silu(at::group_norm(xr + shr.view({2, 24, 1, 1}), 6, w, b, 1e-5));
@@ -209,11 +211,13 @@ TEST(Fused, GroupNormSiluStatisticsSurviveALargeMean) {
 TEST(Fused, GroupNormSiluFallsBackAndRefusesBadGroups) {
   Tensor xd = torch::randn({2, 4, 3, 3}, at::kDouble);
   Tensor wd = torch::ones({4}, at::kDouble), bd = torch::zeros({4}, at::kDouble);
-  EXPECT_TRUE(torch::equal(dew::nn::group_norm_silu(xd, 2, wd, bd, 1e-5), at::silu(at::group_norm(xd, 2, wd, bd, 1e-5))));
+  EXPECT_TRUE(
+      torch::equal(dew::nn::group_norm_silu(xd, 2, wd, bd, 1e-5), at::silu(at::group_norm(xd, 2, wd, bd, 1e-5))));
   const std::string e = error_of([] { dew::nn::group_norm_silu(torch::randn({2, 6, 3, 3}), 4, {}, {}, 1e-5); });
   EXPECT_NE(e.find("groups must divide the channels (6), got 4"), std::string::npos) << e;
   const std::string es = error_of([] {
-    dew::nn::group_norm_silu(torch::randn({2, 6, 3, 3}), 3, torch::ones({6}), torch::zeros({6}), 1e-5, torch::zeros({6}));
+    dew::nn::group_norm_silu(torch::randn({2, 6, 3, 3}), 3, torch::ones({6}), torch::zeros({6}), 1e-5,
+                             torch::zeros({6}));
   });
   EXPECT_NE(es.find("shift must be [2, 6] (batch, channels), got [6]"), std::string::npos) << es;
   // A float64 shift takes the composite too: exactly silu(group_norm(x + shift)).
@@ -241,7 +245,6 @@ TEST(Fused, GroupNormSiluSecondOrderGradientIsATens) {
   EXPECT_LT(max_diff(fused[1], composite[1]), 1e-4);
 }
 
-
 // softmax(q k^T / sqrt(D)) v and its gradients in float64 from the definition: the oracle.
 std::vector<Tensor> attention_oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g) {
   Tensor qd = q.detach().to(at::kDouble).requires_grad_(), kd = k.detach().to(at::kDouble).requires_grad_(),
@@ -258,8 +261,8 @@ TEST(Fused, AttentionMatchesTheFloat64DefinitionOnEveryIsa) {
   };
   // simple_dit's shape (49 tokens, head 32), unet_attn's (196 tokens, head 16), cross-attention shapes
   // with Sq != Sk, a head size that is not a whole vector, and a single key.
-  const std::vector<Case> cases{{2, 4, 49, 49, 32}, {1, 2, 100, 128, 16}, {1, 2, 60, 196, 16}, {2, 3, 5, 17, 64},
-                                {1, 2, 7, 3, 24},   {1, 1, 4, 1, 8}};
+  const std::vector<Case> cases{{2, 4, 49, 49, 32}, {1, 2, 100, 128, 16}, {1, 2, 60, 196, 16},
+                                {2, 3, 5, 17, 64},  {1, 2, 7, 3, 24},     {1, 1, 4, 1, 8}};
   for (const auto& isa : runnable_isas()) {
     dew::nn::set_fused_kernel_isa(isa);
     for (const auto& c : cases) {
@@ -323,8 +326,8 @@ double rms_of(const Tensor& t) { return t.to(at::kDouble).pow(2).mean().sqrt().i
 void expect_rule(const Tensor& ours, const Tensor& aten32, const Tensor& truth, const std::string& what) {
   const double e_ours = rms_of(ours.to(at::kDouble) - truth), e_ref = rms_of(aten32.to(at::kDouble) - truth);
   EXPECT_LE(e_ours, 2 * e_ref + 1e-7 * rms_of(truth))
-      << what << ": rms error " << e_ours << " vs ATen float32 " << e_ref
-      << ", max diff " << max_diff(ours.to(at::kDouble), truth);
+      << what << ": rms error " << e_ours << " vs ATen float32 " << e_ref << ", max diff "
+      << max_diff(ours.to(at::kDouble), truth);
 }
 
 // ATen's RMSNorm composite, x rsqrt(mean(x^2) + eps) (w + offset), in x's dtype.
@@ -375,7 +378,9 @@ TEST(Fused, RmsNormHandValuesFallbackAndSecondOrder) {
   // float64 takes ATen's composite; a weight of the wrong size names it.
   Tensor xd = torch::randn({4, 6}, at::kDouble), wd = torch::randn({6}, at::kDouble);
   EXPECT_TRUE(torch::allclose(dew::nn::rms_norm(xd, wd, 1e-5, 1.0), rms_composite(xd, wd, 1e-5, 1.0)));
-  EXPECT_NE(error_of([&] { dew::nn::rms_norm(torch::randn({2, 6}), torch::ones({5}), 1e-5); }).find("weight must be [6]"),
+  EXPECT_NE(error_of([&] {
+              dew::nn::rms_norm(torch::randn({2, 6}), torch::ones({5}), 1e-5);
+            }).find("weight must be [6]"),
             std::string::npos);
   // A create_graph backward is the composite's, so second-order gradients agree.
   torch::manual_seed(5);
@@ -444,7 +449,8 @@ TEST(Fused, RopeFallsBackAndHasTheCompositesSecondOrder) {
   Tensor y = dew::nn::rope_rotate(x, c, rope.sin);
   y.sum().backward();
   ASSERT_TRUE(c.grad().defined());
-  EXPECT_LT(max_diff(c.grad(), x.sum(std::vector<int64_t>{0, 1})), 1e-5);  // d/dcos of sum(x cos + ...) = x summed over B, H
+  EXPECT_LT(max_diff(c.grad(), x.sum(std::vector<int64_t>{0, 1})),
+            1e-5);  // d/dcos of sum(x cos + ...) = x summed over B, H
   // The rotation is linear: a create_graph backward gives the composite's gradient of a gradient.
   auto second = [&](bool fused) {
     Tensor xi = x.clone().requires_grad_();

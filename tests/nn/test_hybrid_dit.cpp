@@ -21,8 +21,8 @@ using namespace dew::test;
 using Batch = dew::test::FixedBatch;
 
 json tiny_hybrid(json extra = json::object()) {
-  json f = {{"patch_size", 2},    {"emb_features", 32}, {"num_layers", 4},
-            {"num_heads", 4},     {"mlp_ratio", 2},     {"ssm_state_dim", 8}};
+  json f = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 4},
+            {"num_heads", 4},  {"mlp_ratio", 2},     {"ssm_state_dim", 8}};
   f.update(extra);
   return f;
 }
@@ -44,9 +44,10 @@ using P = std::vector<std::string>;
 TEST(HybridDiT, LayerPatternsFromRatioOrExplicitList) {
   EXPECT_EQ(as_hybrid(dew::models::build("hybrid_dit", tiny_hybrid({{"num_layers", 6}})))->pattern(),
             (P{"ssm", "ssm", "ssm", "attn", "ssm", "ssm"}));
-  EXPECT_EQ(as_hybrid(dew::models::build("hybrid_dit", tiny_hybrid({{"ssm_attention_ratio", "1:2"}, {"num_layers", 5}})))
-                ->pattern(),
-            (P{"ssm", "attn", "attn", "ssm", "attn"}));
+  EXPECT_EQ(
+      as_hybrid(dew::models::build("hybrid_dit", tiny_hybrid({{"ssm_attention_ratio", "1:2"}, {"num_layers", 5}})))
+          ->pattern(),
+      (P{"ssm", "attn", "attn", "ssm", "attn"}));
   EXPECT_EQ(as_hybrid(dew::models::build("hybrid_dit", tiny_hybrid({{"ssm_attention_ratio", "all-ssm"}})))->pattern(),
             (P{"ssm", "ssm", "ssm", "ssm"}));
   EXPECT_EQ(as_hybrid(dew::models::build("hybrid_dit", tiny_hybrid({{"ssm_attention_ratio", "all-attn"}})))->pattern(),
@@ -55,14 +56,16 @@ TEST(HybridDiT, LayerPatternsFromRatioOrExplicitList) {
   EXPECT_EQ(as_hybrid(m)->pattern(), (P{"attn", "ssm", "attn", "ssm"}));
   // Parameter names follow each layer's kind.
   auto names = param_names(*m);
-  for (const char* n : {"blocks.0.attn.qkv.weight", "blocks.0.mlp.fc1.weight", "blocks.1.adaLN_modulation.weight",
-                        "blocks.1.ssm.s5_forward.log_A_real", "blocks.1.ssm.s5_forward.B_re",
-                        "blocks.1.ssm.s5_backward.C_im", "blocks.1.ssm.out_proj.weight", "blocks.3.ssm.s5_forward.log_dt",
-                        "x_embedder.weight", "t_embedder.linear_1.weight", "final_layer.linear.weight"})
+  for (const char* n :
+       {"blocks.0.attn.qkv.weight", "blocks.0.mlp.fc1.weight", "blocks.1.adaLN_modulation.weight",
+        "blocks.1.ssm.s5_forward.log_A_real", "blocks.1.ssm.s5_forward.B_re", "blocks.1.ssm.s5_backward.C_im",
+        "blocks.1.ssm.out_proj.weight", "blocks.3.ssm.s5_forward.log_dt", "x_embedder.weight",
+        "t_embedder.linear_1.weight", "final_layer.linear.weight"})
     EXPECT_TRUE(names.count(n)) << n;
   EXPECT_FALSE(names.count("blocks.1.attn.qkv.weight"));
   EXPECT_FALSE(names.count("blocks.1.spatial_fusion.dwconv_dil1.weight"));
-  auto fused = param_names(*dew::models::build("hybrid_dit", tiny_hybrid({{"use_2d_fusion", true}, {"bidirectional_ssm", false}})));
+  auto fused = param_names(
+      *dew::models::build("hybrid_dit", tiny_hybrid({{"use_2d_fusion", true}, {"bidirectional_ssm", false}})));
   EXPECT_TRUE(fused.count("blocks.0.spatial_fusion.dwconv_dil3.weight"));
   EXPECT_FALSE(fused.count("blocks.0.ssm.s5_backward.D"));
   EXPECT_FALSE(fused.count("blocks.0.ssm.out_proj.weight"));
@@ -87,8 +90,10 @@ TEST(HybridDiT, ParameterCountMatchesTheFormulaAndThePythonPeer) {
   EXPECT_EQ(count(dew::models::build("hybrid_dit", tiny_hybrid())), expect);
   EXPECT_EQ(expect, 64092);
   const int64_t fused = expect + 3 * 3 * 9 * D + 4 * D + (6 * D + D);  // fusion convs, labels, text
-  EXPECT_EQ(count(dew::models::build("hybrid_dit", tiny_hybrid({{"use_2d_fusion", true}, {"scan_order", "zigzag"},
-                                                                {"num_classes", 3}, {"context_features", 6}}))),
+  EXPECT_EQ(count(dew::models::build(
+                "hybrid_dit",
+                tiny_hybrid(
+                    {{"use_2d_fusion", true}, {"scan_order", "zigzag"}, {"num_classes", 3}, {"context_features", 6}}))),
             fused);
   EXPECT_EQ(fused, 67036);
 }
@@ -98,8 +103,10 @@ TEST(HybridDiT, ParameterCountMatchesTheFormulaAndThePythonPeer) {
 // family's variants (tests/nn/test_all_backbones.cpp); so does the record's round trip.
 
 TEST(HybridDiT, TheS5AndFusionParametersHaveTheirNames) {
-  auto m = dew::models::build("hybrid_dit", tiny_hybrid({{"scan_order", "zigzag"}, {"use_2d_fusion", true},
-                                                         {"num_classes", 4}, {"context_features", 6},
+  auto m = dew::models::build("hybrid_dit", tiny_hybrid({{"scan_order", "zigzag"},
+                                                         {"use_2d_fusion", true},
+                                                         {"num_classes", 4},
+                                                         {"context_features", 6},
                                                          {"qk_norm", true}}));
   auto names = param_names(*m);
   for (const char* n : {"blocks.0.ssm.s5_forward.A_imag", "blocks.2.ssm.s5_backward.log_dt",
@@ -169,8 +176,8 @@ TEST(HybridDiT, Bfloat16ComputeRunsAndStaysClose) {
 
 TEST(HybridDiT, RefusesBadPatternsAndRatios) {
   auto msg = error_of([] {
-    dew::models::build("hybrid_dit", tiny_hybrid({{"block_pattern", {"ssm", "attn", "ssm", "attn"}},
-                                                  {"ssm_attention_ratio", "1:1"}}));
+    dew::models::build(
+        "hybrid_dit", tiny_hybrid({{"block_pattern", {"ssm", "attn", "ssm", "attn"}}, {"ssm_attention_ratio", "1:1"}}));
   });
   EXPECT_NE(msg.find("set one, not both"), std::string::npos) << msg;
   msg = error_of([] { dew::models::build("hybrid_dit", tiny_hybrid({{"block_pattern", {"ssm", "attn"}}})); });
@@ -196,7 +203,8 @@ TEST(HybridDiT, RefusesBadPatternsAndRatios) {
 
 TEST(HybridDiT, TheRecordHoldsThePatternAndTheSSMDefaults) {
   auto m = dew::models::build("hybrid_dit", tiny_hybrid({{"block_pattern", {"attn", "ssm", "ssm", "ssm"}},
-                                                         {"use_2d_fusion", true}, {"scan_order", "zigzag"}}));
+                                                         {"use_2d_fusion", true},
+                                                         {"scan_order", "zigzag"}}));
   const json rec = m->config();
   EXPECT_EQ(rec["architecture"], "hybrid_dit");
   EXPECT_EQ(rec["fields"]["block_pattern"], json({"attn", "ssm", "ssm", "ssm"}));

@@ -23,10 +23,22 @@ void load(torch::nn::Module& m, const std::map<std::string, at::Tensor>& w, cons
 }
 
 dew::nn::JepaEncoderOptions ijepa_encoder_options() {
-  return dew::nn::JepaEncoderOptions().image_size(16).patch_size(4).in_channels(2).emb_features(32).num_layers(2).num_heads(4);
+  return dew::nn::JepaEncoderOptions()
+      .image_size(16)
+      .patch_size(4)
+      .in_channels(2)
+      .emb_features(32)
+      .num_layers(2)
+      .num_heads(4);
 }
 dew::nn::JepaPredictorOptions ijepa_predictor_options() {
-  return dew::nn::JepaPredictorOptions().image_size(16).patch_size(4).encoder_features(32).emb_features(16).num_layers(2).num_heads(2);
+  return dew::nn::JepaPredictorOptions()
+      .image_size(16)
+      .patch_size(4)
+      .encoder_features(32)
+      .emb_features(16)
+      .num_layers(2)
+      .num_heads(2);
 }
 
 TEST(Jepa, EncoderMatchesIJepaVisionTransformer) {
@@ -52,15 +64,22 @@ TEST(Jepa, PredictorMatchesIJepaPredictor) {
   torch::NoGradGuard ng;
   expect_golden("predictor", pred->forward(g["ctx"], g["masks_x"], g["masks"]), g["out_f32"], g["out_f64"]);
   pred->to(at::kDouble);
-  expect_close_f64("predictor (float64)", pred->forward(g["ctx"].to(at::kDouble), g["masks_x"], g["masks"]), g["out_f64"]);
+  expect_close_f64("predictor (float64)", pred->forward(g["ctx"].to(at::kDouble), g["masks_x"], g["masks"]),
+                   g["out_f64"]);
 }
 
 TEST(Jepa, VideoEncoderMatchesVJepaVisionTransformer) {
   auto g = golden("jepa/vjepa_encoder.safetensors");
-  auto enc = dew::models::build_token_encoder(
-      {{"architecture", "jepa_video_encoder"},
-       {"fields", {{"image_size", 8}, {"patch_size", 4}, {"frames", 4}, {"tubelet_size", 2}, {"in_channels", 2},
-                   {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 2}}}});
+  auto enc = dew::models::build_token_encoder({{"architecture", "jepa_video_encoder"},
+                                               {"fields",
+                                                {{"image_size", 8},
+                                                 {"patch_size", 4},
+                                                 {"frames", 4},
+                                                 {"tubelet_size", 2},
+                                                 {"in_channels", 2},
+                                                 {"emb_features", 32},
+                                                 {"num_layers", 2},
+                                                 {"num_heads", 2}}}});
   load(*enc, golden_weights(g), "vjepa_encoder");
   enc->eval();
   torch::NoGradGuard ng;
@@ -72,8 +91,15 @@ TEST(Jepa, VideoEncoderMatchesVJepaVisionTransformer) {
 
 TEST(Jepa, VideoPredictorMatchesVJepaPredictor) {
   auto g = golden("jepa/vjepa_predictor.safetensors");
-  dew::nn::JepaPredictor pred(dew::nn::JepaPredictorOptions().image_size(8).patch_size(4).frames(4).tubelet_size(2)
-                                  .encoder_features(32).emb_features(16).num_layers(2).num_heads(2));
+  dew::nn::JepaPredictor pred(dew::nn::JepaPredictorOptions()
+                                  .image_size(8)
+                                  .patch_size(4)
+                                  .frames(4)
+                                  .tubelet_size(2)
+                                  .encoder_features(32)
+                                  .emb_features(16)
+                                  .num_layers(2)
+                                  .num_heads(2));
   load(*pred, golden_weights(g), "vjepa_predictor");
   pred->eval();
   torch::NoGradGuard ng;
@@ -87,19 +113,23 @@ TEST(Jepa, PositionTablesAreTheReferenceTables) {
   const auto t3 = dew::nn::jepa_position_table(32, {2, 2, 2}, true);
   EXPECT_TRUE(t3.unsqueeze(0).equal(g["w.pos_embed"]));
   const auto t2 = dew::nn::jepa_position_table(8, {1, 3, 3}, false);  // [9, 8]
-  EXPECT_TRUE(t2[1].slice(0, 4).equal(t2[0].slice(0, 4)));             // token (0, 1): same row as (0, 0)
-  EXPECT_FALSE(t2[1].slice(0, 0, 4).equal(t2[0].slice(0, 0, 4)));      // a different column
+  EXPECT_TRUE(t2[1].slice(0, 4).equal(t2[0].slice(0, 4)));            // token (0, 1): same row as (0, 0)
+  EXPECT_FALSE(t2[1].slice(0, 0, 4).equal(t2[0].slice(0, 0, 4)));     // a different column
 }
 
 TEST(Jepa, RefusesInputsItCannotTake) {
   dew::nn::JepaEncoder enc(ijepa_encoder_options());
-  EXPECT_NE(dew::test::error_of([&] { enc->forward(at::zeros({2, 2, 12, 12})); }).find("x must be [B, 2, 16, 16]"),
+  EXPECT_NE(dew::test::error_of([&] {
+              enc->forward(at::zeros({2, 2, 12, 12}));
+            }).find("x must be [B, 2, 16, 16]"),
             std::string::npos);
-  EXPECT_NE(dew::test::error_of([&] { enc->forward(at::zeros({2, 2, 16, 16}), at::full({2, 3}, 16, at::kLong)); })
-                .find("token indices must be in [0, 16)"),
+  EXPECT_NE(dew::test::error_of([&] {
+              enc->forward(at::zeros({2, 2, 16, 16}), at::full({2, 3}, 16, at::kLong));
+            }).find("token indices must be in [0, 16)"),
             std::string::npos);
   EXPECT_NE(dew::test::error_of([] {
-              dew::models::build_token_encoder({{"architecture", "jepa_encoder"}, {"fields", {{"image_size", 30}, {"patch_size", 4}}}});
+              dew::models::build_token_encoder(
+                  {{"architecture", "jepa_encoder"}, {"fields", {{"image_size", 30}, {"patch_size", 4}}}});
             }).find("image_size: must be a positive multiple of patch_size 4"),
             std::string::npos);
   EXPECT_NE(dew::test::error_of([] {

@@ -10,9 +10,9 @@
 
 #include "dew/core/error.h"
 #include "dew/core/options.h"
+#include "dew/nn/attention.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/hierarchical_mmdit.h"
-#include "dew/nn/attention.h"
 #include "dew/nn/backbones/mmdit.h"
 #include "tests/nn/backbone_checks.h"
 #include "tests/test_util.h"
@@ -32,8 +32,8 @@ json tiny_mm(json extra = json::object()) {
 }
 // Three stages with an odd deepest stage (it is not split); grid sides must be multiples of 2 * 2^2 = 8.
 json tiny_h(json extra = json::object()) {
-  json f = {{"base_patch_size", 2}, {"emb_features", {16, 24, 32}}, {"num_layers", {2, 2, 1}},
-            {"num_heads", {2, 2, 4}}, {"mlp_ratio", 2},             {"context_features", 8}};
+  json f = {{"base_patch_size", 2}, {"emb_features", {16, 24, 32}}, {"num_layers", {2, 2, 1}}, {"num_heads", {2, 2, 4}},
+            {"mlp_ratio", 2},       {"context_features", 8}};
   f.update(extra);
   return f;
 }
@@ -118,8 +118,8 @@ TEST(MMDiT, JointBlockMatchesAStepByStepComputation) {
   for (bool pre_only : {false, true}) {
     torch::manual_seed(11);
     const int64_t B = 2, N = 5, L = 3, D = 16, H = 2, dh = D / H;
-    dew::nn::MMDiTBlock block(dew::nn::MMDiTBlockOptions(D, H).mlp_ratio(2).context_pre_only(pre_only)
-                                  .attention_impl("reference"));
+    dew::nn::MMDiTBlock block(
+        dew::nn::MMDiTBlockOptions(D, H).mlp_ratio(2).context_pre_only(pre_only).attention_impl("reference"));
     {
       torch::NoGradGuard g;
       for (auto& p : block->parameters()) p.add_(torch::randn_like(p) * 0.2);
@@ -240,8 +240,9 @@ TEST(MMDiT, DocumentedParameterNamesAndShapes) {
   auto p = s->named_parameters();
   EXPECT_EQ(p["blocks.0.image.qkv.weight"].sizes(), (std::vector<int64_t>{96, 32}));
   EXPECT_EQ(p["blocks.0.text.qkv.weight"].sizes(), (std::vector<int64_t>{96, 32}));
-  EXPECT_TRUE(dew::models::build("hierarchical_mmdit", tiny_h())->named_parameters().contains(
-      "down_blocks.0.0.text.kv.weight"));
+  EXPECT_TRUE(dew::models::build("hierarchical_mmdit", tiny_h())
+                  ->named_parameters()
+                  .contains("down_blocks.0.0.text.kv.weight"));
   EXPECT_EQ(p["blocks.1.text.kv.weight"].sizes(), (std::vector<int64_t>{64, 32}));
   EXPECT_EQ(p["blocks.1.text.adaLN_modulation.weight"].sizes(), (std::vector<int64_t>{64, 32}));
   EXPECT_FALSE(p.contains("blocks.1.text.proj.weight"));
@@ -281,24 +282,44 @@ TEST(MMDiT, RefusesWhatItCannotRun) {
     has(error_of([&] { m->forward(torch::randn({1, 3, 8, 8}), torch::rand({1}), {}); }), "text context is required");
     dew::Conditioning wide;
     wide.context = torch::randn({1, 3, 9});
-    has(error_of([&] { m->forward(torch::randn({1, 3, 8, 8}), torch::rand({1}), wide); }), "context must be [1, L >= 1, 8]");
-    has(error_of([&] { dew::models::build(arch, tiny(arch, {{"context_features", 0}})); }), "context_features must be > 0");
+    has(error_of([&] {
+          m->forward(torch::randn({1, 3, 8, 8}), torch::rand({1}), wide);
+        }),
+        "context must be [1, L >= 1, 8]");
+    has(error_of([&] {
+          dew::models::build(arch, tiny(arch, {{"context_features", 0}}));
+        }),
+        "context_features must be > 0");
   }
-  has(error_of([] { dew::models::build("simple_mmdit", tiny_mm({{"scan_order", "zigzag"}})); }),
+  has(error_of([] {
+        dew::models::build("simple_mmdit", tiny_mm({{"scan_order", "zigzag"}}));
+      }),
       "scan_order must be raster or hilbert");
-  has(error_of([] { dew::models::build("hierarchical_mmdit", tiny_h({{"scan_order", "hilbert"}})); }),
+  has(error_of([] {
+        dew::models::build("hierarchical_mmdit", tiny_h({{"scan_order", "hilbert"}}));
+      }),
       "scan_order must be raster");
-  has(error_of([] { dew::models::build("hierarchical_mmdit", tiny_h({{"num_layers", {2, 3, 1}}})); }),
+  has(error_of([] {
+        dew::models::build("hierarchical_mmdit", tiny_h({{"num_layers", {2, 3, 1}}}));
+      }),
       "num_layers[1] must be even");
-  has(error_of([] { dew::models::build("hierarchical_mmdit", tiny_h({{"num_heads", {2, 2}}})); }),
+  has(error_of([] {
+        dew::models::build("hierarchical_mmdit", tiny_h({{"num_heads", {2, 2}}}));
+      }),
       "one entry per stage");
-  has(error_of([] { dew::models::build("hierarchical_mmdit", tiny_h({{"num_heads", {2, 5, 4}}})); }),
+  has(error_of([] {
+        dew::models::build("hierarchical_mmdit", tiny_h({{"num_heads", {2, 5, 4}}}));
+      }),
       "emb_features[1] / num_heads[1]");
   auto h = dew::models::build("hierarchical_mmdit", tiny_h());
-  has(error_of([&] { h->forward(torch::randn({1, 3, 12, 16}), torch::rand({1}), text_cond(1, 2, 0)); }),
+  has(error_of([&] {
+        h->forward(torch::randn({1, 3, 12, 16}), torch::rand({1}), text_cond(1, 2, 0));
+      }),
       "multiples of base_patch_size * 2^(stages - 1) = 2 * 4 = 8, got 12 x 16");
   auto s = dew::models::build("simple_mmdit", tiny_mm());
-  has(error_of([&] { s->forward(torch::randn({1, 3, 7, 8}), torch::rand({1}), text_cond(1, 2, 0)); }),
+  has(error_of([&] {
+        s->forward(torch::randn({1, 3, 7, 8}), torch::rand({1}), text_cond(1, 2, 0));
+      }),
       "multiples of patch_size 2");
 }
 

@@ -2,10 +2,10 @@
 // starting with "_" are dropped, unsupported settings are refused by name, dew's own families import none.
 #include <gtest/gtest.h>
 
+#include "dew/io/safetensors.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/text_encoder.h"
-#include "dew/io/safetensors.h"
 #include "tests/test_util.h"
 
 using dew::json;
@@ -13,12 +13,23 @@ using dew::test::error_of;
 
 TEST(ReferenceConfigs, ALlamaConfigBuildsTheCausalTransformer) {
   // The keys of a transformers LlamaConfig.save_pretrained (a small one), bookkeeping included.
-  const json config = {{"_name_or_path", "tiny-llama"}, {"_attn_implementation_autoset", true},
-                       {"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", 96},
-                       {"hidden_size", 32}, {"intermediate_size", 64}, {"num_hidden_layers", 2},
-                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"max_position_embeddings", 128},
-                       {"rope_theta", 500000.0}, {"rms_norm_eps", 1e-5}, {"hidden_act", "silu"},
-                       {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"transformers_version", "4.46.0"}};
+  const json config = {{"_name_or_path", "tiny-llama"},
+                       {"_attn_implementation_autoset", true},
+                       {"architectures", {"LlamaForCausalLM"}},
+                       {"model_type", "llama"},
+                       {"vocab_size", 96},
+                       {"hidden_size", 32},
+                       {"intermediate_size", 64},
+                       {"num_hidden_layers", 2},
+                       {"num_attention_heads", 4},
+                       {"num_key_value_heads", 2},
+                       {"max_position_embeddings", 128},
+                       {"rope_theta", 500000.0},
+                       {"rms_norm_eps", 1e-5},
+                       {"hidden_act", "silu"},
+                       {"tie_word_embeddings", false},
+                       {"torch_dtype", "bfloat16"},
+                       {"transformers_version", "4.46.0"}};
   const json fields = dew::models::fields_from_reference_config("causal_transformer", config);
   EXPECT_EQ(fields["vocab_size"], 96);
   EXPECT_EQ(fields["emb_features"], 32);
@@ -32,20 +43,30 @@ TEST(ReferenceConfigs, ALlamaConfigBuildsTheCausalTransformer) {
   EXPECT_EQ(lm->options.mlp_features(), 64);
   json scaled = config;
   scaled["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
-  EXPECT_NE(error_of([&] { dew::models::fields_from_reference_config("causal_transformer", scaled); })
-                .find("rope_scaling"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { dew::models::fields_from_reference_config("causal_transformer", scaled); }).find("rope_scaling"),
+      std::string::npos);
 }
 
 TEST(ReferenceConfigs, ACLIPTextConfigBuildsClipText) {
   // openai/clip-vit-base-patch32's text_config values inside a CLIPConfig.
-  const json config = {{"_name_or_path", "openai/clip-vit-base-patch32"}, {"model_type", "clip"},
+  const json config = {{"_name_or_path", "openai/clip-vit-base-patch32"},
+                       {"model_type", "clip"},
                        {"projection_dim", 512},
                        {"text_config",
-                        {{"model_type", "clip_text_model"}, {"vocab_size", 49408}, {"hidden_size", 512},
-                         {"intermediate_size", 2048}, {"num_hidden_layers", 12}, {"num_attention_heads", 8},
-                         {"max_position_embeddings", 77}, {"hidden_act", "quick_gelu"}, {"layer_norm_eps", 1e-5},
-                         {"bos_token_id", 0}, {"eos_token_id", 2}, {"pad_token_id", 1}, {"dropout", 0.0},
+                        {{"model_type", "clip_text_model"},
+                         {"vocab_size", 49408},
+                         {"hidden_size", 512},
+                         {"intermediate_size", 2048},
+                         {"num_hidden_layers", 12},
+                         {"num_attention_heads", 8},
+                         {"max_position_embeddings", 77},
+                         {"hidden_act", "quick_gelu"},
+                         {"layer_norm_eps", 1e-5},
+                         {"bos_token_id", 0},
+                         {"eos_token_id", 2},
+                         {"pad_token_id", 1},
+                         {"dropout", 0.0},
                          {"initializer_factor", 1.0}}}};
   const json fields = dew::models::fields_from_reference_config("clip_text", config);
   EXPECT_EQ(fields["hidden_size"], 512);
@@ -71,8 +92,8 @@ TEST(ReferenceConfigs, ReferenceCheckpointsLoadThroughTheFamilyKeyMap) {
   dew::test::TempDir dir("reference_weights");
   // A transformers decoder checkpoint: "model." before every decoder name, lm_head at the top, plus an old
   // rotary buffer; loaded through causal_transformer's key map.
-  const json fields = {{"vocab_size", 50}, {"emb_features", 16}, {"num_layers", 1}, {"num_heads", 2},
-                       {"tie_embeddings", false}, {"max_seq_len", 16}};
+  const json fields = {{"vocab_size", 50}, {"emb_features", 16},      {"num_layers", 1},
+                       {"num_heads", 2},   {"tie_embeddings", false}, {"max_seq_len", 16}};
   torch::manual_seed(21);
   auto source_model = dew::models::build_language_model({{"architecture", "causal_transformer"}, {"fields", fields}});
   std::map<std::string, at::Tensor> hf;
@@ -100,16 +121,17 @@ TEST(ReferenceConfigs, ReferenceCheckpointsLoadThroughTheFamilyKeyMap) {
   EXPECT_EQ(report.skipped.size(), 2u);
   for (const auto& kv : clip_source->named_parameters())
     EXPECT_TRUE(clip->named_parameters()[kv.key()].equal(kv.value().detach() + 0.5)) << kv.key();
-  EXPECT_NE(error_of([&] { dew::models::load_reference_weights(*clip, "unet", {}, dir.file("clip.safetensors")); })
-                .find("no reference checkpoint layout"),
+  EXPECT_NE(error_of([&] {
+              dew::models::load_reference_weights(*clip, "unet", {}, dir.file("clip.safetensors"));
+            }).find("no reference checkpoint layout"),
             std::string::npos);
 }
 
 TEST(ReferenceConfigs, DewFamiliesImportNoConfig) {
-  EXPECT_NE(error_of([] { dew::models::fields_from_reference_config("unet", json::object()); })
-                .find("a dew family"),
+  EXPECT_NE(error_of([] { dew::models::fields_from_reference_config("unet", json::object()); }).find("a dew family"),
             std::string::npos);
-  EXPECT_NE(error_of([] { dew::models::fields_from_reference_config("nonesuch", json::object()); })
-                .find("not a registered family"),
+  EXPECT_NE(error_of([] {
+              dew::models::fields_from_reference_config("nonesuch", json::object());
+            }).find("not a registered family"),
             std::string::npos);
 }

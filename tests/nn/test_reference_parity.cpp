@@ -45,7 +45,8 @@ std::map<std::string, std::string> case_inputs(const json& c) {
   if (c.at("inputs").is_array())
     for (const auto& n : c.at("inputs")) m[n.get<std::string>()] = n.get<std::string>();
   else
-    for (auto it = c.at("inputs").begin(); it != c.at("inputs").end(); ++it) m[it.key()] = it.value().get<std::string>();
+    for (auto it = c.at("inputs").begin(); it != c.at("inputs").end(); ++it)
+      m[it.key()] = it.value().get<std::string>();
   return m;
 }
 

@@ -50,7 +50,8 @@ TEST(S5, ScanMatchesComplexArithmeticByHand) {
     for (int64_t k = 0; k < 7; ++k) {
       cd x = 0;
       for (int64_t j = 0; j <= k; ++j)
-        x += std::pow(a, static_cast<double>(j)) * cd(c.br[0][k - j][n].item<double>(), c.bi[0][k - j][n].item<double>());
+        x += std::pow(a, static_cast<double>(j)) *
+             cd(c.br[0][k - j][n].item<double>(), c.bi[0][k - j][n].item<double>());
       EXPECT_NEAR(pr[0][k][n].item<double>(), x.real(), 1e-12);
       EXPECT_NEAR(pi[0][k][n].item<double>(), x.imag(), 1e-12);
     }
@@ -106,7 +107,8 @@ TEST(S5, LayerMatchesContinuousSystemComputedWithStdComplex) {
       const cd A(-std::exp(lar[n].item<double>()), ai[n].item<double>());
       const cd Abar = std::exp(A * std::exp(ldt[n].item<double>()));
       cd bu = 0;
-      for (int64_t d = 0; d < D; ++d) bu += (Abar - 1.0) / A * cd(Br[n][d].item<double>(), Bi[n][d].item<double>()) * ud[0][k][d].item<double>();
+      for (int64_t d = 0; d < D; ++d)
+        bu += (Abar - 1.0) / A * cd(Br[n][d].item<double>(), Bi[n][d].item<double>()) * ud[0][k][d].item<double>();
       x[n] = Abar * x[n] + bu;
     }
     for (int64_t d = 0; d < D; ++d) {
@@ -163,7 +165,7 @@ TEST(S5, BidirectionalIsForwardAndReversedBackwardThenProjection) {
   torch::NoGradGuard no_grad;
   Tensor u2 = u.clone();
   u2.select(1, 4).add_(1.0);
-  Tensor df = (bi->s5_forward(u2) - bi->s5_forward(u)).abs().amax({0, 2});                            // [L]
+  Tensor df = (bi->s5_forward(u2) - bi->s5_forward(u)).abs().amax({0, 2});  // [L]
   Tensor db = (bi->s5_backward(u2.flip({1})).flip({1}) - bi->s5_backward(u.flip({1})).flip({1})).abs().amax({0, 2});
   for (int64_t k = 0; k < L; ++k) {
     if (k < 4) EXPECT_EQ(df[k].item<double>(), 0.0) << k;

@@ -2,8 +2,8 @@
 // caption -> zeros, gradients, training, remat, errors, registry round trip) and clip_text (Hugging Face
 // CLIPTextModel names, safetensors save/load, strict loading errors, causality, the pooling rule, an
 // independent Python reference of the formulas, and CLIP's BPE tokenizer on a hand-written vocabulary).
-#include <torch/torch.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -17,20 +17,30 @@
 #include "tests/test_util.h"
 
 using dew::json;
-using dew::test::error_of;
-using dew::test::max_diff;
 using dew::nn::ByteTextEncoder;
 using dew::nn::ByteTextEncoderOptions;
 using dew::nn::ClipText;
 using dew::nn::ClipTextOptions;
+using dew::test::error_of;
+using dew::test::max_diff;
 
 namespace {
 
-ByteTextEncoderOptions tiny_byte() { return ByteTextEncoderOptions().features(32).num_layers(2).num_heads(4).max_length(16); }
+ByteTextEncoderOptions tiny_byte() {
+  return ByteTextEncoderOptions().features(32).num_layers(2).num_heads(4).max_length(16);
+}
 
 ClipTextOptions tiny_clip() {
-  return ClipTextOptions().vocab_size(100).hidden_size(32).intermediate_size(64).num_hidden_layers(2)
-      .num_attention_heads(4).max_position_embeddings(16).eos_token_id(99).bos_token_id(98).pad_token_id(0);
+  return ClipTextOptions()
+      .vocab_size(100)
+      .hidden_size(32)
+      .intermediate_size(64)
+      .num_hidden_layers(2)
+      .num_attention_heads(4)
+      .max_position_embeddings(16)
+      .eos_token_id(99)
+      .bos_token_id(98)
+      .pad_token_id(0);
 }
 
 void perturb(torch::nn::Module& m, double std) {
@@ -207,18 +217,28 @@ TEST(TextEncoders, ByteErrors) {
   EXPECT_NE(error_of([] { ByteTextEncoder(tiny_byte().num_heads(5)); }).find("num_heads"), std::string::npos);
   EXPECT_NE(error_of([] { ByteTextEncoder(tiny_byte().max_length(0)); }).find("max_length"), std::string::npos);
   EXPECT_NE(error_of([] { ByteTextEncoder(tiny_byte().dropout(1.0)); }).find("dropout"), std::string::npos);
-  EXPECT_NE(error_of([] { dew::text_encoders::build("byte_text_encoder", {{"dtype", "int8"}}); }).find("dtype"),
+  EXPECT_NE(error_of([] {
+              dew::text_encoders::build("byte_text_encoder", {{"dtype", "int8"}});
+            }).find("dtype"),
             std::string::npos);
-  EXPECT_NE(error_of([] { dew::text_encoders::build("byte_text_encoder", {{"width", 3}}); }).find("valid fields"),
+  EXPECT_NE(error_of([] {
+              dew::text_encoders::build("byte_text_encoder", {{"width", 3}});
+            }).find("valid fields"),
             std::string::npos);
   EXPECT_NE(error_of([] { dew::text_encoders::build("t5", json::object()); }).find("byte_text_encoder"),
             std::string::npos);
   ByteTextEncoder enc(tiny_byte());
-  EXPECT_NE(error_of([&] { enc->forward(torch::full({1, 4}, 300, torch::kLong), {}); }).find("[0, 256]"),
+  EXPECT_NE(error_of([&] {
+              enc->forward(torch::full({1, 4}, 300, torch::kLong), {});
+            }).find("[0, 256]"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { enc->forward(torch::ones({1, 17}, torch::kLong), {}); }).find("max_length"),
+  EXPECT_NE(error_of([&] {
+              enc->forward(torch::ones({1, 17}, torch::kLong), {});
+            }).find("max_length"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { enc->forward(torch::ones({1, 4}, torch::kLong), torch::ones({1, 4})); }).find("mask"),
+  EXPECT_NE(error_of([&] {
+              enc->forward(torch::ones({1, 4}, torch::kLong), torch::ones({1, 4}));
+            }).find("mask"),
             std::string::npos);
 }
 
@@ -244,8 +264,9 @@ TEST(TextEncoders, RegistryRoundTrip) {
     auto ids = torch::randint(1, 99, {2, 9}, torch::kLong);
     EXPECT_TRUE(torch::equal(a->forward(ids, {}).context, b->forward(ids, {}).context)) << name;
   }
-  EXPECT_NE(error_of([] { dew::text_encoders::build(json{{"architecture", "clip_text"}, {"extra", 1}}); })
-                .find("unknown key"),
+  EXPECT_NE(error_of([] {
+              dew::text_encoders::build(json{{"architecture", "clip_text"}, {"extra", 1}});
+            }).find("unknown key"),
             std::string::npos);
   auto names = dew::text_encoders::registry().names();
   EXPECT_EQ(names, (std::vector<std::string>{"byte_text_encoder", "clip_text"}));
@@ -346,14 +367,20 @@ TEST(ClipText, LoadingErrorsNameTheProblem) {
 TEST(ClipText, FieldAndInputErrors) {
   EXPECT_NE(error_of([] { ClipText(tiny_clip().num_attention_heads(5)); }).find("num_attention_heads"),
             std::string::npos);
-  EXPECT_NE(error_of([] { dew::text_encoders::build("clip_text", {{"hidden_act", "relu"}}); }).find("quick_gelu"),
+  EXPECT_NE(error_of([] {
+              dew::text_encoders::build("clip_text", {{"hidden_act", "relu"}});
+            }).find("quick_gelu"),
             std::string::npos);
   ClipText m(tiny_clip());
   std::string e = error_of([&] { m->tokenize({"a cat"}); });
   EXPECT_NE(e.find("tokenizer"), std::string::npos) << e;
-  EXPECT_NE(error_of([&] { m->forward(torch::full({1, 3}, 100, torch::kLong), {}); }).find("[0, 100)"),
+  EXPECT_NE(error_of([&] {
+              m->forward(torch::full({1, 3}, 100, torch::kLong), {});
+            }).find("[0, 100)"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { m->forward(torch::ones({1, 17}, torch::kLong), {}); }).find("max_position_embeddings"),
+  EXPECT_NE(error_of([&] {
+              m->forward(torch::ones({1, 17}, torch::kLong), {});
+            }).find("max_position_embeddings"),
             std::string::npos);
 }
 
@@ -366,7 +393,7 @@ TEST(ClipText, CausalAttention) {
   auto changed = ids.clone();
   changed[0][6] = (ids[0][6].item<int64_t>() + 1) % 98;
   auto a = m->forward(ids, {}).context, b = m->forward(changed, {}).context;
-  EXPECT_LT(max_diff(a.narrow(1, 0, 6), b.narrow(1, 0, 6)), 1e-6);  // earlier positions: unchanged
+  EXPECT_LT(max_diff(a.narrow(1, 0, 6), b.narrow(1, 0, 6)), 1e-6);                    // earlier positions: unchanged
   for (int64_t p = 6; p < 10; ++p) EXPECT_GT(max_diff(a[0][p], b[0][p]), 1e-4) << p;  // the rest: changed
 }
 
@@ -402,7 +429,8 @@ TEST(ClipText, GradientsReachEveryParameter) {
 
 TEST(ClipText, MatchesAnIndependentPythonReference) {
   // Looked up without importing (the import alone takes seconds).
-  if (std::system(DEW_PYTHON " -c 'import importlib.util as u, sys; "
+  if (std::system(DEW_PYTHON
+                  " -c 'import importlib.util as u, sys; "
                   "sys.exit(any(u.find_spec(m) is None for m in (\"torch\", \"numpy\")))' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << DEW_PYTHON " with torch is not available";
   dew::test::TempDir dir("clip_ref");
@@ -439,11 +467,16 @@ TEST(ClipText, MatchesAnIndependentPythonReference) {
     }
     std::ofstream(dir.file("ids" + tag + ".json")) << jids.dump();
     std::ofstream(dir.file("mask" + tag + ".json")) << jmask.dump();
-    std::ofstream(dir.file("config" + tag + ".json"))
-        << json{{"num_attention_heads", 4}, {"hidden_act", k.act}, {"layer_norm_eps", 1e-5}, {"eos_token_id", k.eos}}
-               .dump();
+    std::ofstream(dir.file("config" + tag + ".json")) << json{
+        {"num_attention_heads", 4},
+        {"hidden_act", k.act},
+        {"layer_norm_eps", 1e-5},
+        {"eos_token_id", k.eos}}.dump();
     for (const char* f : {"w", "config", "ids", "mask", "out"})
-      cmd += " " + dir.file(f + tag + (f == std::string("w") ? ".safetensors" : f == std::string("out") ? ".f32" : ".json"));
+      cmd += " " + dir.file(f + tag +
+                            (f == std::string("w")     ? ".safetensors"
+                             : f == std::string("out") ? ".f32"
+                                                       : ".json"));
   }
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   for (size_t c = 0; c < cases.size(); ++c) {
@@ -457,8 +490,8 @@ TEST(ClipText, MatchesAnIndependentPythonReference) {
     torch::NoGradGuard g;
     auto e = k.model->forward(k.ids, k.mask);
     const double dc = max_diff(e.context, ref_ctx), dp = max_diff(e.pooled, ref_pool);
-    std::cout << "clip_text " << k.act << " eos " << k.eos << ": max |dew - python| context " << dc << ", pooled "
-              << dp << " (context std " << ref_ctx.std().item<double>() << ")\n";
+    std::cout << "clip_text " << k.act << " eos " << k.eos << ": max |dew - python| context " << dc << ", pooled " << dp
+              << " (context std " << ref_ctx.std().item<double>() << ")\n";
     EXPECT_LT(dc, 1e-5);
     EXPECT_LT(dp, 1e-5);
   }
@@ -483,8 +516,8 @@ TEST(TextEncoders, ReducedPrecisionComputeIsClose) {
   auto ec = c->forward(ids, {}), ed = d->forward(ids, {});
   EXPECT_EQ(eb.context.scalar_type(), torch::kFloat);
   EXPECT_EQ(ed.pooled.scalar_type(), torch::kFloat);
-  std::cout << "bf16 vs fp32: byte " << max_diff(ea.context, eb.context) << ", clip " << max_diff(ec.context, ed.context)
-            << "\n";
+  std::cout << "bf16 vs fp32: byte " << max_diff(ea.context, eb.context) << ", clip "
+            << max_diff(ec.context, ed.context) << "\n";
   EXPECT_LT(max_diff(ea.context, eb.context), 0.1);
   EXPECT_LT(max_diff(ec.context, ed.context), 0.1);
 }
@@ -496,11 +529,33 @@ TEST(TextEncoders, ReducedPrecisionComputeIsClose) {
 namespace {
 
 json tiny_vocab() {
-  return json{{"h", 0},   {"e", 1},    {"l", 2},       {"o", 3},        {"w", 4},        {"r", 5},
-              {"d", 6},   {"!", 7},    {"4", 8},       {"2", 9},        {"o</w>", 10},   {"d</w>", 11},
-              {"!</w>", 12}, {"4</w>", 13}, {"2</w>", 14}, {"he", 15},   {"ll", 16},      {"llo</w>", 17},
-              {"hello</w>", 18}, {"wor", 19}, {"<|startoftext|>", 20}, {"<|endoftext|>", 21}, {"a</w>", 22},
-              {"'", 23},  {"s</w>", 24}, {"'s</w>", 25},  {"wo", 26}};
+  return json{{"h", 0},
+              {"e", 1},
+              {"l", 2},
+              {"o", 3},
+              {"w", 4},
+              {"r", 5},
+              {"d", 6},
+              {"!", 7},
+              {"4", 8},
+              {"2", 9},
+              {"o</w>", 10},
+              {"d</w>", 11},
+              {"!</w>", 12},
+              {"4</w>", 13},
+              {"2</w>", 14},
+              {"he", 15},
+              {"ll", 16},
+              {"llo</w>", 17},
+              {"hello</w>", 18},
+              {"wor", 19},
+              {"<|startoftext|>", 20},
+              {"<|endoftext|>", 21},
+              {"a</w>", 22},
+              {"'", 23},
+              {"s</w>", 24},
+              {"'s</w>", 25},
+              {"wo", 26}};
 }
 const std::vector<std::string> kClipMerges{"h e", "l l", "ll o</w>", "he llo</w>", "w o", "wo r", "' s</w>"};
 
@@ -521,14 +576,18 @@ TEST(ClipTokenizer, HandWrittenVocabulary) {
     m << "#version: 0.2\n";
     for (const auto& s : kClipMerges) m << s << "\n";
   }
-  json tj{{"model", {{"type", "BPE"}, {"vocab", tiny_vocab()}, {"merges", kClipMerges}, {"end_of_word_suffix", "</w>"},
-                     {"unk_token", "<|endoftext|>"}}},
+  json tj{{"model",
+           {{"type", "BPE"},
+            {"vocab", tiny_vocab()},
+            {"merges", kClipMerges},
+            {"end_of_word_suffix", "</w>"},
+            {"unk_token", "<|endoftext|>"}}},
           {"added_tokens", json::array({json{{"id", 20}, {"content", "<|startoftext|>"}},
                                         json{{"id", 21}, {"content", "<|endoftext|>"}}})}};
   std::ofstream(dir.file("fast/tokenizer.json")) << tj.dump();
 
-  for (const std::string& path : {dir.file("slow"), dir.file("slow/vocab.json"), dir.file("fast"),
-                                 dir.file("fast/tokenizer.json")}) {
+  for (const std::string& path :
+       {dir.file("slow"), dir.file("slow/vocab.json"), dir.file("fast"), dir.file("fast/tokenizer.json")}) {
     dew::data::ClipTokenizer tok(path);
     EXPECT_EQ(tok.bos_id(), 20);
     EXPECT_EQ(tok.eos_id(), 21);
@@ -568,7 +627,8 @@ TEST(ClipTokenizer, HandWrittenVocabulary) {
   EXPECT_EQ(e.context.sizes(), (std::vector<int64_t>{2, 16, 32}));
   EXPECT_TRUE(torch::equal(e.pooled[0], e.context[0][5]));
   EXPECT_TRUE(torch::equal(e.pooled[1], e.context[1][1]));
-  std::string err = error_of([&] { ClipText(tiny_clip().vocab_size(27).eos_token_id(26).tokenizer(dir.file("fast"))); });
+  std::string err =
+      error_of([&] { ClipText(tiny_clip().vocab_size(27).eos_token_id(26).tokenizer(dir.file("fast"))); });
   EXPECT_NE(err.find("eos_token_id"), std::string::npos) << err;
   err = error_of([&] { ClipText(tiny_clip().vocab_size(20).eos_token_id(21).tokenizer(dir.file("fast"))); });
   EXPECT_NE(err.find("vocab_size"), std::string::npos) << err;

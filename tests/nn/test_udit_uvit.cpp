@@ -3,10 +3,10 @@
 // step-by-step recomputation, the position table's rows, masking, refusals and the config round trip.
 #include <gtest/gtest.h>
 
+#include <torch/torch.h>
 #include "dew/nn/attention.h"
 #include "tests/nn/backbone_checks.h"
 #include "tests/test_util.h"
-#include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
@@ -34,8 +34,8 @@ json tiny_udit(json extra = json::object()) {
   return f;
 }
 json tiny_uvit(json extra = json::object()) {
-  json f = {{"patch_size", 2},  {"emb_features", 32}, {"num_layers", 2},
-            {"num_heads", 4},   {"mlp_ratio", 2},     {"image_size", 16}};
+  json f = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 2},
+            {"num_heads", 4},  {"mlp_ratio", 2},     {"image_size", 16}};
   f.update(extra);
   return f;
 }
@@ -51,7 +51,8 @@ dew::Conditioning labels_and_text(int64_t B, int64_t classes, int64_t features, 
 }
 
 // Copies parameters into `to` by name; rename maps a name of `to` to the name in `from`.
-void copy_renamed(dew::BackboneImpl& from, dew::BackboneImpl& to, const std::function<std::string(const std::string&)>& rename) {
+void copy_renamed(dew::BackboneImpl& from, dew::BackboneImpl& to,
+                  const std::function<std::string(const std::string&)>& rename) {
   torch::NoGradGuard no_grad;
   auto src = from.named_parameters();
   for (auto& kv : to.named_parameters()) {
@@ -105,8 +106,10 @@ TEST(UDiTUViT, SimpleUDiTSkipFusionAgainstSimpleDiT) {
     json g = f;
     g["num_layers"] = 5;
     auto seq = dew::models::build("simple_dit", g);
-    const std::map<std::string, std::string> five{{"blocks.0.", "down_blocks.0."}, {"blocks.1.", "down_blocks.1."},
-                                                  {"blocks.2.", "mid_block."},     {"blocks.3.", "up_blocks.0."},
+    const std::map<std::string, std::string> five{{"blocks.0.", "down_blocks.0."},
+                                                  {"blocks.1.", "down_blocks.1."},
+                                                  {"blocks.2.", "mid_block."},
+                                                  {"blocks.3.", "up_blocks.0."},
                                                   {"blocks.4.", "up_blocks.1."}};
     auto rename = [&](const std::map<std::string, std::string>& table) {
       return [&table, stem](const std::string& n) {
@@ -157,8 +160,12 @@ std::vector<json> uvit_variants() {
           {{"norm_inputs", true}},
           {{"explicitly_add_residual", false}},
           {{"add_residualblock_output", true}},
-          {{"use_projection", true}, {"use_self_and_cross", true}, {"norm_inputs", true},
-           {"explicitly_add_residual", false}, {"add_residualblock_output", true}, {"activation", "gelu"}}};
+          {{"use_projection", true},
+           {"use_self_and_cross", true},
+           {"norm_inputs", true},
+           {"explicitly_add_residual", false},
+           {"add_residualblock_output", true},
+           {"activation", "gelu"}}};
 }
 
 TEST(UDiTUViT, UViTOverfitsOneBatch) {
@@ -173,8 +180,7 @@ TEST(UDiTUViT, UViTOverfitsOneBatch) {
     b.cond = labels_and_text(4, 4, 8, 12);
     auto [first, last] = overfit(*m, b, 120, 3e-3);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::cout << "[ uvit " << v.dump() << " ] loss " << first << " -> " << last << " in 120 steps, " << secs
-              << " s\n";
+    std::cout << "[ uvit " << v.dump() << " ] loss " << first << " -> " << last << " in 120 steps, " << secs << " s\n";
     EXPECT_LT(last, first / 10) << v.dump();
   }
 }
@@ -253,8 +259,8 @@ TEST(UDiTUViT, UViTSmallerImagesUseTheFirstRowsOfThePositionTable) {
 }
 
 TEST(UDiTUViT, UViTMaskedTextTokensAreIgnoredAndLabelsMatter) {
-  auto m = dew::models::build("uvit", tiny_uvit({{"num_classes", 3}, {"context_features", 6},
-                                                 {"use_self_and_cross", true}}));
+  auto m = dew::models::build("uvit",
+                              tiny_uvit({{"num_classes", 3}, {"context_features", 6}, {"use_self_and_cross", true}}));
   randomize(*m, 0.1);
   Tensor x = torch::randn({2, 3, 8, 8}), t = torch::rand({2});
   dew::Conditioning a = labels_and_text(2, 3, 6, 13);

@@ -23,7 +23,8 @@ using dew::test::read_json;
 
 // Builds the folder's model as a user's `dew forward` would: config -> fields -> model -> weights.
 std::shared_ptr<dew::nn::UNet2DConditionImpl> load_folder(const std::string& folder) {
-  const json fields = dew::models::fields_from_reference_config("unet_2d_condition", read_json(folder + "/config.json"));
+  const json fields =
+      dew::models::fields_from_reference_config("unet_2d_condition", read_json(folder + "/config.json"));
   auto model = std::dynamic_pointer_cast<dew::nn::UNet2DConditionImpl>(dew::models::build("unet_2d_condition", fields));
   const auto report = dew::models::load_reference_weights(*model, "unet_2d_condition", fields,
                                                           folder + "/diffusion_pytorch_model.safetensors");
@@ -111,5 +112,6 @@ TEST(UNet2DCondition, InputsItDoesNotTakeAreRefused) {
             std::string::npos);
   c.context = io.at("encoder_hidden_states");
   c.extra["time_ids"] = at::zeros({2, 6});
-  EXPECT_NE(error_of([&] { model->forward(io.at("sample"), io.at("timestep"), c); }).find("time_ids"), std::string::npos);
+  EXPECT_NE(error_of([&] { model->forward(io.at("sample"), io.at("timestep"), c); }).find("time_ids"),
+            std::string::npos);
 }

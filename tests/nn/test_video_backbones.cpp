@@ -3,9 +3,9 @@
 // inflation of a 2D unet into unet_3d, errors, and the config round trip.
 #include <gtest/gtest.h>
 
+#include <torch/torch.h>
 #include "tests/nn/backbone_checks.h"
 #include "tests/test_util.h"
-#include <torch/torch.h>
 
 #include <chrono>
 #include <map>
@@ -30,8 +30,11 @@ json tiny_video_dit(json extra = json::object()) {
   return f;
 }
 json tiny_unet_fields(json extra = json::object()) {
-  json f = {{"emb_features", 16},   {"feature_depths", {8, 16}}, {"attention_configs", {nullptr, 2}},
-            {"num_res_blocks", 1}, {"norm_groups", 4}};
+  json f = {{"emb_features", 16},
+            {"feature_depths", {8, 16}},
+            {"attention_configs", {nullptr, 2}},
+            {"num_res_blocks", 1},
+            {"norm_groups", 4}};
   f.update(extra);
   return f;
 }
@@ -206,12 +209,12 @@ TEST(VideoBackbones, UNet3DSpatialParameterNamesEqualUnets) {
 }
 
 TEST(VideoBackbones, VideoDiTParameterNames) {
-  auto n = names_of(*dew::models::build("video_dit", tiny_video_dit({{"num_classes", 2}, {"context_features", 4},
-                                                                     {"qk_norm", true}})));
-  for (const char* name : {"x_embedder.weight", "t_embedder.fourier.freqs", "y_embedder.weight",
-                           "context_embedder.weight", "blocks.0.adaLN_modulation.weight", "blocks.1.attn.qkv.weight",
-                           "blocks.1.temporal_attn.proj.bias", "blocks.0.temporal_attn.q_norm.weight",
-                           "blocks.0.mlp.fc2.weight", "final_layer.linear.weight"})
+  auto n = names_of(*dew::models::build(
+      "video_dit", tiny_video_dit({{"num_classes", 2}, {"context_features", 4}, {"qk_norm", true}})));
+  for (const char* name :
+       {"x_embedder.weight", "t_embedder.fourier.freqs", "y_embedder.weight", "context_embedder.weight",
+        "blocks.0.adaLN_modulation.weight", "blocks.1.attn.qkv.weight", "blocks.1.temporal_attn.proj.bias",
+        "blocks.0.temporal_attn.q_norm.weight", "blocks.0.mlp.fc2.weight", "final_layer.linear.weight"})
     EXPECT_TRUE(n.count(name)) << name;
   auto m = dew::models::build("video_dit", tiny_video_dit());
   EXPECT_EQ(m->named_parameters()["blocks.0.adaLN_modulation.weight"].sizes(), (std::vector<int64_t>{9 * 32, 32}));

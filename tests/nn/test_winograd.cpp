@@ -22,10 +22,10 @@ namespace {
 
 using at::Tensor;
 using dew::test::error_of;
-using dew::test::IsaGuard;
-using dew::test::runnable_isas;
 using dew::test::expect_golden;
+using dew::test::IsaGuard;
 using dew::test::max_diff;
+using dew::test::runnable_isas;
 
 struct ThreadsGuard {
   int saved = at::get_num_threads();
@@ -107,19 +107,21 @@ TEST(Winograd, SecondOrderGradientsFollowTheConvolution) {
     return std::vector<Tensor>{w.grad(), b.grad()};
   };
   const auto ours = penalty_grads(true), theirs = penalty_grads(false);
-  for (int i = 0; i < 2; ++i) EXPECT_LT(max_diff(ours[i], theirs[i]), 1e-3 * (1 + theirs[i].abs().max().item<double>()));
+  for (int i = 0; i < 2; ++i)
+    EXPECT_LT(max_diff(ours[i], theirs[i]), 1e-3 * (1 + theirs[i].abs().max().item<double>()));
 }
 
 TEST(Winograd, AppliesOnlyWhereItComputesTheSameConvolution) {
   const Tensor x = channels_last(torch::randn({2, 16, 8, 8})), w = torch::randn({8, 16, 3, 3}), b = torch::randn({8});
   EXPECT_TRUE(dew::nn::winograd_conv_applies(x, w, b));
   EXPECT_TRUE(dew::nn::winograd_conv_applies(x, w, Tensor()));
-  EXPECT_FALSE(dew::nn::winograd_conv_applies(x.contiguous(), w, b));                                    // NCHW memory
+  EXPECT_FALSE(dew::nn::winograd_conv_applies(x.contiguous(), w, b));                                     // NCHW memory
   EXPECT_FALSE(dew::nn::winograd_conv_applies(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble)));  // float64
-  EXPECT_FALSE(dew::nn::winograd_conv_applies(x, torch::randn({8, 16, 5, 5}), b));                       // 5 x 5
-  EXPECT_FALSE(dew::nn::winograd_conv_applies(x, torch::randn({6, 16, 3, 3}), torch::randn({6})));       // O % 8
-  EXPECT_FALSE(dew::nn::winograd_conv_applies(channels_last(torch::randn({2, 12, 8, 8})), torch::randn({8, 12, 3, 3}), b));
-  EXPECT_FALSE(dew::nn::winograd_conv_applies(x, w, torch::randn({4})));                                 // bias size
+  EXPECT_FALSE(dew::nn::winograd_conv_applies(x, torch::randn({8, 16, 5, 5}), b));                        // 5 x 5
+  EXPECT_FALSE(dew::nn::winograd_conv_applies(x, torch::randn({6, 16, 3, 3}), torch::randn({6})));        // O % 8
+  EXPECT_FALSE(
+      dew::nn::winograd_conv_applies(channels_last(torch::randn({2, 12, 8, 8})), torch::randn({8, 12, 3, 3}), b));
+  EXPECT_FALSE(dew::nn::winograd_conv_applies(x, w, torch::randn({4})));  // bias size
   const std::string err = error_of([&] { dew::nn::conv3x3_winograd(x.contiguous(), w, b); });
   EXPECT_NE(err.find("channels-last"), std::string::npos) << err;
   {
@@ -146,7 +148,9 @@ TEST(Winograd, ConvTakesItForSamePaddedThreeByThreeOnly) {
       const Tensor ref = at::conv2d(x, (*m)->weight, (*m)->bias, 1, 1);
       EXPECT_LT(max_diff(dew::nn::conv(x, *m), ref), 1e-5) << isa;
     }
-    EXPECT_TRUE(torch::equal(dew::nn::conv(x, valid), at::conv2d(x, valid->weight, valid->bias, 1, at::IntArrayRef{0, 0}))) << isa;
+    EXPECT_TRUE(
+        torch::equal(dew::nn::conv(x, valid), at::conv2d(x, valid->weight, valid->bias, 1, at::IntArrayRef{0, 0})))
+        << isa;
     EXPECT_TRUE(torch::equal(dew::nn::conv(x, stride2), at::conv2d(x, stride2->weight, stride2->bias, 2, 1))) << isa;
     // Where preferred, conv() runs the Winograd kernel: its exact bits.
     if (dew::nn::winograd_conv_preferred()) {

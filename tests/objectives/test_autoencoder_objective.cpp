@@ -26,9 +26,7 @@ class GainAutoencoder : public dew::AutoencoderImpl {
   GainAutoencoder(double gain, double logvar) : gain_(gain), logvar_(logvar) {
     w_ = register_parameter("w", at::ones({1}));
   }
-  dew::DiagonalGaussian encode(const at::Tensor& x) override {
-    return {x * w_, at::full_like(x, logvar_)};
-  }
+  dew::DiagonalGaussian encode(const at::Tensor& x) override { return {x * w_, at::full_like(x, logvar_)}; }
   at::Tensor decode(const at::Tensor& z) override { return z * gain_; }
   double scaling_factor() const override { return 1.0; }
 
@@ -55,8 +53,7 @@ TEST(AutoencoderObjective, LossIsReconstructionPlusWeightedKlPerImageElement) {
     l2 += (hs[i] - xs[i]) * (hs[i] - xs[i]) / 12.0;
   }
   double kl_rows[2] = {0, 0};
-  for (size_t i = 0; i < ms.size(); ++i)
-    kl_rows[i / 2] += 0.5 * (ms[i] * ms[i] + std::exp(lvs[i]) - 1.0 - lvs[i]);
+  for (size_t i = 0; i < ms.size(); ++i) kl_rows[i / 2] += 0.5 * (ms[i] * ms[i] + std::exp(lvs[i]) - 1.0 - lvs[i]);
   const double kl = (kl_rows[0] + kl_rows[1]) / 2;  // the per-image sum, mean over the batch
   const double weight = 0.01;
   for (const char* rec : {"l1", "mse"}) {
@@ -115,8 +112,8 @@ TEST(AutoencoderObjective, ObjectiveLossAndValidationScores) {
   o.posterior = "mean";
   o.kl_weight = 0.5;
   o.preview_count = 0;
-  auto held_out = std::make_shared<dew::data::TensorDataset>(dew::data::Batch{
-      {"image", at::full({3, 1, 12, 12}, 153, at::TensorOptions().dtype(at::kByte))}});
+  auto held_out = std::make_shared<dew::data::TensorDataset>(
+      dew::data::Batch{{"image", at::full({3, 1, 12, 12}, 153, at::TensorOptions().dtype(at::kByte))}});
   dew::AutoencoderObjective obj(ae, o, held_out);
   dew::data::Batch batch = {{"image", held_out->field("image")}};
   const auto out = obj.loss(batch, 0, dew::rng::generator(0, 0, "t"));
@@ -170,7 +167,8 @@ TEST(FashionMnist, PadsTo32x32) {
   EXPECT_TRUE(at::equal(padded->field("label"), plain->field("label")));
   EXPECT_EQ(padded->class_names(), plain->class_names());
   EXPECT_EQ(padded->spec()["pad"], 2);
-  EXPECT_NE(error_of([] { dew::data::datasets().build({{"name", "fashion_mnist"}, {"split", "test"}, {"pad", -1}}); })
-                .find("pad"),
+  EXPECT_NE(error_of([] {
+              dew::data::datasets().build({{"name", "fashion_mnist"}, {"split", "test"}, {"pad", -1}});
+            }).find("pad"),
             std::string::npos);
 }

@@ -22,8 +22,8 @@ TEST(DiffusionText, CaptionsAreTheClassNamesWithTheirArticle) {
   EXPECT_EQ(t.caption(3), "");  // the null class
   t.caption_template = "{} on a table";
   EXPECT_EQ(t.caption(1), "a trouser on a table");
-  EXPECT_EQ(t.captions(torch::tensor({2, 3, 0})), (std::vector<std::string>{"an ankle boot on a table", "",
-                                                                            "a t-shirt/top on a table"}));
+  EXPECT_EQ(t.captions(torch::tensor({2, 3, 0})),
+            (std::vector<std::string>{"an ankle boot on a table", "", "a t-shirt/top on a table"}));
   EXPECT_NE(dew::test::error_of([&] { t.caption(4); }).find("label 4"), std::string::npos);
 }
 
@@ -36,10 +36,14 @@ struct TextRun {
 TextRun text_run(double unconditional_prob) {
   torch::manual_seed(0);
   TextRun r;
-  r.encoder = dew::text_encoders::build("byte_text_encoder", {{"features", 16}, {"num_layers", 1}, {"num_heads", 2},
-                                                              {"max_length", 32}});
-  r.model = dew::models::build("simple_dit", {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 1},
-                                              {"num_heads", 2}, {"in_channels", 1}, {"output_channels", 1},
+  r.encoder = dew::text_encoders::build("byte_text_encoder",
+                                        {{"features", 16}, {"num_layers", 1}, {"num_heads", 2}, {"max_length", 32}});
+  r.model = dew::models::build("simple_dit", {{"patch_size", 2},
+                                              {"emb_features", 32},
+                                              {"num_layers", 1},
+                                              {"num_heads", 2},
+                                              {"in_channels", 1},
+                                              {"output_channels", 1},
                                               {"context_features", 16}});
   dew::DiffusionObjectiveOptions o;
   o.unconditional_prob = unconditional_prob;
@@ -58,7 +62,8 @@ TEST(DiffusionText, TheEncoderTrainsWithTheBackboneInOneModuleTree) {
     for (auto& p : r.model->parameters()) p.add_(torch::randn_like(p) * 0.05);
   }
   bool found = false;
-  for (const auto& kv : r.objective->module().named_parameters()) found |= kv.key() == "text_encoder.token_embedding.weight";
+  for (const auto& kv : r.objective->module().named_parameters())
+    found |= kv.key() == "text_encoder.token_embedding.weight";
   EXPECT_TRUE(found) << "the encoder's parameters belong to the checkpointed module";
   dew::data::Batch b = {{"image", torch::randint(0, 256, {4, 1, 8, 8}).to(at::kByte)},
                         {"label", torch::tensor({0, 1, 2, 1}, at::kLong)}};

@@ -25,13 +25,24 @@ struct Golden {
 Golden load_golden() {
   Golden s;
   s.g = dew::test::golden("jepa/ijepa_loss.safetensors");
-  s.encoder = dew::models::build_token_encoder(
-      {{"architecture", "jepa_encoder"},
-       {"fields", {{"image_size", 16}, {"patch_size", 4}, {"in_channels", 2}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 4}}}});
-  s.predictor = dew::models::build_token_predictor(
-      {{"architecture", "jepa_predictor"},
-       {"fields", {{"image_size", 16}, {"patch_size", 4}, {"encoder_features", 32}, {"emb_features", 16}, {"num_layers", 2}, {"num_heads", 2}}}});
-  dew::io::load_weights(*s.encoder, dew::io::WeightSource::of_tensors(dew::test::golden_weights(s.g, "w.encoder."), "encoder"));
+  s.encoder = dew::models::build_token_encoder({{"architecture", "jepa_encoder"},
+                                                {"fields",
+                                                 {{"image_size", 16},
+                                                  {"patch_size", 4},
+                                                  {"in_channels", 2},
+                                                  {"emb_features", 32},
+                                                  {"num_layers", 2},
+                                                  {"num_heads", 4}}}});
+  s.predictor = dew::models::build_token_predictor({{"architecture", "jepa_predictor"},
+                                                    {"fields",
+                                                     {{"image_size", 16},
+                                                      {"patch_size", 4},
+                                                      {"encoder_features", 32},
+                                                      {"emb_features", 16},
+                                                      {"num_layers", 2},
+                                                      {"num_heads", 2}}}});
+  dew::io::load_weights(*s.encoder,
+                        dew::io::WeightSource::of_tensors(dew::test::golden_weights(s.g, "w.encoder."), "encoder"));
   dew::io::load_weights(*s.predictor,
                         dew::io::WeightSource::of_tensors(dew::test::golden_weights(s.g, "w.predictor."), "predictor"));
   for (const auto& [k, v] : dew::test::golden_weights(s.g, "w.target."))
@@ -76,8 +87,8 @@ TEST(JepaObjective, GradientsMatchIJepaInFloat64) {
   dew::test::expect_close_f64("loss smooth_l1 (float64)", out.loss, s.g["loss_smooth_l1_f64"], 1e-12);
   out.loss.backward();
   int64_t compared = 0;
-  for (auto& [prefix, module] :
-       std::vector<std::pair<std::string, torch::nn::Module*>>{{"encoder", s.encoder.get()}, {"predictor", s.predictor.get()}}) {
+  for (auto& [prefix, module] : std::vector<std::pair<std::string, torch::nn::Module*>>{
+           {"encoder", s.encoder.get()}, {"predictor", s.predictor.get()}}) {
     for (const auto& kv : module->named_parameters()) {
       const std::string key = "grad." + prefix + "." + kv.key();
       ASSERT_TRUE(s.g.count(key)) << key;
@@ -130,11 +141,17 @@ TEST(JepaObjective, TheTargetIsTheEncodersEmaWithALinearMomentumRamp) {
 
 TEST(JepaObjective, RefusesAPredictorOfAnotherGrid) {
   Golden s = load_golden();
-  auto other = dew::models::build_token_predictor(
-      {{"architecture", "jepa_predictor"},
-       {"fields", {{"image_size", 16}, {"patch_size", 2}, {"encoder_features", 32}, {"emb_features", 16}, {"num_layers", 1}, {"num_heads", 2}}}});
-  EXPECT_NE(dew::test::error_of([&] { dew::JEPAObjective(s.encoder, other, with_loss("mse")); })
-                .find("model.predictor.fields.patch_size: must be the encoder's 4"),
+  auto other = dew::models::build_token_predictor({{"architecture", "jepa_predictor"},
+                                                   {"fields",
+                                                    {{"image_size", 16},
+                                                     {"patch_size", 2},
+                                                     {"encoder_features", 32},
+                                                     {"emb_features", 16},
+                                                     {"num_layers", 1},
+                                                     {"num_heads", 2}}}});
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::JEPAObjective(s.encoder, other, with_loss("mse"));
+            }).find("model.predictor.fields.patch_size: must be the encoder's 4"),
             std::string::npos);
   dew::JEPAObjectiveOptions bad = with_loss("mse");
   bad.momentum = 1.2;
@@ -157,26 +174,30 @@ TEST(JepaObjective, GridPoolsAreRegionMeansOfTheTokenGrid) {
   std::vector<at::Tensor> quadrants;
   for (int64_t r : {0, 2})
     for (int64_t c : {0, 2})
-      quadrants.push_back(tokens.index_select(1, torch::tensor({r * 4 + c, r * 4 + c + 1, (r + 1) * 4 + c, (r + 1) * 4 + c + 1}))
-                              .mean(1));
+      quadrants.push_back(
+          tokens.index_select(1, torch::tensor({r * 4 + c, r * 4 + c + 1, (r + 1) * 4 + c, (r + 1) * 4 + c + 1}))
+              .mean(1));
   const at::Tensor want2 = at::cat(quadrants, 1);  // [3, 4 * 32]
   EXPECT_TRUE(at::allclose(dew::pooled_features(*s.encoder, images, "grid2"), want2, 1e-5, 1e-6));
   EXPECT_TRUE(at::allclose(dew::pooled_features(*s.encoder, images, "grid1"), tokens.mean(1), 1e-5, 1e-6));
   EXPECT_TRUE(at::allclose(dew::pooled_features(*s.encoder, images, "grid4"), tokens.flatten(1), 1e-5, 1e-6));
-  EXPECT_NE(dew::test::error_of([&] { dew::pooled_features(*s.encoder, images, "grid5"); })
-                .find("pool: got \"grid5\", accepted: mean, tokens, gridK with 1 <= K <= 4"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::pooled_features(*s.encoder, images, "grid5");
+            }).find("pool: got \"grid5\", accepted: mean, tokens, gridK with 1 <= K <= 4"),
             std::string::npos);
   EXPECT_NE(dew::test::error_of([&] { dew::pooled_features(*s.encoder, images, "gridx"); }).find("pool: got \"gridx\""),
             std::string::npos);
   dew::JEPAObjectiveOptions bad = with_loss("mse");
   bad.probe_pool = "grid9";
-  EXPECT_NE(dew::test::error_of([&] { dew::JEPAObjective(s.encoder, s.predictor, bad); })
-                .find("objective.probe_pool: got \"grid9\""),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::JEPAObjective(s.encoder, s.predictor, bad);
+            }).find("objective.probe_pool: got \"grid9\""),
             std::string::npos);
   bad = with_loss("mse");
   bad.knn_temperature = -1;
-  EXPECT_NE(dew::test::error_of([&] { dew::JEPAObjective(s.encoder, s.predictor, bad); })
-                .find("objective.knn_temperature: must be > 0, got -1"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::JEPAObjective(s.encoder, s.predictor, bad);
+            }).find("objective.knn_temperature: must be > 0, got -1"),
             std::string::npos);
 }
 

@@ -65,7 +65,9 @@ TEST(LMObjective, LossMatchesHandComputedCrossEntropyWithPadding) {
   auto one = masked.loss({{"tokens", tokens}, {"loss_mask", lm}}, 0, at::Generator());
   at::Tensor l3 = m->forward_tokens(tokens.narrow(1, 0, 6))[0][2];
   EXPECT_NEAR(one.loss.item<double>(), (at::logsumexp(l3, 0) - l3[6]).item<double>(), 1e-5);
-  EXPECT_NE(dew::test::error_of([&] { masked.loss({{"tokens", tokens}}, 0, at::Generator()); }).find("loss_mask"),
+  EXPECT_NE(dew::test::error_of([&] {
+              masked.loss({{"tokens", tokens}}, 0, at::Generator());
+            }).find("loss_mask"),
             std::string::npos);
 }
 
@@ -81,7 +83,8 @@ TEST(LMObjective, ValidationReportsPerplexityAndWritesASample) {
   meta.packed = true;
   dew::data::write_token_files(dir.file("tok"), train, val, meta);
   auto lm = dew::data::lm_datasets().build(json{{"name", "tokens"}, {"dir", dir.file("tok")}}, 8);
-  dew::nn::CausalTransformer model(dew::nn::CausalTransformerOptions().vocab_size(257).emb_features(16).num_layers(1).num_heads(2));
+  dew::nn::CausalTransformer model(
+      dew::nn::CausalTransformerOptions().vocab_size(257).emb_features(16).num_layers(1).num_heads(2));
   dew::ObjectiveContext ctx;
   ctx.language_model = model;
   ctx.lm_data = lm;
@@ -92,11 +95,12 @@ TEST(LMObjective, ValidationReportsPerplexityAndWritesASample) {
   EXPECT_NEAR(v.at("val/perplexity"), std::exp(v.at("val/ce")), 1e-9);
   EXPECT_NEAR(v.at("val/ce"), std::log(257.0), 0.5);  // an untrained model is near uniform
   EXPECT_TRUE(std::filesystem::exists(dir.path / "samples" / "step_7.txt"));
-  auto diffusion_model = dew::models::build("simple_dit", {{"patch_size", 2}, {"emb_features", 16}, {"num_layers", 1},
-                                                           {"num_heads", 2}});
+  auto diffusion_model =
+      dew::models::build("simple_dit", {{"patch_size", 2}, {"emb_features", 16}, {"num_layers", 1}, {"num_heads", 2}});
   ctx.model = diffusion_model;  // a denoiser is no language model
   ctx.language_model = nullptr;
-  EXPECT_NE(dew::test::error_of([&] { dew::objectives().build("lm", json{{"seq_len", 8}}, ctx); })
-                .find("causal_transformer"),
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::objectives().build("lm", json{{"seq_len", 8}}, ctx);
+            }).find("causal_transformer"),
             std::string::npos);
 }

@@ -25,7 +25,9 @@ dew::nn::CausalTransformer tiny_model(uint64_t seed = 1) {
   return dew::nn::CausalTransformer(o);
 }
 
-dew::data::ChatFormat byte_plain_chat() { return {dew::data::load_tokenizer("byte"), dew::data::ChatTemplate::plain, {}}; }
+dew::data::ChatFormat byte_plain_chat() {
+  return {dew::data::load_tokenizer("byte"), dew::data::ChatTemplate::plain, {}};
+}
 
 dew::training::NamedTensors trainable(torch::nn::Module& m) {
   dew::training::NamedTensors out;
@@ -33,10 +35,12 @@ dew::training::NamedTensors trainable(torch::nn::Module& m) {
   return out;
 }
 
-const char* kPairs =
-    R"({"prompt":[{"role":"user","content":"2+2="}],"chosen":"4","rejected":"5"})" "\n"
-    R"({"prompt":[{"role":"user","content":"10+7="}],"chosen":"17","rejected":"71"})" "\n"
-    R"({"prompt":"x","chosen":"long answer","rejected":"no"})" "\n";
+const char* kPairs = R"({"prompt":[{"role":"user","content":"2+2="}],"chosen":"4","rejected":"5"})"
+                     "\n"
+                     R"({"prompt":[{"role":"user","content":"10+7="}],"chosen":"17","rejected":"71"})"
+                     "\n"
+                     R"({"prompt":"x","chosen":"long answer","rejected":"no"})"
+                     "\n";
 
 }  // namespace
 
@@ -60,7 +64,8 @@ TEST(DpoObjective, AtTheStartTheLossIsLog2AndItsGradientTheClosedForm) {
   model->zero_grad();
   const at::Tensor ids = rows.at("ids"), mask = rows.at("completion_mask");
   const int64_t b = ids.size(0), l = ids.size(2);
-  at::Tensor lp = dew::post_training::sequence_logps(model->forward_tokens(ids.view({2 * b, l})).view({b, 2, l, -1}), ids, mask);
+  at::Tensor lp =
+      dew::post_training::sequence_logps(model->forward_tokens(ids.view({2 * b, l})).view({b, 2, l, -1}), ids, mask);
   (-(0.1 / 2.0) * (lp.select(1, 0) - lp.select(1, 1)).mean()).backward();
   double worst = 0;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -84,7 +89,8 @@ TEST(DpoObjective, TheSftTermAddsTheChosenTokensMeanNegativeLogLikelihood) {
   at::NoGradGuard ng;
   const at::Tensor chosen = rows.at("ids").select(1, 0), mask = rows.at("completion_mask").select(1, 0);
   const at::Tensor lp = dew::post_training::token_logps(*model, chosen);
-  const double nll = -(lp * mask.to(at::kFloat)).sum().item<double>() / mask.narrow(1, 1, mask.size(1) - 1).sum().item<double>();
+  const double nll =
+      -(lp * mask.to(at::kFloat)).sum().item<double>() / mask.narrow(1, 1, mask.size(1) - 1).sum().item<double>();
   EXPECT_NEAR(out.metrics.at("sft_loss"), nll, 1e-5);
   EXPECT_NEAR(out.loss.item<double>(), std::log(2.0) + 0.5 * nll, 1e-5);
 }
@@ -124,10 +130,12 @@ TEST(DpoObjective, TheReferenceStaysFrozenAndPrecomputingGivesTheSameLoss) {
 TEST(GrpoObjective, RolloutAdvantagesFollowTheGroupFormulaAndTheFirstUpdateIsOnPolicy) {
   dew::test::TempDir d("grpo_obj");
   auto fmt = byte_plain_chat();
-  auto prompts = dew::data::read_prompts(d.write("q.jsonl",
-                                               R"({"prompt":[{"role":"user","content":"1+1="}],"answer":"2"})" "\n"
-                                               R"({"prompt":[{"role":"user","content":"3+4="}],"answer":"7"})" "\n"),
-                                         fmt, 64);
+  auto prompts =
+      dew::data::read_prompts(d.write("q.jsonl", R"({"prompt":[{"role":"user","content":"1+1="}],"answer":"2"})"
+                                                 "\n"
+                                                 R"({"prompt":[{"role":"user","content":"3+4="}],"answer":"7"})"
+                                                 "\n"),
+                              fmt, 64);
   dew::post_training::RewardOptions ro;
   ro.format = "[\\s\\S]*[a-m][\\s\\S]*";  // a random model's completions hold one of a-m about a quarter of the time
   auto model = tiny_model();
@@ -135,8 +143,8 @@ TEST(GrpoObjective, RolloutAdvantagesFollowTheGroupFormulaAndTheFirstUpdateIsOnP
   o.group_size = 4;
   o.max_new_tokens = 6;
   o.mini_batches = 2;
-  auto obj = std::make_shared<dew::GRPOObjective>(model, o, fmt, prompts, dew::post_training::make_rewards("format", "", ro),
-                                                  nullptr);
+  auto obj = std::make_shared<dew::GRPOObjective>(model, o, fmt, prompts,
+                                                  dew::post_training::make_rewards("format", "", ro), nullptr);
   dew::training::EMA ema(trainable(*model), obj->ema());
   obj->bind_ema(ema.averages());
   obj->begin(0, d.path.string());
@@ -165,18 +173,21 @@ TEST(GrpoObjective, RolloutAdvantagesFollowTheGroupFormulaAndTheFirstUpdateIsOnP
       EXPECT_NEAR(l["advantage"].get<double>(), (l["reward"].get<double>() - mean) / (std::sqrt(var) + 1e-6), 1e-4);
     }
   }
-  EXPECT_NEAR(out.metrics.at("reward/format"), [&] {
-    double s = 0;
-    for (const auto& l : lines) s += l["reward"].get<double>();
-    return s / 8;
-  }(), 1e-9);
+  EXPECT_NEAR(
+      out.metrics.at("reward/format"),
+      [&] {
+        double s = 0;
+        for (const auto& l : lines) s += l["reward"].get<double>();
+        return s / 8;
+      }(),
+      1e-9);
 
   // The buffer is the checkpoint state: a fresh objective given it takes the same second update.
   const auto state = obj->state();
   ASSERT_TRUE(state.count("old_logp") && state.count("advantages") && state.count("ref_logp"));
   auto again = obj->loss(batch, 1, dew::rng::generator(0, 1, "objective"));
-  auto obj2 = std::make_shared<dew::GRPOObjective>(model, o, fmt, prompts, dew::post_training::make_rewards("format", "", ro),
-                                                   nullptr);
+  auto obj2 = std::make_shared<dew::GRPOObjective>(model, o, fmt, prompts,
+                                                   dew::post_training::make_rewards("format", "", ro), nullptr);
   obj2->bind_ema(ema.averages());
   obj2->load_state(state);
   auto resumed = obj2->loss(batch, 1, dew::rng::generator(0, 1, "objective"));

@@ -102,9 +102,7 @@ void check_dpo(const std::string& file, bool has_per_pair, bool has_f32) {
 
 TEST(PostTrainingDpo, SigmoidLossMatchesTrlDpoTrainer) { check_dpo("dpo_sigmoid", true, true); }
 
-TEST(PostTrainingDpo, LabelSmoothingMatchesTrlV028ConservativeDpo) {
-  check_dpo("dpo_label_smoothing", false, false);
-}
+TEST(PostTrainingDpo, LabelSmoothingMatchesTrlV028ConservativeDpo) { check_dpo("dpo_label_smoothing", false, false); }
 
 TEST(PostTrainingDpo, SequenceLogpsShiftAndMask) {
   // Uniform logits: every counted token has log-prob -log V. mask[..., 0] is never read (no logits predict
@@ -142,8 +140,8 @@ TEST(PostTrainingAdvantages, GrpoRlooAndMeanMatchVerl) {
   // The group of one: verl divides by torch.tensor(1.0) + 1e-6 in float32, i.e. 1 + 9.54e-7; here
   // 1 + 1e-6 in the scores' dtype, a relative difference of 4.6e-8.
   expect_close("grpo", pt::grpo_advantages(scores, ids, mask), at_key(g, "grpo"), kValueTol, kValueTol);
-  expect_close("grpo without std", pt::grpo_advantages(scores, ids, mask, false), at_key(g, "grpo_no_std"),
-               kValueTol, kValueTol);
+  expect_close("grpo without std", pt::grpo_advantages(scores, ids, mask, false), at_key(g, "grpo_no_std"), kValueTol,
+               kValueTol);
   expect_close("mean", pt::mean_advantages(scores, ids, mask), at_key(g, "grpo_no_std"), kValueTol, kValueTol);
   expect_close("rloo", pt::rloo_advantages(scores, ids, mask), at_key(g, "rloo"), kValueTol, kValueTol);
   const Tensor f32 = pt::grpo_advantages(scores.to(at::kFloat), ids, mask.to(at::kBool));
@@ -193,9 +191,10 @@ TEST(PostTrainingKl, K3AndItsAggregationsMatchVerl) {
   expect_close("k3", k3, at_key(g, "k3"), kValueTol, kValueTol);
   expect_grad("grad log_prob", logp.grad(), at_key(g, "grad_log_prob"));
   expect_grad("grad ref_log_prob", ref.grad(), at_key(g, "grad_ref_log_prob"));
-  for (const auto& [tag, mode] : std::vector<std::pair<std::string, std::string>>{
-           {"token_mean", "token-mean"}, {"seq_mean_token_mean", "seq-mean-token-mean"},
-           {"seq_mean_token_sum", "seq-mean-token-sum"}}) {
+  for (const auto& [tag, mode] :
+       std::vector<std::pair<std::string, std::string>>{{"token_mean", "token-mean"},
+                                                        {"seq_mean_token_mean", "seq-mean-token-mean"},
+                                                        {"seq_mean_token_sum", "seq-mean-token-sum"}}) {
     Tensor lp = leaf(at_key(g, "log_prob"));
     Tensor loss = pt::agg_loss(pt::k3_kl(lp, at_key(g, "ref_log_prob")), mask, mode);
     loss.backward();
@@ -224,9 +223,9 @@ TEST(PostTrainingAggLoss, EmptyMaskGivesZeroNotNaN) {
 TEST(PostTrainingErrors, BadInputsNameTheField) {
   using dew::test::error_of;
   auto has = [](const std::string& msg, const std::string& part) {
-    return msg.find(part) != std::string::npos ? ::testing::AssertionSuccess()
-                                               : ::testing::AssertionFailure() << "\"" << msg << "\" lacks \"" << part
-                                                                               << "\"";
+    return msg.find(part) != std::string::npos
+               ? ::testing::AssertionSuccess()
+               : ::testing::AssertionFailure() << "\"" << msg << "\" lacks \"" << part << "\"";
   };
   const Tensor logits = torch::randn({2, 2, 5, 7}, torch::kDouble);
   const Tensor ids = torch::randint(0, 7, {2, 2, 5}, torch::kLong);
@@ -270,8 +269,8 @@ TEST(PostTrainingErrors, BadInputsNameTheField) {
                   "policy_loss: response_mask [4, 1] must have the shape of logp [4, 3]"));
   EXPECT_TRUE(has(error_of([&] { pt::policy_loss(lp, lp, lp, rmask, 1.0); }), "eps_low must be in [0, 1), got 1"));
   EXPECT_TRUE(has(error_of([&] { pt::policy_loss(lp, lp, lp, rmask, 0.2, -0.1); }), "eps_high must be >= 0, got -0.1"));
-  EXPECT_TRUE(has(error_of([&] { pt::policy_loss(lp, lp, lp, rmask, 0.2, 0.2, 1.0); }),
-                  "dual_clip must be > 1, got 1"));
+  EXPECT_TRUE(
+      has(error_of([&] { pt::policy_loss(lp, lp, lp, rmask, 0.2, 0.2, 1.0); }), "dual_clip must be > 1, got 1"));
   EXPECT_TRUE(has(error_of([&] { pt::policy_loss(lp, lp.to(torch::kLong), lp, rmask); }),
                   "policy_loss: logp must be a floating tensor, got Long"));
   EXPECT_TRUE(has(error_of([&] { pt::agg_loss(lp, rmask, "mean"); }), "agg_loss: mode: got \"mean\""));

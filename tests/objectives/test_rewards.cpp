@@ -53,19 +53,19 @@ TEST(Rewards, ExactHandCases) {
   EXPECT_EQ(r->name(), "exact");
   json a82 = {{"prompt", "41 * 2?"}, {"answer", "82"}};
   std::vector<pt::RewardInput> in = {
-      input("41 * 2 = 82", a82),                       // plain
-      input("first 41, then 2: so 82", a82),           // the last number wins
-      input("I think 80. No: 82", a82),                // the last number wins over an earlier wrong one
-      input("82 is wrong, it is 83", a82),             // the last number is wrong
-      input("The answer is 82.0", a82),                // 82.0 == 82
-      input("no number here", a82),                    // no match
-      input("  82  ", {{"answer", " 82 "}}),           // trimmed
+      input("41 * 2 = 82", a82),              // plain
+      input("first 41, then 2: so 82", a82),  // the last number wins
+      input("I think 80. No: 82", a82),       // the last number wins over an earlier wrong one
+      input("82 is wrong, it is 83", a82),    // the last number is wrong
+      input("The answer is 82.0", a82),       // 82.0 == 82
+      input("no number here", a82),           // no match
+      input("  82  ", {{"answer", " 82 "}}),  // trimmed
       input("total: 1,234 apples", {{"answer", "1234"}}),
       input("total: 1234", {{"answer", "1,234"}}),
-      input("it costs 82, I think", a82),              // the match "82," loses its comma
-      input("x = -3.5", {{"answer", -3.5}}),           // a numeric answer field
+      input("it costs 82, I think", a82),     // the match "82," loses its comma
+      input("x = -3.5", {{"answer", -3.5}}),  // a numeric answer field
       input("x = 7", {{"answer", 7}}),
-      input("x = 7", {{"answer", "seven"}}),           // text compares as text
+      input("x = 7", {{"answer", "seven"}}),  // text compares as text
   };
   std::vector<double> want = {1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1, 0};
   EXPECT_EQ(score(r, in), want);
@@ -89,8 +89,8 @@ TEST(Rewards, ExactCustomExtractAndField) {
 
 TEST(Rewards, ExactErrors) {
   auto r = pt::make_reward("exact", {});
-  for (json record : {json{{"prompt", "p"}}, json{{"answer", nullptr}}, json{{"answer", true}}, json("82"),
-                      json(nullptr)}) {
+  for (json record :
+       {json{{"prompt", "p"}}, json{{"answer", nullptr}}, json{{"answer", true}}, json("82"), json(nullptr)}) {
     std::string e = error_of([&] { r->score({input("82", record)}); });
     EXPECT_TRUE(contains(e, "reward exact")) << e;
     EXPECT_TRUE(contains(e, "\"answer\"")) << e;
@@ -110,8 +110,7 @@ TEST(Rewards, Format) {
   auto r = pt::make_reward("format", o);
   EXPECT_EQ(r->name(), "format");
   std::vector<pt::RewardInput> in = {
-      input("<think>41 * 2\nis 82</think>\nanswer: 82"),
-      input("answer: 82"),
+      input("<think>41 * 2\nis 82</think>\nanswer: 82"), input("answer: 82"),
       input("<think>x</think> answer: 82 and more"),  // the whole completion must match
   };
   EXPECT_EQ(score(r, in), (std::vector<double>{1, 0, 0}));

@@ -6,10 +6,10 @@
 
 #include <ATen/Context.h>
 
-#include "tests/data/tiny_tokens.h"
 #include "dew/runs/diffusion_run.h"
 #include "dew/runs/lm_run.h"
 #include "dew/sampling/generate.h"
+#include "tests/data/tiny_tokens.h"
 #include "tests/test_util.h"
 
 using dew::json;
@@ -30,8 +30,13 @@ TEST(Cuda, DiffusionRunTrainsOnTheGpuAndOpensOnEitherDevice) {
   recipe["device"] = "cuda";
   recipe["data"] = {{"name", "gaussian_blobs"}, {"count", 64}, {"size", 16}, {"classes", 3}};
   recipe["model"] = {{"architecture", "unet"},
-                     {"fields", {{"emb_features", 32}, {"feature_depths", {16, 32}}, {"attention_configs", {nullptr, 2}},
-                                 {"num_res_blocks", 1}, {"num_middle_res_blocks", 1}, {"norm_groups", 4}}}};
+                     {"fields",
+                      {{"emb_features", 32},
+                       {"feature_depths", {16, 32}},
+                       {"attention_configs", {nullptr, 2}},
+                       {"num_res_blocks", 1},
+                       {"num_middle_res_blocks", 1},
+                       {"norm_groups", 4}}}};
   recipe["loader"]["batch_size"] = 8;
   recipe["trainer"]["steps"] = 6;
   recipe["trainer"]["checkpoint_every"] = 3;

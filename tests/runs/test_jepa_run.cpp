@@ -38,7 +38,8 @@ json recipe(const std::string& dir) {
 TEST(JepaRun, TrainsFromTheCommandLineAndLogsCollapseMetricsAndProbes) {
   dew::test::TempDir tmp("jepa_cli");
   const std::string dir = tmp.file("run");
-  auto r = dew::test::run_dew(kJepa + " --trainer.steps 4 --trainer.val_every 2 --trainer.checkpoint_every 2 --run " + dir);
+  auto r =
+      dew::test::run_dew(kJepa + " --trainer.steps 4 --trainer.val_every 2 --trainer.checkpoint_every 2 --run " + dir);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("val/linear_acc"), std::string::npos) << r.output;
   std::ifstream f(fs::path(dir) / "metrics.jsonl");
@@ -62,9 +63,9 @@ TEST(JepaRun, TrainsFromTheCommandLineAndLogsCollapseMetricsAndProbes) {
   EXPECT_EQ(val_lines, 2);  // at step 2 and at the end
   const json rec = dew::runs::read_record(dir);
   EXPECT_EQ(rec["kind"], "jepa");
-  EXPECT_EQ(rec["model"]["architecture"], "jepa_encoder");            // "auto" resolved for images
-  EXPECT_EQ(rec["model"]["fields"]["image_size"], 16);                 // from the data
-  EXPECT_EQ(rec["predictor"]["fields"]["patch_size"], 2);              // the encoder's grid
+  EXPECT_EQ(rec["model"]["architecture"], "jepa_encoder");  // "auto" resolved for images
+  EXPECT_EQ(rec["model"]["fields"]["image_size"], 16);      // from the data
+  EXPECT_EQ(rec["predictor"]["fields"]["patch_size"], 2);   // the encoder's grid
   EXPECT_EQ(rec["predictor"]["fields"]["encoder_features"], 16);
 
   // dew eval on a JEPA run: the probes of the trained encoder and both baselines, probed as the run's
@@ -89,11 +90,13 @@ TEST(JepaRun, TrainsFromTheCommandLineAndLogsCollapseMetricsAndProbes) {
   EXPECT_EQ(r.code, 2) << r.output;
   r = dew::test::run_dew("eval " + dir + " --knn-vote plurality");
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("--knn-vote: got \"plurality\", accepted: weighted, majority"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--knn-vote: got \"plurality\", accepted: weighted, majority"), std::string::npos)
+      << r.output;
   r = dew::test::run_dew("eval " + dir + " --knn-temperature 0");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--knn-temperature: must be > 0, got 0"), std::string::npos) << r.output;
-  r = dew::test::run_dew("eval " + dir + " --train-items 96 --probe-epochs 1 --knn-k 5 --knn-vote majority --no-baselines");
+  r = dew::test::run_dew("eval " + dir +
+                         " --train-items 96 --probe-epochs 1 --knn-k 5 --knn-vote majority --no-baselines");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("kNN (k=5, majority)"), std::string::npos) << r.output;
 }
@@ -102,7 +105,8 @@ TEST(JepaRun, VideoRunsTrainOnMovingFashionMnist) {
   dew::test::TempDir tmp("jepa_video");
   auto r = dew::test::run_dew(
       "train jepa --data '{\"name\":\"moving_fashion_mnist\",\"count\":16,\"frames\":4,\"size\":32,\"split\":\"test\"}'"
-      " --test_data '{\"name\":\"moving_fashion_mnist\",\"count\":8,\"frames\":4,\"size\":32,\"split\":\"test\",\"seed\":3}'"
+      " --test_data "
+      "'{\"name\":\"moving_fashion_mnist\",\"count\":8,\"frames\":4,\"size\":32,\"split\":\"test\",\"seed\":3}'"
       " --model.fields '{\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"  // patch: the recipe's side / 4
       " --predictor.fields '{\"emb_features\":8,\"num_layers\":1,\"num_heads\":2}'"
       " --objective.tubes.spatial_scale '[0.25,0.25]' --objective.tubes.blocks 2"

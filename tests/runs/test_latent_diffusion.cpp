@@ -16,8 +16,8 @@
 #include "dew/runs/autoencoder_run.h"
 #include "dew/runs/diffusion_run.h"
 #include "dew/training/trainer.h"
-#include "tests/test_util.h"
 #include "tests/runs/checkpoint_checks.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using dew::json;
@@ -39,14 +39,14 @@ const json kUnetFields = {{"stages",
 
 // The commands, with --run DIR unless `dir` is empty.
 std::string autoencoder_command(const std::string& dir, int64_t steps) {
-  return "train autoencoder" + (dir.empty() ? "" : " --run " + dir) + " --data '" + kBlobs + "' --test_data '" + kHeldOut +
-         "' --model.fields '" + kAutoencoderFields.dump() + "' --loader.batch_size 8 --trainer.log_every 5" +
+  return "train autoencoder" + (dir.empty() ? "" : " --run " + dir) + " --data '" + kBlobs + "' --test_data '" +
+         kHeldOut + "' --model.fields '" + kAutoencoderFields.dump() + "' --loader.batch_size 8 --trainer.log_every 5" +
          " --trainer.val_every 0 --trainer.checkpoint_every 10 --trainer.steps " + std::to_string(steps);
 }
 
 std::string latent_command(const std::string& dir, const std::string& autoencoder) {
-  return "train diffusion" + (dir.empty() ? "" : " --run " + dir) + " --autoencoder.run " + autoencoder + " --data '" + kBlobs +
-         "' --model.architecture unet_2d_condition --model.fields '" + kUnetFields.dump() +
+  return "train diffusion" + (dir.empty() ? "" : " --run " + dir) + " --autoencoder.run " + autoencoder + " --data '" +
+         kBlobs + "' --model.architecture unet_2d_condition --model.fields '" + kUnetFields.dump() +
          "' --loader.batch_size 8 --trainer.log_every 2 --objective.steps 2 --objective.preview_per_class 1";
 }
 
@@ -158,7 +158,7 @@ TEST(AutoencoderRun, TrainsLossFallsScoresAndResumesBitForBit) {
 
 TEST_F(LatentDiffusion, RecordsTheAutoencoderKeepsItFrozenAndOutOfTheCheckpoints) {
   json rec = recipe(file("frozen"));
-  rec["latent"]["cache"] = false;        // encoded as batches come, posterior samples from the step's generator
+  rec["latent"]["cache"] = false;  // encoded as batches come, posterior samples from the step's generator
   rec["latent"]["sample"] = "posterior";
   auto p = dew::runs::prepare("diffusion", rec);
   auto obj = std::dynamic_pointer_cast<dew::DiffusionObjective>(p.built.objective);
@@ -178,7 +178,8 @@ TEST_F(LatentDiffusion, RecordsTheAutoencoderKeepsItFrozenAndOutOfTheCheckpoints
   EXPECT_GT(moved, 0) << "the denoiser did not train";
   // ... and equal to the autoencoder run's own checkpoint
   auto opened = dew::runs::open_autoencoder_run(autoencoder_);
-  for (const auto& [k, v] : dew::training::module_state(*opened.autoencoder)) EXPECT_TRUE(at::equal(v, copies.at(k))) << k;
+  for (const auto& [k, v] : dew::training::module_state(*opened.autoencoder))
+    EXPECT_TRUE(at::equal(v, copies.at(k))) << k;
   // The checkpoint holds the denoiser only; run.json says where the autoencoder comes from.
   const auto saved = dew::io::load_safetensors(file("frozen") + "/checkpoints/step_4/model.safetensors");
   EXPECT_EQ(saved.size(), dew::training::module_state(*obj->model()).size());
@@ -194,7 +195,8 @@ TEST_F(LatentDiffusion, RecordsTheAutoencoderKeepsItFrozenAndOutOfTheCheckpoints
   // Opening the run rebuilds the autoencoder and the scale; its samples decode to images.
   auto opened_run = dew::runs::open_diffusion_run(file("frozen"));
   ASSERT_TRUE(opened_run.latent);
-  EXPECT_EQ(opened_run.latent->scaling().scaling_factor, record["derived"]["latent_scaling"]["scaling_factor"].get<double>());
+  EXPECT_EQ(opened_run.latent->scaling().scaling_factor,
+            record["derived"]["latent_scaling"]["scaling_factor"].get<double>());
   EXPECT_EQ(opened_run.shape, std::vector<int64_t>({2, 8, 8}));
   EXPECT_EQ(opened_run.images(at::zeros({3, 2, 8, 8})).sizes(), at::IntArrayRef({3, 1, 16, 16}));
   // A pixel run's record has no latent sections.
@@ -233,7 +235,8 @@ TEST_F(LatentDiffusion, CachedLatentsEqualEncodingOnTheFly) {
 
 TEST_F(LatentDiffusion, ResumesBitForBitThroughTheCliAndSamplesDecodedImages) {
   // Cached posterior samples: the cache is encoded again at resume from (seed, "latents/cache").
-  const std::string cmd = latent_command("", autoencoder_) + " --latent.sample posterior --trainer.steps 6 --trainer.checkpoint_every 3";
+  const std::string cmd =
+      latent_command("", autoencoder_) + " --latent.sample posterior --trainer.steps 6 --trainer.checkpoint_every 3";
   expect_resume_bit_for_bit(cmd, file("ld"), 6, 3);
   const std::string out = file("ld") + "/grid.png";
   auto r = run_dew("sample " + file("ld") + " --labels 0,1,2 --count 3 --steps 2 --out " + out);
@@ -251,9 +254,10 @@ TEST_F(LatentDiffusion, ADiffusersAutoencoderFolderUsesItsOwnScalingFactor) {
   const std::string vae = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/vae";  // 3 channels, 2 levels, 4 latents
   const std::string dir = file("folder");
   auto r = run_dew("train diffusion --run " + dir + " --autoencoder.folder " + vae +
-               " --data '{\"name\":\"gaussian_blobs\",\"count\":16,\"size\":8,\"channels\":3,\"classes\":2}'"
-               " --model.architecture unet_2d_condition --model.fields '" + kUnetFields.dump() +
-               "' --loader.batch_size 8 --trainer.steps 2 --objective.steps 2 --objective.preview_per_class 1");
+                   " --data '{\"name\":\"gaussian_blobs\",\"count\":16,\"size\":8,\"channels\":3,\"classes\":2}'"
+                   " --model.architecture unet_2d_condition --model.fields '" +
+                   kUnetFields.dump() +
+                   "' --loader.batch_size 8 --trainer.steps 2 --objective.steps 2 --objective.preview_per_class 1");
   ASSERT_EQ(r.code, 0) << r.output;
   const json record = dew::runs::read_record(dir);
   EXPECT_EQ(record["derived"]["sample_shape"], json({4, 4, 4}));
@@ -274,9 +278,10 @@ TEST_F(LatentDiffusion, BadRecipesAreOneLineErrorsNamingTheField) {
     for (const auto& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << extra << "\n" << r.output;
     EXPECT_FALSE(fs::exists(dir)) << extra << ": a failed command wrote the run directory";
   };
-  auto pixel = run_dew("train diffusion --run " + file("pixel_run") + " --data '" + kBlobs +
-                   "' --model.fields.feature_depths '[8,16]' --model.fields.emb_features 16 --model.fields.norm_groups 4"
-                   " --loader.batch_size 8 --trainer.steps 1 --objective.steps 1 --objective.preview_per_class 1");
+  auto pixel =
+      run_dew("train diffusion --run " + file("pixel_run") + " --data '" + kBlobs +
+              "' --model.fields.feature_depths '[8,16]' --model.fields.emb_features 16 --model.fields.norm_groups 4"
+              " --loader.batch_size 8 --trainer.steps 1 --objective.steps 1 --objective.preview_per_class 1");
   ASSERT_EQ(pixel.code, 0) << pixel.output;
   expect_error(" --autoencoder.run " + file("missing"), {"autoencoder.run: ", "is not a run directory"});
   expect_error(" --autoencoder.run " + file("pixel_run"), {"autoencoder.run: ", "not an autoencoder run"});
@@ -288,7 +293,8 @@ TEST_F(LatentDiffusion, BadRecipesAreOneLineErrorsNamingTheField) {
   expect_error(" --loader.hflip true", {"loader.hflip", "latent.cache"});
   expect_error(" --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":16,\"channels\":3}'",
                {"autoencoder: the images have 3 channels, the autoencoder takes 1"});
-  expect_error(" --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":15}'", {"come back from the autoencoder as 14x14"});
+  expect_error(" --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":15}'",
+               {"come back from the autoencoder as 14x14"});
   // The autoencoder kind checks its data the same way.
   auto r = run_dew(autoencoder_command(dir, 2) + " --data '{\"name\":\"gaussian_blobs\",\"count\":8,\"size\":15}'");
   EXPECT_EQ(r.code, 2) << r.output;

@@ -42,21 +42,22 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   const std::string test = " --eval.prompts " + sums + "/test_prompts.jsonl --eval.max_new_tokens 6";
 
   r = run_dew("train sft --data " + sums + "/sft.jsonl --val_data " + sums + "/sft.jsonl" + kTinyModel + test +
-          " --trainer.steps 6 --trainer.val_every 3 --loader.batch_size 8 --run " + tmp.file("sft"));
+              " --trainer.steps 6 --trainer.val_every 3 --loader.batch_size 8 --run " + tmp.file("sft"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("val/reward/exact:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("val/ce:"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(tmp.path / "sft/samples/step_6.txt"));
 
-  r = run_dew("pairs " + tmp.file("sft") + " --prompts " + sums + "/train_prompts.jsonl --samples 2 --max-new-tokens 6 --out " +
-          tmp.file("pairs.jsonl"));
+  r = run_dew("pairs " + tmp.file("sft") + " --prompts " + sums +
+              "/train_prompts.jsonl --samples 2 --max-new-tokens 6 --out " + tmp.file("pairs.jsonl"));
   ASSERT_EQ(r.code, 0) << r.output;
   // A 6-step model is almost never right: nearly every prompt gets a pair (chosen = the answer).
   EXPECT_GE(count_lines(tmp.path / "pairs.jsonl"), 60) << r.output;
 
-  r = run_dew("train dpo --init_from " + tmp.file("sft") + " --data " + tmp.file("pairs.jsonl") + test +
-          " --objective.reference_logps precompute --trainer.steps 4 --trainer.val_every 0 --loader.batch_size 8 --run " +
-          tmp.file("dpo"));
+  r = run_dew(
+      "train dpo --init_from " + tmp.file("sft") + " --data " + tmp.file("pairs.jsonl") + test +
+      " --objective.reference_logps precompute --trainer.steps 4 --trainer.val_every 0 --loader.batch_size 8 --run " +
+      tmp.file("dpo"));
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream m(tmp.path / "dpo/metrics.jsonl");
   bool logged = false;
@@ -74,8 +75,10 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
     EXPECT_FALSE(live.at("embed_tokens.weight").equal(b.at("embed_tokens.weight"))) << "DPO did not move the policy";
   }
 
-  const std::string grpo = " --prompts " + sums + "/train_prompts.jsonl --reward exact,length --loader.batch_size 4"
-                           " --objective.group_size 2 --objective.max_new_tokens 4 --trainer.steps 4 --trainer.val_every 0";
+  const std::string grpo =
+      " --prompts " + sums +
+      "/train_prompts.jsonl --reward exact,length --loader.batch_size 4"
+      " --objective.group_size 2 --objective.max_new_tokens 4 --trainer.steps 4 --trainer.val_every 0";
   r = run_dew("train grpo --init_from " + tmp.file("sft") + grpo + test + " --run " + tmp.file("grpo"));
   ASSERT_EQ(r.code, 0) << r.output;
   // 4 steps, 2 per rollout: 2 rollouts of 4 prompts x 2 completions.
@@ -90,9 +93,11 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   const std::string cmd_grpo = "train grpo --init_from " + tmp.file("sft") + " --prompts " + sums +
                                "/train_prompts.jsonl --loader.batch_size 2 --objective.group_size 2"
                                " --objective.max_new_tokens 4 --trainer.val_every 0 --trainer.checkpoint_every 2"
-                               " --eval.prompts '' --run " + tmp.file("grpo_cmd");
+                               " --eval.prompts '' --run " +
+                               tmp.file("grpo_cmd");
   // The scorer fails while a flag file exists (a crashed script, fixed later: the command line stays the same).
-  const std::string scorer = " --reward-command \"test -e " + tmp.file("broken") + " && exit 3; awk '{print length(\\$0) % 3}'\"";
+  const std::string scorer =
+      " --reward-command \"test -e " + tmp.file("broken") + " && exit 3; awk '{print length(\\$0) % 3}'\"";
   r = run_dew(cmd_grpo + " --trainer.steps 2" + scorer);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(slurp(tmp.path / "grpo_cmd/metrics.jsonl").find("train/reward/command"), std::string::npos);
@@ -107,8 +112,9 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   EXPECT_EQ(dew::training::latest_checkpoint(tmp.file("grpo_cmd")), 4);
 
   // --reference: another run's weights as the frozen reference, held in the run's checkpoints.
-  r = run_dew("train dpo --init_from " + tmp.file("sft") + " --reference " + tmp.file("grpo") + " --data " + tmp.file("pairs.jsonl") +
-          " --eval.prompts '' --trainer.steps 2 --loader.batch_size 8 --run " + tmp.file("dpo_ref"));
+  r = run_dew("train dpo --init_from " + tmp.file("sft") + " --reference " + tmp.file("grpo") + " --data " +
+              tmp.file("pairs.jsonl") + " --eval.prompts '' --trainer.steps 2 --loader.batch_size 8 --run " +
+              tmp.file("dpo_ref"));
   ASSERT_EQ(r.code, 0) << r.output;
   {
     dew::runs::OpenOptions ref, live;
@@ -124,8 +130,10 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   EXPECT_NE(slurp(tmp.path / "hf/tokenizer_config.json").find("chat_template"), std::string::npos);
   r = run_dew("train grpo --init_from " + tmp.file("hf") + grpo + test + " --run " + tmp.file("grpo_hf"));
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run_dew("train sft --init_from " + tmp.file("hf") + " --data " + sums + "/sft.jsonl --trainer.steps 2 --eval.prompts ''"
-          " --loader.batch_size 8 --run " + tmp.file("sft_hf"));
+  r = run_dew("train sft --init_from " + tmp.file("hf") + " --data " + sums +
+              "/sft.jsonl --trainer.steps 2 --eval.prompts ''"
+              " --loader.batch_size 8 --run " +
+              tmp.file("sft_hf"));
   ASSERT_EQ(r.code, 0) << r.output;
 
   r = run_dew("eval " + tmp.file("grpo") + " --prompts " + sums + "/test_prompts.jsonl --max-new-tokens 6 --samples 2");
@@ -145,7 +153,8 @@ TEST(PostTrainingRuns, BadInputIsOneLineAndLeavesTheRunAsItWas) {
   r = run_dew(sft);
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string before = slurp(tmp.path / "sft/run.json");
-  std::ofstream(tmp.file("bad.jsonl")) << R"({"prompt":"p","chosen":"a"})" << "\n";
+  std::ofstream(tmp.file("bad.jsonl")) << R"({"prompt":"p","chosen":"a"})"
+                                       << "\n";
   struct Case {
     std::string args, needle;
   };

@@ -13,10 +13,10 @@
 #include <random>
 #include <thread>
 
-#include "tests/data/tiny_tokens.h"
 #include "dew/training/checkpoint.h"
-#include "tests/test_util.h"
+#include "tests/data/tiny_tokens.h"
 #include "tests/runs/checkpoint_checks.h"
+#include "tests/test_util.h"
 
 extern char** environ;
 
@@ -133,7 +133,8 @@ TEST(RunReproducibility, DiffusionSameCommandSameBitsAtAnyWorkerCount) {
 
 TEST(RunReproducibility, LanguageModelSameCommandSameBits) {
   dew::test::TempDir tmp("repro_lm");
-  const std::string cmd = lm_command(dew::test::write_tiny_tokens(tmp.file("tokens"))) + " --trainer.steps 6 --trainer.checkpoint_every 3";
+  const std::string cmd =
+      lm_command(dew::test::write_tiny_tokens(tmp.file("tokens"))) + " --trainer.steps 6 --trainer.checkpoint_every 3";
   for (const char* dir : {"a", "b"}) {
     auto r = run_dew(cmd + " --run " + tmp.file(dir));
     ASSERT_EQ(r.code, 0) << r.output;
@@ -177,13 +178,15 @@ TEST(RunReproducibility, GrpoSameCommandSameBitsAndKilledRunsEndBitForBit) {
   auto r = run_dew("task sums --digits 1 --test 20 --out " + tmp.file("sums"));
   ASSERT_EQ(r.code, 0) << r.output;
   r = run_dew("train sft --data " + tmp.file("sums/sft.jsonl") +
-          " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":48}'"
-          " --trainer.steps 4 --trainer.val_every 0 --eval.prompts '' --loader.batch_size 8 --run " + tmp.file("sft"));
+              " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":48}'"
+              " --trainer.steps 4 --trainer.val_every 0 --eval.prompts '' --loader.batch_size 8 --run " +
+              tmp.file("sft"));
   ASSERT_EQ(r.code, 0) << r.output;
   // Rollouts sample from (seed, step); the buffer of a rollout that feeds two updates is checkpointed, so a
   // kill between them resumes from it. A format reward a random model meets about half the time gives the
   // advantages something to push.
-  const std::string cmd = "train grpo --init_from " + tmp.file("sft") + " --prompts " + tmp.file("sums/train_prompts.jsonl") +
+  const std::string cmd = "train grpo --init_from " + tmp.file("sft") + " --prompts " +
+                          tmp.file("sums/train_prompts.jsonl") +
                           " --reward format --reward_options.format '[\\s\\S]*[0-4][\\s\\S]*' --eval.prompts ''"
                           " --loader.batch_size 2 --objective.group_size 3 --objective.max_new_tokens 4"
                           " --objective.mini_batches 2 --trainer.log_every 2 --trainer.time_limit_minutes 0"
@@ -218,7 +221,8 @@ TEST(RunReproducibility, DiffusionKilledAtRandomMomentsEndsBitForBit) {
 TEST(RunReproducibility, LanguageModelKilledAtRandomMomentsEndsBitForBit) {
   dew::test::TempDir tmp("kill_lm");
   // Dropout on: its draws must come from the run's seed and step, not the process.
-  const std::string cmd = lm_command(dew::test::write_tiny_tokens(tmp.file("tokens"))) + " --trainer.steps 160 --trainer.checkpoint_every 3";
+  const std::string cmd = lm_command(dew::test::write_tiny_tokens(tmp.file("tokens"))) +
+                          " --trainer.steps 160 --trainer.checkpoint_every 3";
   auto r = run_dew(cmd + " --run " + tmp.file("whole"));
   ASSERT_EQ(r.code, 0) << r.output;
   // 12 kills advance the run by at most 8 x 3 checkpoints (72 steps) of its 160.
@@ -271,13 +275,15 @@ TEST(RunValidation, FailedCommandsLeaveTheRunDirectoryAsItWas) {
   }
   // eval checks its solvers before the classifier trains, on a (one-step) Fashion-MNIST run.
   const std::string fm = tmp.file("fm");
-  r = run_dew("train diffusion --data '{\"name\":\"fashion_mnist\",\"split\":\"test\"}' --model.architecture simple_dit"
-          " --model.fields '{\"patch_size\":4,\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"
-          " --loader.batch_size 4 --trainer.steps 1 --objective.steps 1 --objective.preview_per_class 1 --run " + fm);
+  r = run_dew(
+      "train diffusion --data '{\"name\":\"fashion_mnist\",\"split\":\"test\"}' --model.architecture simple_dit"
+      " --model.fields '{\"patch_size\":4,\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"
+      " --loader.batch_size 4 --trainer.steps 1 --objective.steps 1 --objective.preview_per_class 1 --run " +
+      fm);
   ASSERT_EQ(r.code, 0) << r.output;
   const auto fm_before = snapshot(fm);
-  for (const std::string flags : {"--solvers euler,bogus", "--solvers euler --count 15", "--solvers euler --steps 0",
-                                  "--solvers rk4"}) {
+  for (const std::string flags :
+       {"--solvers euler,bogus", "--solvers euler --count 15", "--solvers euler --steps 0", "--solvers rk4"}) {
     r = run_dew(env + "eval " + fm + " " + flags);
     EXPECT_EQ(r.code, 2) << flags << "\n" << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;

@@ -17,12 +17,18 @@ using dew::test::error_of;
 
 TEST(Runs, FormatOneRecordsAreReadInTheCurrentShape) {
   dew::test::TempDir tmp("runs_format1");
-  const json recipe = {{"run", "runs/x"}, {"seed", 3}, {"model", {{"architecture", "unet"}, {"fields", {{"num_classes", 10}}}}},
-                       {"data", {{"name", "fashion_mnist"}}}, {"trainer", {{"steps", 5}}}};
+  const json recipe = {{"run", "runs/x"},
+                       {"seed", 3},
+                       {"model", {{"architecture", "unet"}, {"fields", {{"num_classes", 10}}}}},
+                       {"data", {{"name", "fashion_mnist"}}},
+                       {"trainer", {{"steps", 5}}}};
   fs::create_directories(tmp.path / "d");
-  std::ofstream(tmp.path / "d" / "run.json")
-      << json{{"kind", "diffusion"}, {"dew_version", "0.1.0"}, {"sample_shape", {1, 28, 28}},
-              {"class_names", {"a", "b"}}, {"recipe", recipe}}.dump();
+  std::ofstream(tmp.path / "d" / "run.json") << json{
+      {"kind", "diffusion"},
+      {"dew_version", "0.1.0"},
+      {"sample_shape", {1, 28, 28}},
+      {"class_names", {"a", "b"}},
+      {"recipe", recipe}}.dump();
   json r = dew::runs::read_record(tmp.file("d"));
   EXPECT_EQ(r["format"], dew::runs::kRunFormat);
   EXPECT_EQ(r["kind"], "diffusion");
@@ -35,10 +41,13 @@ TEST(Runs, FormatOneRecordsAreReadInTheCurrentShape) {
   // The first LM records kept the resolved model and the tokenizer beside the recipe.
   const json model = {{"architecture", "causal_transformer"}, {"fields", {{"vocab_size", 257}}}};
   fs::create_directories(tmp.path / "lm");
-  std::ofstream(tmp.path / "lm" / "run.json")
-      << json{{"kind", "lm"}, {"model", model}, {"data", {{"name", "tokens"}, {"dir", "t"}}},
-              {"tokenizer", {{"name", "byte"}}}, {"eos_id", 256}, {"recipe", {{"model", {{"architecture", "causal_transformer"}}}}}}
-             .dump();
+  std::ofstream(tmp.path / "lm" / "run.json") << json{{"kind", "lm"},
+                                                      {"model", model},
+                                                      {"data", {{"name", "tokens"}, {"dir", "t"}}},
+                                                      {"tokenizer", {{"name", "byte"}}},
+                                                      {"eos_id", 256},
+                                                      {"recipe", {{"model", {{"architecture", "causal_transformer"}}}}}}
+                                                     .dump();
   r = dew::runs::read_record(tmp.file("lm"));
   EXPECT_EQ(r["model"], model);
   EXPECT_EQ(r["derived"]["tokenizer"]["name"], "byte");
@@ -78,7 +87,10 @@ TEST(Runs, PrepareChecksEverythingAndWritesNothing) {
   EXPECT_NE(bad("device", "gpu").find("device: got \"gpu\", accepted: auto, cpu, cuda, cuda:N"), std::string::npos);
   EXPECT_NE(bad("seed", -1).find("seed: must be >= 0"), std::string::npos);
   EXPECT_NE(bad("run", "").find("run: expected a directory name"), std::string::npos);
-  EXPECT_NE(error_of([&] { dew::runs::prepare("jepa_v9", recipe); }).find("accepted: autoencoder, diffusion, dpo, grpo, jepa, lm, sft"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              dew::runs::prepare("jepa_v9", recipe);
+            }).find("accepted: autoencoder, diffusion, dpo, grpo, jepa, lm, sft"),
+            std::string::npos);
   EXPECT_FALSE(fs::exists(tmp.file("new_run")));
 }
 
@@ -96,7 +108,7 @@ TEST(Runs, DeviceNames) {
 
 TEST(Runs, EmaSpecDecays) {
   dew::training::EmaSpec constant(0.999);
-  EXPECT_DOUBLE_EQ(constant.at(0, 100), 0.1);          // (1 + 0)/(10 + 0): the warm-up
+  EXPECT_DOUBLE_EQ(constant.at(0, 100), 0.1);  // (1 + 0)/(10 + 0): the warm-up
   EXPECT_DOUBLE_EQ(constant.at(90, 100), 91.0 / 100.0);
   EXPECT_DOUBLE_EQ(constant.at(100000, 200000), 0.999);
   EXPECT_DOUBLE_EQ(dew::training::EmaSpec(1.0).at(0, 10), 1.0);  // a frozen copy from the first step

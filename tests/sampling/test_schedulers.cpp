@@ -20,7 +20,9 @@ using dew::test::kF64;
 std::string golden_dir() { return std::string(DEW_SOURCE_DIR) + "/tests/golden/schedulers/"; }
 
 // The stand-in model of the golden script: 0.3 x + 0.1 sin(t/100) in float64, cast to x's dtype.
-Tensor model(const Tensor& x, double t) { return (0.3 * x.to(at::kDouble) + 0.1 * std::sin(t / 100)).to(x.scalar_type()); }
+Tensor model(const Tensor& x, double t) {
+  return (0.3 * x.to(at::kDouble) + 0.1 * std::sin(t / 100)).to(x.scalar_type());
+}
 
 // diffusers' StableDiffusionPipeline loop without guidance; returns x after every step [N, ...].
 Tensor trajectory(Scheduler& s, int64_t n, const Tensor& z, const Tensor& noise, at::ScalarType dtype) {
@@ -163,18 +165,23 @@ TEST(Schedules, ZeroTerminalSnrRescale) {
   EXPECT_EQ(r->spec()["name"], "scaled_linear");
   auto c = diffusion::schedules().build("cosine", json{{"rescale_zero_snr", true}});
   EXPECT_EQ(diffusion::alphas_cumprod(*c)[-1].item<double>(), 0.0);
-  EXPECT_NE(error_of([] { diffusion::schedules().build("cosine", json{{"beta_range", {1e-4, 0.02}}}); })
-                .find("beta_range"),
+  EXPECT_NE(error_of([] {
+              diffusion::schedules().build("cosine", json{{"beta_range", {1e-4, 0.02}}});
+            }).find("beta_range"),
             std::string::npos);
-  EXPECT_NE(error_of([] { diffusion::schedules().build("linear", json{{"beta_range", {0.02, 1e-4}}}); })
-                .find("beta_start <= beta_end"),
+  EXPECT_NE(error_of([] {
+              diffusion::schedules().build("linear", json{{"beta_range", {0.02, 1e-4}}});
+            }).find("beta_start <= beta_end"),
             std::string::npos);
 
   // The schedulers: DDIM keeps alphabar_T = 0; Euler, Euler ancestral and DPM-Solver use 2^-24, as diffusers.
-  for (const char* cls : {"DDIMScheduler", "EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler",
-                          "DPMSolverMultistepScheduler"}) {
-    auto s = from_json({{"_class_name", cls}, {"beta_schedule", "scaled_linear"}, {"beta_start", 0.00085},
-                        {"beta_end", 0.012}, {"rescale_betas_zero_snr", true}});
+  for (const char* cls :
+       {"DDIMScheduler", "EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler", "DPMSolverMultistepScheduler"}) {
+    auto s = from_json({{"_class_name", cls},
+                        {"beta_schedule", "scaled_linear"},
+                        {"beta_start", 0.00085},
+                        {"beta_end", 0.012},
+                        {"rescale_betas_zero_snr", true}});
     const double last = s->alphas_cumprod()[-1].item<double>();
     EXPECT_EQ(last, std::string(cls) == "DDIMScheduler" ? 0.0 : std::ldexp(1.0, -24)) << cls;
     EXPECT_EQ(diffusion::alphas_cumprod(*s->schedule())[-1].item<double>(), 0.0) << cls;
@@ -232,10 +239,10 @@ TEST(Schedulers, RefusesUnsupportedSettingsByName) {
 TEST(Schedulers, IgnoresKeysTheClassDoesNotTake) {
   // SD 1.5's scheduler_config.json (PNDM) carries DDIM's clip_sample; diffusers ignores keys a class does not
   // take, and so does dew (here even a setting that would change the maths of another class).
-  json sd15 = {{"_class_name", "PNDMScheduler"}, {"_diffusers_version", "0.6.0"}, {"beta_end", 0.012},
-               {"beta_schedule", "scaled_linear"}, {"beta_start", 0.00085}, {"num_train_timesteps", 1000},
-               {"set_alpha_to_one", false}, {"skip_prk_steps", true}, {"steps_offset", 1},
-               {"trained_betas", nullptr}, {"clip_sample", false}};
+  json sd15 = {{"_class_name", "PNDMScheduler"},   {"_diffusers_version", "0.6.0"}, {"beta_end", 0.012},
+               {"beta_schedule", "scaled_linear"}, {"beta_start", 0.00085},         {"num_train_timesteps", 1000},
+               {"set_alpha_to_one", false},        {"skip_prk_steps", true},        {"steps_offset", 1},
+               {"trained_betas", nullptr},         {"clip_sample", false}};
   json extra = sd15;
   extra["rescale_betas_zero_snr"] = true;
   extra["use_karras_sigmas"] = true;
@@ -252,8 +259,10 @@ TEST(Schedulers, IgnoresKeysTheClassDoesNotTake) {
 }
 
 TEST(Schedulers, TrainedBetasEqualTheNamedSchedule) {
-  auto named = from_json({{"_class_name", "EulerDiscreteScheduler"}, {"beta_schedule", "scaled_linear"},
-                          {"beta_start", 0.00085}, {"beta_end", 0.012}});
+  auto named = from_json({{"_class_name", "EulerDiscreteScheduler"},
+                          {"beta_schedule", "scaled_linear"},
+                          {"beta_start", 0.00085},
+                          {"beta_end", 0.012}});
   auto ab = named->alphas_cumprod();
   auto beta = 1.0 - ab / at::cat({at::ones({1}, kF64), ab.slice(0, 0, -1)});
   std::vector<double> list(beta.data_ptr<double>(), beta.data_ptr<double>() + beta.numel());

@@ -58,20 +58,30 @@ void expect_converges(SchedulePtr s, const std::string& transform, const std::st
 }  // namespace
 
 TEST(Solvers, EverySolverConvergesOnTheVPCosineSchedule) {
-  for (auto [name, fields] : std::vector<std::pair<std::string, json>>{
-           {"ddpm", {{"variance", "small"}}}, {"ddpm", {{"variance", "large"}}}, {"ddim", {{"eta", 0.0}}},
-           {"ddim", {{"eta", 1.0}}}, {"euler", json::object()}, {"dpmsolver++", json::object()},
-           {"pndm", json::object()}, {"plms", json::object()}}) {
+  for (auto [name, fields] : std::vector<std::pair<std::string, json>>{{"ddpm", {{"variance", "small"}}},
+                                                                       {"ddpm", {{"variance", "large"}}},
+                                                                       {"ddim", {{"eta", 0.0}}},
+                                                                       {"ddim", {{"eta", 1.0}}},
+                                                                       {"euler", json::object()},
+                                                                       {"dpmsolver++", json::object()},
+                                                                       {"pndm", json::object()},
+                                                                       {"plms", json::object()}}) {
     expect_converges(vp_cosine(), "epsilon", name, fields);
   }
 }
 
 TEST(Solvers, EverySolverConvergesOnKarrasVE) {
-  for (auto [name, fields] : std::vector<std::pair<std::string, json>>{
-           {"ddpm", json::object()}, {"ddim", json::object()}, {"euler", json::object()},
-           {"euler_ancestral", json::object()}, {"heun", json::object()},
-           {"heun", {{"s_churn", 40.0}, {"s_tmin", 0.05}, {"s_tmax", 50.0}}}, {"rk4", json::object()},
-           {"multistep_dpm", json::object()}, {"dpmsolver++", json::object()}, {"pndm", json::object()}}) {
+  for (auto [name, fields] :
+       std::vector<std::pair<std::string, json>>{{"ddpm", json::object()},
+                                                 {"ddim", json::object()},
+                                                 {"euler", json::object()},
+                                                 {"euler_ancestral", json::object()},
+                                                 {"heun", json::object()},
+                                                 {"heun", {{"s_churn", 40.0}, {"s_tmin", 0.05}, {"s_tmax", 50.0}}},
+                                                 {"rk4", json::object()},
+                                                 {"multistep_dpm", json::object()},
+                                                 {"dpmsolver++", json::object()},
+                                                 {"pndm", json::object()}}) {
     expect_converges(karras(), "karras", name, fields);
   }
 }
@@ -171,9 +181,14 @@ TEST(Solvers, SigmaSpaceSolversRefuseVPSchedules) {
   }
   auto k = karras();
   auto sk = setup(k, "karras");
-  auto msg = error_of([&] { sample(sk.denoiser, *k, x, 5, *make_solver("ddpm", {{"variance", "large"}}), seeded_noise(0)); });
+  auto msg = error_of([&] {
+    sample(sk.denoiser, *k, x, 5, *make_solver("ddpm", {{"variance", "large"}}), seeded_noise(0));
+  });
   EXPECT_NE(msg.find("needs a variance-preserving schedule"), std::string::npos) << msg;
-  EXPECT_NE(error_of([] { make_solver("ddpm", {{"variance", "huge"}}); }).find("accepted: small, large"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              make_solver("ddpm", {{"variance", "huge"}});
+            }).find("accepted: small, large"),
+            std::string::npos);
   EXPECT_NE(error_of([] { make_solver("eulr"); }).find("registered:"), std::string::npos);
 }
 
@@ -181,7 +196,9 @@ TEST(Solvers, SeededNoiseMakesSamplingReproducible) {
   auto s = karras();
   auto st = setup(s, "karras");
   auto xT = st.process->prior({4, 1, 4, 4}, 3);
-  auto run = [&](uint64_t seed) { return sample(st.denoiser, *s, xT, 10, *make_solver("euler_ancestral"), seeded_noise(seed)); };
+  auto run = [&](uint64_t seed) {
+    return sample(st.denoiser, *s, xT, 10, *make_solver("euler_ancestral"), seeded_noise(seed));
+  };
   EXPECT_TRUE(at::equal(run(1), run(1)));
   EXPECT_FALSE(at::equal(run(1), run(2)));
   EXPECT_TRUE(at::equal(st.process->prior({4, 1, 4, 4}, 3), xT));

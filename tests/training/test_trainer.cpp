@@ -164,7 +164,10 @@ TEST(Trainer, TornCheckpointLeavesThePreviousOneLoadable) {
   EXPECT_EQ(t2.fit().step, 6);
   // A corrupt model file in a complete-looking checkpoint is a clear error, not a crash.
   auto bad = fs::path(dir) / "checkpoints" / "step_6" / "model.safetensors";
-  { std::ofstream f(bad, std::ios::binary | std::ios::trunc); f << "garbage"; }
+  {
+    std::ofstream f(bad, std::ios::binary | std::ios::trunc);
+    f << "garbage";
+  }
   EXPECT_THROW(load_checkpoint(dir, 6), dew::Error);
 }
 
@@ -384,7 +387,7 @@ TEST(Optim, ZeroGradDropsGradientsAndStepSkipsParametersWithout) {
   EXPECT_FALSE(b.grad().defined());
   a.mutable_grad() = torch::full({2, 2}, 0.5);
   opt.step(0.1);
-  EXPECT_LT(a[0][0].item<double>(), 1.0);         // updated
-  EXPECT_EQ(b[0].item<double>(), 1.0);            // no gradient: untouched, as are its moments
+  EXPECT_LT(a[0][0].item<double>(), 1.0);  // updated
+  EXPECT_EQ(b[0].item<double>(), 1.0);     // no gradient: untouched, as are its moments
   EXPECT_EQ(opt.state_dict().at("exp_avg/b").abs().sum().item<double>(), 0.0);
 }

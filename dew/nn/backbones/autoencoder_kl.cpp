@@ -61,7 +61,6 @@ void blend(const Tensor& a, Tensor& b, int64_t extent, int64_t dim) {
   head.copy_(a.narrow(dim, a.size(dim) - extent, extent) * wa + head * wb);
 }
 
-
 // diffusers' tiling, shared by tiled_decode and tiled_encode: tiles of `tile` input positions every `step`,
 // each mapped by fn; every output tile is blended with the one above and the one to its left over `extent`,
 // cropped to `limit` and the crops concatenated. Only the previous row of mapped tiles is kept.
@@ -294,8 +293,9 @@ DiagonalGaussian AutoencoderKLImpl::tiled_encode(const Tensor& x, const VaeTileO
   const int64_t limit = latent - extent;
   DEW_CHECK(step >= 1, "autoencoder_kl: tiles of ", sample, " pixels with overlap ", tile.overlap(), " do not advance");
   const auto out = compute_dtype() == at::kDouble ? at::kDouble : at::kFloat;
-  const auto parts =
-      map_tiles(x, sample, step, extent, limit, [this, out](const Tensor& t) { return moments(t).to(out); }).chunk(2, 1);
+  const auto parts = map_tiles(x, sample, step, extent, limit, [this, out](const Tensor& t) {
+                       return moments(t).to(out);
+                     }).chunk(2, 1);
   return DiagonalGaussian(parts[0], parts[1]);
 }
 
@@ -322,11 +322,12 @@ Tensor AutoencoderKLImpl::from_latent(const Tensor& latent) const {
 
 json autoencoder_kl_fields_from_diffusers(const json& c) {
   const std::string w = "AutoencoderKL config.json";
-  static const std::vector<std::string> accepted = {
-      "in_channels",     "out_channels",   "down_block_types", "up_block_types", "block_out_channels",
-      "layers_per_block", "act_fn",        "latent_channels",  "norm_num_groups", "sample_size",
-      "scaling_factor",  "shift_factor",   "latents_mean",     "latents_std",     "force_upcast",
-      "use_quant_conv",  "use_post_quant_conv", "mid_block_add_attention"};
+  static const std::vector<std::string> accepted = {"in_channels",    "out_channels",        "down_block_types",
+                                                    "up_block_types", "block_out_channels",  "layers_per_block",
+                                                    "act_fn",         "latent_channels",     "norm_num_groups",
+                                                    "sample_size",    "scaling_factor",      "shift_factor",
+                                                    "latents_mean",   "latents_std",         "force_upcast",
+                                                    "use_quant_conv", "use_post_quant_conv", "mid_block_add_attention"};
   DEW_CHECK(c.is_object(), w, ": expected an object, got ", c.dump());
   for (auto it = c.begin(); it != c.end(); ++it) {
     if (std::find(accepted.begin(), accepted.end(), it.key()) != accepted.end()) continue;

@@ -111,11 +111,11 @@ Registry<BackboneImpl>& registry() {
   // parameters, milliseconds per step: what the shared family suite (tests/nn/test_all_backbones.cpp) runs.
   static Registry<BackboneImpl>* r = [] {
     auto* r = new Registry<BackboneImpl>("model");
-    const json dit = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 2}, {"mlp_ratio", 2},
-                      {"in_channels", 1}, {"output_channels", 1}, {"num_classes", 3}};
-    const json unet = {{"emb_features", 16}, {"feature_depths", {8, 16}}, {"attention_configs", {nullptr, 2}},
-                       {"num_res_blocks", 1}, {"norm_groups", 4}, {"in_channels", 1}, {"output_channels", 1},
-                       {"num_classes", 3}};
+    const json dit = {{"patch_size", 2}, {"emb_features", 32}, {"num_layers", 2},      {"num_heads", 2},
+                      {"mlp_ratio", 2},  {"in_channels", 1},   {"output_channels", 1}, {"num_classes", 3}};
+    const json unet = {{"emb_features", 16},   {"feature_depths", {8, 16}}, {"attention_configs", {nullptr, 2}},
+                       {"num_res_blocks", 1},  {"norm_groups", 4},          {"in_channels", 1},
+                       {"output_channels", 1}, {"num_classes", 3}};
     const auto denoiser = Role::kDenoiser;
     // Variants: structural options, other resolutions and channel counts, text; they run in the shared
     // suite's checks of shapes, zero output at initialisation, gradients, remat and the record.
@@ -198,11 +198,14 @@ Registry<BackboneImpl>& registry() {
       // Every option one at a time and all together, with text, on a grid smaller than image_size.
       Family f{denoiser, {with(dit, {{"image_size", 8}}), {2, 1, 8, 8}}};
       const json v = with(with(with(dit, rgb_to_2), text6), {{"image_size", 16}, {"num_layers", 4}});
-      for (const json& option :
-           {json::object(), json{{"use_projection", true}}, json{{"use_self_and_cross", true}},
-            json{{"norm_inputs", true}}, json{{"explicitly_add_residual", false}},
-            json{{"use_projection", true}, {"use_self_and_cross", true}, {"norm_inputs", true},
-                 {"explicitly_add_residual", false}, {"add_residualblock_output", true}, {"activation", "gelu"}}})
+      for (const json& option : {json::object(), json{{"use_projection", true}}, json{{"use_self_and_cross", true}},
+                                 json{{"norm_inputs", true}}, json{{"explicitly_add_residual", false}},
+                                 json{{"use_projection", true},
+                                      {"use_self_and_cross", true},
+                                      {"norm_inputs", true},
+                                      {"explicitly_add_residual", false},
+                                      {"add_residualblock_output", true},
+                                      {"activation", "gelu"}}})
         f.variants.push_back({with(v, option), {2, 3, 8, 12}, 6});
       f.variants.push_back({f.variants.back().fields, {2, 3, 8, 8}, 6, false});  // all of them, square
       // The refining convolutions after the zero-initialised final_proj make the output non-zero.
@@ -218,10 +221,12 @@ Registry<BackboneImpl>& registry() {
       Family f{denoiser, {hy, {2, 1, 8, 8}}};
       for (const char* order : {"raster", "hilbert", "zigzag"})
         f.variants.push_back({with(with(hy, rgb), {{"scan_order", order}, {"use_2d_fusion", true}}), {2, 3, 12, 12}});
-      f.variants.push_back({with(with(hy, rgb_to_2), {{"scan_order", "zigzag"}, {"use_2d_fusion", true}}),
-                            {2, 3, 8, 12}});
-      f.variants.push_back({with(with(hy, text6), {{"scan_order", "zigzag"}, {"use_2d_fusion", true},
-                                                   {"qk_norm", true}, {"block_pattern", {"attn", "ssm", "ssm", "ssm"}}}),
+      f.variants.push_back(
+          {with(with(hy, rgb_to_2), {{"scan_order", "zigzag"}, {"use_2d_fusion", true}}), {2, 3, 8, 12}});
+      f.variants.push_back({with(with(hy, text6), {{"scan_order", "zigzag"},
+                                                   {"use_2d_fusion", true},
+                                                   {"qk_norm", true},
+                                                   {"block_pattern", {"attn", "ssm", "ssm", "ssm"}}}),
                             {2, 1, 8, 8},
                             6});
       add_family<nn::HybridDiTOptions, nn::HybridDiT>(
@@ -231,10 +236,15 @@ Registry<BackboneImpl>& registry() {
     {
       // Imported: built from diffusers' config.json, loading diffusers' names as they are.
       Family f{denoiser,
-               {{{"in_channels", 1}, {"output_channels", 1}, {"blocks_per_level", 1}, {"norm_groups", 4},
-                 {"context_features", 8}, {"num_classes", 3},
-                 {"stages", {{{"features", 8}, {"heads", 2}, {"cross_attention", false}},
-                             {{"features", 16}, {"heads", 2}, {"depth", 1}}}}},
+               {{{"in_channels", 1},
+                 {"output_channels", 1},
+                 {"blocks_per_level", 1},
+                 {"norm_groups", 4},
+                 {"context_features", 8},
+                 {"num_classes", 3},
+                 {"stages",
+                  {{{"features", 8}, {"heads", 2}, {"cross_attention", false}},
+                   {{"features", 16}, {"heads", 2}, {"depth", 1}}}}},
                 {2, 1, 8, 8},
                 8,
                 /*zero_output_at_init=*/false},
@@ -265,7 +275,11 @@ Registry<nn::CausalTransformerImpl>& language_models() {
         *r, "causal_transformer",
         "decoder-only language model (Llama/Qwen3/Gemma3 features, HF parameter names); forward_tokens(ids)",
         {Role::kLanguageModel,
-         {{{"vocab_size", 64}, {"emb_features", 32}, {"num_layers", 2}, {"num_heads", 4}, {"num_kv_heads", 2},
+         {{{"vocab_size", 64},
+           {"emb_features", 32},
+           {"num_layers", 2},
+           {"num_heads", 4},
+           {"num_kv_heads", 2},
            {"max_seq_len", 32}},
           {2, 12}},
          [](const json& c) { return to_json(nn::options_from_hf_config(c)); }},
@@ -281,8 +295,8 @@ nn::CausalTransformer build_language_model(const json& record) {
   DEW_CHECK(record.is_object() && record.contains("architecture") && record["architecture"].is_string(),
             "model record: expected {\"architecture\": NAME, \"fields\": {...}}, got ", record.dump());
   const json fields = record.value("fields", json::object());
-  return nn::CausalTransformer(language_models().build(record["architecture"].get<std::string>(),
-                                                       fields.is_null() ? json::object() : fields));
+  return nn::CausalTransformer(
+      language_models().build(record["architecture"].get<std::string>(), fields.is_null() ? json::object() : fields));
 }
 
 namespace {
@@ -311,10 +325,11 @@ std::shared_ptr<Base> build_record(Registry<Base>& r, const json& record) {
 Registry<TokenEncoderImpl>& token_encoders() {
   static auto* r = [] {
     auto* r = new Registry<TokenEncoderImpl>("encoder");
-    const json tiny = {{"image_size", 8}, {"patch_size", 2}, {"in_channels", 1}, {"emb_features", 16},
-                       {"num_layers", 2}, {"num_heads", 2}};
+    const json tiny = {{"image_size", 8},    {"patch_size", 2}, {"in_channels", 1},
+                       {"emb_features", 16}, {"num_layers", 2}, {"num_heads", 2}};
     add_token_family<TokenEncoderImpl, nn::JepaEncoderOptions, nn::JepaEncoder>(
-        *r, "jepa_encoder", "I-JEPA ViT encoder: patches + fixed 2D sin-cos positions, pre-norm blocks, final LayerNorm",
+        *r, "jepa_encoder",
+        "I-JEPA ViT encoder: patches + fixed 2D sin-cos positions, pre-norm blocks, final LayerNorm",
         {Role::kTokenEncoder, {tiny, {2, 1, 8, 8}}});
     add_token_family<TokenEncoderImpl, nn::JepaVideoEncoderOptions, nn::JepaEncoder>(
         *r, "jepa_video_encoder", "V-JEPA ViT encoder: tubelets (frames x patch x patch) + fixed 3D sin-cos positions",
@@ -328,9 +343,14 @@ Registry<TokenPredictorImpl>& token_predictors() {
   static auto* r = [] {
     auto* r = new Registry<TokenPredictorImpl>("predictor");
     add_token_family<TokenPredictorImpl, nn::JepaPredictorOptions, nn::JepaPredictor>(
-        *r, "jepa_predictor", "JEPA predictor: context features + mask tokens at the target positions -> target features",
+        *r, "jepa_predictor",
+        "JEPA predictor: context features + mask tokens at the target positions -> target features",
         {Role::kTokenPredictor,
-         {{{"image_size", 8}, {"patch_size", 2}, {"encoder_features", 16}, {"emb_features", 8}, {"num_layers", 2},
+         {{{"image_size", 8},
+           {"patch_size", 2},
+           {"encoder_features", 16},
+           {"emb_features", 8},
+           {"num_layers", 2},
            {"num_heads", 2}},
           {2, 2, 5, 3}}});
     return r;
@@ -343,7 +363,10 @@ Registry<AutoencoderImpl>& autoencoders() {
     auto* r = new Registry<AutoencoderImpl>("autoencoder");
     // Imported: built from diffusers' config.json, loading diffusers' names (and LDM's) through its key map.
     Family kl{Role::kAutoencoder,
-              {{{"block_out_channels", {8, 16}}, {"layers_per_block", 1}, {"latent_channels", 2}, {"norm_groups", 4},
+              {{{"block_out_channels", {8, 16}},
+                {"layers_per_block", 1},
+                {"latent_channels", 2},
+                {"norm_groups", 4},
                 {"sample_size", 8}},
                {2, 3, 8, 8}},
               [](const json& c) { return nn::autoencoder_kl_fields_from_diffusers(c); }};
@@ -354,7 +377,8 @@ Registry<AutoencoderImpl>& autoencoders() {
     kl.reference_methods = autoencoder_kl_methods();
     add_token_family<AutoencoderImpl, nn::AutoencoderKLOptions, nn::AutoencoderKL>(
         *r, "autoencoder_kl",
-        "diffusers' AutoencoderKL (the SD / SDXL / SD3 / Flux VAE): encode to a diagonal Gaussian, decode, tiled decode",
+        "diffusers' AutoencoderKL (the SD / SDXL / SD3 / Flux VAE): encode to a diagonal Gaussian, decode, tiled "
+        "decode",
         std::move(kl));
     return r;
   }();
@@ -363,7 +387,9 @@ Registry<AutoencoderImpl>& autoencoders() {
 
 std::shared_ptr<AutoencoderImpl> build_autoencoder(const json& record) { return build_record(autoencoders(), record); }
 
-std::shared_ptr<TokenEncoderImpl> build_token_encoder(const json& record) { return build_record(token_encoders(), record); }
+std::shared_ptr<TokenEncoderImpl> build_token_encoder(const json& record) {
+  return build_record(token_encoders(), record);
+}
 std::shared_ptr<TokenPredictorImpl> build_token_predictor(const json& record) {
   return build_record(token_predictors(), record);
 }
@@ -444,7 +470,8 @@ ReferenceMethod denoiser_forward(const DenoiserInputs& in) {
 
 json fields_from_reference_config(const std::string& name, const json& config) {
   const Family& f = family(name);
-  DEW_CHECK(f.from_reference_config, "model \"", name, "\": a dew family, built from its own fields (no reference config.json)");
+  DEW_CHECK(f.from_reference_config, "model \"", name,
+            "\": a dew family, built from its own fields (no reference config.json)");
   DEW_CHECK(config.is_object(), "model \"", name, "\": config.json must be an object, got ", config.dump());
   json c = json::object();
   for (auto it = config.begin(); it != config.end(); ++it)

@@ -68,10 +68,10 @@ struct DenoiserInputs {
   std::string time = "timestep";
   std::string context = "encoder_hidden_states";
   bool context_required = true;
-  std::string context_mask;          // read as bool
-  std::string pooled;                // Conditioning::pooled
-  std::string labels;                // Conditioning::labels, read as int64
-  std::vector<std::string> extra;    // Conditioning::extra, under the same names (SDXL's time_ids)
+  std::string context_mask;        // read as bool
+  std::string pooled;              // Conditioning::pooled
+  std::string labels;              // Conditioning::labels, read as int64
+  std::vector<std::string> extra;  // Conditioning::extra, under the same names (SDXL's time_ids)
   std::string output = "sample";
 };
 /// The reference method "forward" of a denoiser family with these input names.

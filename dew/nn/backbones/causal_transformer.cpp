@@ -81,10 +81,10 @@ Tensor causal_mask(const Tensor& q_pos, const Tensor& q_seg, const Tensor& key_p
                    const Tensor& key_valid, int64_t offset, int64_t window) {
   const int64_t sq = q_pos.size(1), sk = key_pos.size(1);
   auto lopts = at::TensorOptions(at::kLong).device(q_pos.device());
-  Tensor qi = at::arange(offset, offset + sq, lopts).unsqueeze(1);     // [Sq, 1]
-  Tensor kj = at::arange(sk, lopts).unsqueeze(0);                      // [1, Sk]
-  Tensor m = (kj <= qi).unsqueeze(0);                                  // [1, Sq, Sk]
-  m = m.logical_and(q_seg.unsqueeze(2) == key_seg.unsqueeze(1));       // [B, Sq, Sk]
+  Tensor qi = at::arange(offset, offset + sq, lopts).unsqueeze(1);  // [Sq, 1]
+  Tensor kj = at::arange(sk, lopts).unsqueeze(0);                   // [1, Sk]
+  Tensor m = (kj <= qi).unsqueeze(0);                               // [1, Sq, Sk]
+  m = m.logical_and(q_seg.unsqueeze(2) == key_seg.unsqueeze(1));    // [B, Sq, Sk]
   m = m.logical_and(key_valid.unsqueeze(1));
   if (window > 0) m = m.logical_and((q_pos.unsqueeze(2) - key_pos.unsqueeze(1)) < window);
   return m.unsqueeze(1);  // [B, 1, Sq, Sk]
@@ -104,8 +104,7 @@ void RMSNormImpl::reset_parameters() {
 
 // ---- attention ----
 
-CausalAttentionImpl::CausalAttentionImpl(const CausalTransformerOptions& o, double theta_)
-    : options(o), theta(theta_) {
+CausalAttentionImpl::CausalAttentionImpl(const CausalTransformerOptions& o, double theta_) : options(o), theta(theta_) {
   const int64_t d = o.emb_features(), h = o.num_heads(), kv = o.kv_heads(), dh = o.head_size();
   const bool b = o.attention_bias();
   q_proj = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(d, h * dh).bias(b)));
@@ -193,7 +192,8 @@ DecoderLayerImpl::DecoderLayerImpl(const CausalTransformerOptions& o, int64_t in
   self_attn = register_module("self_attn", CausalAttention(o, theta));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(d, o.norm_eps(), o.scale_offset()));
   if (o.sandwich_norms()) {
-    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", RMSNorm(d, o.norm_eps(), o.scale_offset()));
+    pre_feedforward_layernorm =
+        register_module("pre_feedforward_layernorm", RMSNorm(d, o.norm_eps(), o.scale_offset()));
     post_feedforward_layernorm =
         register_module("post_feedforward_layernorm", RMSNorm(d, o.norm_eps(), o.scale_offset()));
   }
@@ -265,8 +265,8 @@ void CausalTransformerImpl::reset() {
   }
   norm = register_module("norm", RMSNorm(o.emb_features(), o.norm_eps(), o.scale_offset()));
   if (!o.tie_embeddings())
-    lm_head = register_module("lm_head",
-                              torch::nn::Linear(torch::nn::LinearOptions(o.emb_features(), o.vocab_size()).bias(false)));
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(o.emb_features(), o.vocab_size()).bias(false)));
   reset_parameters();
 }
 
@@ -280,8 +280,8 @@ Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& pos
                                             const Tensor& attention_mask, KVCache* cache) {
   const auto& o = options;
   const std::string w = "causal_transformer";
-  DEW_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, w, ": ids must be int64 [B, S], got ",
-            ids.scalar_type(), " ", ids.sizes());
+  DEW_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, w, ": ids must be int64 [B, S], got ", ids.scalar_type(),
+            " ", ids.sizes());
   const int64_t b = ids.size(0), s = ids.size(1);
   DEW_CHECK(s > 0, w, ": ids must hold at least one token per row");
   const int64_t past = cache ? cache->length() : 0;
@@ -290,8 +290,8 @@ Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& pos
             cache->valid.size(0));
   check_token_ids(ids, o.vocab_size(), w);
   auto check_bs = [&](const Tensor& t, const char* name) {
-    DEW_CHECK(!t.defined() || (t.dim() == 2 && t.size(0) == b && t.size(1) == s), w, ": ", name, " must be [", b,
-              ", ", s, "], got ", t.sizes());
+    DEW_CHECK(!t.defined() || (t.dim() == 2 && t.size(0) == b && t.size(1) == s), w, ": ", name, " must be [", b, ", ",
+              s, "], got ", t.sizes());
   };
   check_bs(positions_in, "positions");
   check_bs(segment_ids, "segment_ids");
@@ -372,9 +372,11 @@ Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& pos
     const Rope rope = rd > 0 ? ropes[layer->theta] : Rope{};
     if (use_remat) {
       // Captured by value: backward re-runs the layer after this frame is gone.
-      h = remat(*layer, [layer, rope, mask](const std::vector<Tensor>& in) mutable {
-        return layer(in[0], rope, mask, nullptr, nullptr);
-      }, {h});
+      h = remat(*layer,
+                [layer, rope, mask](const std::vector<Tensor>& in) mutable {
+                  return layer(in[0], rope, mask, nullptr, nullptr);
+                },
+                {h});
     } else {
       h = layer(h, rope, mask, cache ? &cache->keys[i] : nullptr, cache ? &cache->values[i] : nullptr);
     }
@@ -395,7 +397,8 @@ const Rope& CausalTransformerImpl::rope_table(double theta, int64_t length, cons
 
 Tensor CausalTransformerImpl::logits(const Tensor& hidden) {
   const Tensor& wt = head_weight();
-  Tensor out = row_parallel_linear(hidden, wt.scalar_type() == hidden.scalar_type() ? wt : wt.to(hidden.scalar_type()), {});
+  Tensor out =
+      row_parallel_linear(hidden, wt.scalar_type() == hidden.scalar_type() ? wt : wt.to(hidden.scalar_type()), {});
   if (out.scalar_type() != at::kFloat) out = out.to(at::kFloat);
   const double cap = options.final_logit_softcap();
   if (cap > 0) out = at::tanh(out / cap) * cap;
@@ -451,7 +454,8 @@ CausalTransformerOptions options_from_hf_config(const json& c) {
   o.attention_bias(field<bool>(c, "attention_bias", false));
   o.tie_embeddings(field<bool>(c, "tie_word_embeddings", gemma));
   o.init_std(field<double>(c, "initializer_range", 0.02));
-  std::string act = field<std::string>(c, gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
+  std::string act =
+      field<std::string>(c, gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
   if (act == "silu") o.mlp("swiglu");
   else if (act == "gelu_pytorch_tanh" || act == "gelu_new") o.mlp("geglu");
   else refuse(str(gemma ? "hidden_activation" : "hidden_act", " \"", act, "\" (accepted: silu, gelu_pytorch_tanh)"));
@@ -483,7 +487,7 @@ CausalTransformerOptions options_from_hf_config(const json& c) {
 
 io::KeyMap hf_decoder_key_map(const CausalTransformerOptions& options) {
   io::KeyMap map;
-  map.skip(R"(.*rotary_emb\.inv_freq)");                        // a buffer older checkpoints carry
+  map.skip(R"(.*rotary_emb\.inv_freq)");                         // a buffer older checkpoints carry
   if (options.tie_embeddings()) map.skip(R"(lm_head\.weight)");  // saved by some tied checkpoints
   map.prefix("model.", "");
   return map;

@@ -22,10 +22,10 @@
 #include <map>
 #include <optional>
 
-#include "dew/nn/attention.h"
-#include "dew/nn/fused.h"  // rms_norm
 #include "dew/core/registry.h"
+#include "dew/nn/attention.h"
 #include "dew/nn/backbones/backbone.h"
+#include "dew/nn/fused.h"  // rms_norm
 
 namespace dew::nn {
 
@@ -193,7 +193,7 @@ class CausalTransformerImpl : public torch::nn::Module {
   torch::nn::ModuleList layers{nullptr};
   std::vector<DecoderLayer> layer_list;  // typed view of `layers`
   RMSNorm norm{nullptr};
-  torch::nn::Linear lm_head{nullptr};    // untied only
+  torch::nn::Linear lm_head{nullptr};  // untied only
 
  private:
   /// RoPE tables of positions 0 .. at least `length` - 1 for base `theta` on `device`, built once and

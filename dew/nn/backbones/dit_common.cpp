@@ -21,8 +21,7 @@ void init_dit_embedders(const torch::nn::Conv2d& x_embedder, const torch::nn::Em
 }
 
 void check_patch_input(const Tensor& x, int64_t in_channels, int64_t patch_size, const std::string& who) {
-  DEW_CHECK(x.dim() == 4 && x.size(1) == in_channels, who, ": x must be [B, ", in_channels, ", H, W], got ",
-            x.sizes());
+  DEW_CHECK(x.dim() == 4 && x.size(1) == in_channels, who, ": x must be [B, ", in_channels, ", H, W], got ", x.sizes());
   DEW_CHECK(x.size(2) % patch_size == 0 && x.size(3) % patch_size == 0, who,
             ": H and W must be multiples of patch_size ", patch_size, ", got ", x.size(2), " x ", x.size(3));
 }
@@ -55,8 +54,8 @@ Tensor dit_condition(TimeEmbedding& t_embedder, const torch::nn::Embedding& y_em
   Tensor c = time_label_condition(t_embedder, y_embedder, num_classes, time, cond, batch, dtype, who);
   if (cond.context.defined()) {
     DEW_CHECK(context_features > 0, who, ": a text context was given but context_features is 0");
-    DEW_CHECK(cond.context.dim() == 3 && cond.context.size(0) == batch && cond.context.size(2) == context_features,
-              who, ": context must be [", batch, ", L, ", context_features, "], got ", cond.context.sizes());
+    DEW_CHECK(cond.context.dim() == 3 && cond.context.size(0) == batch && cond.context.size(2) == context_features, who,
+              ": context must be [", batch, ", L, ", context_features, "], got ", cond.context.sizes());
     c = c + dense(masked_mean(cond.context, cond.context_mask).to(dtype), context_embedder);
   }
   return c;

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "dew/core/error.h"
-#include "dew/nn/backbones/backbone.h"
 #include "dew/nn/attention.h"
+#include "dew/nn/backbones/backbone.h"
 #include "dew/nn/blocks.h"
 #include "dew/nn/embeddings.h"
 #include "dew/nn/scan.h"
@@ -115,9 +115,9 @@ void check_patch_input(const at::Tensor& x, int64_t in_channels, int64_t patch_s
 
 /// The conditioning vector without text: t_embedder(time) + y_embedder(labels) (when num_classes > 0;
 /// absent labels = the null class num_classes): [B, D] in `dtype`. time: [batch] or a scalar.
-at::Tensor time_label_condition(TimeEmbedding& t_embedder, const torch::nn::Embedding& y_embedder,
-                                int64_t num_classes, const at::Tensor& time, const Conditioning& cond,
-                                int64_t batch, at::ScalarType dtype, const std::string& who);
+at::Tensor time_label_condition(TimeEmbedding& t_embedder, const torch::nn::Embedding& y_embedder, int64_t num_classes,
+                                const at::Tensor& time, const Conditioning& cond, int64_t batch, at::ScalarType dtype,
+                                const std::string& who);
 
 /// time_label_condition + context_embedder(masked mean of the text context) when a context is given
 /// (optional text: context_features 0 refuses one).

@@ -110,8 +110,8 @@ void HierarchicalMMDiTImpl::reset() {
     linear(2 * D[s], D[s], fusions, fusion_list);
   }
   stack(S - 1, NL[S - 1], mid_blocks, mid_list);
-  final_layer = register_module("final_layer", FinalLayer(FinalLayerOptions(D[0], p * p * o.output_channels())
-                                                               .norm_eps(o.norm_epsilon())));
+  final_layer = register_module(
+      "final_layer", FinalLayer(FinalLayerOptions(D[0], p * p * o.output_channels()).norm_eps(o.norm_epsilon())));
   reset_parameters();
 }
 
@@ -142,7 +142,7 @@ Tensor HierarchicalMMDiTImpl::forward(const Tensor& x, const Tensor& time, const
                                        time.to(x.device()), cond, mask, B, dtype_, "hierarchical_mmdit");
   const Tensor context = cond.context.to(dtype_);
   auto c_of = [&](int64_t s) { return s + 1 == S ? c_top : dense(c_top, cond_list[s]); };  // [B, D_s]
-  auto text_of = [&](int64_t s) { return dense(context, context_list[s]); };              // [B, L, D_s]
+  auto text_of = [&](int64_t s) { return dense(context, context_list[s]); };               // [B, L, D_s]
 
   Tensor h = conv(x.to(dtype_), x_embedder).flatten(2).transpose(1, 2) + g.pos.to(dtype_);  // [B, N_0, D_0]
   std::vector<Tensor> skips, conds(S);

@@ -103,7 +103,7 @@ class HierarchicalMMDiTImpl : public BackboneImpl {
   struct Grid {
     int64_t h = -1, w = -1;  // finest patch grid
     at::Device device{at::kCPU};
-    at::Tensor pos;          // [h*w, D_0] float32
+    at::Tensor pos;           // [h*w, D_0] float32
     std::vector<Rope> ropes;  // per stage, over that stage's raster grid
   };
   Grid grid(int64_t h, int64_t w, const at::Device& device);

@@ -79,12 +79,13 @@ std::vector<std::string> hybrid_block_pattern(const HybridDiTOptions& o) {
   const bool named = ratio == "all-ssm" || ratio == "all-attn";
   DEW_CHECK(named || parse_ratio(ratio, n_ssm, n_attn),
             "hybrid_dit: ssm_attention_ratio must be \"N:M\" (N SSM blocks then M attention blocks, e.g. \"3:1\"), "
-            "\"all-ssm\" or \"all-attn\", got \"", ratio, "\"");
+            "\"all-ssm\" or \"all-attn\", got \"",
+            ratio, "\"");
   if (!o.block_pattern().empty()) {
     DEW_CHECK(ratio == "3:1", "hybrid_dit: block_pattern and ssm_attention_ratio \"", ratio,
               "\" both name the layers' mixers; set one, not both");
-    DEW_CHECK(static_cast<int64_t>(o.block_pattern().size()) == layers, "hybrid_dit: block_pattern must name ",
-              layers, " layers (num_layers), got ", o.block_pattern().size());
+    DEW_CHECK(static_cast<int64_t>(o.block_pattern().size()) == layers, "hybrid_dit: block_pattern must name ", layers,
+              " layers (num_layers), got ", o.block_pattern().size());
     for (size_t i = 0; i < o.block_pattern().size(); ++i) {
       const std::string& k = o.block_pattern()[i];
       DEW_CHECK(k == "ssm" || k == "attn", "hybrid_dit: block_pattern[", i, "] must be \"ssm\" or \"attn\", got \"", k,

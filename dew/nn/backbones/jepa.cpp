@@ -49,8 +49,8 @@ torch::nn::ModuleList make_blocks(int64_t n, int64_t dim, int64_t heads, double 
 
 void check_width(const std::string& where, int64_t dim, int64_t heads, int64_t layers, double mlp_ratio, bool video) {
   DEW_CHECK(layers >= 1, where, ".num_layers: must be >= 1, got ", layers);
-  DEW_CHECK(heads >= 1 && dim >= 1 && dim % heads == 0, where, ".emb_features: must be a positive multiple of num_heads ",
-            heads, ", got ", dim);
+  DEW_CHECK(heads >= 1 && dim >= 1 && dim % heads == 0, where,
+            ".emb_features: must be a positive multiple of num_heads ", heads, ", got ", dim);
   DEW_CHECK(dim % (video ? 8 : 4) == 0, where, ".emb_features: the ", video ? "3D" : "2D",
             " sin-cos table needs a multiple of ", video ? 8 : 4, ", got ", dim);
   DEW_CHECK(mlp_ratio > 0, where, ".mlp_ratio: must be > 0, got ", mlp_ratio);
@@ -86,7 +86,8 @@ at::Tensor jepa_position_table(int64_t dim, const TokenGrid& g, bool video) {
 at::Tensor gather_tokens(const at::Tensor& tokens, const at::Tensor& idx) {
   DEW_CHECK(tokens.dim() == 3, "gather_tokens: tokens must be [B, N, D], got ", tokens.sizes());
   DEW_CHECK(idx.dim() == 2 && idx.size(0) == tokens.size(0) && idx.scalar_type() == at::kLong,
-            "gather_tokens: indices must be int64 [", tokens.size(0), ", K], got ", idx.scalar_type(), " ", idx.sizes());
+            "gather_tokens: indices must be int64 [", tokens.size(0), ", K], got ", idx.scalar_type(), " ",
+            idx.sizes());
   if (idx.numel() > 0) {
     const auto lo = idx.min().item<int64_t>(), hi = idx.max().item<int64_t>();
     DEW_CHECK(lo >= 0 && hi < tokens.size(1), "gather_tokens: token indices must be in [0, ", tokens.size(1),
@@ -112,10 +113,13 @@ at::Tensor ViTBlockImpl::forward(const at::Tensor& x) {
 
 PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t dim, int64_t patch, int64_t tubelet, bool video) {
   if (video)
-    proj3d = register_module("proj", torch::nn::Conv3d(torch::nn::Conv3dOptions(in_channels, dim, {tubelet, patch, patch})
-                                                           .stride({tubelet, patch, patch})));
+    proj3d = register_module(
+        "proj",
+        torch::nn::Conv3d(
+            torch::nn::Conv3dOptions(in_channels, dim, {tubelet, patch, patch}).stride({tubelet, patch, patch})));
   else
-    proj2d = register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, dim, patch).stride(patch)));
+    proj2d =
+        register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, dim, patch).stride(patch)));
 }
 
 at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
@@ -167,7 +171,8 @@ at::Tensor JepaEncoderImpl::forward(const at::Tensor& x, const at::Tensor& keep)
 JepaPredictorImpl::JepaPredictorImpl(JepaPredictorOptions o) : options(std::move(o)) {
   const std::string where = "jepa_predictor";
   grid_ = jepa_grid(options.image_size(), options.patch_size(), options.frames(), options.tubelet_size(), where);
-  DEW_CHECK(options.encoder_features() >= 1, where, ".encoder_features: must be >= 1, got ", options.encoder_features());
+  DEW_CHECK(options.encoder_features() >= 1, where, ".encoder_features: must be >= 1, got ",
+            options.encoder_features());
   check_width(where, options.emb_features(), options.num_heads(), options.num_layers(), options.mlp_ratio(),
               options.frames() > 0);
   DEW_CHECK(options.norm_eps() > 0, where, ".norm_eps: must be > 0, got ", options.norm_eps());
@@ -181,9 +186,9 @@ void JepaPredictorImpl::reset() {
   mask_token = register_parameter("mask_token", at::zeros({1, 1, p}));
   predictor_pos_embed =
       register_buffer("predictor_pos_embed", jepa_position_table(p, grid_, options.frames() > 0).unsqueeze(0));
-  predictor_blocks = register_module("predictor_blocks", make_blocks(options.num_layers(), p, options.num_heads(),
-                                                                     options.mlp_ratio(), options.norm_eps(),
-                                                                     options.attention_impl()));
+  predictor_blocks =
+      register_module("predictor_blocks", make_blocks(options.num_layers(), p, options.num_heads(), options.mlp_ratio(),
+                                                      options.norm_eps(), options.attention_impl()));
   predictor_norm =
       register_module("predictor_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({p}).eps(options.norm_eps())));
   predictor_proj = register_module("predictor_proj", torch::nn::Linear(p, e));

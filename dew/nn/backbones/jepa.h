@@ -58,9 +58,7 @@ struct JepaEncoderOptions {
 
 /// Fields of `jepa_video_encoder`: the encoder's plus the clip length.
 struct JepaVideoEncoderOptions : JepaEncoderOptions {
-  JepaVideoEncoderOptions() {
-    frames(16);
-  }
+  JepaVideoEncoderOptions() { frames(16); }
   template <class V>
   void visit(V& v) {
     JepaEncoderOptions::visit(v);

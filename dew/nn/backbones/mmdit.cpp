@@ -91,8 +91,8 @@ void MMDiTBlockImpl::reset() {
   text = register_module("text", MMDiTStream(options, options.context_pre_only()));
 }
 
-std::pair<Tensor, Tensor> MMDiTBlockImpl::forward(const Tensor& x, const Tensor& txt, const Tensor& c,
-                                                  const Rope& rope, const Tensor& text_mask) {
+std::pair<Tensor, Tensor> MMDiTBlockImpl::forward(const Tensor& x, const Tensor& txt, const Tensor& c, const Rope& rope,
+                                                  const Tensor& text_mask) {
   const int64_t D = options.dim();
   DEW_CHECK(x.dim() == 3 && x.size(2) == D && txt.dim() == 3 && txt.size(2) == D && txt.size(0) == x.size(0) &&
                 c.dim() == 2 && c.size(0) == x.size(0) && c.size(1) == D,
@@ -124,8 +124,8 @@ std::pair<Tensor, Tensor> MMDiTBlockImpl::forward(const Tensor& x, const Tensor&
   return {image->finish(x, parts[1], mi), text->finish(txt.to(x.scalar_type()), parts[0], mt)};
 }
 
-Tensor run_mmdit_blocks(const std::vector<MMDiTBlock>& blocks, Tensor x, Tensor txt, const Tensor& c,
-                        const Rope& rope, const Tensor& text_mask, bool use_remat) {
+Tensor run_mmdit_blocks(const std::vector<MMDiTBlock>& blocks, Tensor x, Tensor txt, const Tensor& c, const Rope& rope,
+                        const Tensor& text_mask, bool use_remat) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     MMDiTBlock block = blocks[i];
     const bool pre_only = block->options.context_pre_only();
@@ -200,8 +200,8 @@ void SimpleMMDiTImpl::reset() {
     blocks->push_back(b);
     block_list.push_back(b);
   }
-  final_layer = register_module("final_layer", FinalLayer(FinalLayerOptions(d, p * p * o.output_channels())
-                                                               .norm_eps(o.norm_epsilon())));
+  final_layer = register_module(
+      "final_layer", FinalLayer(FinalLayerOptions(d, p * p * o.output_channels()).norm_eps(o.norm_epsilon())));
   reset_parameters();
 }
 
@@ -219,14 +219,14 @@ Tensor SimpleMMDiTImpl::forward(const Tensor& x, const Tensor& time, const Condi
   const Tensor mask = checked_text_mask(cond, B, o.context_features(), "simple_mmdit");
   const Grid g = grid(x.size(2) / p, x.size(3) / p, x.device());
 
-  Tensor h = embed_patches(x, x_embedder, g, dtype_);              // [B, N, D] in scan order
+  Tensor h = embed_patches(x, x_embedder, g, dtype_);             // [B, N, D] in scan order
   Tensor txt = dense(cond.context.to(dtype_), context_embedder);  // [B, L, D]
 
-  const Tensor c = mmdit_condition(t_embedder, y_embedder, pooled_text_embedder, o.num_classes(),
-                                   time.to(x.device()), cond, mask, B, dtype_, "simple_mmdit");  // [B, D]
+  const Tensor c = mmdit_condition(t_embedder, y_embedder, pooled_text_embedder, o.num_classes(), time.to(x.device()),
+                                   cond, mask, B, dtype_, "simple_mmdit");  // [B, D]
   h = run_mmdit_blocks(block_list, h, txt, c, g.rope, mask, o.remat());
   Tensor out = final_layer(h, c).to(at::kFloat);  // [B, N, p p out] in scan order
-  return unpatchify(out, p, g.scan);               // [B, out, H, W]
+  return unpatchify(out, p, g.scan);              // [B, out, H, W]
 }
 
 SimpleMMDiTImpl::Grid SimpleMMDiTImpl::grid(int64_t gh, int64_t gw, const at::Device& device) {

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "dew/nn/backbones/backbone.h"
-#include "dew/nn/backbones/simple_dit.h"
 #include "dew/nn/backbones/dit_common.h"
+#include "dew/nn/backbones/simple_dit.h"
 #include "dew/nn/blocks.h"
 #include "dew/nn/scan.h"
 
@@ -111,8 +111,8 @@ at::Tensor checked_text_mask(const Conditioning& cond, int64_t batch, int64_t co
 /// absent labels = the null class) + pooled(masked mean of the context): [B, D] in `dtype`.
 at::Tensor mmdit_condition(TimeEmbedding& t_embedder, const torch::nn::Embedding& y_embedder,
                            const torch::nn::Linear& pooled, int64_t num_classes, const at::Tensor& time,
-                           const Conditioning& cond, const at::Tensor& text_mask, int64_t batch,
-                           at::ScalarType dtype, const std::string& who);
+                           const Conditioning& cond, const at::Tensor& text_mask, int64_t batch, at::ScalarType dtype,
+                           const std::string& who);
 
 // ---- SimpleMMDiT ----
 

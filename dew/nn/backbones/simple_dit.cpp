@@ -33,8 +33,8 @@ void SimpleDiTImpl::reset() {
       block_list.push_back(b);
     }
   }
-  final_layer = register_module("final_layer", FinalLayer(FinalLayerOptions(d, p * p * o.output_channels())
-                                                               .norm_eps(o.norm_epsilon())));
+  final_layer = register_module(
+      "final_layer", FinalLayer(FinalLayerOptions(d, p * p * o.output_channels()).norm_eps(o.norm_epsilon())));
   reset_parameters();
 }
 
@@ -67,7 +67,7 @@ Tensor SimpleDiTImpl::run_block(DiTBlock& block, const Tensor& h, const Tensor& 
 }
 
 Tensor SimpleDiTImpl::output(const Tensor& h, const Tensor& c, const Grid& g) {
-  Tensor out = final_layer(h, c).to(at::kFloat);      // [B, N, p p out] in scan order
+  Tensor out = final_layer(h, c).to(at::kFloat);         // [B, N, p p out] in scan order
   return unpatchify(out, options.patch_size(), g.scan);  // [B, out, H, W]
 }
 

@@ -34,7 +34,7 @@ class SimpleUDiTImpl : public SimpleDiTImpl {
 
   torch::nn::ModuleList down_blocks{nullptr}, up_blocks{nullptr}, up_dense{nullptr};
   DiTBlock mid_block{nullptr};
-  std::vector<DiTBlock> down_list, up_list;     // typed views of down_blocks and up_blocks
+  std::vector<DiTBlock> down_list, up_list;      // typed views of down_blocks and up_blocks
   std::vector<torch::nn::Linear> up_dense_list;  // typed view of up_dense
 
  private:

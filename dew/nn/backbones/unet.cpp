@@ -78,13 +78,13 @@ UnetImpl::UnetImpl(UnetOptions options_, std::string arch) : options(std::move(o
   DEW_CHECK(o.context_features() >= 0, w, ": context_features must be >= 0, got ", o.context_features());
   // The text context reaches the unet only through cross-attention; without an attention level it would
   // be silently ignored (a "text-conditioned" run that learns an unconditional model).
-  DEW_CHECK(o.context_features() == 0 ||
-                std::any_of(o.attention_configs().begin(), o.attention_configs().end(),
-                            [](const std::optional<int64_t>& h) { return h.has_value(); }),
+  DEW_CHECK(o.context_features() == 0 || std::any_of(o.attention_configs().begin(), o.attention_configs().end(),
+                                                     [](const std::optional<int64_t>& h) { return h.has_value(); }),
             w, ": context_features = ", o.context_features(),
             " needs at least one attention level (text enters through cross-attention); set attention_configs, "
             "e.g. [null, 4]");
-  DEW_CHECK(o.dropout_rate() >= 0 && o.dropout_rate() < 1, w, ": dropout_rate must be in [0, 1), got ", o.dropout_rate());
+  DEW_CHECK(o.dropout_rate() >= 0 && o.dropout_rate() < 1, w, ": dropout_rate must be in [0, 1), got ",
+            o.dropout_rate());
   activation(at::zeros({1}), o.activation());
   dtype_ = parse_compute_dtype(o.dtype(), w + ".dtype");
   check_attention_impl(o.attention_impl(), w + ".attention_impl");
@@ -96,10 +96,8 @@ void UnetImpl::reset() {
   const auto& depths = o.feature_depths();
   const int64_t levels = static_cast<int64_t>(depths.size()), E = o.emb_features();
   auto res = [&](int64_t in, int64_t out) {
-    return ResBlock(ResBlockOptions(in, out, E)
-                        .norm_groups(o.norm_groups())
-                        .activation(o.activation())
-                        .dropout(o.dropout_rate()));
+    return ResBlock(
+        ResBlockOptions(in, out, E).norm_groups(o.norm_groups()).activation(o.activation()).dropout(o.dropout_rate()));
   };
   auto attn = [&](int64_t ch, int64_t heads) {
     return UnetAttention(UnetAttentionOptions(ch, heads)
@@ -149,7 +147,8 @@ void UnetImpl::reset() {
     mid.resnets.push_back(res(ch, ch));
     mid.resnets.push_back(res(ch, ch));
   }
-  if (o.num_middle_res_blocks() > 0 && o.attention_configs().back()) mid.attention = attn(ch, *o.attention_configs().back());
+  if (o.num_middle_res_blocks() > 0 && o.attention_configs().back())
+    mid.attention = attn(ch, *o.attention_configs().back());
   register_module("mid_block", container(mid, "resample"));
 
   up.assign(levels, Level{});
@@ -188,11 +187,12 @@ Tensor UnetImpl::run_attention(UnetAttention block, const Tensor& h, const Condi
   // The context may itself be trained (a text encoder), so it goes in as an input; the mask is a constant.
   std::vector<Tensor> inputs{h};
   if (cross) inputs.push_back(context);
-  return remat(*block,
-               [block, cross, mask](const std::vector<Tensor>& in) mutable {
-                 return block(in[0], cross ? in[1] : Tensor(), mask);
-               },
-               inputs);
+  return remat(
+      *block,
+      [block, cross, mask](const std::vector<Tensor>& in) mutable {
+        return block(in[0], cross ? in[1] : Tensor(), mask);
+      },
+      inputs);
 }
 
 Tensor UnetImpl::forward(const Tensor& x, const Tensor& time, const Conditioning& cond) {
@@ -210,8 +210,8 @@ Tensor UnetImpl::run(const Tensor& x, const Tensor& time, const Conditioning& co
   DEW_CHECK(x.size(2) % factor == 0 && x.size(3) % factor == 0, w, ": H and W must be multiples of ", factor,
             " (2^(levels - 1)), got ", x.size(2), " x ", x.size(3));
   const int64_t B = x.size(0);
-  DEW_CHECK(time.dim() == 0 || (time.dim() == 1 && time.size(0) == B), w, ": time must be [", B,
-            "] or a scalar, got ", time.sizes());
+  DEW_CHECK(time.dim() == 0 || (time.dim() == 1 && time.size(0) == B), w, ": time must be [", B, "] or a scalar, got ",
+            time.sizes());
 
   // Conditioning: time embedding + label embedding; the text context feeds the cross-attention stages.
   const Tensor t = time.to(x.device());
@@ -227,8 +227,8 @@ Tensor UnetImpl::run(const Tensor& x, const Tensor& time, const Conditioning& co
   }
   if (cond.context.defined()) {
     DEW_CHECK(o.context_features() > 0, w, ": a text context was given but context_features is 0");
-    DEW_CHECK(cond.context.dim() == 3 && cond.context.size(0) == B && cond.context.size(2) == o.context_features(),
-              w, ": context must be [", B, ", L, ", o.context_features(), "], got ", cond.context.sizes());
+    DEW_CHECK(cond.context.dim() == 3 && cond.context.size(0) == B && cond.context.size(2) == o.context_features(), w,
+              ": context must be [", B, ", L, ", o.context_features(), "], got ", cond.context.sizes());
   }
 
   // On the CPU the float32 network runs channels-last (cpu_channels_last: 1.3-1.6x faster convolutions

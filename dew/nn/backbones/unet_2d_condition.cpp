@@ -44,8 +44,8 @@ UNet2DConditionImpl::UNet2DConditionImpl(UNet2DConditionOptions options_) : opti
               "].cross_only needs cross_attention and context_features > 0");
   }
   DEW_CHECK(o.blocks_per_level() >= 1, kArch, ": blocks_per_level must be >= 1, got ", o.blocks_per_level());
-  DEW_CHECK(o.in_channels() > 0 && o.output_channels() > 0, kArch, ": in_channels and output_channels must be > 0, got ",
-            o.in_channels(), " and ", o.output_channels());
+  DEW_CHECK(o.in_channels() > 0 && o.output_channels() > 0, kArch,
+            ": in_channels and output_channels must be > 0, got ", o.in_channels(), " and ", o.output_channels());
   DEW_CHECK(o.inpaint_channels() == 0 || o.inpaint_channels() >= 2, kArch,
             ": inpaint_channels must be 0 or >= 2 (mask + masked-image latents), got ", o.inpaint_channels());
   DEW_CHECK(o.context_features() >= 0, kArch, ": context_features must be >= 0, got ", o.context_features());
@@ -158,10 +158,10 @@ void UNet2DConditionImpl::reset() {
     up_blocks->push_back(container(lv));
   }
 
-  conv_norm_out = register_module("conv_norm_out",
-                                  torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), c0).eps(o.norm_epsilon())));
-  conv_out = register_module("conv_out",
-                             torch::nn::Conv2d(torch::nn::Conv2dOptions(c0, o.output_channels(), 3).padding(1)));
+  conv_norm_out = register_module(
+      "conv_norm_out", torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), c0).eps(o.norm_epsilon())));
+  conv_out =
+      register_module("conv_out", torch::nn::Conv2d(torch::nn::Conv2dOptions(c0, o.output_channels(), 3).padding(1)));
 }
 
 Tensor UNet2DConditionImpl::run_res(ResBlock& block, const Tensor& h, const Tensor& temb) {
@@ -206,10 +206,9 @@ Tensor UNet2DConditionImpl::forward(const Tensor& x, const Tensor& time, const C
                   cond.pooled.size(1) + ids.size(1) * o.additional_time_features() == o.additional_embedding_features(),
               kArch, ": text_embeds [", B, ", P] and time_ids [", B, ", n] need P + n * ", o.additional_time_features(),
               " = ", o.additional_embedding_features(), ", got ", cond.pooled.sizes(), " and ", ids.sizes());
-    const Tensor time_embeds =
-        timestep_embedding(ids.reshape({-1}).to(x.device()), o.additional_time_features(), o.cosine_first(),
-                           o.frequency_shift())
-            .reshape({B, -1});
+    const Tensor time_embeds = timestep_embedding(ids.reshape({-1}).to(x.device()), o.additional_time_features(),
+                                                  o.cosine_first(), o.frequency_shift())
+                                   .reshape({B, -1});
     temb = temb + add_embedding(at::cat({cond.pooled.to(x.device()).to(dt), time_embeds.to(dt)}, 1));
   }
   Tensor context, mask;
@@ -282,7 +281,8 @@ std::vector<T> per_level(const json& c, const char* key, size_t levels, T fallba
             v.dump());
   std::vector<T> out;
   for (const auto& e : v) {
-    DEW_CHECK(!e.is_array(), "UNet2DConditionModel config: ", key, " as nested lists (asymmetric UNets) is not supported");
+    DEW_CHECK(!e.is_array(), "UNet2DConditionModel config: ", key,
+              " as nested lists (asymmetric UNets) is not supported");
     out.push_back(e.get<T>());
   }
   return out;
@@ -299,29 +299,61 @@ T value_or(const json& c, const char* key, T fallback) {
 json unet_2d_condition_fields_from_diffusers(const json& c) {
   const std::string w = "UNet2DConditionModel config: ";
   // Keys whose value must be the default to be supported, with that default.
-  const std::vector<std::pair<std::string, json>> fixed = {
-      {"center_input_sample", false}, {"time_embedding_type", "positional"}, {"class_embed_type", nullptr},
-      {"encoder_hid_dim", nullptr}, {"encoder_hid_dim_type", nullptr}, {"resnet_time_scale_shift", "default"},
-      {"resnet_skip_time_act", false}, {"resnet_out_scale_factor", 1.0}, {"conv_in_kernel", 3}, {"conv_out_kernel", 3},
-      {"time_embedding_dim", nullptr}, {"time_embedding_act_fn", nullptr}, {"timestep_post_act", nullptr},
-      {"time_cond_proj_dim", nullptr}, {"dual_cross_attention", false}, {"class_embeddings_concat", false},
-      {"mid_block_only_cross_attention", nullptr}, {"cross_attention_norm", nullptr}, {"attention_type", "default"},
-      {"mid_block_scale_factor", 1.0}, {"downsample_padding", 1}, {"act_fn", "silu"}, {"num_attention_heads", nullptr},
-      {"reverse_transformer_layers_per_block", nullptr}};
-  const std::set<std::string> known = {"in_channels", "out_channels", "down_block_types", "up_block_types",
-                                       "mid_block_type", "block_out_channels", "layers_per_block",
-                                       "cross_attention_dim", "attention_head_dim", "transformer_layers_per_block",
-                                       "use_linear_projection", "upcast_attention", "flip_sin_to_cos", "freq_shift",
-                                       "norm_num_groups", "norm_eps", "dropout", "only_cross_attention",
-                                       "num_class_embeds", "addition_embed_type", "addition_time_embed_dim",
-                                       "projection_class_embeddings_input_dim", "addition_embed_type_num_heads",
+  const std::vector<std::pair<std::string, json>> fixed = {{"center_input_sample", false},
+                                                           {"time_embedding_type", "positional"},
+                                                           {"class_embed_type", nullptr},
+                                                           {"encoder_hid_dim", nullptr},
+                                                           {"encoder_hid_dim_type", nullptr},
+                                                           {"resnet_time_scale_shift", "default"},
+                                                           {"resnet_skip_time_act", false},
+                                                           {"resnet_out_scale_factor", 1.0},
+                                                           {"conv_in_kernel", 3},
+                                                           {"conv_out_kernel", 3},
+                                                           {"time_embedding_dim", nullptr},
+                                                           {"time_embedding_act_fn", nullptr},
+                                                           {"timestep_post_act", nullptr},
+                                                           {"time_cond_proj_dim", nullptr},
+                                                           {"dual_cross_attention", false},
+                                                           {"class_embeddings_concat", false},
+                                                           {"mid_block_only_cross_attention", nullptr},
+                                                           {"cross_attention_norm", nullptr},
+                                                           {"attention_type", "default"},
+                                                           {"mid_block_scale_factor", 1.0},
+                                                           {"downsample_padding", 1},
+                                                           {"act_fn", "silu"},
+                                                           {"num_attention_heads", nullptr},
+                                                           {"reverse_transformer_layers_per_block", nullptr}};
+  const std::set<std::string> known = {"in_channels",
+                                       "out_channels",
+                                       "down_block_types",
+                                       "up_block_types",
+                                       "mid_block_type",
+                                       "block_out_channels",
+                                       "layers_per_block",
+                                       "cross_attention_dim",
+                                       "attention_head_dim",
+                                       "transformer_layers_per_block",
+                                       "use_linear_projection",
+                                       "upcast_attention",
+                                       "flip_sin_to_cos",
+                                       "freq_shift",
+                                       "norm_num_groups",
+                                       "norm_eps",
+                                       "dropout",
+                                       "only_cross_attention",
+                                       "num_class_embeds",
+                                       "addition_embed_type",
+                                       "addition_time_embed_dim",
+                                       "projection_class_embeddings_input_dim",
+                                       "addition_embed_type_num_heads",
                                        "sample_size"};
   for (const auto& [key, value] : c.items()) {
     auto f = std::find_if(fixed.begin(), fixed.end(), [&](const auto& p) { return p.first == key; });
     if (f != fixed.end()) {
-      const bool same = value == f->second ||
-                        (value.is_number() && f->second.is_number() && value.get<double>() == f->second.get<double>()) ||
-                        (f->first == "mid_block_only_cross_attention" && value == false);
+      const bool same =
+          value == f->second ||
+          (value.is_number() && f->second.is_number() && value.get<double>() == f->second.get<double>()) ||
+          (f->first == "mid_block_only_cross_attention" && value == false);
       DEW_CHECK(same, w, key, " = ", value.dump(), " is not supported (accepted: ", f->second.dump(), ")");
       continue;
     }
@@ -348,7 +380,7 @@ json unet_2d_condition_fields_from_diffusers(const json& c) {
                 " must mirror down_block_types (expected \"", expect, "\")");
     }
   }
-  const std::string mid_type = !c.contains("mid_block_type") ? "UNetMidBlock2DCrossAttn"
+  const std::string mid_type = !c.contains("mid_block_type")   ? "UNetMidBlock2DCrossAttn"
                                : c["mid_block_type"].is_null() ? "none"
                                                                : c["mid_block_type"].get<std::string>();
   DEW_CHECK(mid_type == "UNetMidBlock2DCrossAttn" || mid_type == "UNetMidBlock2D", w, "mid_block_type = \"", mid_type,
@@ -364,8 +396,11 @@ json unet_2d_condition_fields_from_diffusers(const json& c) {
   const auto only_cross = per_level<bool>(c, "only_cross_attention", L, false);
   json stages = json::array();
   for (size_t i = 0; i < L; ++i)
-    stages.push_back({{"features", c["block_out_channels"][i]}, {"heads", heads[i]}, {"depth", depth[i]},
-                      {"cross_attention", bool(cross[i])}, {"cross_only", bool(only_cross[i])}});
+    stages.push_back({{"features", c["block_out_channels"][i]},
+                      {"heads", heads[i]},
+                      {"depth", depth[i]},
+                      {"cross_attention", bool(cross[i])},
+                      {"cross_only", bool(only_cross[i])}});
   json f = {{"in_channels", value_or<int64_t>(c, "in_channels", 4)},
             {"output_channels", value_or<int64_t>(c, "out_channels", 4)},
             {"stages", stages},
@@ -386,7 +421,8 @@ json unet_2d_condition_fields_from_diffusers(const json& c) {
   }
   const json& add = c.contains("addition_embed_type") ? c["addition_embed_type"] : json(nullptr);
   if (!add.is_null()) {
-    DEW_CHECK(add == "text_time", w, "addition_embed_type = ", add.dump(), " is not supported (accepted: \"text_time\")");
+    DEW_CHECK(add == "text_time", w, "addition_embed_type = ", add.dump(),
+              " is not supported (accepted: \"text_time\")");
     f["additional_time_features"] = c.at("addition_time_embed_dim");
     f["additional_embedding_features"] = c.at("projection_class_embeddings_input_dim");
   }

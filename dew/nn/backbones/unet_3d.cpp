@@ -24,8 +24,8 @@ TemporalBlockImpl::TemporalBlockImpl(TemporalBlockOptions options_) : options(st
 
 void TemporalBlockImpl::reset() {
   const auto& o = options;
-  norm = register_module("norm", torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), o.channels())
-                                                          .eps(o.norm_eps())));
+  norm = register_module(
+      "norm", torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.norm_groups(), o.channels()).eps(o.norm_eps())));
   attn = register_module("attn", SelfAttention(SelfAttentionOptions(o.channels(), o.num_heads())
                                                    .impl(o.impl())
                                                    .force_fp32_for_softmax(o.force_fp32_for_softmax())));
@@ -49,7 +49,7 @@ Tensor TemporalBlockImpl::forward(const Tensor& h, int64_t frames) {
   Tensor n = at::group_norm(v.to(at::kFloat), options.norm_groups(), norm->weight, norm->bias, options.norm_eps());
   Tensor pos = sincos_1d_table(C, at::arange(frames, at::TensorOptions(at::kLong).device(h.device())));  // [T, C]
   Tensor tokens = (n.permute({0, 3, 4, 2, 1}) + pos).to(h.scalar_type()).reshape({B * H * W, frames, C});
-  Tensor out = attn(tokens);                                                     // [B H W, T, C]
+  Tensor out = attn(tokens);  // [B H W, T, C]
   out = out.view({B, H, W, frames, C}).permute({0, 3, 4, 1, 2}).reshape({B * frames, C, H, W});
   return h + out;
 }

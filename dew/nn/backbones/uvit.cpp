@@ -24,7 +24,10 @@ void xavier_zero(torch::nn::Linear& l) {
 
 UViTAttentionImpl::UViTAttentionImpl(int64_t dim_, int64_t num_heads_, std::string impl_, bool force_fp32_for_softmax_,
                                      double dropout_)
-    : dim(dim_), num_heads(num_heads_), impl(std::move(impl_)), force_fp32_for_softmax(force_fp32_for_softmax_),
+    : dim(dim_),
+      num_heads(num_heads_),
+      impl(std::move(impl_)),
+      force_fp32_for_softmax(force_fp32_for_softmax_),
       dropout(dropout_) {
   DEW_CHECK(dim > 0 && num_heads > 0 && dim % num_heads == 0, "UViTAttention: dim must be divisible by num_heads, got ",
             dim, " / ", num_heads);
@@ -56,7 +59,8 @@ Tensor UViTAttentionImpl::forward(const Tensor& x, const Tensor& context, const 
 
 // ---- GegluMlp ----
 
-GegluMlpImpl::GegluMlpImpl(int64_t dim_, int64_t hidden_, double dropout_) : dim(dim_), hidden(hidden_), dropout(dropout_) {
+GegluMlpImpl::GegluMlpImpl(int64_t dim_, int64_t hidden_, double dropout_)
+    : dim(dim_), hidden(hidden_), dropout(dropout_) {
   DEW_CHECK(dim > 0 && hidden > 0, "GegluMlp: dim and hidden must be > 0, got ", dim, " and ", hidden);
   reset();
 }
@@ -147,15 +151,16 @@ UViTImpl::UViTImpl(UViTOptions options_) : options(std::move(options_)) {
             o.emb_features(), " / ", o.num_heads());
   DEW_CHECK(o.mlp_ratio() > 0 && o.mlp_ratio() * static_cast<double>(o.emb_features()) >= 1, w,
             ": mlp_ratio must be > 0 (hidden width >= 1), got ", o.mlp_ratio());
-  DEW_CHECK(o.dropout_rate() >= 0 && o.dropout_rate() < 1, w, ": dropout_rate must be in [0, 1), got ", o.dropout_rate());
+  DEW_CHECK(o.dropout_rate() >= 0 && o.dropout_rate() < 1, w, ": dropout_rate must be in [0, 1), got ",
+            o.dropout_rate());
   DEW_CHECK(o.norm_epsilon() > 0, w, ": norm_epsilon must be > 0, got ", o.norm_epsilon());
   DEW_CHECK(o.image_size() >= o.patch_size(), w, ": image_size must be >= patch_size (", o.patch_size(), "), got ",
             o.image_size());
   DEW_CHECK(o.num_classes() >= 0, w, ": num_classes must be >= 0, got ", o.num_classes());
   DEW_CHECK(o.context_features() >= 0, w, ": context_features must be >= 0, got ", o.context_features());
   const auto& acts = activations();
-  DEW_CHECK(std::find(acts.begin(), acts.end(), o.activation()) != acts.end(), w, ".activation: got \"",
-            o.activation(), "\", accepted: swish, silu, gelu, gelu_tanh, relu, mish");
+  DEW_CHECK(std::find(acts.begin(), acts.end(), o.activation()) != acts.end(), w, ".activation: got \"", o.activation(),
+            "\", accepted: swish, silu, gelu, gelu_tanh, relu, mish");
   dtype_ = parse_compute_dtype(o.dtype(), w + ".dtype");
   check_attention_impl(o.attention_impl(), w + ".attention_impl");
   reset();
@@ -165,12 +170,11 @@ void UViTImpl::reset() {
   const auto& o = options;
   const int64_t d = o.emb_features(), p = o.patch_size(), half = o.num_layers() / 2;
   const int64_t side = o.image_size() / p;
-  x_embedder = register_module("x_embedder",
-                               torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), d, p).stride(p)));
+  x_embedder =
+      register_module("x_embedder", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels(), d, p).stride(p)));
   pos_encoding = register_parameter("pos_encoding", at::zeros({side * side, d}));
   t_embedder = register_module("t_embedder", TimeEmbedding(d));
-  if (o.num_classes() > 0)
-    y_embedder = register_module("y_embedder", torch::nn::Embedding(o.num_classes() + 1, d));
+  if (o.num_classes() > 0) y_embedder = register_module("y_embedder", torch::nn::Embedding(o.num_classes() + 1, d));
   if (o.context_features() > 0)
     context_embedder = register_module("context_embedder", torch::nn::Linear(o.context_features(), d));
   down_blocks = register_module("down_blocks", torch::nn::ModuleList());
@@ -190,16 +194,18 @@ void UViTImpl::reset() {
     up_blocks->push_back(up);
     up_list.push_back(up);
   }
-  final_norm = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.norm_epsilon())));
+  final_norm =
+      register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.norm_epsilon())));
   final_proj = register_module("final_proj", torch::nn::Linear(d, p * p * o.output_channels()));
   if (o.add_residualblock_output()) {
     constexpr int64_t kMid = 64;  // the original's refinement width
     final_conv1 = register_module(
-        "final_conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels() + o.output_channels(), kMid, 3).padding(1)));
+        "final_conv1",
+        torch::nn::Conv2d(torch::nn::Conv2dOptions(o.in_channels() + o.output_channels(), kMid, 3).padding(1)));
     final_norm_conv = register_module("final_norm_conv",
                                       torch::nn::LayerNorm(torch::nn::LayerNormOptions({kMid}).eps(o.norm_epsilon())));
-    final_conv2 = register_module(
-        "final_conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(kMid, o.output_channels(), 3).padding(1)));
+    final_conv2 = register_module("final_conv2",
+                                  torch::nn::Conv2d(torch::nn::Conv2dOptions(kMid, o.output_channels(), 3).padding(1)));
   }
   reset_parameters();
 }
@@ -242,8 +248,8 @@ Tensor UViTImpl::forward(const Tensor& x, const Tensor& time_in, const Condition
             " patches, more than the position table's ", pos_encoding.size(0), " rows (image_size ", o.image_size(),
             "); raise image_size");
   const Tensor time = time_in.to(x.device());
-  DEW_CHECK(time.dim() == 0 || (time.dim() == 1 && time.size(0) == B), "uvit: time must be [", B,
-            "] or a scalar, got ", time.sizes());
+  DEW_CHECK(time.dim() == 0 || (time.dim() == 1 && time.size(0) == B), "uvit: time must be [", B, "] or a scalar, got ",
+            time.sizes());
 
   // Patches in raster order; a smaller grid uses the first N rows of the table (as the original).
   Tensor patches = conv(x.to(dtype_), x_embedder).flatten(2).transpose(1, 2);  // [B, N, D]
@@ -273,9 +279,8 @@ Tensor UViTImpl::forward(const Tensor& x, const Tensor& time_in, const Condition
       DEW_CHECK(cond.context_mask.dim() == 2 && cond.context_mask.size(0) == B && cond.context_mask.size(1) == L,
                 "uvit: context_mask must be [", B, ", ", L, "], got ", cond.context_mask.sizes());
       const int64_t lead = N + static_cast<int64_t>(tokens.size()) - 2;  // patches + time (+ label)
-      key_mask = at::cat({at::ones({B, lead}, x.options().dtype(at::kBool)),
-                          cond.context_mask.to(x.device()).to(at::kBool)},
-                         1);
+      key_mask = at::cat(
+          {at::ones({B, lead}, x.options().dtype(at::kBool)), cond.context_mask.to(x.device()).to(at::kBool)}, 1);
     }
   }
   Tensor h = at::cat(tokens, 1);  // [B, N + 1 (+ 1) (+ L), D]
@@ -300,7 +305,7 @@ Tensor UViTImpl::forward(const Tensor& x, const Tensor& time_in, const Condition
   raster.w = gw;
   Tensor image = unpatchify(out, p, raster);  // [B, out, H, W]
   if (!o.add_residualblock_output()) return image.to(at::kFloat);
-  Tensor r = conv(at::cat({x.to(dtype_), image}, 1), final_conv1);                            // [B, 64, H, W]
+  Tensor r = conv(at::cat({x.to(dtype_), image}, 1), final_conv1);                        // [B, 64, H, W]
   r = layer_norm_affine(r.permute({0, 2, 3, 1}), final_norm_conv).permute({0, 3, 1, 2});  // over channels
   r = activation(r, o.activation());
   return conv(r.to(at::kFloat), final_conv2);  // the original runs this conv in float32

@@ -85,8 +85,8 @@ void VideoDiTImpl::reset() {
     blocks->push_back(b);
     block_list.push_back(b);
   }
-  final_layer = register_module("final_layer", FinalLayer(FinalLayerOptions(d, p * p * o.output_channels())
-                                                               .norm_eps(o.norm_epsilon())));
+  final_layer = register_module(
+      "final_layer", FinalLayer(FinalLayerOptions(d, p * p * o.output_channels()).norm_eps(o.norm_epsilon())));
   reset_parameters();
 }
 
@@ -104,8 +104,8 @@ Tensor VideoDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditio
   cond.check_inputs("video_dit", /*takes_pooled=*/false);
   const auto& o = options;
   const int64_t p = o.patch_size(), D = o.emb_features();
-  DEW_CHECK(x.dim() == 5 && x.size(1) == o.in_channels() && x.size(2) > 0, "video_dit: x must be [B, ",
-            o.in_channels(), ", T, H, W] with T >= 1, got ", x.sizes());
+  DEW_CHECK(x.dim() == 5 && x.size(1) == o.in_channels() && x.size(2) > 0, "video_dit: x must be [B, ", o.in_channels(),
+            ", T, H, W] with T >= 1, got ", x.sizes());
   DEW_CHECK(x.size(3) % p == 0 && x.size(4) % p == 0, "video_dit: H and W must be multiples of patch_size ", p,
             ", got ", x.size(3), " x ", x.size(4));
   const int64_t B = x.size(0), C = x.size(1), T = x.size(2), H = x.size(3), W = x.size(4);
@@ -130,7 +130,7 @@ Tensor VideoDiTImpl::forward(const Tensor& x, const Tensor& time, const Conditio
       h = block(h, c, T, rs, rt);
     }
   }
-  Tensor out = final_layer(h, c).to(at::kFloat);                       // [B, T N, p p out]
+  Tensor out = final_layer(h, c).to(at::kFloat);                      // [B, T N, p p out]
   out = unpatchify(out.reshape({B * T, N, out.size(2)}), p, g.scan);  // [B T, out, H, W]
   return out.view({B, T, o.output_channels(), H, W}).permute({0, 2, 1, 3, 4}).contiguous();
 }
@@ -145,8 +145,8 @@ VideoDiTImpl::Grid VideoDiTImpl::grid(int64_t gh, int64_t gw, int64_t t, const a
   g.t = t;
   g.device = device;
   g.scan = make_scan("raster", gh, gw);
-  const Tensor spatial = sincos_2d_table(d, gh, gw);                                // [N, D]
-  const Tensor temporal = sincos_1d_table(d, at::arange(t, at::kLong));             // [T, D]
+  const Tensor spatial = sincos_2d_table(d, gh, gw);                                            // [N, D]
+  const Tensor temporal = sincos_1d_table(d, at::arange(t, at::kLong));                         // [T, D]
   g.pos = (temporal.unsqueeze(1) + spatial.unsqueeze(0)).reshape({t * gh * gw, d}).to(device);  // frame-major
   const auto idx = at::TensorOptions(at::kLong).device(device);
   g.rope_spatial = rope_1d(at::arange(gh * gw, idx), head_dim);
