@@ -27,12 +27,17 @@ int cmd_eval_autoencoder(const std::vector<std::string>& args) {
                "|\n|---|---|---|---|---|---|---|---|\n"
             << "| " << open.weights << " | " << step << " | " << s.items << " | " << s.psnr << " | " << s.ssim << " | "
             << s.l1 << " | " << s.kl << " | " << secs << " |\n";
-  std::ofstream log(std::filesystem::path(dir) / "eval.jsonl", std::ios::app);
-  log << json{{"step", step},   {"weights", open.weights}, {"images", s.items},
-              {"psnr", s.psnr}, {"ssim", s.ssim},          {"l1", s.l1},
-              {"kl", s.kl},     {"seconds", secs}}
-             .dump()
-      << "\n";
+  const std::string log = append_eval_row(dir,
+                                          {{"step", step},
+                                           {"weights", open.weights},
+                                           {"images", s.items},
+                                           {"psnr", s.psnr},
+                                           {"ssim", s.ssim},
+                                           {"l1", s.l1},
+                                           {"kl", s.kl},
+                                           {"seconds", secs}},
+                                          args);
+  std::cout << "row appended to " << log << "\n";
   return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "dew/bench/run_one.h"
 #include "dew/bench/sweep.h"
 #include "dew/cli/commands.h"
+#include "dew/cli/help.h"
 #include "dew/cli/recipe.h"
 #include "dew/core/device.h"
 
@@ -145,6 +146,10 @@ std::vector<int64_t> int_list(const Flags& f, const std::string& flag, const std
 }  // namespace
 
 int cmd_bench(const std::vector<std::string>& args) {
+  if (asks_help(args)) {
+    std::cout << kBenchUsage;
+    return 0;
+  }
   const Flags f = parse_flags(args, {"models",     "steps",        "warmup",        "batch",
                                      "threads",    "blas-threads", "rounds",        "peer",
                                      "out",        "one",          "peer-coretype", "seq-len",

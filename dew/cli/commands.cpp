@@ -2,6 +2,7 @@
 
 #include <iostream>
 
+#include "dew/cli/help.h"
 #include "dew/core/registry.h"
 #include "dew/runs/registries.h"
 
@@ -38,6 +39,10 @@ const char* kUsage =
 }  // namespace
 
 int cmd_list(const std::vector<std::string>& args) {
+  if (asks_help(args)) {
+    std::cout << list_usage();
+    return 0;
+  }
   DEW_CHECK(args.size() <= 1, "list: expected at most one KIND, got ", args.size(), " arguments");
   std::string kinds;
   for (const auto* r : all_registries()) {

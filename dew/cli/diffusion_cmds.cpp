@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "dew/cli/commands.h"
+#include "dew/cli/help.h"
 #include "dew/cli/recipe.h"
 #include "dew/core/device.h"
 #include "dew/core/threads.h"
@@ -32,7 +33,11 @@ std::string kind_list() {
 }  // namespace
 
 int cmd_train(const std::vector<std::string>& args) {
-  DEW_CHECK(!args.empty(), "train: expected a kind: ", kind_list());
+  if (!args.empty() && (args[0] == "--help" || args[0] == "-h")) {
+    std::cout << train_usage();
+    return 0;
+  }
+  DEW_CHECK(!args.empty(), "train: expected a kind: ", kind_list(), " (dew train --help)");
   const runs::RunKind& kind = runs::run_kind(args[0]);
   const json defaults = kind.defaults();
   auto parsed = parse_recipe_args(defaults, std::vector<std::string>(args.begin() + 1, args.end()), kind.open_keys);
@@ -58,6 +63,10 @@ int cmd_train(const std::vector<std::string>& args) {
 }
 
 int cmd_sample(const std::vector<std::string>& args) {
+  if (asks_help(args)) {
+    std::cout << sample_usage();
+    return 0;
+  }
   for (const auto& a : args)
     if (a == "--pipeline" || a.rfind("--pipeline=", 0) == 0) return cmd_sample_pipeline(args);
   auto f = parse_flags(args, {"solver", "steps", "guidance", "interval", "rescale", "labels", "prompt", "count", "seed",
@@ -143,6 +152,10 @@ int cmd_sample(const std::vector<std::string>& args) {
 }
 
 int cmd_eval(const std::vector<std::string>& args) {
+  if (asks_help(args)) {  // with or without RUN: every kind's flags
+    std::cout << eval_usage();
+    return 0;
+  }
   // A JEPA run is probed, a language-model run scored on prompts; a diffusion run is sampled.
   if (!args.empty() && args[0].rfind("--", 0) != 0 && training::RunDir::holds_run(args[0])) {
     const std::string kind = runs::read_record(args[0]).value("kind", "");
@@ -207,7 +220,6 @@ int cmd_eval(const std::vector<std::string>& args) {
   auto [test_feats, test_pred] = metrics::classify(clf.model, data::to_model_range(test.field("image")));
   std::cout << "| solver | steps | guidance | samples | accuracy | frechet distance | seconds "
                "|\n|---|---|---|---|---|---|---|\n";
-  std::ofstream log(fs::path(dir) / "eval.jsonl", std::ios::app);
   for (const auto& g : plans) {
     const std::string& solver = g.solver;
     const auto t0 = std::chrono::steady_clock::now();
@@ -223,13 +235,18 @@ int cmd_eval(const std::vector<std::string>& args) {
                  {"steps", g.steps},  {"guidance", g.guidance.scale}, {"samples", count},
                  {"accuracy", acc},   {"frechet_distance", fd},       {"classifier_test_accuracy", clf.test_accuracy},
                  {"seconds", secs}};
-    log << line.dump() << "\n";
+    append_eval_row(dir, line, args);
   }
+  std::cout << "rows appended to " << training::RunDir(dir).eval_log() << "\n";
   return 0;
 }
 
 int cmd_models(const std::vector<std::string>& args) {
-  DEW_CHECK(args.empty(), "models: takes no arguments");
+  if (asks_help(args)) {
+    std::cout << models_usage();
+    return 0;
+  }
+  DEW_CHECK(args.empty(), "models: takes no arguments (dew models --help)");
   std::cout << format_registry(models::registry()) << format_registry(models::language_models());
   return 0;
 }

@@ -46,11 +46,15 @@ int cmd_eval_jepa(const std::vector<std::string>& args) {
   DEW_CHECK(p.linear.lr > 0, "--probe-lr: must be > 0, got ", p.linear.lr);
   const auto open = open_options(f);
   set_threads(f.get_int("threads", 0), workload_of("jepa_encoder"));
-  const auto rows = runs::probe_jepa_run(f.positional[0], p, open);
+  const auto report = runs::probe_jepa_run(f.positional[0], p, open);
+  const auto& rows = report.rows;
   const std::string knn = "kNN (k=" + std::to_string(p.knn.k) + ", " + p.knn.vote + ")";
   std::printf("%-28s %12s %12s\n", "features", "linear probe", knn.c_str());
   for (const auto& r : rows) std::printf("%-28s %12.4f %12.4f\n", r.features.c_str(), r.linear, r.knn);
-  std::cout << "written: " << f.positional[0] << "/eval/\n";
+  json row = report.record;
+  row["file"] = report.file;
+  std::cout << "written: " << report.file << "\nrow appended to " << append_eval_row(f.positional[0], row, args)
+            << "\n";
   return 0;
 }
 

@@ -28,13 +28,6 @@ bool wants_help(const std::vector<std::string>& args, const char* usage) {
   return false;
 }
 
-const char* kEvalUsage =
-    "usage: dew eval RUN --prompts FILE [--reward exact] [--format REGEX] [--max-new-tokens 32] [--count 0] [--samples "
-    "5]\n"
-    "                [--weights ema|live|reference] [--step N] [--threads N] [--device D]\n"
-    "A language-model run (lm, sft, dpo, grpo): greedy completions of each prompt ({\"prompt\", \"answer\", ...}\n"
-    "lines), scored by the rewards; prints each reward's mean and the first --samples completions.\n";
-
 const char* kPairsUsage =
     "usage: dew pairs RUN --prompts FILE --out FILE [--samples 4] [--temperature 1] [--top-p 1] [--max-new-tokens 32]\n"
     "                 [--reward exact] [--format REGEX] [--chosen-field answer] [--seed 0] [--threads N] [--device D]\n"
@@ -72,8 +65,7 @@ std::string required(const Flags& f, const char* name) {
 
 }  // namespace
 
-int cmd_eval_policy(const std::vector<std::string>& args) {
-  if (wants_help(args, kEvalUsage)) return 0;
+int cmd_eval_policy(const std::vector<std::string>& args) {  // `dew eval --help` covers its flags (help.cpp)
   auto f = parse_flags(args, {"prompts", "reward", "format", "max-new-tokens", "count", "samples", "weights", "step",
                               "threads", "device"});
   post_training::EvalOptions eo;
@@ -94,6 +86,9 @@ int cmd_eval_policy(const std::vector<std::string>& args) {
   std::cout << "run:     " << p.run.dir << " step " << p.run.step << "\n";
   std::cout << "prompts: " << eo.prompts << (eo.count > 0 ? " (first " + std::to_string(eo.count) + ")" : "") << "\n";
   for (const auto& [k, v] : m) std::cout << k << ": " << v << "\n";
+  json row = {{"step", p.run.step}, {"weights", f.get("weights", "ema")}, {"prompts", eo.prompts}};
+  for (const auto& [k, v] : m) row[k] = v;
+  std::cout << "row appended to " << append_eval_row(p.run.dir, row, args) << "\n";
   if (eo.samples > 0) {
     std::ifstream s(samples);
     std::cout << "samples:\n" << s.rdbuf();

@@ -5,6 +5,7 @@
 
 #include "dew/core/device.h"
 #include "dew/runs/run.h"
+#include "dew/training/run_dir.h"
 
 namespace dew::cli {
 
@@ -181,6 +182,22 @@ Flags parse_flags(const std::vector<std::string>& args, const std::vector<std::s
     f.values[key] = value;
   }
   return f;
+}
+
+std::string append_eval_row(const std::string& run_dir, json row, const std::vector<std::string>& args) {
+  std::string command = "dew eval";
+  for (const auto& a : args) {
+    const bool plain = !a.empty() && a.find_first_of(" \t'\"\\$`*?;&|<>(){}[]!#~") == std::string::npos;
+    std::string quoted = "'";
+    for (char c : a) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    command += " " + (plain ? a : quoted + "'");
+  }
+  row["command"] = command;
+  const std::string path = training::RunDir(run_dir).eval_log();
+  std::ofstream log(path, std::ios::app);
+  log << row.dump() << "\n";
+  DEW_CHECK(log.good(), "eval: cannot append to ", path);
+  return path;
 }
 
 runs::OpenOptions open_options(const Flags& f) {

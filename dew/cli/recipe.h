@@ -47,4 +47,8 @@ Flags parse_flags(const std::vector<std::string>& args, const std::vector<std::s
 /// commands that open a trained run; checked here, before the run is read.
 runs::OpenOptions open_options(const Flags& f);
 
+/// Appends `row` to RUN/eval.jsonl with "command": the `dew eval` command line that measured it (`args`,
+/// shell-quoted where needed), so every figure in the file names how it was made. Returns the file's path.
+std::string append_eval_row(const std::string& run_dir, json row, const std::vector<std::string>& args);
+
 }  // namespace dew::cli

@@ -39,6 +39,7 @@ class DPOObjective : public ReferencePolicyObjective {
   std::string name() const override { return "dpo"; }
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
   std::vector<std::string> batch_fields() const override { return {"ids", "completion_mask", "index"}; }
+  std::vector<std::string> progress_metrics() const override { return {"rewards/accuracies", "rewards/margins"}; }
 
  private:
   // Summed reference log-probs [n, 2] of rows ids [n, 2, L] (no gradient).

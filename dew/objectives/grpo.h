@@ -61,6 +61,7 @@ class GRPOObjective : public ReferencePolicyObjective {
   std::map<std::string, at::Tensor> state() const override { return buffer_; }
   void load_state(const std::map<std::string, at::Tensor>& state) override;
   std::vector<std::string> batch_fields() const override { return {"index"}; }
+  std::vector<std::string> progress_metrics() const override { return {"reward"}; }
   /// Optimizer steps one rollout feeds (epochs x mini_batches).
   int64_t updates_per_rollout() const { return o_.epochs * o_.mini_batches; }
 

@@ -203,7 +203,11 @@ std::map<std::string, double> JEPAObjective::validate(int64_t, const std::string
   lo.epochs = o_.probe_epochs;
   const ProbeResult r = probe(encoder_.get(), train, test, classes_,
                               {o_.knn_k, o_.knn_prep, o_.knn_vote, o_.knn_temperature}, lo, o_.probe_pool);
-  return {{"val/linear_acc", r.linear}, {"val/knn_acc", r.knn}};
+  // The items the quick probe saw name themselves beside its scores (dew eval's probe may use more).
+  return {{"val/linear_acc", r.linear},
+          {"val/knn_acc", r.knn},
+          {"val/probe_train_items", double(train.size())},
+          {"val/probe_test_items", double(test.size())}};
 }
 
 }  // namespace dew

@@ -95,6 +95,7 @@ class JEPAObjective : public Objective {
   training::EmaSpec ema() const override;
   void bind_ema(const std::map<std::string, at::Tensor>& averages) override { averages_ = &averages; }
   std::vector<std::string> batch_fields() const override { return {"image"}; }
+  std::vector<std::string> progress_metrics() const override { return {"repr_std"}; }
   /// The loss of images or clips x (float, model range, on the encoder's device) under given masks.
   LossOutput loss_of(const at::Tensor& x, const data::Masks& masks);
   /// The masks of a batch of `batch` items drawn from `gen`.

@@ -14,6 +14,7 @@
 #include "dew/objectives/registry.h"
 #include "dew/runs/kinds.h"
 #include "dew/training/checkpoint.h"
+#include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -237,7 +238,7 @@ ProbeOptions probe_options_of(const json& record) {
   return p;
 }
 
-std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOptions& p, const OpenOptions& o) {
+ProbeReport probe_jepa_run(const std::string& run_dir, const ProbeOptions& p, const OpenOptions& o) {
   DEW_CHECK(p.train_items >= 0 && p.test_items >= 0, "probe: train_items and test_items must be >= 0, got ",
             p.train_items, " and ", p.test_items);
   DEW_CHECK(p.knn.k >= 1, "probe: knn_k must be >= 1, got ", p.knn.k);
@@ -278,10 +279,11 @@ std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOpti
               {"rows", json::array()}};
   for (const auto& row : rows)
     out["rows"].push_back({{"features", row.features}, {"linear", row.linear}, {"knn", row.knn}});
-  const fs::path dir = fs::path(run_dir) / "eval";
+  const fs::path dir = training::RunDir(run_dir).eval_dir();
   fs::create_directories(dir);
-  io::write_file_atomic((dir / ("probes_step_" + std::to_string(run.step) + ".json")).string(), out.dump(2));
-  return rows;
+  const std::string file = (dir / ("probes_step_" + std::to_string(run.step) + ".json")).string();
+  io::write_file_atomic(file, out.dump(2));
+  return {rows, out, file};
 }
 
 }  // namespace dew::runs

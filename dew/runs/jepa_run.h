@@ -62,8 +62,16 @@ struct ProbeRow {
   double knn = 0;
 };
 
+/// What probe_jepa_run measured: the rows, and the record it wrote to `file` (RUN/eval/probes_step_N.json:
+/// the run, step, weights, probe settings and rows).
+struct ProbeReport {
+  std::vector<ProbeRow> rows;
+  json record;
+  std::string file;
+};
+
 /// Linear and kNN probes of the run's frozen encoder features on the run's data (the training split) and its
 /// test split, with the baselines; writes RUN/eval/probes_step_N.json.
-std::vector<ProbeRow> probe_jepa_run(const std::string& run_dir, const ProbeOptions& p, const OpenOptions& o = {});
+ProbeReport probe_jepa_run(const std::string& run_dir, const ProbeOptions& p, const OpenOptions& o = {});
 
 }  // namespace dew::runs

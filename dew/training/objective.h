@@ -38,6 +38,9 @@ class Objective {
   virtual void load_state(const std::map<std::string, at::Tensor>& state) {}
   /// The batch fields the loss reads.
   virtual std::vector<std::string> batch_fields() const = 0;
+  /// Names among loss()'s metrics that the progress line shows beside the loss: what the run kind exists
+  /// for (GRPO's sampled reward, DPO's preference accuracy). Every metric goes to metrics.jsonl regardless.
+  virtual std::vector<std::string> progress_metrics() const { return {}; }
 };
 using ObjectivePtr = std::shared_ptr<Objective>;
 

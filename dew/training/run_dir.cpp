@@ -17,6 +17,9 @@ std::string RunDir::sample(int64_t step, const std::string& ext) const {
   return (fs::path(samples()) / ("step_" + std::to_string(step) + ext)).string();
 }
 
+std::string RunDir::eval_log() const { return (fs::path(path_) / "eval.jsonl").string(); }
+std::string RunDir::eval_dir() const { return (fs::path(path_) / "eval").string(); }
+
 bool RunDir::holds_run(const std::string& path) {
   std::error_code ec;
   return fs::is_regular_file(RunDir(path).record(), ec);

@@ -6,6 +6,7 @@
 //   RUN/metrics.jsonl                 one JSON object per logged step
 //   RUN/checkpoints/step_N/           model, ema, optimizer (+ objective) .safetensors and state.json
 //   RUN/samples/step_N.EXT            previews the objectives write during training (png, txt)
+//   RUN/eval.jsonl, RUN/eval/         what `dew eval` measured, one row per command
 //
 //   dew::training::RunDir run("runs/fashion");
 //   std::ifstream in(run.record());   // "runs/fashion/run.json"
@@ -33,6 +34,10 @@ class RunDir {
   std::string samples() const;
   /// RUN/samples/step_N.EXT (`ext` with its dot: ".png").
   std::string sample(int64_t step, const std::string& ext) const;
+  /// RUN/eval.jsonl: one row per `dew eval`, with the command that made it.
+  std::string eval_log() const;
+  /// RUN/eval: files `dew eval` writes beside its rows (JEPA's probes).
+  std::string eval_dir() const;
   /// Whether `path` holds a run record (RUN/run.json is a file).
   static bool holds_run(const std::string& path);
 

@@ -61,6 +61,13 @@ struct AutocastScope {
   }
 };
 
+// A metric for the progress lines: 4 significant digits.
+std::string format_metric(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", x);
+  return buf;
+}
+
 std::string format_duration(double s) {
   char buf[32];
   if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
@@ -238,6 +245,12 @@ TrainResult Trainer::fit() {
   SignalScope signals;
   std::ofstream metrics(RunDir(run_dir_).metrics(), std::ios::app);
   const auto t0 = std::chrono::steady_clock::now();
+  // What ends the run: the step count, or the time limit if it comes first.
+  if (to_.time_limit_minutes > 0)
+    log::info("training to step ", to_.steps, " or for ", to_.time_limit_minutes,
+              " minutes, whichever ends first (trainer.time_limit_minutes)");
+  else log::info("training to step ", to_.steps);
+  const std::vector<std::string> shown = obj_->progress_metrics();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const int64_t start = step_;
   int64_t window_samples = 0;
@@ -260,6 +273,11 @@ TrainResult Trainer::fit() {
     if (swap) ema_->swap_into(params_);
     json line = {{"step", step_}, {"time", elapsed()}};
     for (auto& [k, x] : v) line[k] = x;
+    if (!v.empty()) {  // a short line with every validation metric (held-out score, probe accuracy, PSNR, ...)
+      std::string text;
+      for (auto& [k, x] : v) text += (text.empty() ? "" : ", ") + k + " " + format_metric(x);
+      std::fprintf(stderr, "step %lld/%lld  validation: %s\n", (long long)step_, (long long)to_.steps, text.c_str());
+    }
     metrics << line.dump() << "\n" << std::flush;
     if (!to_.best_metric.empty() && v.count(to_.best_metric)) {
       double x = v[to_.best_metric];
@@ -292,9 +310,16 @@ TrainResult Trainer::fit() {
                    {"train/bad_loss_steps", bad_total_}};
       for (auto& [name, x] : window_metrics) line["train/" + name] = x / window_steps;
       metrics << line.dump() << "\n" << std::flush;
-      std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.2e  %.1f samples/s  ETA %s\n", (long long)step_,
-                   (long long)to_.steps, window_loss / window_steps, lr, rate,
-                   format_duration(per_step * double(to_.steps - step_)).c_str());
+      std::string extra;
+      for (const auto& name : shown)
+        if (window_metrics.count(name)) extra += "  " + name + " " + format_metric(window_metrics[name] / window_steps);
+      // The ETA of whichever ends the run first: the remaining steps or the time limit.
+      double left = per_step * double(to_.steps - step_);
+      const bool by_time = to_.time_limit_minutes > 0 && to_.time_limit_minutes * 60 - now < left;
+      if (by_time) left = std::max(0.0, to_.time_limit_minutes * 60 - now);
+      std::fprintf(stderr, "step %lld/%lld  loss %.4f%s  lr %.2e  %.1f samples/s  ETA %s%s\n", (long long)step_,
+                   (long long)to_.steps, window_loss / window_steps, extra.c_str(), lr, rate,
+                   format_duration(left).c_str(), by_time ? " (time limit)" : "");
       res.last_metrics["train/loss"] = window_loss / window_steps;
       window_loss = 0;
       window_steps = 0;

@@ -42,6 +42,7 @@ TEST(JepaRun, TrainsFromTheCommandLineAndLogsCollapseMetricsAndProbes) {
       dew::test::run_dew(kJepa + " --trainer.steps 4 --trainer.val_every 2 --trainer.checkpoint_every 2 --run " + dir);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("val/linear_acc"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("val/probe_train_items: "), std::string::npos) << r.output;  // what the probe saw
   std::ifstream f(fs::path(dir) / "metrics.jsonl");
   std::string line;
   int train_lines = 0, val_lines = 0;
@@ -80,6 +81,16 @@ TEST(JepaRun, TrainsFromTheCommandLineAndLogsCollapseMetricsAndProbes) {
   EXPECT_EQ(probes["pool"], "tokens");
   EXPECT_EQ(probes["knn_k"], 5);
   EXPECT_EQ(probes["knn_prep"], "none");
+  EXPECT_NE(r.output.find("written: " + written), std::string::npos) << r.output;  // the file, by name
+  {  // ... and a row of eval.jsonl holding the same record with the command that made it
+    std::ifstream log(fs::path(dir) / "eval.jsonl");
+    std::string line;
+    ASSERT_TRUE(std::getline(log, line));
+    const json row = json::parse(line);
+    EXPECT_EQ(row["command"], "dew eval " + dir + " --train-items 96");
+    EXPECT_EQ(row["file"], written);
+    EXPECT_EQ(row["rows"], probes["rows"]);
+  }
   r = dew::test::run_dew("eval " + dir + " --train-items 96 --probe-epochs 1 --pool mean --knn-k 3 --knn-prep center");
   ASSERT_EQ(r.code, 0) << r.output;
   probes = dew::test::read_json(written);

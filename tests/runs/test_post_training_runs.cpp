@@ -46,6 +46,11 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("val/reward/exact:"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("val/ce:"), std::string::npos) << r.output;
+  // The progress shows learning: the header says what ends the run, each validation prints its scores.
+  EXPECT_NE(r.output.find("training to step 6 or for 15 minutes, whichever ends first"), std::string::npos)
+      << r.output;  // the sft recipe's time limit
+  EXPECT_NE(r.output.find("step 3/6  validation: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("val/reward/exact "), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(tmp.path / "sft/samples/step_6.txt"));
 
   r = run_dew("pairs " + tmp.file("sft") + " --prompts " + sums +
@@ -54,11 +59,14 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   // A 6-step model is almost never right: nearly every prompt gets a pair (chosen = the answer).
   EXPECT_GE(count_lines(tmp.path / "pairs.jsonl"), 60) << r.output;
 
-  r = run_dew(
-      "train dpo --init_from " + tmp.file("sft") + " --data " + tmp.file("pairs.jsonl") + test +
-      " --objective.reference_logps precompute --trainer.steps 4 --trainer.val_every 0 --loader.batch_size 8 --run " +
-      tmp.file("dpo"));
+  r = run_dew("train dpo --init_from " + tmp.file("sft") + " --data " + tmp.file("pairs.jsonl") + test +
+              " --objective.reference_logps precompute --trainer.steps 4 --trainer.val_every 0 --loader.batch_size 8"
+              " --trainer.time_limit_minutes 60 --run " +
+              tmp.file("dpo"));
   ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("training to step 4 or for 60 minutes, whichever ends first"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4/4  loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  rewards/accuracies "), std::string::npos) << r.output;  // on the progress line
   std::ifstream m(tmp.path / "dpo/metrics.jsonl");
   bool logged = false;
   for (std::string s; std::getline(m, s);) logged = logged || s.find("train/rewards/accuracies") != std::string::npos;
@@ -81,6 +89,7 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
       " --objective.group_size 2 --objective.max_new_tokens 4 --trainer.steps 4 --trainer.val_every 0";
   r = run_dew("train grpo --init_from " + tmp.file("sft") + grpo + test + " --run " + tmp.file("grpo"));
   ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("  reward "), std::string::npos) << r.output;  // the sampled reward on the progress line
   // 4 steps, 2 per rollout: 2 rollouts of 4 prompts x 2 completions.
   EXPECT_EQ(count_lines(tmp.path / "grpo/rollouts.jsonl"), 16);
   const std::string metrics = slurp(tmp.path / "grpo/metrics.jsonl");
@@ -140,6 +149,13 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("reward/exact: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("<|assistant|>"), std::string::npos) << r.output;
+  {  // the scores, with the command that made them, in the run's eval.jsonl
+    const dew::json row = dew::json::parse(slurp(tmp.path / "grpo/eval.jsonl"));
+    EXPECT_EQ(row["command"], "dew eval " + tmp.file("grpo") + " --prompts " + sums +
+                                  "/test_prompts.jsonl --max-new-tokens 6 --samples 2");
+    EXPECT_TRUE(row.contains("reward/exact")) << row.dump();
+    EXPECT_EQ(row["weights"], "ema");
+  }
   r = run_dew("generate " + tmp.file("dpo") + " --prompt 'x' --max-new-tokens 3");
   EXPECT_EQ(r.code, 0) << r.output;
 }
