@@ -71,6 +71,7 @@ LossOutput DiffusionObjective::loss(const data::Batch& batch, int64_t step, at::
                                         caption_mask_.index_select(0, labels).to(device));
       c.context = enc.context;
       c.context_mask = enc.mask;
+      if (model_->takes_pooled()) c.pooled = enc.pooled;
     } else {
       c.labels = labels.to(device);
     }

@@ -85,6 +85,7 @@ at::Tensor sample_diffusion(BackboneImpl& model, const diffusion::DiffusionProce
       if (text) {
         c.context = enc.context.slice(0, 0, x.size(0));
         c.context_mask = enc.mask.slice(0, 0, x.size(0));
+        if (model.takes_pooled()) c.pooled = enc.pooled.slice(0, 0, x.size(0));
       }
       return model.forward(x, t, c);
     };

@@ -42,6 +42,9 @@ class BackboneImpl : public torch::nn::Module {
   /// True for models that cannot run without a text context (the MM-DiTs), so a run without a text
   /// encoder is refused before training starts.
   virtual bool requires_text() const { return false; }
+  /// True for models that read a pooled text vector (Conditioning::pooled: SD3, Flux): training and
+  /// sampling with a text encoder then pass its pooled output beside the per-token context.
+  virtual bool takes_pooled() const { return false; }
   /// The {architecture, fields} record the model was built from.
   const json& config() const { return config_; }
   void set_config(json c) { config_ = std::move(c); }
