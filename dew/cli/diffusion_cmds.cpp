@@ -57,6 +57,8 @@ int cmd_train(const std::vector<std::string>& args) {
             << "metrics:    " << dir.metrics() << "\n";
   if (!run.built.preview.empty()) std::cout << "preview:    " << dir.sample(res.step, run.built.preview) << "\n";
   std::cout << "steps:      " << res.step << (res.interrupted ? " (stopped early)" : "") << "\n";
+  if (res.stopped_by_signal)
+    std::cout << "stopped by a signal after step " << res.step << ", checkpointed; rerun the same command to resume\n";
   for (const auto& [k, v] : res.last_metrics)
     if (k.rfind("val/", 0) == 0) std::cout << k << ": " << v << "\n";
   return 0;
@@ -156,8 +158,11 @@ int cmd_eval(const std::vector<std::string>& args) {
     std::cout << eval_usage();
     return 0;
   }
+  // eval writes into the run (eval.jsonl, eval/): one writer at a time, as training is.
+  std::unique_ptr<io::FileLock> lock;
   // A JEPA run is probed, a language-model run scored on prompts; a diffusion run is sampled.
   if (!args.empty() && args[0].rfind("--", 0) != 0 && training::RunDir::holds_run(args[0])) {
+    lock = training::RunDir(args[0]).lock_for_writing();
     const std::string kind = runs::read_record(args[0]).value("kind", "");
     if (kind == "jepa") return cmd_eval_jepa(args);
     if (kind == "autoencoder") return cmd_eval_autoencoder(args);
@@ -176,6 +181,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   const int64_t count = f.get_int("count", 1000);
   if (!f.has("classifier")) {
     const std::string dir = f.positional[0];
+    if (!lock && training::RunDir::holds_run(dir)) lock = training::RunDir(dir).lock_for_writing();
     run = runs::open_diffusion_run(dir, open_options(f));
     // Fashion-MNIST padded to 32 x 32 (a latent run's VAE size) is cropped back for the classifier.
     const json data = run->record.value("data", json::object());

@@ -1,7 +1,11 @@
 #include "dew/io/files.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -64,6 +68,56 @@ void truncate_jsonl(const std::string& path, int64_t step) {
     }
   }
   write_file_atomic(path, kept);
+}
+
+namespace {
+
+// The PID written in a lock file (0 when it holds none yet).
+pid_t written_pid(int fd) {
+  char buf[32] = {0};
+  const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+  return n > 0 ? pid_t(std::strtol(buf, nullptr, 10)) : 0;
+}
+
+[[noreturn]] void fail_held(int fd, const std::string& path, const std::string& what, const std::string& advice) {
+  const pid_t pid = written_pid(fd);
+  ::close(fd);
+  fail(what, " is being written by ", pid > 0 ? "process " + std::to_string(pid) : std::string("another process"), " (",
+       path, "); ", advice);
+}
+
+}  // namespace
+
+FileLock::FileLock(const std::string& path, const std::string& what, const std::string& advice) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  DEW_CHECK(fd_ >= 0, what, ": cannot open the lock file \"", path, "\": ", std::strerror(errno));
+  int rc;
+  do rc = ::flock(fd_, LOCK_EX | LOCK_NB);
+  while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno, fd = fd_;
+    fd_ = -1;
+    if (err == EWOULDBLOCK) fail_held(fd, path, what, advice);
+    ::close(fd);
+    fail(what, ": cannot lock \"", path, "\": ", std::strerror(err));
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  const bool written = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) == ssize_t(pid.size());
+  (void)written;  // the PID only serves others' messages: without it the lock holds all the same
+}
+
+FileLock::~FileLock() {
+  if (fd_ < 0) return;
+  const int rc = ::ftruncate(fd_, 0);  // no stale PID; the file stays (removing it would race a new holder)
+  (void)rc;
+  ::close(fd_);  // releases the lock
+}
+
+void FileLock::check_free(const std::string& path, const std::string& what, const std::string& advice) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) fail_held(fd, path, what, advice);
+  ::close(fd);  // releases the shared lock it took
 }
 
 }  // namespace dew::io

@@ -24,4 +24,25 @@ void fsync_path(const std::string& path);
 /// step 0 empties the file). A missing file is left missing. Rewritten atomically.
 void truncate_jsonl(const std::string& path, int64_t step);
 
+/// An exclusive lock on the file `path` (created if missing), held until destruction: flock(2), which the
+/// kernel releases when the holder exits however it ends, so the lock of a killed process is free at once
+/// and is taken over without any clean-up. The holder writes its PID into the file for the message others
+/// get. Not inherited by child processes (close-on-exec).
+class FileLock {
+ public:
+  /// Takes the lock; when another process holds it, a dew::Error: "`what` is being written by process PID
+  /// (`path`); `advice`".
+  FileLock(const std::string& path, const std::string& what, const std::string& advice);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+  /// The same dew::Error as the constructor's when another process holds the lock on `path`; creates and
+  /// takes nothing (a check before expensive work; the constructor still decides).
+  static void check_free(const std::string& path, const std::string& what, const std::string& advice);
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace dew::io

@@ -121,6 +121,7 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   training::check_autocast(p.trainer.autocast, p.device);  // before the model is built
   const std::string dir = p.options.run;
   DEW_CHECK(!fs::exists(dir) || fs::is_directory(dir), "run: ", dir, " exists and is not a directory");
+  training::RunDir(dir).check_not_being_written();  // before the model is built
 
   {
     // Parameter initialisation draws from the default generators: from the run's seed, not the process.
@@ -151,6 +152,7 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
 training::TrainResult train(PreparedRun& p) {
   const std::string dir = p.options.run;
   fs::create_directories(dir);
+  const auto lock = training::RunDir(dir).lock_for_writing();  // one writer per run, released at exit
   io::write_file_atomic(training::RunDir(dir).record(), p.record.dump(2));
   if (!p.resumes && p.built.init_weights) p.built.init_weights();
   log::info(p.built.summary, ", ", p.trainer.steps, " steps, run ", dir, " on ", p.device.str());

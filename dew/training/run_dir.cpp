@@ -20,6 +20,18 @@ std::string RunDir::sample(int64_t step, const std::string& ext) const {
 std::string RunDir::eval_log() const { return (fs::path(path_) / "eval.jsonl").string(); }
 std::string RunDir::eval_dir() const { return (fs::path(path_) / "eval").string(); }
 
+std::string RunDir::lock() const { return (fs::path(path_) / "writer.lock").string(); }
+
+namespace {
+const char* kLockAdvice = "wait for it to end, stop it (Ctrl-C checkpoints and exits), or use another run directory";
+}
+
+std::unique_ptr<io::FileLock> RunDir::lock_for_writing() const {
+  return std::make_unique<io::FileLock>(lock(), "run " + path_, kLockAdvice);
+}
+
+void RunDir::check_not_being_written() const { io::FileLock::check_free(lock(), "run " + path_, kLockAdvice); }
+
 bool RunDir::holds_run(const std::string& path) {
   std::error_code ec;
   return fs::is_regular_file(RunDir(path).record(), ec);

@@ -7,13 +7,17 @@
 //   RUN/checkpoints/step_N/           model, ema, optimizer (+ objective) .safetensors and state.json
 //   RUN/samples/step_N.EXT            previews the objectives write during training (png, txt)
 //   RUN/eval.jsonl, RUN/eval/         what `dew eval` measured, one row per command
+//   RUN/writer.lock                   held by the one command writing the run (train, eval), with its PID
 //
 //   dew::training::RunDir run("runs/fashion");
 //   std::ifstream in(run.record());   // "runs/fashion/run.json"
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
+
+#include "dew/io/files.h"
 
 namespace dew::training {
 
@@ -38,6 +42,13 @@ class RunDir {
   std::string eval_log() const;
   /// RUN/eval: files `dew eval` writes beside its rows (JEPA's probes).
   std::string eval_dir() const;
+  /// RUN/writer.lock: the lock of the one command that writes the run (lock_for_writing).
+  std::string lock() const;
+  /// Takes the run's writer lock for the caller's lifetime: a second train or eval of the same run gets a
+  /// dew::Error naming the holder's PID. The directory must exist. Readers (sample, export) never lock.
+  std::unique_ptr<io::FileLock> lock_for_writing() const;
+  /// Fails, before any work, when another process holds the run's writer lock (nothing is created).
+  void check_not_being_written() const;
   /// Whether `path` holds a run record (RUN/run.json is a file).
   static bool holds_run(const std::string& path);
 

@@ -20,7 +20,14 @@ namespace dew::training {
 namespace {
 
 std::atomic<bool> g_stop{false};
-extern "C" void on_signal(int) { g_stop.store(true); }
+// The first SIGINT / SIGTERM asks the loop to checkpoint and return after the current step; a second one
+// stops the process at once, by the signal's default action.
+extern "C" void on_signal(int sig) {
+  if (g_stop.exchange(true)) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+}
 
 // Installs the handlers for the lifetime of fit() and restores the previous ones after.
 struct SignalScope {
@@ -330,8 +337,10 @@ TrainResult Trainer::fit() {
     const bool out_of_time = to_.time_limit_minutes > 0 && elapsed() > to_.time_limit_minutes * 60;
     if (to_.val_every > 0 && step_ % to_.val_every == 0 && step_ < to_.steps && !out_of_time) run_validation();
     if (stop_requested() || out_of_time) {
-      log::info(stop_requested() ? "signal received" : "time limit reached", ": checkpointing at step ", step_);
+      log::info(stop_requested() ? "signal received" : "time limit reached", ": checkpointing at step ", step_,
+                stop_requested() ? " (a second signal stops at once, without it)" : "");
       res.interrupted = true;
+      res.stopped_by_signal = stop_requested();
       break;
     }
     if (step_ % to_.checkpoint_every == 0 && step_ < to_.steps) res.last_checkpoint = save();

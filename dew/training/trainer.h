@@ -44,9 +44,10 @@ void check_autocast(const std::string& mode, const c10::Device& device);
 
 /// How a run ended.
 struct TrainResult {
-  int64_t step = 0;            // steps completed
-  int64_t bad_loss_steps = 0;  // non-finite losses skipped in total
-  bool interrupted = false;    // by SIGINT/SIGTERM or the time limit
+  int64_t step = 0;                // steps completed
+  int64_t bad_loss_steps = 0;      // non-finite losses skipped in total
+  bool interrupted = false;        // by SIGINT/SIGTERM or the time limit
+  bool stopped_by_signal = false;  // interrupted by SIGINT/SIGTERM
   std::string last_checkpoint;
   std::map<std::string, double> last_metrics;
 };
