@@ -78,13 +78,17 @@ json diffusion_defaults() {
 }
 
 // Fills the data-dependent model fields the architecture has: in/output channels, class count and the
-// width of the text context (a text run conditions on captions, so its model takes no labels).
+// width of the text context and pooled text vector (a text run conditions on captions, so its model takes no
+// labels).
 json complete_model_fields(const std::string& arch, json fields, int64_t channels, int64_t num_classes,
                            int64_t context_features) {
   for (const auto& f : models::registry().info(arch).fields) {
     if ((f.name == "in_channels" || f.name == "output_channels") && !fields.contains(f.name)) fields[f.name] = channels;
     if (f.name == "num_classes" && !fields.contains(f.name)) fields[f.name] = context_features > 0 ? 0 : num_classes;
     if (f.name == "context_features" && !fields.contains(f.name) && context_features > 0)
+      fields[f.name] = context_features;
+    // The text encoder's pooled vector has the context's width (SD3's pooled_projections).
+    if (f.name == "pooled_projection_dim" && !fields.contains(f.name) && context_features > 0)
       fields[f.name] = context_features;
   }
   return fields;

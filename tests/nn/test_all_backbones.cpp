@@ -32,6 +32,7 @@ struct Tiny {
   json fields;
   std::vector<int64_t> input;
   int64_t context = 0;
+  int64_t pooled = 0;
 };
 
 // Every family name: the denoisers', the language models' and the text encoders' registries.
@@ -55,9 +56,9 @@ std::vector<Tiny> tiny_models(dew::models::Role role = dew::models::Role::kDenoi
   for (const auto& name : family_names()) {
     const auto& f = dew::models::family(name);
     if (f.role != role) continue;
-    out.push_back({name, f.tiny.fields, f.tiny.input, f.tiny.context});
+    out.push_back({name, f.tiny.fields, f.tiny.input, f.tiny.context, f.tiny.pooled});
     if (variants)
-      for (const auto& v : f.variants) out.push_back({name, v.fields, v.input, v.context});
+      for (const auto& v : f.variants) out.push_back({name, v.fields, v.input, v.context, v.pooled});
   }
   return out;
 }
@@ -75,6 +76,7 @@ dew::Conditioning conditioning(const Tiny& t) {
     c.context = torch::randn({2, 5, t.context});
     c.context_mask = torch::tensor({1, 1, 1, 0, 0, 1, 1, 1, 1, 1}, at::kBool).view({2, 5});
   }
+  if (t.pooled > 0) c.pooled = torch::randn({2, t.pooled});  // models that read pooled text (takes_pooled)
   return c;
 }
 
@@ -251,7 +253,7 @@ TEST(AllBackbones, OutputsAreExactlyZeroAtInitWhereTheFamilyPromises) {
       SCOPED_TRACE(name + " " + c.fields.dump());
       auto m = dew::models::build(name, c.fields);
       auto batch = dew::test::fixed_batch(c.input, 17);
-      batch.cond = conditioning({name, c.fields, c.input, c.context});
+      batch.cond = conditioning({name, c.fields, c.input, c.context, c.pooled});
       torch::NoGradGuard ng;
       const auto y = m->forward(batch.x_t, batch.t, batch.cond);
       ASSERT_EQ(y.sizes().vec(), output_shape({name, c.fields, c.input, c.context}));
@@ -383,6 +385,7 @@ TEST(AllBackbones, ConditioningInputsAFamilyDoesNotTakeAreRefused) {
               }).find(t.arch + ": unknown conditioning input \"guidance\""),
               std::string::npos);
     batch.cond.extra.clear();
+    if (m->takes_pooled()) continue;  // pooled text is one of its inputs
     batch.cond.pooled = torch::ones({t.input[0], 4});
     EXPECT_NE(dew::test::error_of([&] { m->forward(batch.x_t, batch.t, batch.cond); }).find("takes no pooled"),
               std::string::npos);

@@ -65,7 +65,10 @@ TEST_P(ReferenceParity, EveryCaseObeysTheGoldenRuleInFloat32AndAgreesInFloat64) 
     // Every tensor of the checkpoint loaded, none left at initialisation.
     EXPECT_TRUE(model.report.unexpected.empty()) << model.report.summary();
     EXPECT_TRUE(model.report.kept.empty()) << model.report.summary();
-    EXPECT_EQ(model.report.loaded.size(), model.module->named_parameters().size()) << model.report.summary();
+    // Every parameter loaded (the loaded buffers a checkpoint carries, e.g. SD3's position table, come on top).
+    const std::set<std::string> loaded(model.report.loaded.begin(), model.report.loaded.end());
+    for (const auto& p : model.module->named_parameters())
+      EXPECT_TRUE(loaded.count(p.key())) << p.key() << " not loaded: " << model.report.summary();
     for (const auto& p : model.module->parameters()) ASSERT_EQ(p.scalar_type(), dtype);
     std::printf("%s: %s as %s (%s)\n", GetParam().c_str(), model.class_name.c_str(), model.family.c_str(),
                 dtype == at::kFloat ? "float32" : "float64");

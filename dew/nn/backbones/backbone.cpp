@@ -8,6 +8,7 @@
 #include "dew/nn/backbones/hybrid_dit.h"
 #include "dew/nn/backbones/jepa.h"
 #include "dew/nn/backbones/mmdit.h"
+#include "dew/nn/backbones/sd3_transformer.h"
 #include "dew/nn/backbones/simple_dit.h"
 #include "dew/nn/backbones/simple_udit.h"
 #include "dew/nn/backbones/unet.h"
@@ -261,6 +262,41 @@ Registry<BackboneImpl>& registry() {
           *r, "unet_2d_condition",
           "diffusers' UNet2DConditionModel (SD 1.x/2.x/SDXL): denoise latents on text, pooled/size and optional "
           "inpaint conditions",
+          std::move(f));
+    }
+    {
+      // Imported: diffusers' SD3Transformer2DModel, loading diffusers' names as they are (but for the last
+      // block's unused text queries, sd3_transformer_key_map). Variants: SD3.5's dual attention with qk
+      // rms_norm, qk layer_norm, a non-square grid cropped from the position table, and no stored table.
+      const json sd3 = {{"sample_size", 8},         {"patch_size", 2},       {"in_channels", 1},
+                        {"output_channels", 1},     {"num_layers", 2},       {"attention_head_dim", 4},
+                        {"num_attention_heads", 2}, {"context_features", 8}, {"pooled_projection_dim", 6},
+                        {"pos_embed_max_size", 6},  {"num_classes", 3}};
+      // Default PyTorch initialisation as diffusers': nothing is zero-initialised, the output is not zero.
+      Family f{denoiser, {sd3, {2, 1, 8, 8}, 8, /*zero_output_at_init=*/false, 6}, [](const json& c) {
+                 return nn::sd3_transformer_fields_from_diffusers(c);
+               }};
+      f.variants.push_back(
+          {with(with(sd3, rgb_to_2), {{"num_layers", 3}, {"dual_attention_layers", {0, 1}}, {"qk_norm", "rms_norm"}}),
+           {2, 3, 8, 8},
+           8,
+           false,
+           6});
+      f.variants.push_back({with(sd3, {{"qk_norm", "layer_norm"}}), {2, 1, 8, 8}, 8, false, 6});
+      f.variants.push_back({with(with(sd3, rgb), {{"pos_embed_max_size", 8}}), {2, 3, 8, 12}, 8, false, 6});
+      f.variants.push_back({with(sd3, {{"pos_embed_max_size", 0}}), {2, 1, 8, 12}, 8, false, 6});
+      f.reference_key_map = [](const json& fields, const io::WeightSource&) {
+        return nn::sd3_transformer_key_map(from_json<nn::SD3TransformerOptions>(fields));
+      };
+      f.reference_classes = {"SD3Transformer2DModel"};
+      DenoiserInputs in;
+      in.x = "hidden_states";
+      in.pooled = "pooled_projections";
+      f.reference_methods = {denoiser_forward(in)};
+      add_family<nn::SD3TransformerOptions, nn::SD3Transformer>(
+          *r, "sd3_transformer",
+          "diffusers' SD3Transformer2DModel (SD3 / SD3.5 MM-DiT): denoise latents on text states and a pooled text "
+          "vector (needs text)",
           std::move(f));
     }
     return r;
