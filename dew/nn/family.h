@@ -34,7 +34,8 @@ struct TinyConfig {
                                // predictors: [M, B, Kc, Kt] (target blocks, batch, context and target tokens)
   int64_t context = 0;         // denoisers: width of a text context (0: none)
   bool zero_output_at_init = true;  // denoisers: the output is exactly zero before training (zero-initialised heads)
-  int64_t pooled = 0;               // denoisers: width of a pooled text vector (0: none; SD3)
+  int64_t pooled = 0;               // denoisers: width of a pooled text vector (Conditioning::pooled; 0: none)
+  std::vector<std::string> extra = {};  // denoisers: named inputs [B] it needs (Conditioning::extra: Flux's guidance)
 };
 
 /// One method of a reference class as `dew forward` and the reference-parity suite run it (diffusers'

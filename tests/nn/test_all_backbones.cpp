@@ -33,6 +33,7 @@ struct Tiny {
   std::vector<int64_t> input;
   int64_t context = 0;
   int64_t pooled = 0;
+  std::vector<std::string> extra = {};
 };
 
 // Every family name: the denoisers', the language models' and the text encoders' registries.
@@ -56,9 +57,9 @@ std::vector<Tiny> tiny_models(dew::models::Role role = dew::models::Role::kDenoi
   for (const auto& name : family_names()) {
     const auto& f = dew::models::family(name);
     if (f.role != role) continue;
-    out.push_back({name, f.tiny.fields, f.tiny.input, f.tiny.context, f.tiny.pooled});
+    out.push_back({name, f.tiny.fields, f.tiny.input, f.tiny.context, f.tiny.pooled, f.tiny.extra});
     if (variants)
-      for (const auto& v : f.variants) out.push_back({name, v.fields, v.input, v.context, v.pooled});
+      for (const auto& v : f.variants) out.push_back({name, v.fields, v.input, v.context, v.pooled, v.extra});
   }
   return out;
 }
@@ -71,12 +72,14 @@ bool has_field(const std::string& arch, const std::string& field) {
 
 dew::Conditioning conditioning(const Tiny& t) {
   dew::Conditioning c;
-  c.labels = torch::tensor({0, 3}, at::kLong);  // a class and the null class
+  // a class and the null class, for models with labels
+  if (t.fields.value("num_classes", 0) > 0) c.labels = torch::tensor({0, 3}, at::kLong);
   if (t.context > 0) {
     c.context = torch::randn({2, 5, t.context});
     c.context_mask = torch::tensor({1, 1, 1, 0, 0, 1, 1, 1, 1, 1}, at::kBool).view({2, 5});
   }
-  if (t.pooled > 0) c.pooled = torch::randn({2, t.pooled});  // models that read pooled text (takes_pooled)
+  if (t.pooled > 0) c.pooled = torch::randn({2, t.pooled});
+  for (const auto& name : t.extra) c.extra[name] = torch::rand({2}) * 4;  // e.g. Flux dev's guidance scale
   return c;
 }
 
@@ -253,7 +256,7 @@ TEST(AllBackbones, OutputsAreExactlyZeroAtInitWhereTheFamilyPromises) {
       SCOPED_TRACE(name + " " + c.fields.dump());
       auto m = dew::models::build(name, c.fields);
       auto batch = dew::test::fixed_batch(c.input, 17);
-      batch.cond = conditioning({name, c.fields, c.input, c.context, c.pooled});
+      batch.cond = conditioning({name, c.fields, c.input, c.context, c.pooled, c.extra});
       torch::NoGradGuard ng;
       const auto y = m->forward(batch.x_t, batch.t, batch.cond);
       ASSERT_EQ(y.sizes().vec(), output_shape({name, c.fields, c.input, c.context}));
@@ -385,7 +388,7 @@ TEST(AllBackbones, ConditioningInputsAFamilyDoesNotTakeAreRefused) {
               }).find(t.arch + ": unknown conditioning input \"guidance\""),
               std::string::npos);
     batch.cond.extra.clear();
-    if (m->takes_pooled()) continue;  // pooled text is one of its inputs
+    if (m->takes_pooled()) continue;  // pooled text is one of its inputs (SD3, Flux)
     batch.cond.pooled = torch::ones({t.input[0], 4});
     EXPECT_NE(dew::test::error_of([&] { m->forward(batch.x_t, batch.t, batch.cond); }).find("takes no pooled"),
               std::string::npos);

@@ -4,6 +4,7 @@
 
 #include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/causal_transformer.h"
+#include "dew/nn/backbones/flux_transformer.h"
 #include "dew/nn/backbones/hierarchical_mmdit.h"
 #include "dew/nn/backbones/hybrid_dit.h"
 #include "dew/nn/backbones/jepa.h"
@@ -297,6 +298,28 @@ Registry<BackboneImpl>& registry() {
           *r, "sd3_transformer",
           "diffusers' SD3Transformer2DModel (SD3 / SD3.5 MM-DiT): denoise latents on text states and a pooled text "
           "vector (needs text)",
+          std::move(f));
+    }
+    {
+      // Imported: diffusers' FluxTransformer2DModel from its config.json, its names as they are. The tiny one is
+      // schnell-like (no guidance embedding), with the pooled text of the context's width; variants: FLUX.1
+      // dev's guidance embedding, and a non-square grid with other channel counts and two blocks of each kind.
+      const json flux = {{"in_channels", 1},           {"output_channels", 1},    {"context_features", 8},
+                         {"pooled_projection_dim", 8}, {"num_layers", 1},         {"num_single_layers", 1},
+                         {"num_attention_heads", 2},   {"attention_head_dim", 8}, {"axes_dims_rope", {2, 2, 4}}};
+      Family f{denoiser, {flux, {2, 1, 8, 8}, 8, /*zero_output_at_init=*/false, /*pooled=*/8}, [](const json& c) {
+                 return nn::flux_transformer_fields_from_diffusers(c);
+               }};
+      f.variants.push_back({with(flux, {{"guidance_embeds", true}}), {2, 1, 8, 8}, 8, false, 8, {"guidance"}});
+      f.variants.push_back(
+          {with(with(flux, rgb_to_2), {{"num_layers", 2}, {"num_single_layers", 2}}), {2, 3, 6, 10}, 8, false, 8});
+      f.reference_key_map = [](const json&, const io::WeightSource&) { return io::KeyMap(); };
+      f.reference_classes = {"FluxTransformer2DModel"};
+      f.reference_methods = {nn::flux_transformer_forward_method()};
+      add_family<nn::FluxTransformerOptions, nn::FluxTransformer>(
+          *r, "flux_transformer",
+          "diffusers' FluxTransformer2DModel (FLUX.1 dev / schnell): packed 2x2 latents, double- and single-stream "
+          "blocks, 3-axis RoPE (needs text and pooled text)",
           std::move(f));
     }
     return r;
