@@ -17,7 +17,8 @@ std::string forward_usage() {
          "                   [--dtype float32|float64] [--device D]\n"
          "\n"
          "Loads one diffusers model folder (config.json + diffusion_pytorch_model.safetensors or model.safetensors,\n"
-         "single or sharded, fp32/fp16/bf16) as the dew family of its _class_name (or --class), runs a method\n"
+         "single or sharded, fp32/fp16/bf16) as the dew family of its _class_name (transformers' text encoders:\n"
+         "architectures[0]; or --class), runs a method\n"
          "(--method; the first listed by default) on the tensors of IN named as the diffusers arguments and writes\n"
          "the results to OUT:\n" +
          interop::diffusers_usage() +

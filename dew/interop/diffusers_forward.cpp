@@ -50,6 +50,17 @@ const std::string& family_of(const std::string& class_name) {
 
 }  // namespace
 
+std::string reference_class_of(const json& config) {
+  if (!config.is_object()) return "";
+  if (config.contains("_class_name") && config["_class_name"].is_string())
+    return config["_class_name"].get<std::string>();
+  // transformers writes the model class as the first (usually only) entry of "architectures".
+  if (config.contains("architectures") && config["architectures"].is_array() && !config["architectures"].empty() &&
+      config["architectures"][0].is_string())
+    return config["architectures"][0].get<std::string>();
+  return "";
+}
+
 const std::map<std::string, std::string>& diffusers_classes() {
   // Every family of the table that names a diffusers reference class (those with reference methods).
   static const std::map<std::string, std::string> classes = [] {
@@ -86,9 +97,11 @@ DiffusersModel load_diffusers_folder(const std::string& folder, const DiffusersL
   m.device = options.device;
   m.class_name = options.class_name;
   if (m.class_name.empty()) {
-    DEW_CHECK(config.contains("_class_name") && config["_class_name"].is_string(), folder,
-              "/config.json: no \"_class_name\"; pass the class (accepted: ", class_list(), ")");
-    m.class_name = config["_class_name"].get<std::string>();
+    m.class_name = reference_class_of(config);
+    DEW_CHECK(!m.class_name.empty(), folder,
+              "/config.json: no \"_class_name\" (diffusers) or \"architectures\" (transformers); pass the class "
+              "(accepted: ",
+              class_list(), ")");
   }
   DEW_CHECK(diffusers_classes().count(m.class_name), folder, ": class \"", m.class_name,
             "\" is not supported; accepted: ", class_list());

@@ -1,7 +1,7 @@
 // diffusers model folders (docs/stable_diffusion.md): one component folder of a diffusers pipeline —
-// config.json with its `_class_name` and the weights (diffusion_pytorch_model.safetensors or
-// model.safetensors, single or sharded with an index, fp32 / fp16 / bf16) — loaded as the dew family of
-// that class, and run on tensors named as the diffusers forward arguments.
+// config.json with its `_class_name` (transformers' text encoders: `architectures`) and the weights
+// (diffusion_pytorch_model.safetensors or model.safetensors, single or sharded with an index, fp32 / fp16 /
+// bf16) — loaded as the dew family of that class, and run on tensors named as the diffusers forward arguments.
 //
 //   auto vae = dew::interop::load_diffusers_folder("sd15/vae");                 // AutoencoderKL
 //   auto out = dew::interop::diffusers_forward(vae, {{"sample", x}}, "encode");  // latent_mean, latent_logvar
@@ -33,9 +33,13 @@ namespace dew::interop {
 /// UNet2DConditionModel -> unet_2d_condition).
 const std::map<std::string, std::string>& diffusers_classes();
 
+/// The reference class a component's config.json names: diffusers' `_class_name`, else transformers'
+/// `architectures[0]` (a text encoder folder: T5EncoderModel, CLIPTextModelWithProjection); "" when neither.
+std::string reference_class_of(const json& config);
+
 /// How to load a folder.
 struct DiffusersLoadOptions {
-  /// the diffusers class; "" = the config's `_class_name`
+  /// the reference class; "" = the config's (reference_class_of)
   std::string class_name;
   /// float32, or float64: the whole model in float64 (parameters loaded straight into float64)
   at::ScalarType dtype = at::kFloat;

@@ -131,9 +131,21 @@ std::pair<Tensor, Tensor> ClipTextImpl::tokenize(const std::vector<std::string>&
 TextEncoding ClipTextImpl::forward(const Tensor& ids, const Tensor& mask_in) { return forward_hidden(ids, mask_in, 0); }
 
 TextEncoding ClipTextImpl::forward_hidden(const Tensor& ids, const Tensor& mask_in, int64_t from_end) {
+  DEW_CHECK(from_end >= 0 && from_end < options.num_hidden_layers(), "clip_text: from_end must be in [0, ",
+            options.num_hidden_layers(), "), got ", from_end);
+  TextEncoding e;
+  const Outputs out = run(ids, mask_in, from_end, &e.mask);
+  e.context = from_end > 0 ? out.penultimate_hidden_state : out.last_hidden_state;
+  e.pooled = text_projection ? out.text_embeds : out.pooler_output;
+  return e;
+}
+
+ClipTextImpl::Outputs ClipTextImpl::forward_outputs(const Tensor& ids, const Tensor& mask_in) {
+  return run(ids, mask_in, options.num_hidden_layers() >= 2 ? 1 : 0, nullptr);
+}
+
+ClipTextImpl::Outputs ClipTextImpl::run(const Tensor& ids, const Tensor& mask_in, int64_t from_end, Tensor* mask_out) {
   const auto& o = options;
-  DEW_CHECK(from_end >= 0 && from_end < o.num_hidden_layers(), "clip_text: from_end must be in [0, ",
-            o.num_hidden_layers(), "), got ", from_end);
   DEW_CHECK(ids.defined(), "clip_text: ids are undefined");
   DEW_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, "clip_text: ids must be [B, S] int64, got ", ids.sizes(),
             " ", ids.scalar_type());
@@ -149,13 +161,18 @@ TextEncoding ClipTextImpl::forward_hidden(const Tensor& ids, const Tensor& mask_
   DEW_CHECK(mask.scalar_type() == at::kBool && mask.sizes() == ids.sizes(), "clip_text: mask must be bool ",
             ids.sizes(), " like ids, got ", mask.scalar_type(), " ", mask.sizes());
   mask = mask.to(ids.device());
+  if (mask_out) *mask_out = mask;
 
+  // A model moved to float64 (a float64 reference run) computes in float64 throughout; else in `dtype`, with
+  // float32 outputs.
+  const bool f64 = token_embedding->weight.scalar_type() == at::kDouble;
+  const at::ScalarType dt = f64 ? at::kDouble : dtype_, out_dt = f64 ? at::kDouble : at::kFloat;
   Tensor h = at::embedding(token_embedding->weight, ids) + position_embedding->weight.narrow(0, 0, s).unsqueeze(0);
-  h = h.to(dtype_);
+  h = h.to(dt);
   // Causal attention restricted to real keys, as CLIPTextTransformer's causal + padding masks.
   const Tensor causal = at::ones({s, s}, ids.options().dtype(at::kBool)).tril();
   const Tensor m4 = causal.view({1, 1, s, s}).logical_and(mask.view({b, 1, 1, s}));
-  Tensor hidden;  // the state after layer L - from_end (from_end >= 1)
+  Outputs out;
   for (size_t i = 0; i < layer_list.size(); ++i) {
     auto& layer = layer_list[i];
     if (o.remat()) {
@@ -163,19 +180,16 @@ TextEncoding ClipTextImpl::forward_hidden(const Tensor& ids, const Tensor& mask_
     } else {
       h = layer(h, m4);
     }
-    if (from_end > 0 && int64_t(i) + 1 == o.num_hidden_layers() - from_end) hidden = h.to(at::kFloat);
+    if (from_end > 0 && int64_t(i) + 1 == o.num_hidden_layers() - from_end) out.penultimate_hidden_state = h.to(out_dt);
   }
-  Tensor out =
-      at::layer_norm(h.to(at::kFloat), {d}, final_layer_norm->weight, final_layer_norm->bias, o.layer_norm_eps());
+  out.last_hidden_state =
+      at::layer_norm(h.to(out_dt), {d}, final_layer_norm->weight, final_layer_norm->bias, o.layer_norm_eps());
   // transformers' rule (CLIPTextTransformer.forward): eos_token_id 2 marks OpenAI's old configs, pooled at
   // argmax(ids) (the eot id is the largest); else at the first eos_token_id (position 0 when there is none).
   const Tensor index = o.eos_token_id() == 2 ? ids.argmax(-1) : ids.eq(o.eos_token_id()).to(at::kInt).argmax(-1);
-  TextEncoding e;
-  e.context = from_end > 0 ? hidden : out;
-  e.mask = mask;
-  e.pooled = out.gather(1, index.view({b, 1, 1}).expand({b, 1, d})).squeeze(1);
-  if (text_projection) e.pooled = at::linear(e.pooled, text_projection->weight);
-  return e;
+  out.pooler_output = out.last_hidden_state.gather(1, index.view({b, 1, 1}).expand({b, 1, d})).squeeze(1);
+  if (text_projection) out.text_embeds = at::linear(out.pooler_output, text_projection->weight);
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------------------

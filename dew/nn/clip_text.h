@@ -90,12 +90,21 @@ class ClipTextImpl : public TextEncoderImpl {
   /// Needs the `tokenizer` field: [bos, ..., eos, pad...] of length max_position_embeddings.
   std::pair<at::Tensor, at::Tensor> tokenize(const std::vector<std::string>& texts) const override;
   /// ids: [B, S] int64 in [0, vocab_size), S <= max_position_embeddings; mask: [B, S] bool (undefined =
-  /// all real). context = last_hidden_state (float32, not zeroed at padding), pooled as described above.
+  /// all real). context = last_hidden_state (float32, or float64 for a float64 model; not zeroed at padding),
+  /// pooled as described above.
   TextEncoding forward(const at::Tensor& ids, const at::Tensor& mask) override;
   /// forward with the context taken `from_end` layers before the end: 0 = last_hidden_state (after the
   /// final LayerNorm), k >= 1 = transformers' hidden_states[-(k + 1)], the output of layer L - k without the
   /// final norm (SDXL's prompt embeddings are hidden_states[-2], k = 1). pooled is unchanged.
   TextEncoding forward_hidden(const at::Tensor& ids, const at::Tensor& mask, int64_t from_end);
+  /// transformers' outputs of one forward: last_hidden_state [B, S, D], pooler_output [B, D] (the pooled
+  /// state before text_projection), text_embeds [B, projection_dim] (CLIPTextModelWithProjection; undefined
+  /// without a projection) and hidden_states[-2], the output of the last layer but one (undefined with fewer
+  /// than 2 layers). Float32, or float64 for a float64 model.
+  struct Outputs {
+    at::Tensor last_hidden_state, pooler_output, text_embeds, penultimate_hidden_state;
+  };
+  Outputs forward_outputs(const at::Tensor& ids, const at::Tensor& mask);
   int64_t features() const override { return options.hidden_size(); }
   /// The tokenizer, or null when none is configured.
   const data::ClipTokenizer* clip_tokenizer() const { return tokenizer_.get(); }
@@ -109,6 +118,10 @@ class ClipTextImpl : public TextEncoderImpl {
   torch::nn::Linear text_projection{nullptr};  // projection_dim > 0 only
 
  private:
+  /// One forward: last_hidden_state, pooler_output, text_embeds, and in penultimate_hidden_state the output of
+  /// layer L - from_end (from_end >= 1; undefined for 0). `mask_out` (optional) receives the mask used.
+  Outputs run(const at::Tensor& ids, const at::Tensor& mask, int64_t from_end, at::Tensor* mask_out);
+
   at::ScalarType dtype_ = at::kFloat;
   std::shared_ptr<const data::ClipTokenizer> tokenizer_;
 };

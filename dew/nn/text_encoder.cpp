@@ -7,6 +7,7 @@
 #include "dew/core/device.h"
 #include "dew/core/error.h"
 #include "dew/nn/clip_text.h"
+#include "dew/nn/t5_encoder.h"
 
 namespace dew {
 
@@ -19,6 +20,65 @@ TextEncoding TextEncoderImpl::encode(const std::vector<std::string>& texts) {
 }
 
 namespace text_encoders {
+
+namespace {
+
+// The reference inputs of transformers' text models: input_ids (any integer type) and the optional
+// attention_mask (1 = real token, any numeric or bool type).
+std::pair<Tensor, Tensor> text_model_inputs(const std::map<std::string, Tensor>& inputs, const std::string& where) {
+  const Tensor ids = inputs.at("input_ids");
+  DEW_CHECK(!at::isFloatingType(ids.scalar_type()) && ids.dim() == 2, where,
+            ": input_ids must be [B, S] integers, got ", ids.sizes(), " ", ids.scalar_type());
+  const auto it = inputs.find("attention_mask");
+  Tensor mask;
+  if (it != inputs.end()) {
+    DEW_CHECK(it->second.sizes() == ids.sizes(), where, ": attention_mask must be ", ids.sizes(),
+              " like input_ids, got ", it->second.sizes());
+    mask = it->second.ne(0);
+  }
+  return {ids.to(at::kLong), mask};
+}
+
+// CLIPTextModel / CLIPTextModelWithProjection forward: the outputs of both classes (pooler_output is the text
+// model's pooled state, text_embeds its projection where the class has one) and hidden_states[-2], the states
+// SDXL and SD3 condition on.
+models::ReferenceMethod clip_forward() {
+  models::ReferenceMethod m;
+  m.name = "forward";
+  m.required = {"input_ids"};
+  m.optional = {"attention_mask"};
+  // text_embeds only where the class has a projection, penultimate_hidden_state only with 2 layers or more.
+  m.outputs = {"last_hidden_state", "pooler_output", "text_embeds", "penultimate_hidden_state"};
+  m.run = [](torch::nn::Module& module, const std::map<std::string, Tensor>& inputs, const std::string& where) {
+    auto* clip = dynamic_cast<nn::ClipTextImpl*>(&module);
+    DEW_CHECK(clip, where, ": the model is not a clip_text encoder");
+    const auto [ids, mask] = text_model_inputs(inputs, where);
+    const auto o = clip->forward_outputs(ids, mask);
+    std::map<std::string, Tensor> out{{"last_hidden_state", o.last_hidden_state}, {"pooler_output", o.pooler_output}};
+    if (o.text_embeds.defined()) out["text_embeds"] = o.text_embeds;
+    if (o.penultimate_hidden_state.defined()) out["penultimate_hidden_state"] = o.penultimate_hidden_state;
+    return out;
+  };
+  return m;
+}
+
+// T5EncoderModel forward: input_ids [, attention_mask] -> last_hidden_state.
+models::ReferenceMethod t5_forward() {
+  models::ReferenceMethod m;
+  m.name = "forward";
+  m.required = {"input_ids"};
+  m.optional = {"attention_mask"};
+  m.outputs = {"last_hidden_state"};
+  m.run = [](torch::nn::Module& module, const std::map<std::string, Tensor>& inputs, const std::string& where) {
+    auto* t5 = dynamic_cast<nn::T5EncoderImpl*>(&module);
+    DEW_CHECK(t5, where, ": the model is not a t5_encoder");
+    const auto [ids, mask] = text_model_inputs(inputs, where);
+    return std::map<std::string, Tensor>{{"last_hidden_state", t5->last_hidden_state(ids, mask)}};
+  };
+  return m;
+}
+
+}  // namespace
 
 Registry<TextEncoderImpl>& registry() {
   // Built on first use; every entry records the full field set it was built with, defaults included.
@@ -37,6 +97,15 @@ Registry<TextEncoderImpl>& registry() {
         [](const nn::ClipTextOptions& o) -> TextEncoderPtr {
           auto m = nn::ClipText(o).ptr();
           m->set_config({{"architecture", "clip_text"}, {"fields", to_json(o)}});
+          return m;
+        });
+    r->add<nn::T5EncoderOptions>(
+        "t5_encoder",
+        "T5 encoder (transformers' T5EncoderModel names: SD3's text_encoder_3, Flux's text_encoder_2; "
+        "SentencePiece tokenizer); pooled = masked mean",
+        [](const nn::T5EncoderOptions& o) -> TextEncoderPtr {
+          auto m = nn::T5Encoder(o).ptr();
+          m->set_config({{"architecture", "t5_encoder"}, {"fields", to_json(o)}});
           return m;
         });
     // Tiny configurations for the shared family suite: 3 captions of up to 12 tokens.
@@ -63,8 +132,30 @@ Registry<TextEncoderImpl>& registry() {
     clip.reference_key_map = [](const json&, const io::WeightSource& source) {
       return nn::clip_text_key_map(nn::is_whole_clip(source));
     };
+    clip.reference_classes = {"CLIPTextModel", "CLIPTextModelWithProjection"};
+    clip.reference_methods = {clip_forward()};
     clip.build = builder("clip_text");
     models::add_family_info("clip_text", std::move(clip));
+    models::Family t5(Role::kTextEncoder,
+                      {{{"vocab_size", 40},
+                        {"d_model", 16},
+                        {"d_kv", 8},
+                        {"d_ff", 32},
+                        {"num_layers", 2},
+                        {"num_heads", 2},
+                        {"relative_attention_num_buckets", 8},
+                        {"relative_attention_max_distance", 16},
+                        {"feed_forward_proj", "gated-gelu"},
+                        {"max_length", 12}},
+                       {3, 12}},
+                      [](const json& c) { return to_json(nn::t5_encoder_options_from_hf(c)); });
+    t5.reference_key_map = [](const json&, const io::WeightSource& source) {
+      return nn::t5_encoder_key_map(source.contains("shared.weight"));
+    };
+    t5.reference_classes = {"T5EncoderModel"};
+    t5.reference_methods = {t5_forward()};
+    t5.build = builder("t5_encoder");
+    models::add_family_info("t5_encoder", std::move(t5));
     return r;
   }();
   return *r;

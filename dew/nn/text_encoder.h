@@ -1,5 +1,6 @@
 // Text encoders (docs/core.md, docs/backbones.md: text conditioning is a context [B, L, D_text] with a mask) and the
-// `text_encoders` registry: a trainable byte-level encoder and the CLIP text encoder (dew/nn/clip_text.h).
+// `text_encoders` registry: a trainable byte-level encoder, the CLIP text encoder (dew/nn/clip_text.h) and the T5
+// encoder (dew/nn/t5_encoder.h).
 //
 //   auto enc = dew::text_encoders::build("byte_text_encoder", {{"features", 128}});
 //   dew::TextEncoding e = enc->encode({"a red square", ""});   // "" is the unconditional caption
@@ -54,7 +55,7 @@ using TextEncoderPtr = std::shared_ptr<TextEncoderImpl>;
 
 namespace text_encoders {
 
-/// Every registered text encoder: "byte_text_encoder", "clip_text".
+/// Every registered text encoder: "byte_text_encoder", "clip_text", "t5_encoder".
 Registry<TextEncoderImpl>& registry();
 /// Builds encoder `name` from its fields and records {architecture, fields} as its config.
 TextEncoderPtr build(const std::string& name, const json& fields);

@@ -1,7 +1,7 @@
 // `dew forward DIR --inputs IN --out OUT` on the diffusers golden folders (tests/golden/sd/): the VAE's encode
 // and decode written to a file and compared with diffusers' outputs by the golden rule (float32) and against
-// its float64 run (--dtype float64); the UNets' forward; missing / extra inputs and unknown classes exit 2
-// with one line naming them.
+// its float64 run (--dtype float64); the UNets' forward; transformers' text encoder folders (T5, CLIP-G) found by
+// their "architectures"; missing / extra inputs and unknown classes exit 2 with one line naming them.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -78,6 +78,28 @@ TEST(ForwardCli, RunsTheUNetFoldersOnDiffusersArguments) {
   }
 }
 
+TEST(ForwardCli, RunsTransformersTextEncoderFoldersByTheirArchitectures) {
+  // config.json has transformers' "architectures" instead of "_class_name": T5EncoderModel, and CLIP-G as
+  // CLIPTextModelWithProjection.
+  dew::test::TempDir dir("forward_text_encoders");
+  for (const std::string name : {"t5_v1_1", "clip_g"}) {
+    SCOPED_TRACE(name);
+    const std::string folder = std::string(DEW_SOURCE_DIR) + "/tests/golden/text_encoders/" + name;
+    const auto io = dew::io::load_safetensors(folder + "/io.safetensors");
+    dew::io::save_safetensors(dir.file("in.safetensors"),
+                              {{"input_ids", io.at("input_ids")}, {"attention_mask", io.at("attention_mask")}});
+    const auto r = run_dew("forward " + folder + " --inputs " + dir.file("in.safetensors") + " --out " +
+                           dir.file("out.safetensors"));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto out = dew::io::load_safetensors(dir.file("out.safetensors"));
+    dew::test::expect_golden(name + " last_hidden_state", out.at("last_hidden_state"), io.at("last_hidden_state_f32"),
+                             io.at("last_hidden_state_f64"));
+    if (name == "clip_g")
+      dew::test::expect_golden(name + " text_embeds", out.at("text_embeds"), io.at("text_embeds_f32"),
+                               io.at("text_embeds_f64"));
+  }
+}
+
 TEST(ForwardCli, MissingAndExtraInputsAreOneLineNamingThem) {
   dew::test::TempDir dir("forward_errors");
   const auto io = dew::test::golden("sd/vae/io.safetensors");
@@ -100,9 +122,11 @@ TEST(ForwardCli, MissingAndExtraInputsAreOneLineNamingThem) {
   r = run_dew(base + " --class StableCascadeUNet");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
-  // every class of the family table, sorted (AutoencoderKL first)
-  EXPECT_NE(r.output.find("accepted: AutoencoderKL, "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("UNet2DConditionModel"), std::string::npos) << r.output;
+  // Every class of the family table is listed (sorted), transformers' text encoders among them.
+  EXPECT_NE(r.output.find("accepted: AutoencoderKL, CLIPTextModel, CLIPTextModelWithProjection, "), std::string::npos)
+      << r.output;
+  for (const char* cls : {"FluxTransformer2DModel", "SD3Transformer2DModel", "T5EncoderModel", "UNet2DConditionModel"})
+    EXPECT_NE(r.output.find(cls), std::string::npos) << cls << ": " << r.output;
   r = run_dew(base + " --dtype float16");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("accepted: float32, float64"), std::string::npos) << r.output;
@@ -120,11 +144,14 @@ TEST(ForwardCli, MissingAndExtraInputsAreOneLineNamingThem) {
         "class_labels, time_ids] -> sample",
         "SD3Transformer2DModel (sd3_transformer)",
         "forward: hidden_states, timestep, encoder_hidden_states [, pooled_projections] -> sample",
-        
         "AutoencoderKL (autoencoder_kl)", "encode: sample -> latent_mean, latent_logvar", "tiled_decode: z -> sample",
         "FluxTransformer2DModel (flux_transformer)",
         "forward: hidden_states, encoder_hidden_states, pooled_projections, timestep, img_ids, txt_ids [, guidance] "
-        "-> sample"})
+        "-> sample",
+        "CLIPTextModelWithProjection (clip_text)",
+        "forward: input_ids [, attention_mask] -> last_hidden_state, pooler_output, text_embeds, "
+        "penultimate_hidden_state",
+        "T5EncoderModel (t5_encoder)", "forward: input_ids [, attention_mask] -> last_hidden_state"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
 }
 

@@ -1,9 +1,9 @@
 // The reference-parity suite: every golden model folder under tests/golden/ (config.json with its
-// `_class_name`, the reference's weights, io.safetensors with the inputs and the reference's float32 and
-// float64 outputs, and parity.json naming the cases) is loaded as a user's folder through the family table
-// (interop::load_diffusers_folder) and run through the generic forward (interop::diffusers_forward, what
-// `dew forward` runs). Each output obeys rms(dew - f64) <= 2 rms(ref_f32 - f64); a float64 load agrees with
-// the float64 truth to the folder's float64_rel. A family with a reference class and a golden folder but no
+// `_class_name` or transformers' `architectures`, the reference's weights, io.safetensors with the inputs and
+// the reference's float32 and float64 outputs, and parity.json naming the cases) is loaded as a user's folder
+// through the family table (interop::load_diffusers_folder) and run through the generic forward
+// (interop::diffusers_forward, what `dew forward` runs). Each output obeys rms(dew - f64) <= 2 rms(ref_f32 -
+// f64); a float64 load agrees with the float64 truth to the folder's float64_rel. A family with a reference class and a golden folder but no
 // passing case fails here, and so does a golden folder without parity.json.
 #include <gtest/gtest.h>
 
@@ -107,9 +107,11 @@ INSTANTIATE_TEST_SUITE_P(Golden, ReferenceParity, ::testing::ValuesIn(golden_fol
                          });
 
 TEST(ReferenceParitySuite, EveryReferenceClassOfTheFamilyTableHasAGoldenFolder) {
-  // A family that imports a diffusers class is covered by at least one golden folder of that class.
+  // A family that imports a diffusers (or transformers) class is covered by at least one golden folder of that
+  // class.
   std::set<std::string> covered;
-  for (const auto& f : golden_folders()) covered.insert(read_json(kGolden / f / "config.json").at("_class_name"));
+  for (const auto& f : golden_folders())
+    covered.insert(dew::interop::reference_class_of(read_json(kGolden / f / "config.json")));
   for (const auto& [cls, family] : dew::interop::diffusers_classes())
     EXPECT_TRUE(covered.count(cls)) << cls << " (" << family << ") has no golden folder under tests/golden/";
   EXPECT_EQ(covered.size(), dew::interop::diffusers_classes().size());

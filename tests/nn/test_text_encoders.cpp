@@ -245,7 +245,8 @@ TEST(TextEncoders, ByteErrors) {
 TEST(TextEncoders, RegistryRoundTrip) {
   for (const auto& [name, fields] : std::vector<std::pair<std::string, json>>{
            {"byte_text_encoder", {{"features", 32}, {"num_layers", 1}, {"max_length", 16}}},
-           {"clip_text", dew::to_json(tiny_clip())}}) {
+           {"clip_text", dew::to_json(tiny_clip())},
+           {"t5_encoder", {{"vocab_size", 100}, {"d_model", 16}, {"d_kv", 8}, {"d_ff", 32}, {"num_layers", 2}}}}) {
     torch::manual_seed(5);
     auto a = dew::text_encoders::build(name, fields);
     const json record = a->config();
@@ -269,7 +270,7 @@ TEST(TextEncoders, RegistryRoundTrip) {
             }).find("unknown key"),
             std::string::npos);
   auto names = dew::text_encoders::registry().names();
-  EXPECT_EQ(names, (std::vector<std::string>{"byte_text_encoder", "clip_text"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"byte_text_encoder", "clip_text", "t5_encoder"}));
 }
 
 // ---------------------------------------------------------------------------------------------------------
