@@ -1,42 +1,32 @@
 """Chat-template goldens: the real Jinja chat templates of Llama 3, Llama 3.1, Qwen2.5, Qwen3 and Gemma 3
-(tests/golden/chat/templates/, sources in the README there) rendered with Debian's python3-jinja2 the way
-transformers' `apply_chat_template` renders them. Not run by CI; rerun by hand:
+(tests/golden/chat/templates/, sources in the README there) rendered by the installed transformers (5.25.0,
+requirements.txt) exactly as `apply_chat_template` renders them. Not run by CI; rerun by hand:
 
-    /usr/bin/python3 tests/golden/chat_reference.py
+    .venv/bin/python tests/golden/chat_reference.py
 
 Writes tests/golden/chat/renderings.json: every case (conversation, template, add_generation_prompt, extra
-template keyword arguments) with the string Jinja renders, or the error the template raises.
+template keyword arguments) with the string the template renders, or the error it raises.
 
-The environment is transformers' `_compile_jinja_template` (src/transformers/utils/chat_template_utils.py,
-huggingface/transformers 5e43e2e892453b405ce6d2cb94387b3a3213f30a):
+The renderer is transformers' own `render_jinja_template` (transformers/utils/chat_template_utils.py), the
+function `PreTrainedTokenizerBase.apply_chat_template` calls, with `template_kwargs = {**special_tokens_map,
+**kwargs}` as apply_chat_template builds them (tools None, documents None, no continue_final_message, no
+assistant mask). Its environment is `_compile_jinja_template`'s: ImmutableSandboxedEnvironment(trim_blocks,
+lstrip_blocks, AssistantTracker + loopcontrols), tojson with ensure_ascii=False, raise_exception, strftime_now,
+dict and a namespace that refuses underscore names. The special tokens are those of the models'
+tokenizer_config.json (only bos_token is read by the templates).
 
-    ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                  extensions=[AssistantTracker, jinja2.ext.loopcontrols])
-    filters["tojson"] = json.dumps(x, ensure_ascii=False, indent=..., separators=..., sort_keys=...)
-    globals["raise_exception"] raises jinja2.exceptions.TemplateError(message)
-    globals["strftime_now"] = datetime.now().strftime(format)
-
-and the call is `compiled.render(messages=chat, tools=None, documents=None, add_generation_prompt=...,
-**template_kwargs)` with `template_kwargs = {**tokenizer.special_tokens_map, **kwargs}`
-(tokenization_utils_base.apply_chat_template). AssistantTracker only implements the `{% generation %}` tag,
-which none of these templates uses, so it is left out here. `strftime_now` is pinned to 2026-12-01 so that a
-rerun writes the same file; none of the committed templates calls it (Llama 3.1's template prints
-"Today Date: 26 Jul 2024" unless the caller passes `date_string`; only Llama 3.2 and later read the clock).
-The special tokens are those of the models' tokenizer_config.json (only bos_token is read by the templates).
-
-Set DEW_TRANSFORMERS_CHAT_UTILS to a copy of that chat_template_utils.py to compile with its own
-`_compile_jinja_template` instead (its package imports are stubbed); the strings written must not change.
+Determinism: `strftime_now` reads `datetime.now()` through the module's `datetime` name; the script sets that
+name to a datetime subclass whose now() is 2026-12-01 12:00 so that a rerun writes the same file. None of the
+committed templates calls it (Llama 3.1's template prints "Today Date: 26 Jul 2024" unless the caller passes
+`date_string`; only Llama 3.2 and later read the clock). Nothing else is replaced.
 """
 import datetime as _datetime
-import importlib.util
 import json
 import os
-import sys
-import types
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+import transformers
+from transformers.utils import chat_template_utils
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATES = os.path.join(HERE, "chat", "templates")
@@ -57,52 +47,19 @@ MODELS = {
 }
 
 
-def local_compile(source):
-    """transformers' _compile_jinja_template, without the {% generation %} tracker."""
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(fmt):
-        return PINNED_NOW.strftime(fmt)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    return env.from_string(source)
+class _PinnedClock(_datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return PINNED_NOW
 
 
-def transformers_compile():
-    """_compile_jinja_template from the file in DEW_TRANSFORMERS_CHAT_UTILS, or None."""
-    path = os.environ.get("DEW_TRANSFORMERS_CHAT_UTILS")
-    if not path:
-        return None
-    pkg = types.ModuleType("transformers_stub")
-    pkg.__path__ = []
-    utils = types.ModuleType("transformers_stub.utils")
-    utils.__path__ = []
-    imp = types.ModuleType("transformers_stub.utils.import_utils")
-    imp.is_jinja_available = lambda: True
-    imp.is_torch_available = lambda: False
-    imp.is_vision_available = lambda: False
-    for m in (pkg, utils, imp):
-        sys.modules[m.__name__] = m
-    spec = importlib.util.spec_from_file_location("transformers_stub.utils.chat_template_utils", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-
-    class Frozen(_datetime.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return PINNED_NOW
-
-    mod.datetime = Frozen
-    return mod._compile_jinja_template
+def render(template_text, messages, add_generation_prompt, template_kwargs):
+    """transformers' render_jinja_template for one conversation, as apply_chat_template calls it."""
+    rendered, _ = chat_template_utils.render_jinja_template(
+        conversations=[messages], tools=None, documents=None, chat_template=template_text,
+        return_assistant_tokens_mask=False, continue_final_message=False,
+        add_generation_prompt=add_generation_prompt, **template_kwargs)
+    return rendered[0]
 
 
 def msg(role, content):
@@ -169,13 +126,11 @@ CASES = [
 
 
 def main():
-    compile_fn = transformers_compile() or local_compile
+    chat_template_utils.datetime = _PinnedClock  # strftime_now's clock (see the docstring)
     texts = {}
-    compiled = {}
     for name, (fname, _) in MODELS.items():
         with open(os.path.join(TEMPLATES, fname), encoding="utf-8") as f:
             texts[name] = f.read()
-        compiled[name] = compile_fn(texts[name])
     cases = []
     for case_name, templates, messages, agp, kwargs in CASES:
         for t in templates:
@@ -183,17 +138,18 @@ def main():
             rec = {"name": case_name, "template": t, "messages": messages, "add_generation_prompt": agp,
                    "kwargs": kwargs}
             try:
-                rec["expected"] = compiled[t].render(messages=messages, tools=None, documents=None,
-                                                     add_generation_prompt=agp, **{**special, **kwargs})
+                rec["expected"] = render(texts[t], messages, agp, {**special, **kwargs})
             except jinja2.exceptions.TemplateError as e:
                 rec["error"] = str(e)
             cases.append(rec)
     out = {
         "generator": "tests/golden/chat_reference.py",
         "jinja2": jinja2.__version__,
-        "environment": "transformers _compile_jinja_template (trim_blocks, lstrip_blocks, loopcontrols, tojson "
-                       "ensure_ascii=False, raise_exception, strftime_now pinned to " + PINNED_NOW.isoformat() + ")",
-        "compiled_with": "transformers chat_template_utils.py" if compile_fn is not local_compile else "local copy",
+        "transformers": transformers.__version__,
+        "environment": "transformers render_jinja_template / _compile_jinja_template (trim_blocks, lstrip_blocks, "
+                       "AssistantTracker, loopcontrols, tojson ensure_ascii=False, raise_exception, dict, namespace, "
+                       "strftime_now pinned to " + PINNED_NOW.isoformat() + ")",
+        "compiled_with": "transformers " + transformers.__version__ + " chat_template_utils.render_jinja_template",
         "templates": {name: {"file": "templates/" + fname, "special_tokens": special}
                       for name, (fname, special) in MODELS.items()},
         "cases": cases,

@@ -11,10 +11,11 @@ a + (b - a) * u / 2^32 and randint(0, n) gives u % n. Nothing else is replaced; 
 image are torchvision's. The C++ test (tests/data/test_data.cpp, DataLoader.ResizedCropMatchesTorchvision)
 feeds the same draws to dew::data::random_resized_crop_box and the box to dew::data::resized_crop.
 
-Output: tests/golden/crop/torchvision_crop.safetensors (write_st of tests/golden/st_io.py). For each case C:
+Output: tests/golden/crop/torchvision_crop.safetensors (write_st of tests/golden/st_io.py, the safetensors
+package). For each case C:
   C.draws I64 [40] (the scripted u), C.used I64 [] (how many torchvision consumed),
   C.box I64 [4] (top, left, height, width), C.image (the input, [..., H, W]), C.out (torchvision's output)
-  __metadata__: torch, torchvision, cases (JSON: name, scale, ratio, dtype, shape).
+  __metadata__: torch, torchvision, safetensors, cases (JSON: name, scale, ratio, dtype, shape).
 """
 import json
 import os
@@ -26,7 +27,7 @@ import torchvision
 from torchvision import transforms
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from st_io import write_st  # noqa: E402
+from st_io import VERSION as ST_VERSION, write_st  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crop", "torchvision_crop.safetensors")
 
@@ -96,7 +97,7 @@ def main():
         print(name, "box", box, "used", used)
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     write_st(OUT, tensors, {"torch": torch.__version__, "torchvision": torchvision.__version__,
-                            "cases": json.dumps(meta_cases)})
+                            "safetensors": ST_VERSION, "cases": json.dumps(meta_cases)})
     print("wrote", OUT)
 
 

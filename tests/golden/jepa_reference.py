@@ -1,7 +1,8 @@
 """JEPA goldens from the reference code of facebookresearch/ijepa and facebookresearch/jepa (V-JEPA), run
-under Debian's python3-torch (1.13) on tiny configurations. Not run by CI; rerun by hand:
+under the project's environment (requirements.txt: torch 2.13.0, safetensors 0.8.0) on tiny configurations.
+Not run by CI; rerun by hand:
 
-    /usr/bin/python3 tests/golden/jepa_reference.py
+    .venv/bin/python tests/golden/jepa_reference.py
 
 The reference classes are imported from checkouts of the two repositories, never from copies in this
 project: IJEPA_SRC / VJEPA_SRC name the checkouts; when unset, the script exports HEAD of the bare mirrors
@@ -15,13 +16,15 @@ fixed sin-cos pos_embed as the reference builds it (float64 numpy table cast to 
 model.eval() twice: in float32 ("*_f32") and as a .double() deep copy on the same inputs widened to
 float64 ("*_f64"). Weights and inputs are stored float32 (the f64 run uses exactly those values).
 
-Output: tests/golden/jepa/<case>.safetensors, written without the safetensors package (write_st of
+ijepa and V-JEPA are not pip packages, so they come from checkouts of the public repositories (as above); the
+torch they run on is the installed one, with nothing stubbed.
+
+Output: tests/golden/jepa/<case>.safetensors, written with the safetensors package (write_st of
 tests/golden/st_io.py), and read back (read_st) to check the round trip. See tests/golden/jepa/README.md for
 the contents.
 """
 import copy
 import json
-import math
 import os
 import subprocess
 import sys
@@ -41,29 +44,17 @@ REPO_NAMES = {"ijepa": "facebookresearch/ijepa", "vjepa": "facebookresearch/jepa
 
 
 # ----------------------------------------------------------------------------------------------------
-# safetensors without the package: tests/golden/st_io.py (shared with sd_reference.py)
+# safetensors: tests/golden/st_io.py (the safetensors package; shared by the golden scripts)
 # ----------------------------------------------------------------------------------------------------
 sys.path.insert(0, HERE)
-from st_io import read_st, write_st  # noqa: E402
+from st_io import VERSION as ST_VERSION, read_st, write_st  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------------
 # reference imports
 # ----------------------------------------------------------------------------------------------------
-def _sdpa_stub(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    """Stand-in for torch>=2.0 F.scaled_dot_product_attention: softmax(q k^T / sqrt(d)) v."""
-    assert attn_mask is None and not is_causal, "stub supports no mask / causal"
-    assert dropout_p == 0.0, "stub supports dropout_p == 0 only"
-    s = (1.0 / math.sqrt(query.size(-1))) if scale is None else scale
-    attn = (query @ key.transpose(-2, -1)) * s
-    return attn.softmax(dim=-1) @ value
-
-
-if not hasattr(F, "scaled_dot_product_attention"):
-    F.scaled_dot_product_attention = _sdpa_stub
-    SDPA_NOTE = "F.scaled_dot_product_attention stubbed as softmax(q k^T / sqrt(head_dim)) v (torch 1.13)"
-else:
-    SDPA_NOTE = "native F.scaled_dot_product_attention"
+# torch 2 has F.scaled_dot_product_attention, which V-JEPA's src/models/utils/modules.py calls: nothing is stubbed.
+SDPA_NOTE = "native F.scaled_dot_product_attention (torch %s; float64 on the CPU for the f64 runs)" % torch.__version__
 
 
 def _checkout(kind):
@@ -168,13 +159,14 @@ def both(case, name, f32, f64):
 
 def save(case, tensors, config, source, extra=None):
     meta = {"config": json.dumps(config, sort_keys=True), "source": source,
-            "generator": "tests/golden/jepa_reference.py", "torch": torch.__version__, "attention": SDPA_NOTE}
+            "generator": "tests/golden/jepa_reference.py", "torch": torch.__version__, "attention": SDPA_NOTE,
+            "versions": json.dumps({"torch": torch.__version__, "safetensors": ST_VERSION})}
     meta.update(extra or {})
     path = os.path.join(OUT_DIR, case + ".safetensors")
     write_st(path, tensors, meta)
     back, meta_back = read_st(path)
     assert meta_back == meta
-    assert list(back) == [n for n, _ in tensors], "file order"
+    assert sorted(back) == sorted(n for n, _ in tensors), "tensor names"
     for n, t in tensors:
         assert back[n].dtype == t.dtype and back[n].shape == t.shape and torch.equal(back[n], t), n
     print(f"wrote {path} ({os.path.getsize(path)} bytes, {len(tensors)} tensors)")

@@ -1,15 +1,14 @@
 """kNN golden from DINO's own weighted k-NN classifier (facebookresearch/dino, eval_knn.py `knn_classifier`),
-run under Debian's python3-torch (1.13) on CPU on a small fixed random problem. Not run by CI; rerun by hand:
+run under the project's environment (requirements.txt: torch 2.13.0, torchvision 0.28.0, safetensors 0.8.0) on
+CPU on a small fixed random problem. Not run by CI; rerun by hand:
 
-    /usr/bin/python3 tests/golden/knn_reference.py
+    .venv/bin/python tests/golden/knn_reference.py
 
 `knn_classifier` is imported from a checkout of the repository, never from a copy in this project: DINO_SRC
 names the checkout; when unset, the script exports eval_knn.py, utils.py and vision_transformer.py of HEAD of the bare mirror (DINO_MIRROR, default
-/work/.mirror/facebookresearch+dino/repo) into /tmp/dino_src. eval_knn.py imports torchvision at module
-level for its feature-extraction pipeline, which knn_classifier does not use; Debian has no torchvision, so
-stand-in modules `torchvision`, `torchvision.datasets` (with an empty class `ImageFolder`, the base class of
-eval_knn's ReturnIndexDataset), `torchvision.transforms`, `torchvision.models` are installed in sys.modules
-before the import. No other stubs.
+/work/.mirror/facebookresearch+dino/repo) into /tmp/dino_src. eval_knn.py imports torchvision at module level for its
+feature-extraction pipeline; the installed torchvision serves it (knn_classifier does not use it). DINO is not a
+pip package, so the checkout stays; nothing is stubbed.
 
 The features are L2-normalised with nn.functional.normalize(dim=1, p=2), as eval_knn.py's __main__ does
 before it calls knn_classifier(train_features, train_labels, test_features, test_labels, k, T).
@@ -18,7 +17,7 @@ knn_classifier returns only top-1 / top-5 percentages. The per-item predictions 
 item i replicated 100 times (its chunking needs >= 100 test rows) with every label set to c scores top-1
 100 exactly when its prediction is c. The sum of the per-item hits is checked against the whole-set call.
 
-Output: tests/golden/knn/dino_knn.safetensors (write_st of tests/golden/st_io.py):
+Output: tests/golden/knn/dino_knn.safetensors (write_st of tests/golden/st_io.py, the safetensors package):
   train_x F32 [N, D], train_y I64 [N], test_x F32 [M, D], test_y I64 [M]   (raw features, before normalising)
   for each case CASE (see CASES): CASE.pred I64 [M] (DINO's top-1 class per item), CASE.correct I64 [] (hits)
   __metadata__: source (repo@commit), torch, cases (JSON: name, k, T, top1 percent, correct), notes.
@@ -27,7 +26,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import torch
 import torch.nn as nn
@@ -36,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "knn", "dino_knn.safetensors")
 MIRROR = os.environ.get("DINO_MIRROR", "/work/.mirror/facebookresearch+dino/repo")
 sys.path.insert(0, HERE)
-from st_io import read_st, write_st  # noqa: E402
+from st_io import VERSION as ST_VERSION, read_st, write_st  # noqa: E402
 
 
 def _checkout():
@@ -54,18 +52,7 @@ def _checkout():
     return os.path.abspath(src), commit
 
 
-# torchvision stand-ins: eval_knn.py imports these names at module level; knn_classifier uses none of them.
-if "torchvision" not in sys.modules:
-    try:
-        import torchvision  # noqa: F401
-    except ImportError:
-        tv = types.ModuleType("torchvision")
-        for sub in ("datasets", "transforms", "models"):
-            m = types.ModuleType("torchvision." + sub)
-            setattr(tv, sub, m)
-            sys.modules["torchvision." + sub] = m
-        tv.datasets.ImageFolder = type("ImageFolder", (), {})  # eval_knn's ReturnIndexDataset subclasses it
-        sys.modules["torchvision"] = tv
+import torchvision  # noqa: E402  (eval_knn.py imports it at module level; installed, requirements.txt)
 
 DINO_PATH, DINO_COMMIT = _checkout()
 sys.path.insert(0, DINO_PATH)
@@ -134,10 +121,11 @@ def main():
     meta = {
         "source": f"facebookresearch/dino@{DINO_COMMIT} eval_knn.py knn_classifier",
         "torch": torch.__version__,
+        "versions": json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__,
+                                "safetensors": ST_VERSION}, sort_keys=True),
         "cases": json.dumps(cases),
         "notes": "features L2-normalised by nn.functional.normalize before knn_classifier, as eval_knn.py does; "
-                 "per-item predictions by calling knn_classifier on 100 copies of the item labelled c; "
-                 "torchvision stubbed (empty modules and an empty ImageFolder class; unused by knn_classifier)",
+                 "per-item predictions by calling knn_classifier on 100 copies of the item labelled c",
     }
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     write_st(OUT, tensors, meta)

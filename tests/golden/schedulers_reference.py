@@ -1,20 +1,11 @@
-"""Scheduler goldens from the reference code: huggingface/diffusers v0.34.0's DDIMScheduler, PNDMScheduler,
-EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, LMSDiscreteScheduler and DPMSolverMultistepScheduler,
-run under Debian's python3-torch 1.13. Not run by CI; rerun by hand (deterministic, rewrites
+"""Scheduler goldens from the reference code as installed from requirements.txt: diffusers 0.42.1's DDIMScheduler,
+PNDMScheduler, EulerDiscreteScheduler, EulerAncestralDiscreteScheduler, LMSDiscreteScheduler and
+DPMSolverMultistepScheduler, on torch 2.13.0. Not run by CI; rerun by hand (deterministic, rewrites
 tests/golden/schedulers/):
 
-    /usr/bin/python3 tests/golden/schedulers_reference.py
+    .venv/bin/python tests/golden/schedulers_reference.py
 
-Reference code (imported from a checkout outside this project, never copied into it): DIFFUSERS_SRC (a
-checkout's `src` parent); when unset, `git archive v0.34.0 src` of the bare mirror DIFFUSERS_MIRROR (default
-/work/.mirror/huggingface+diffusers/repo) is extracted into /tmp/diffusers_sched.
-
-Import: diffusers' package __init__ (and diffusers.utils' __init__) pull in huggingface_hub, safetensors and
-version checks, so the script registers `diffusers`, `diffusers.utils` and `diffusers.schedulers` as bare
-packages pointing at the checkout (their __init__ files are not run), imports the real utils submodules the
-schedulers use (import_utils, logging, outputs, deprecation_utils, torch_utils) and the real
-configuration_utils (ConfigMixin, register_to_config, to_json_string), with `huggingface_hub` stubbed: its
-error classes, `validate_hf_hub_args` as the identity decorator, `is_jinja_available` False.
+The scheduler classes are imported from the installed diffusers package; nothing of it is stubbed.
 
 Each case (CASES below) builds a scheduler from its keyword arguments, writes `<case>.json` with
 `to_json_string()` (exactly what a pipeline folder's scheduler/scheduler_config.json holds, so the C++ test
@@ -32,7 +23,7 @@ and the per-step noise come from torch.Generator().manual_seed(fixed) in float32
 each scheduler module is replaced by a function returning the recorded noise of the current step (Euler
 ancestral, DDIM with eta > 0 and sde-dpmsolver++ draw one tensor per step).
 
-Two runs per case: float32 (diffusers as is: float32 betas, alphas_cumprod, sigmas) and float64. The float64
+Two runs per case: float32 (diffusers as installed: float32 betas, alphas_cumprod, sigmas) and float64. The float64
 run loads each scheduler module again from its source with every `torch.float32` and `np.float32` replaced
 by float64 (betas, alphas_cumprod, the Euler sigmas and timesteps, the float32 upcasts of `sample` in the
 Euler/DPM steps), under torch.set_default_dtype(torch.float64) (torch.tensor(1.0), torch.linspace without a
@@ -46,15 +37,18 @@ Output per case: tests/golden/schedulers/<case>.json (the config) and <case>.saf
 Plus betas.safetensors: alphas_cumprod of scaled_linear (0.00085, 0.012), its zero-SNR rescale, linear
 (1e-4, 0.02) and squaredcos_cap_v2 from the float64 DDIMScheduler (and scaled_linear's float32), T = 1000.
 """
+import importlib
+import inspect
 import json
 import math
 import os
-import subprocess
 import sys
 import types
-import importlib.machinery
 
+import diffusers
 import numpy as np
+import safetensors
+import scipy
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,8 +56,11 @@ OUT_DIR = os.path.join(HERE, "schedulers")
 sys.path.insert(0, HERE)
 from st_io import read_st, write_st  # noqa: E402
 
-MIRROR = os.environ.get("DIFFUSERS_MIRROR", "/work/.mirror/huggingface+diffusers/repo")
-TAG = "v0.34.0"
+PINNED = {"diffusers": "0.42.1", "torch": "2.13.0"}
+VERSIONS = {"diffusers": diffusers.__version__, "torch": torch.__version__, "numpy": np.__version__,
+            "safetensors": safetensors.__version__, "scipy": scipy.__version__}
+for _pkg, _ver in PINNED.items():
+    assert VERSIONS[_pkg].split("+")[0] == _ver, f"{_pkg} {VERSIONS[_pkg]} installed, requirements.txt pins {_ver}"
 
 SD = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
 CASES = {
@@ -123,66 +120,20 @@ MODULES = {
 MODEL = "0.3 x + 0.1 sin(t / 100), computed in float64 from the scaled input x and timesteps[i], cast to x's dtype"
 
 
-def checkout():
-    src = os.environ.get("DIFFUSERS_SRC")
-    if src:
-        return os.path.join(src, "src", "diffusers") if os.path.isdir(os.path.join(src, "src")) else src
-    dest = "/tmp/diffusers_sched"
-    if not os.path.isdir(os.path.join(dest, "src", "diffusers")):
-        os.makedirs(dest, exist_ok=True)
-        archive = subprocess.run(["git", "--git-dir", MIRROR, "archive", TAG, "src"], check=True, capture_output=True)
-        subprocess.run(["tar", "-x", "-C", dest], input=archive.stdout, check=True)
-    return os.path.join(dest, "src", "diffusers")
-
-
-def stub(name, **attrs):
-    m = types.ModuleType(name)
-    m.__dict__.update(attrs)
-    m.__spec__ = importlib.machinery.ModuleSpec(name, None)
-    sys.modules[name] = m
-    return m
-
-
-def import_diffusers(root):
-    class HubError(Exception):
-        pass
-
-    hub = stub("huggingface_hub", DDUFEntry=object, create_repo=None, hf_hub_download=None)
-    hub.utils = stub("huggingface_hub.utils", EntryNotFoundError=HubError, RepositoryNotFoundError=HubError,
-                     RevisionNotFoundError=HubError, validate_hf_hub_args=lambda f: f,
-                     is_jinja_available=lambda: False)
-    pkg = stub("diffusers", __path__=[root], __version__=TAG.lstrip("v"))
-    utils = stub("diffusers.utils", __path__=[os.path.join(root, "utils")])
-    pkg.utils = utils
-    import diffusers.utils.deprecation_utils as du
-    import diffusers.utils.import_utils as iu
-    import diffusers.utils.logging as lg
-    import diffusers.utils.outputs as out
-
-    class PushToHubMixin:
-        pass
-
-    utils.__dict__.update(BaseOutput=out.BaseOutput, deprecate=du.deprecate, logging=lg,
-                          is_scipy_available=iu.is_scipy_available, is_torch_available=iu.is_torch_available,
-                          HUGGINGFACE_CO_RESOLVE_ENDPOINT="https://huggingface.co", DummyObject=iu.DummyObject,
-                          extract_commit_hash=None, http_user_agent=None, PushToHubMixin=PushToHubMixin)
-    lg.set_verbosity_error()
-    stub("diffusers.schedulers", __path__=[os.path.join(root, "schedulers")])
-
-
-def scheduler_module(root, name, f64):
-    """The real module (f64 False) or its source with torch.float32 / np.float32 replaced by float64."""
+def scheduler_module(name, f64):
+    """The installed module (f64 False) or its source with torch.float32 / np.float32 replaced by float64, executed
+    as a sibling module of the package (so its relative imports resolve to the installed diffusers)."""
     full = "diffusers.schedulers." + name
+    mod = importlib.import_module(full)
     if not f64:
-        import importlib
-        return importlib.import_module(full)
-    path = os.path.join(root, "schedulers", name + ".py")
-    src = open(path).read()
+        return mod
+    src = inspect.getsource(mod)
     n = src.count("torch.float32") + src.count("np.float32")
     src = src.replace("torch.float32", "torch.float64").replace("np.float32", "np.float64")
     m = types.ModuleType(full + "_f64")
-    m.__file__, m.__package__ = path, "diffusers.schedulers"
-    exec(compile(src, path, "exec"), m.__dict__)
+    m.__file__, m.__package__ = mod.__file__, "diffusers.schedulers"
+    sys.modules[m.__name__] = m
+    exec(compile(src, mod.__file__ + " (float32 -> float64)", "exec"), m.__dict__)
     m.F32_REPLACED = n
     return m
 
@@ -224,14 +175,13 @@ def run(cls, kwargs, step_kwargs, n, z, noise, dtype):
 
 
 def main():
-    root = checkout()
-    import_diffusers(root)
+    diffusers.utils.logging.set_verbosity_error()
+    print("versions", VERSIONS)
     os.makedirs(OUT_DIR, exist_ok=True)
     classes = {}
     for cname, mname in MODULES.items():
-        m32 = scheduler_module(root, mname, False)
-        m64 = scheduler_module(root, mname, True)
-        sys.modules[m64.__name__] = m64
+        m32 = scheduler_module(mname, False)
+        m64 = scheduler_module(mname, True)
         classes[cname] = (getattr(m32, cname), getattr(m64, cname))
         print(f"{cname}: float64 copy replaces {m64.F32_REPLACED} float32 names")
 
@@ -263,7 +213,8 @@ def main():
             err = (x32[-1].double() - x64[-1]).abs().max().item()
             summary.append(f"{case:32s} n={n:2d} N={N:2d} noise draws {d32:2d}  |x_N| {x64[-1].abs().max().item():9.3e}"
                            f"  max|f32 - f64| {err:.2e}")
-        meta = {"class": cname, "eta": str(step_kwargs.get("eta", 0.0)), "model": MODEL, "source": f"diffusers {TAG}"}
+        meta = {"class": cname, "eta": str(step_kwargs.get("eta", 0.0)), "model": MODEL, "source": f"diffusers {diffusers.__version__}",
+                "versions": json.dumps(VERSIONS, sort_keys=True)}
         path = os.path.join(OUT_DIR, case + ".safetensors")
         write_st(path, tensors, meta)
         back, _ = read_st(path)
@@ -283,7 +234,8 @@ def main():
         torch.set_default_dtype(torch.float32)
     ab["scaled_linear_f32"] = d32(**SD).alphas_cumprod
     write_st(os.path.join(OUT_DIR, "betas.safetensors"), [(k, v.clone()) for k, v in ab.items()],
-             {"what": "DDIMScheduler.alphas_cumprod, T = 1000", "source": f"diffusers {TAG}"})
+             {"what": "DDIMScheduler.alphas_cumprod, T = 1000", "source": f"diffusers {diffusers.__version__}",
+                "versions": json.dumps(VERSIONS, sort_keys=True)})
     print("\n".join(summary))
 
 

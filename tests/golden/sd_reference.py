@@ -1,52 +1,32 @@
-"""Stable Diffusion goldens from the reference code: huggingface/diffusers v0.34.0 (UNet2DConditionModel,
-AutoencoderKL, DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline) and
-transformers' CLIP text encoder and tokenizer, run under Debian's python3-torch 1.13 on tiny configurations.
-Not run by CI; rerun by hand (deterministic, rewrites everything under tests/golden/sd/):
+"""Stable Diffusion goldens from the reference code as installed from requirements.txt: diffusers 0.42.1
+(UNet2DConditionModel, AutoencoderKL, DDIMScheduler, EulerDiscreteScheduler, StableDiffusionPipeline,
+StableDiffusionXLPipeline) and transformers 5.25.0 (CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer), on
+torch 2.13.0 (CPU) and tiny configurations. Not run by CI; rerun by hand (deterministic, rewrites everything under
+tests/golden/sd/):
 
-    /usr/bin/python3 tests/golden/sd_reference.py
+    .venv/bin/python tests/golden/sd_reference.py
 
-Reference code (imported from checkouts outside this project, never copied into it):
-- diffusers: DIFFUSERS_SRC (a checkout's `src` parent); when unset, `git archive v0.34.0 src` of the bare mirror
-  DIFFUSERS_MIRROR (default /work/.mirror/huggingface+diffusers/repo) is extracted into /tmp/diffusers_src.
-- transformers' CLIP: TRANSFORMERS_CLIP_SRC (default /tmp/transformers_clip) must hold
-  transformers/models/clip/{modeling,configuration,tokenization}_clip.py and transformers/modeling_attn_mask_utils.py
-  from huggingface/transformers (the whole repository is too big to fetch here; the files were transcribed from the
-  stored copies, commits listed in CLIP_COMMITS below and in that folder's SOURCES.txt). modeling_clip.py is the
-  4.4x version (commit 679021a6b0ded09d623a96e2bd2f822c5a548872) whose eager CLIPAttention computes the softmax in
-  the input dtype (newer versions force softmax to float32, which would spoil a float64 truth).
+Nothing is stubbed, patched or fetched: the packages are imported as installed, safetensors files are written and
+read by the safetensors package (tests/golden/st_io.py), folders by the libraries' own save_pretrained.
 
-Stubs (this environment has no huggingface_hub, safetensors or transformers package; PIL, regex, filelock, requests,
-numpy, packaging, tqdm are Debian's python3-* packages):
-- from tests/golden/diffusers_stubs.py (shared with bench/sd_peer.py): fake `*.dist-info/METADATA` for
-  huggingface_hub 0.27.0, safetensors 0.4.5 and transformers 4.47.0 in /tmp/sd_reference_stubs/site so
-  diffusers' importlib.metadata checks see the stub modules as installed (the version numbers are labels only);
-  huggingface_hub: constants, error classes, `validate_hf_hub_args` as the identity decorator, a one-shard
-  `split_torch_state_dict_into_shards`, every network function raising; safetensors:
-  `safetensors.torch.save_file/load_file/load` and `safe_open` on tests/golden/st_io.py; the torch >= 2.1 names
-  diffusers touches at import: `torch.compiler.disable` (identity decorator) and sentinel `torch.float8_e4m3fn` /
-  `torch.float8_e5m2` (torchao quantizer tables only);
-- transformers internals used by the CLIP files: ACT2FN (quick_gelu x*sigmoid(1.702x), gelu = F.gelu, as
-  transformers' activations), ModelOutput/BaseModelOutput*, the `_is_*` character helpers of tokenization_utils
-  (verbatim), and small PreTrainedModel / PretrainedConfig / PreTrainedTokenizer classes (nn.Module holding the
-  config, post_init = apply(_init_weights), "eager" attention as real transformers picks on torch < 2.1.1,
-  save/from_pretrained writing/reading config.json + model.safetensors and the tokenizer files, tokenizer __call__
-  with right truncation to max_length - 2 and right padding with pad_token_id, as transformers does for one
-  sequence). The BPE itself (bytes_to_unicode, bpe, _tokenize, save_vocabulary) is the real CLIPTokenizer code.
-torch 1.13 has no F.scaled_dot_product_attention, so diffusers' Attention picks the classic AttnProcessor
-(baddbmm scores, softmax, bmm); the script asserts that every attention module uses it, and that CLIP layers use
-the eager CLIPAttention.
+Attention: what a user of these packages gets by default on torch 2. diffusers' Attention modules use
+AttnProcessor2_0 (F.scaled_dot_product_attention; asserted), transformers' CLIP uses attn_implementation "sdpa"
+(asserted). SDPA runs in float64 on the CPU, so the float64 runs are float64 all through the attention: unlike
+the classic AttnProcessor of the earlier goldens (torch 1.13), AttnProcessor2_0 does not apply upcast_attention /
+upcast_softmax (those cast to float32 only to protect half precision), and transformers' eager CLIP attention
+(which forces a float32 softmax) is not used.
 
 Numerics: every model is built under torch.manual_seed, every parameter moved off its initialisation
 (p += 0.2 randn; norm weights become 1 + 0.2 randn), then run in float32 (`*_f32`) and as a float64 deep copy
-(`*_f64`) on the same inputs widened to float64. The float64 runs happen under
-torch.set_default_dtype(torch.float64): transformers' causal mask fills a default-dtype tensor with
-finfo(float64).min, which overflows (RuntimeError) with a float32 default. For the pipelines the float64 run also
-uses float64 schedulers: the scheduler module's own source with every torch.float32 / np.float32 replaced by
+(`*_f64`) on the same inputs widened to float64, under torch.set_default_dtype(torch.float64) (the reference
+makes some tensors, e.g. masks and scheduler constants, in the default dtype). For the pipelines the float64 run
+also uses float64 schedulers: the scheduler module's own source with every torch.float32 / np.float32 replaced by
 float64 (betas, alphas_cumprod, Euler's sigmas/timesteps and the Euler step's float32 upcast), see
-f64_scheduler_class. The reference's other float32-forced steps are left as they are (README lists them).
+f64_scheduler_class. The reference's other float32-forced step, the UNet's sinusoidal timestep embedding, is
+left as it is (README lists it).
 
 The pipelines reuse the unet_sd / unet_sdxl / vae models, so their unet/ and vae/ files are byte-identical to
-those folders' (one git blob each). Every saved folder is reloaded with diffusers' from_pretrained
+those folders' (one git blob each). Every saved folder is reloaded with the libraries' from_pretrained
 (UNet2DConditionModel, AutoencoderKL, DiffusionPipeline) and must reproduce the float32 outputs bit for bit.
 See tests/golden/sd/README.md for the files, tensors and settings.
 """
@@ -54,522 +34,21 @@ import contextlib
 import copy
 import inspect
 import json
-import logging
 import os
-import re
 import shutil
-import subprocess
 import sys
 import types
-import unicodedata
-from dataclasses import dataclass, fields
 
+import numpy as np
+import safetensors
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT_DIR = os.path.join(HERE, "sd")
-sys.path.insert(0, HERE)
-import diffusers_stubs  # noqa: E402  (the stubs diffusers needs here; bench/sd_peer.py uses them too)
-from diffusers_stubs import module as _module  # noqa: E402
-from st_io import read_st, write_st  # noqa: E402
-
-DIFFUSERS_TAG = "v0.34.0"
-DIFFUSERS_MIRROR = os.environ.get("DIFFUSERS_MIRROR", "/work/.mirror/huggingface+diffusers/repo")
-TRANSFORMERS_CLIP_SRC = os.environ.get("TRANSFORMERS_CLIP_SRC", "/tmp/transformers_clip")
-STUB_SITE = "/tmp/sd_reference_stubs/site"
-STUB_VERSIONS = {"huggingface_hub": "0.27.0", "safetensors": "0.4.5", "transformers": "4.47.0"}
-CLIP_COMMITS = {
-    "models/clip/modeling_clip.py": "679021a6b0ded09d623a96e2bd2f822c5a548872",
-    "models/clip/configuration_clip.py": "01841b341b64ab547cd2e30f09cb9c74929f50f2",
-    "models/clip/tokenization_clip.py": "01f287b3d817b48b7bf61c408b269e3c93a24c97",
-    "modeling_attn_mask_utils.py": "000b2cd5cd86a00c28595ba16bfb0be5542ed686",
-}
-
-
-# ----------------------------------------------------------------------------------------------------
-# stubs
-# ----------------------------------------------------------------------------------------------------
-def _placeholder_getattr(modname):
-    def __getattr__(name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        cls = type(name, (), {"__module__": modname, "__doc__": f"placeholder from the {modname} stub"})
-        setattr(sys.modules[modname], name, cls)
-        return cls
-
-    return __getattr__
-
-
-def _install_transformers_stub():
-    root = os.path.join(TRANSFORMERS_CLIP_SRC, "transformers")
-    for rel in CLIP_COMMITS:
-        if not os.path.isfile(os.path.join(root, rel)):
-            sys.exit(f"missing {os.path.join(root, rel)}: TRANSFORMERS_CLIP_SRC must hold transformers' CLIP files "
-                     f"(huggingface/transformers {CLIP_COMMITS})")
-    tf = _module("transformers", package=True, __version__=STUB_VERSIONS["transformers"])
-    tf.__path__ = [root]
-    tf.__getattr__ = _placeholder_getattr("transformers")
-
-    # --- transformers.utils
-    def _identity_decorator_factory(*args, **kwargs):
-        return lambda fn: fn
-
-    class _Logging:
-        @staticmethod
-        def get_logger(name):
-            lg = logging.getLogger(name)
-            if not hasattr(lg, "warning_once"):
-                lg.warning_once = lg.warning
-            return lg
-
-    _module("transformers.utils", package=True, ModelOutput=ModelOutput, logging=_Logging,
-            add_code_sample_docstrings=_identity_decorator_factory, add_start_docstrings=_identity_decorator_factory,
-            add_start_docstrings_to_model_forward=_identity_decorator_factory,
-            replace_return_docstrings=_identity_decorator_factory,
-            is_flash_attn_2_available=lambda: False, is_flash_attn_greater_or_equal_2_10=lambda: False,
-            torch_int=int, FLAX_WEIGHTS_NAME="flax_model.msgpack", SAFE_WEIGHTS_NAME="model.safetensors",
-            WEIGHTS_NAME="pytorch_model.bin")
-    _module("transformers.pytorch_utils", is_torch_greater_or_equal_than_2_2=False)
-    _module("transformers.activations", ACT2FN=_ACT2FN())
-    _module("transformers.modeling_outputs", BaseModelOutput=BaseModelOutput,
-            BaseModelOutputWithPooling=BaseModelOutputWithPooling, ImageClassifierOutput=ImageClassifierOutput)
-    _module("transformers.configuration_utils", PretrainedConfig=PretrainedConfig)
-    _module("transformers.onnx", OnnxConfig=type("OnnxConfig", (), {}))
-    _module("transformers.modeling_utils", PreTrainedModel=PreTrainedModel)
-    _module("transformers.tokenization_utils", AddedToken=AddedToken, PreTrainedTokenizer=PreTrainedTokenizer,
-            _is_control=_is_control, _is_punctuation=_is_punctuation, _is_whitespace=_is_whitespace)
-    _module("transformers.tokenization_utils_base", PreTrainedTokenizerBase=PreTrainedTokenizerBase,
-            AddedToken=AddedToken, BatchEncoding=BatchEncoding)
-    tf.PreTrainedModel = PreTrainedModel
-    tf.PretrainedConfig = PretrainedConfig
-    tf.PreTrainedTokenizer = PreTrainedTokenizer
-    tf.PreTrainedTokenizerBase = PreTrainedTokenizerBase
-
-    from transformers.models.clip import configuration_clip, modeling_clip, tokenization_clip  # noqa: E402
-
-    for mod in (configuration_clip, modeling_clip, tokenization_clip):
-        for n in mod.__all__:
-            setattr(tf, n, getattr(mod, n))
-    return modeling_clip, configuration_clip, tokenization_clip
-
-
-# --- transformers internals (stubs; the `_is_*` helpers are verbatim from transformers' tokenization_utils.py)
-class QuickGELUActivation(nn.Module):
-    def forward(self, input):
-        return input * torch.sigmoid(1.702 * input)
-
-
-class GELUActivation(nn.Module):
-    def forward(self, input):
-        return F.gelu(input)
-
-
-class _ACT2FN(dict):
-    """transformers' ClassInstantier: a new module per lookup."""
-
-    _classes = {"quick_gelu": QuickGELUActivation, "gelu": GELUActivation}
-
-    def __getitem__(self, key):
-        return self._classes[key]()
-
-
-class ModelOutput:
-    """transformers' ModelOutput behaviour: fields that are not None, indexable by name or position."""
-
-    def keys(self):
-        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
-
-    def __getitem__(self, k):
-        if isinstance(k, str):
-            return getattr(self, k)
-        return self.to_tuple()[k]
-
-    def to_tuple(self):
-        return tuple(getattr(self, k) for k in self.keys())
-
-
-@dataclass
-class BaseModelOutput(ModelOutput):
-    last_hidden_state: torch.Tensor = None
-    hidden_states: tuple = None
-    attentions: tuple = None
-
-
-@dataclass
-class BaseModelOutputWithPooling(ModelOutput):
-    last_hidden_state: torch.Tensor = None
-    pooler_output: torch.Tensor = None
-    hidden_states: tuple = None
-    attentions: tuple = None
-
-
-@dataclass
-class ImageClassifierOutput(ModelOutput):
-    loss: torch.Tensor = None
-    logits: torch.Tensor = None
-    hidden_states: tuple = None
-    attentions: tuple = None
-
-
-class PretrainedConfig:
-    """The PretrainedConfig attributes the CLIP code reads, with transformers' defaults, and config.json in
-    transformers' use_diff form (class attributes + base attributes that differ from PretrainedConfig(), sorted,
-    indent 2)."""
-
-    model_type = ""
-    base_config_key = ""
-    sub_configs = {}
-    is_composition = False
-    _BASE_DEFAULTS = dict(return_dict=True, output_hidden_states=False, output_attentions=False, torchscript=False,
-                          torch_dtype=None, tie_word_embeddings=True, is_encoder_decoder=False, is_decoder=False,
-                          architectures=None, problem_type=None, bos_token_id=None, pad_token_id=None,
-                          eos_token_id=None)
-
-    def __init__(self, **kwargs):
-        for k, v in self._BASE_DEFAULTS.items():
-            setattr(self, k, kwargs.pop(k, v))
-        if isinstance(self.torch_dtype, str):
-            self.torch_dtype = getattr(torch, self.torch_dtype)
-        self._name_or_path = str(kwargs.pop("name_or_path", ""))
-        self._attn_implementation_internal = kwargs.pop("attn_implementation", None)
-        kwargs.pop("transformers_version", None)
-        kwargs.pop("model_type", None)
-        for k, v in kwargs.items():
-            setattr(self, k, v)
-
-    @property
-    def name_or_path(self):
-        return self._name_or_path
-
-    @property
-    def use_return_dict(self):
-        return self.return_dict and not self.torchscript
-
-    @property
-    def _attn_implementation(self):
-        return "eager" if self._attn_implementation_internal is None else self._attn_implementation_internal
-
-    @_attn_implementation.setter
-    def _attn_implementation(self, value):
-        self._attn_implementation_internal = value
-
-    def to_dict(self):
-        out = copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_attn_implementation_internal"})
-        out["model_type"] = self.__class__.model_type
-        out["transformers_version"] = STUB_VERSIONS["transformers"]
-        if isinstance(out.get("torch_dtype"), torch.dtype):
-            out["torch_dtype"] = str(out["torch_dtype"]).split(".")[1]
-        return out
-
-    def to_diff_dict(self):
-        base = PretrainedConfig().to_dict()
-        own = self.__class__().to_dict()
-        return {k: v for k, v in self.to_dict().items()
-                if k not in base or k == "transformers_version" or v != base[k] or (k in own and v != own[k])}
-
-    def to_json_string(self):
-        return json.dumps(self.to_diff_dict(), indent=2, sort_keys=True) + "\n"
-
-    def save_pretrained(self, save_directory, **kwargs):
-        os.makedirs(save_directory, exist_ok=True)
-        with open(os.path.join(save_directory, "config.json"), "w", encoding="utf-8") as f:
-            f.write(self.to_json_string())
-
-    @classmethod
-    def from_pretrained(cls, path, subfolder="", **kwargs):
-        p = os.path.join(path, subfolder or "", "config.json")
-        with open(p, encoding="utf-8") as f:
-            d = json.load(f)
-        d.pop("_name_or_path", None)
-        return cls(name_or_path=os.path.join(path, subfolder or ""), **d)
-
-
-class PreTrainedModel(nn.Module):
-    config_class = None
-    base_model_prefix = ""
-    main_input_name = "input_ids"
-    _no_split_modules = None
-    _keep_in_fp32_modules = None
-
-    def __init__(self, config, *inputs, **kwargs):
-        super().__init__()
-        if config._attn_implementation_internal is None:
-            config._attn_implementation = "eager"  # what transformers picks with torch < 2.1.1 (no sdpa)
-        self.config = config
-        self.name_or_path = config.name_or_path
-
-    def post_init(self):
-        self.apply(self._init_weights)
-
-    @classmethod
-    def _from_config(cls, config, **kwargs):
-        config = copy.deepcopy(config)
-        attn = kwargs.pop("attn_implementation", None)
-        if attn is not None:
-            config._attn_implementation = attn
-        kwargs.pop("torch_dtype", None)
-        return cls(config, **kwargs)
-
-    @property
-    def dtype(self):
-        return next(self.parameters()).dtype
-
-    @property
-    def device(self):
-        return next(self.parameters()).device
-
-    def save_pretrained(self, save_directory, safe_serialization=True, **kwargs):
-        os.makedirs(save_directory, exist_ok=True)
-        self.config.architectures = [self.__class__.__name__]
-        self.config.torch_dtype = self.dtype
-        self.config.save_pretrained(save_directory)
-        sd = self.state_dict()
-        write_st(os.path.join(save_directory, "model.safetensors"), sorted((k, v.contiguous()) for k, v in sd.items()),
-                 {"format": "pt"})
-
-    @classmethod
-    def from_pretrained(cls, path, *args, subfolder="", torch_dtype=None, config=None, **kwargs):
-        folder = os.path.join(path, subfolder or "")
-        if config is None:
-            config = cls.config_class.from_pretrained(folder)
-        model = cls(config)
-        sd, _ = read_st(os.path.join(folder, "model.safetensors"))
-        model.load_state_dict(sd, strict=True)
-        if torch_dtype is not None:
-            model = model.to(torch_dtype)
-        return model.eval()
-
-
-def _is_whitespace(char):
-    """Checks whether `char` is a whitespace character."""
-    # \t, \n, and \r are technically contorl characters but we treat them
-    # as whitespace since they are generally considered as such.
-    if char == " " or char == "\t" or char == "\n" or char == "\r":
-        return True
-    cat = unicodedata.category(char)
-    if cat == "Zs":
-        return True
-    return False
-
-
-def _is_control(char):
-    """Checks whether `char` is a control character."""
-    # These are technically control characters but we count them as whitespace
-    # characters.
-    if char == "\t" or char == "\n" or char == "\r":
-        return False
-    cat = unicodedata.category(char)
-    if cat.startswith("C"):
-        return True
-    return False
-
-
-def _is_punctuation(char):
-    """Checks whether `char` is a punctuation character."""
-    cp = ord(char)
-    # We treat all non-letter/number ASCII as punctuation.
-    # Characters such as "^", "$", and "`" are not in the Unicode
-    # Punctuation class but we treat them as punctuation anyways, for
-    # consistency.
-    if (cp >= 33 and cp <= 47) or (cp >= 58 and cp <= 64) or (cp >= 91 and cp <= 96) or (cp >= 123 and cp <= 126):
-        return True
-    cat = unicodedata.category(char)
-    if cat.startswith("P"):
-        return True
-    return False
-
-
-class AddedToken:
-    def __init__(self, content, single_word=False, lstrip=False, rstrip=False, special=False, normalized=None):
-        self.content = content
-        self.single_word = single_word
-        self.lstrip = lstrip
-        self.rstrip = rstrip
-        self.special = special
-        self.normalized = normalized if normalized is not None else not special
-
-    def __str__(self):
-        return self.content
-
-    def __repr__(self):
-        return f"AddedToken({self.content!r})"
-
-    def as_dict(self):
-        return {"content": self.content, "lstrip": self.lstrip, "normalized": self.normalized,
-                "rstrip": self.rstrip, "single_word": self.single_word}
-
-
-class BatchEncoding(dict):
-    def __getattr__(self, k):
-        try:
-            return self[k]
-        except KeyError:
-            raise AttributeError(k) from None
-
-
-class PreTrainedTokenizerBase:
-    pass
-
-
-class PreTrainedTokenizer(PreTrainedTokenizerBase):
-    """Slow-tokenizer plumbing around the real CLIPTokenizer methods (_tokenize, bpe, _convert_token_to_id,
-    build_inputs_with_special_tokens, save_vocabulary). Splits text on the special tokens first (as transformers'
-    added-token trie does), truncates on the right to max_length - 2 before adding <|startoftext|> ... <|endoftext|>,
-    pads on the right with pad_token_id."""
-
-    vocab_files_names = {}
-    model_input_names = ["input_ids", "attention_mask"]
-    SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "pad_token")
-
-    def __init__(self, **kwargs):
-        self.init_kwargs = copy.deepcopy(kwargs)
-        self.model_max_length = kwargs.pop("model_max_length", int(1e30))
-        self.name_or_path = kwargs.pop("name_or_path", "")
-        self.clean_up_tokenization_spaces = kwargs.pop("clean_up_tokenization_spaces", True)
-        self.padding_side = kwargs.pop("padding_side", "right")
-        self.truncation_side = kwargs.pop("truncation_side", "right")
-        self.special_tokens = {}
-        for k in self.SPECIAL_TOKENS:
-            v = kwargs.pop(k, None)
-            if v is not None:
-                self.special_tokens[k] = v if isinstance(v, AddedToken) else AddedToken(v)
-        self.extra_init_kwargs = kwargs
-        self.added_tokens_encoder = {}
-        for tok in self.special_tokens.values():
-            self.added_tokens_encoder.setdefault(str(tok), self._convert_token_to_id(str(tok)))
-
-    def __getattr__(self, name):
-        sp = self.__dict__.get("special_tokens", {})
-        if name in sp:
-            return str(sp[name])
-        if name.endswith("_id") and name[:-3] in sp:
-            return self.convert_tokens_to_ids(str(sp[name[:-3]]))
-        raise AttributeError(name)
-
-    @property
-    def all_special_tokens(self):
-        return sorted(set(str(t) for t in self.special_tokens.values()))
-
-    def __len__(self):
-        return len(self.get_vocab())
-
-    def tokenize(self, text, **kwargs):
-        specials = self.all_special_tokens
-        if not specials or not any(s in text for s in specials):
-            return self._tokenize(text)
-        pieces = re.split("(" + "|".join(re.escape(s) for s in specials) + ")", text)
-        out = []
-        for p in pieces:
-            if p in specials:
-                out.append(p)
-            elif p.strip():
-                out.extend(self._tokenize(p.strip()))
-        return out
-
-    def convert_tokens_to_ids(self, tokens):
-        if isinstance(tokens, str):
-            return self.added_tokens_encoder.get(tokens, self._convert_token_to_id(tokens))
-        return [self.convert_tokens_to_ids(t) for t in tokens]
-
-    def convert_ids_to_tokens(self, ids):
-        return [self._convert_id_to_token(int(i)) for i in ids]
-
-    def __call__(self, text, padding=False, truncation=None, max_length=None, return_tensors=None,
-                 add_special_tokens=True, **kwargs):
-        assert not kwargs, kwargs
-        texts = [text] if isinstance(text, str) else list(text)
-        if (truncation or padding == "max_length") and max_length is None:
-            max_length = self.model_max_length
-        rows = []
-        for t in texts:
-            ids = self.convert_tokens_to_ids(self.tokenize(t))
-            n_special = 2 if add_special_tokens else 0
-            if truncation and len(ids) + n_special > max_length:
-                ids = ids[:max_length - n_special]
-            rows.append(self.build_inputs_with_special_tokens(ids) if add_special_tokens else ids)
-        if padding == "max_length":
-            target = max_length
-        elif padding in (True, "longest"):
-            target = max(len(r) for r in rows)
-        else:
-            target = None
-        masks = [[1] * len(r) for r in rows]
-        if target is not None:
-            masks = [m + [0] * (target - len(r)) for m, r in zip(masks, rows)]
-            rows = [r + [self.pad_token_id] * (target - len(r)) for r in rows]
-        if return_tensors == "pt":
-            rows, masks = torch.tensor(rows, dtype=torch.int64), torch.tensor(masks, dtype=torch.int64)
-        elif isinstance(text, str):
-            rows, masks = rows[0], masks[0]
-        return BatchEncoding(input_ids=rows, attention_mask=masks)
-
-    def batch_decode(self, sequences, skip_special_tokens=False, **kwargs):
-        out = []
-        for seq in sequences:
-            toks = self.convert_ids_to_tokens(seq)
-            if skip_special_tokens:
-                toks = [t for t in toks if t not in self.all_special_tokens]
-            out.append(self.convert_tokens_to_string(toks))
-        return out
-
-    def save_pretrained(self, save_directory, **kwargs):
-        """tokenizer_config.json and special_tokens_map.json in the form transformers 4.4x writes them, then the
-        real save_vocabulary (vocab.json, merges.txt)."""
-        os.makedirs(save_directory, exist_ok=True)
-        decoder = {}
-        for tok in self.special_tokens.values():
-            decoder[str(self.convert_tokens_to_ids(str(tok)))] = dict(tok.as_dict(), special=True)
-        cfg = dict(self.extra_init_kwargs)
-        cfg.update({k: str(v) for k, v in self.special_tokens.items()})
-        cfg.update({"added_tokens_decoder": dict(sorted(decoder.items(), key=lambda kv: int(kv[0]))),
-                    "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
-                    "model_max_length": self.model_max_length, "tokenizer_class": self.__class__.__name__})
-        with open(os.path.join(save_directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-            f.write(json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-        smap = {k: (v.as_dict() if k != "pad_token" else str(v)) for k, v in self.special_tokens.items()}
-        with open(os.path.join(save_directory, "special_tokens_map.json"), "w", encoding="utf-8") as f:
-            f.write(json.dumps(smap, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-        return self.save_vocabulary(save_directory)
-
-    @classmethod
-    def from_pretrained(cls, path, subfolder="", **kwargs):
-        folder = os.path.join(path, subfolder or "")
-        with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-        for k in ("added_tokens_decoder", "tokenizer_class"):
-            cfg.pop(k, None)
-        files = {k: os.path.join(folder, v) for k, v in cls.vocab_files_names.items()}
-        return cls(**files, name_or_path=folder, **cfg)
-
-
-# ----------------------------------------------------------------------------------------------------
-# reference imports
-# ----------------------------------------------------------------------------------------------------
-def _diffusers_checkout():
-    commit = subprocess.check_output(["git", "--git-dir", DIFFUSERS_MIRROR, "rev-parse", DIFFUSERS_TAG + "^{commit}"],
-                                     text=True).strip()
-    src = os.environ.get("DIFFUSERS_SRC")
-    if not src:
-        src = "/tmp/diffusers_src"
-        if not os.path.isfile(os.path.join(src, "src", "diffusers", "__init__.py")):
-            os.makedirs(src, exist_ok=True)
-            archive = subprocess.Popen(["git", "--git-dir", DIFFUSERS_MIRROR, "archive", DIFFUSERS_TAG, "src"],
-                                       stdout=subprocess.PIPE)
-            subprocess.check_call(["tar", "-x", "-C", src], stdin=archive.stdout)
-            assert archive.wait() == 0
-    return os.path.abspath(os.path.join(src, "src")), commit
-
-
-assert not hasattr(F, "scaled_dot_product_attention"), "expected torch 1.13 (no SDPA): the goldens use AttnProcessor"
-diffusers_stubs.install(STUB_SITE, STUB_VERSIONS)  # torch shims, fake dist-info, hub + safetensors stubs
-clip_modeling, clip_configuration, clip_tokenization = _install_transformers_stub()
-DIFFUSERS_PATH, DIFFUSERS_COMMIT = _diffusers_checkout()
-sys.path.insert(0, DIFFUSERS_PATH)
-
-import diffusers  # noqa: E402
-from diffusers import (  # noqa: E402
+import transformers
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+import diffusers
+from diffusers import (
     AutoencoderKL,
     DDIMScheduler,
     DiffusionPipeline,
@@ -578,26 +57,40 @@ from diffusers import (  # noqa: E402
     StableDiffusionXLPipeline,
     UNet2DConditionModel,
 )
-from diffusers.models.attention_processor import Attention, AttnProcessor  # noqa: E402
+from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 
-assert diffusers.__version__ == "0.34.0", diffusers.__version__
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT_DIR = os.path.join(HERE, "sd")
+sys.path.insert(0, HERE)
+from st_io import write_st  # noqa: E402
+
+PINNED = {"torch": "2.13.0", "diffusers": "0.42.1", "transformers": "5.25.0", "safetensors": "0.8.0"}
+VERSIONS = {"torch": torch.__version__, "diffusers": diffusers.__version__, "transformers": transformers.__version__,
+            "safetensors": safetensors.__version__, "numpy": np.__version__}
+for _pkg, _ver in PINNED.items():
+    assert VERSIONS[_pkg].split("+")[0] == _ver, f"{_pkg} {VERSIONS[_pkg]} installed, requirements.txt pins {_ver}"
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--import-only":
-    print("imports ok", diffusers.__file__, DIFFUSERS_COMMIT)
+    print("imports ok", VERSIONS)
     sys.exit(0)
 
 diffusers.utils.logging.set_verbosity_error()
 diffusers.utils.logging.disable_progress_bar()
-SOURCE = f"huggingface/diffusers {DIFFUSERS_TAG} ({DIFFUSERS_COMMIT})"
-CLIP_SOURCE = "huggingface/transformers " + ", ".join(f"{k}@{v[:12]}" for k, v in CLIP_COMMITS.items())
+transformers.utils.logging.set_verbosity_error()
+SOURCE = f"diffusers {diffusers.__version__}"
+CLIP_SOURCE = f"transformers {transformers.__version__} CLIPTextModel / CLIPTextModelWithProjection / CLIPTokenizer"
 COMMON_META = {
     "torch": torch.__version__,
-    "attention": "diffusers AttnProcessor (classic baddbmm/softmax/bmm; torch 1.13 has no SDPA), CLIP eager attention",
+    "versions": json.dumps(VERSIONS, sort_keys=True),
+    "attention": "diffusers AttnProcessor2_0 (F.scaled_dot_product_attention, diffusers' default on torch 2; "
+                 "upcast_attention / upcast_softmax do not apply), CLIP attn_implementation sdpa (transformers' "
+                 "default)",
     "perturbation": "every parameter p += 0.2 * randn (torch.Generator seeded per case)",
     "f64": "float64 deep copy (.double()) on the float32 inputs widened, under torch.set_default_dtype(float64)",
 }
 
 
+# ----------------------------------------------------------------------------------------------------
 # ----------------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------------
@@ -622,7 +115,7 @@ def perturb_(model, seed):
 
 def check_attention(model):
     atts = [m for m in model.modules() if isinstance(m, Attention)]
-    bad = [type(m.processor).__name__ for m in atts if type(m.processor) is not AttnProcessor]
+    bad = [type(m.processor).__name__ for m in atts if type(m.processor) is not AttnProcessor2_0]
     assert not bad, bad
     return len(atts)
 
@@ -759,13 +252,11 @@ def run_unet_case(name, case):
                         + (", added_cond_kwargs={text_embeds, time_ids}" if case.get("sdxl_pooled") else "")
                         + ").sample")
     write_st(os.path.join(folder, "io.safetensors"), io_tensors(inputs, out32, out64), meta)
-    if case["config"].get("upcast_attention"):
-        rel, why = 1e-6, ("upcast_attention: diffusers computes the scores in float32 even in its float64 model "
-                          "(q.float(), k.float())")
-    else:
-        rel, why = 5e-8, ("diffusers computes the timestep embedding in float32 even in its float64 model, and "
-                          "float32 exp / sin / cos differ in the last bit between LibTorch builds "
-                          "(tests/golden_util.h kUnetFloat64Rel)")
+    # upcast_attention does not apply under AttnProcessor2_0 (SDPA), so unet_sd2's float64 run is float64 in its
+    # attention too; what stays float32 in every UNet is the sinusoidal timestep embedding.
+    rel, why = 5e-8, ("diffusers computes the timestep embedding in float32 even in its float64 model, and "
+                      "float32 exp / sin / cos differ in the last bit between LibTorch builds "
+                      "(tests/golden_util.h kUnetFloat64Rel)")
     write_parity(folder, [{"method": "forward", "inputs": list(inputs), "outputs": {"sample": "out"}}], rel, why)
     summary(name, out32, out64)
     return model
@@ -785,6 +276,7 @@ VAE_CASES = {
         norm_num_groups=4, sample_size=32, scaling_factor=1.5305, shift_factor=0.0609, use_quant_conv=False,
         use_post_quant_conv=False)),
 }
+VAE_FLOAT64_REL = 1e-10  # dew --dtype float64 vs this float64 truth measured at ~1e-15 relative
 VAE_TILING = dict(tile_sample_min_size=32, tile_latent_min_size=16, tile_overlap_factor=0.25)
 VAE_TILED_LATENT = {"vae": (32, 32), "vae_sd3": (16, 24)}  # latent H, W of z_tiled (tiles of 16 every 12)
 
@@ -834,8 +326,9 @@ def run_vae_case(name, case):
          "outputs": {"latent_mean": "latent_mean", "latent_logvar": "latent_logvar"}},
         {"method": "decode", "inputs": ["z"], "outputs": {"sample": "decoded"}},
         {"method": "tiled_decode", "inputs": {"z": "z_tiled"}, "outputs": {"sample": "tiled_decoded"}},
-    ], 2e-7, "the mid-block attention's upcast_softmax casts the scores with .float(), to float32 even in "
-             "diffusers' float64 model")
+    ], VAE_FLOAT64_REL, "diffusers' float64 AutoencoderKL is float64 throughout (its mid-block attention runs "
+                        "SDPA in float64: upcast_softmax does not apply under AttnProcessor2_0); the tolerance "
+                        "leaves room for float64 rounding of another LibTorch build")
     summary(name, out32, out64)
     return model
 
@@ -883,7 +376,7 @@ NEGATIVE_PROMPT_2 = "low quality"
 def write_tokenizer_sources(folder):
     """vocab.json + merges.txt of the tiny BPE (the inputs CLIPTokenizer is constructed from)."""
     os.makedirs(folder, exist_ok=True)
-    symbols = list(clip_tokenization.bytes_to_unicode().values())
+    symbols = list(bytes_to_unicode().values())
     vocab = symbols + [s + "</w>" for s in symbols] + ["".join(m.split()) for m in MERGES]
     vocab += ["<|startoftext|>", "<|endoftext|>"]
     assert len(set(vocab)) == len(vocab)
@@ -895,13 +388,12 @@ def write_tokenizer_sources(folder):
 
 
 def make_tokenizer(src_folder, pad_token="<|endoftext|>"):
-    return clip_tokenization.CLIPTokenizer(
-        vocab_file=os.path.join(src_folder, "vocab.json"), merges_file=os.path.join(src_folder, "merges.txt"),
-        pad_token=pad_token, model_max_length=77, do_lower_case=True)
+    """CLIPTokenizer (transformers 5: the tokenizers-backed one) loaded from the vocab.json + merges.txt folder."""
+    return CLIPTokenizer.from_pretrained(src_folder, pad_token=pad_token, model_max_length=77)
 
 
 def text_config(vocab_size, hidden, heads, layers, inter, projection_dim, act="quick_gelu"):
-    return clip_configuration.CLIPTextConfig(
+    return CLIPTextConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=inter, projection_dim=projection_dim,
         num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=77, hidden_act=act,
         layer_norm_eps=1e-5, bos_token_id=vocab_size - 2, eos_token_id=vocab_size - 1, pad_token_id=1)
@@ -910,7 +402,7 @@ def text_config(vocab_size, hidden, heads, layers, inter, projection_dim, act="q
 def make_text_encoder(cls, config, seed):
     torch.manual_seed(seed)
     model = cls(config)
-    assert all(type(l.self_attn) is clip_modeling.CLIPAttention for l in model.text_model.encoder.layers)
+    assert model.config._attn_implementation == "sdpa", model.config._attn_implementation  # the default
     return perturb_(model, seed + 1).eval()
 
 
@@ -977,11 +469,11 @@ def token_ids(tokenizer, text):
 
 
 def sd_pipeline(models):
-    tok_src = "/tmp/sd_reference_stubs/tokenizer_src"
+    tok_src = "/tmp/sd_reference/tokenizer_src"
     vocab_size = write_tokenizer_sources(tok_src)
     tokenizer = make_tokenizer(tok_src)
     te_config = text_config(vocab_size, 16, 4, 2, 64, 16)  # hidden 16 = unet_sd's cross_attention_dim
-    text_encoder = make_text_encoder(clip_modeling.CLIPTextModel, te_config, seed=700)
+    text_encoder = make_text_encoder(CLIPTextModel, te_config, seed=700)
     unet, vae = models["unet_sd"], models["vae"]
     components = dict(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
                       scheduler=DDIMScheduler(**SCHEDULER_CONFIG), safety_checker=None, feature_extractor=None,
@@ -1036,15 +528,15 @@ def sd_pipeline(models):
 
 
 def sdxl_pipeline(models):
-    tok_src = "/tmp/sd_reference_stubs/tokenizer_src"
+    tok_src = "/tmp/sd_reference/tokenizer_src"
     vocab_size = write_tokenizer_sources(tok_src)
     tokenizer = make_tokenizer(tok_src)
     tokenizer_2 = make_tokenizer(tok_src, pad_token="!")  # SDXL's tokenizer_2 pads with "!" (id 0)
     # hidden 16 + 16 = unet_sdxl's cross_attention_dim 32; projection_dim 32 = its pooled text_embeds width
     te1_config = text_config(vocab_size, 16, 2, 2, 64, 16)
     te2_config = text_config(vocab_size, 16, 2, 2, 64, 32, act="gelu")
-    text_encoder = make_text_encoder(clip_modeling.CLIPTextModel, te1_config, seed=800)
-    text_encoder_2 = make_text_encoder(clip_modeling.CLIPTextModelWithProjection, te2_config, seed=810)
+    text_encoder = make_text_encoder(CLIPTextModel, te1_config, seed=800)
+    text_encoder_2 = make_text_encoder(CLIPTextModelWithProjection, te2_config, seed=810)
     unet, vae = models["unet_sdxl"], models["vae"]
     scheduler = EulerDiscreteScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012,
                                        beta_schedule="scaled_linear", steps_offset=1, timestep_spacing="leading")
@@ -1106,7 +598,7 @@ def sdxl_pipeline(models):
 
 def main():
     os.makedirs(OUT_DIR, exist_ok=True)
-    print(f"diffusers {diffusers.__version__} from {DIFFUSERS_PATH} ({DIFFUSERS_COMMIT}); torch {torch.__version__}")
+    print(f"versions {VERSIONS}")
     models = {}
     for name, case in UNET_CASES.items():
         print(name)

@@ -1,4 +1,4 @@
-// diffusers schedulers (dew/sampling/schedulers.h) against the real diffusers v0.34.0 classes
+// diffusers schedulers (dew/sampling/schedulers.h) against the real diffusers classes (0.42.1, requirements.txt)
 // (tests/golden/schedulers_reference.py), and the beta schedules SD needs (dew/diffusion/schedules.h).
 #include <gtest/gtest.h>
 
