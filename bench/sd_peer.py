@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""Python peer of `dew bench --models sd_unet,sd_vae`: the real diffusers classes, as installed.
+"""Python peer of `dew bench --models sd_unet,sd_vae,sd3,flux`: the real diffusers classes, as installed.
 
-The models are diffusers' own UNet2DConditionModel and AutoencoderKL, built from the same config.json dict the
-C++ side builds its unet_2d_condition / autoencoder_kl from (--config), imported from the environment's pinned
+The models are diffusers' own UNet2DConditionModel, AutoencoderKL, SD3Transformer2DModel and
+FluxTransformer2DModel, built from the same config.json dict the C++ side builds its unet_2d_condition /
+autoencoder_kl / sd3_transformer / flux_transformer from (--config), imported from the environment's pinned
 diffusers (requirements.txt), or from a diffusers source checkout when --diffusers-src (or $DEW_DIFFUSERS_SRC)
 names one (put ahead of the installed package; its own imports come from the environment). Nothing is
 re-implemented.
@@ -17,9 +18,23 @@ re-implemented.
 - sd_vae: AutoencoderKL encode + decode of a batch of images without gradients, as a pipeline runs them:
   z = scaling_factor * vae.encode(x).latent_dist.sample(generator), x_hat = vae.decode(z / scaling_factor).sample.
   forward = encode (with the sample), backward = decode, optimizer 0 in the result line.
+- sd3, flux: one training step of diffusers' examples/dreambooth/train_dreambooth_sd3.py /
+  train_dreambooth_flux.py (flow matching, --weighting_scheme logit_normal, no output preconditioning), with the
+  sigmas used as they are drawn (dew's flow preset) where the scripts index a FlowMatchEulerDiscreteScheduler
+  table: u = compute_density_for_timestep_sampling("logit_normal", B, 0, 1), noisy = (1 - u) latents + u noise,
+  pred = transformer(noisy, timestep=1000 u, encoder_hidden_states, pooled_projections).sample (Flux: the latents
+  packed by FluxPipeline._pack_latents with _prepare_latent_image_ids and zero txt_ids, timestep u, guidance 3.5,
+  the prediction unpacked by FluxPipeline._unpack_latents), loss = mean(compute_loss_weighting_for_sd3 *
+  (pred - (noise - latents))^2), backward, clip_grad_norm_(1.0), torch.optim.AdamW(lr 1e-4, betas (0.9, 0.999),
+  weight_decay 1e-4, eps 1e-8), zero_grad; no EMA. A fixed batch of latents, text states and pooled text stands
+  in for the VAE and the text encoders. diffusers' SD3Transformer2DModel holds the last (context_pre_only) block's
+  attn.add_q_proj, whose text queries feed only the discarded text output; dew's sd3_transformer does not build
+  it, so that projection is left out of the count checked against --params (it still runs and trains here).
 
     .venv/bin/python bench/sd_peer.py --model sd_unet --config '{"_class_name": "UNet2DConditionModel", ...}' \
         --params 4399684 --batch 8 --latent-size 16 --context-len 16 --steps 20 --warmup 5 --threads 2
+    .venv/bin/python bench/sd_peer.py --model sd3 --config '{"_class_name": "SD3Transformer2DModel", ...}' \
+        --params 2276032 --batch 4 --latent-size 32 --context-len 16 --steps 20 --warmup 5 --threads 2
     bench/sd_peer.py --probe      # "diffusers 0.42.1 (PATH)", or exit 3 and the reason
 
 prints one JSON line with the keys of bench/peer.py.
@@ -42,6 +57,9 @@ import peer  # noqa: E402  (the result line)
 # train_text_to_image.py's defaults, and Stable Diffusion's noise schedule (its scheduler_config.json).
 LR, BETAS, WEIGHT_DECAY, EPS, EMA_DECAY = 1e-4, (0.9, 0.999), 1e-2, 1e-8, 0.995
 TRAIN_TIMESTEPS, BETA_START, BETA_END = 1000, 0.00085, 0.012
+# train_dreambooth_sd3.py / train_dreambooth_flux.py's defaults (--learning_rate 1e-4, --adam_weight_decay 1e-4,
+# --max_grad_norm 1.0, --guidance_scale 3.5, --logit_mean 0, --logit_std 1); dew/bench/cases.h's kFlow* values.
+FLOW_LR, FLOW_WEIGHT_DECAY, FLOW_GRAD_CLIP, FLOW_GUIDANCE = 1e-4, 1e-4, 1.0, 3.5
 
 
 def fail(msg, code=2):
@@ -108,6 +126,88 @@ def unet_step(diffusers, cfg, a):
     return n, times, loss, first
 
 
+def sd3_unused(model, cfg):
+    """The parameters dew's sd3_transformer does not build: the pre-only last block's text query projection
+    (attn.add_q_proj, and attn.norm_added_q with a qk norm), which feeds only the discarded text output."""
+    last = f"transformer_blocks.{cfg.get('num_layers', 18) - 1}.attn."
+    return sum(p.numel() for k, p in model.named_parameters()
+               if k.startswith(last + "add_q_proj.") or k.startswith(last + "norm_added_q."))
+
+
+def flow_step(diffusers, cfg, a):
+    from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
+
+    flux = a.model == "flux"
+    if flux:
+        from diffusers import FluxPipeline, FluxTransformer2DModel
+        model = FluxTransformer2DModel(**cfg)
+        channels = model.config.in_channels // 4  # the packed 2 x 2 tokens' features are 4 x the latent channels
+        unused = 0
+    else:
+        from diffusers import SD3Transformer2DModel
+        model = SD3Transformer2DModel(**cfg)
+        channels = model.config.in_channels
+        unused = sd3_unused(model, cfg)
+    model.train()
+    n_all = sum(p.numel() for p in model.parameters())
+    n = n_all - unused
+    if a.params >= 0 and n != a.params:
+        fail(f"{type(model).__name__} has {n} parameters here ({n_all} less {unused} dew does not build) and "
+             f"{a.params} in C++: the two models differ")
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=FLOW_LR, betas=BETAS, weight_decay=FLOW_WEIGHT_DECAY, eps=EPS)
+    run_model = peer.compiled(a, model)  # the same parameters; the optimizer stays eager
+
+    g = torch.Generator().manual_seed(1)
+    B, S = a.batch, a.latent_size
+    if flux and S % 2:
+        fail(f"--latent-size {S}: Flux packs 2 x 2 latent patches, so it must be even")
+    latents = torch.randn(B, channels, S, S, generator=g)
+    text = torch.randn(B, a.context_len, cfg["joint_attention_dim"], generator=g)
+    pooled = torch.randn(B, cfg["pooled_projection_dim"], generator=g)
+    extra = {}
+    if flux:
+        # train_dreambooth_flux.py: the ids of the packed grid, zero text ids, guidance when the model embeds it
+        # (FLUX.1 dev), the timestep on diffusers' [0, 1] scale (the model multiplies by 1000).
+        extra["img_ids"] = FluxPipeline._prepare_latent_image_ids(B, S // 2, S // 2, latents.device, latents.dtype)
+        extra["txt_ids"] = torch.zeros(a.context_len, 3)
+        if model.config.guidance_embeds:
+            extra["guidance"] = torch.full((B,), FLOW_GUIDANCE)
+    torch.manual_seed(2)  # the step's sigmas and noise
+    times, loss, first = [], 0.0, 0.0
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        noise = torch.randn_like(latents)
+        u = compute_density_for_timestep_sampling("logit_normal", B, logit_mean=0.0, logit_std=1.0)
+        sigmas = u.view(B, 1, 1, 1)
+        noisy = (1.0 - sigmas) * latents + sigmas * noise
+        if flux:
+            packed = FluxPipeline._pack_latents(noisy, B, channels, S, S)
+            pred = run_model(hidden_states=packed, timestep=u, encoder_hidden_states=text,
+                             pooled_projections=pooled, return_dict=False, **extra)[0]
+            # _unpack_latents takes the image size in pixels: with vae_scale_factor 8 it gives back S x S.
+            pred = FluxPipeline._unpack_latents(pred, S * 8, S * 8, 8)
+        else:
+            pred = run_model(hidden_states=noisy, timestep=u * 1000.0, encoder_hidden_states=text,
+                             pooled_projections=pooled, return_dict=False)[0]
+        weighting = compute_loss_weighting_for_sd3("logit_normal", sigmas)
+        target = noise - latents
+        l = torch.mean((weighting.float() * (pred.float() - target.float()) ** 2).reshape(B, -1), 1).mean()
+        t1 = time.perf_counter()
+        l.backward()
+        torch.nn.utils.clip_grad_norm_(params, FLOW_GRAD_CLIP)
+        t2 = time.perf_counter()
+        opt.step()
+        opt.zero_grad()
+        t3 = time.perf_counter()
+        loss = l.item()
+        if i == 0:
+            first = t3 - t0
+        if i >= a.warmup:
+            times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
+    return n, times, loss, first
+
+
 def vae_step(diffusers, cfg, a):
     from diffusers import AutoencoderKL
 
@@ -136,7 +236,7 @@ def vae_step(diffusers, cfg, a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=["sd_unet", "sd_vae"])
+    ap.add_argument("--model", choices=["sd_unet", "sd_vae", "sd3", "flux"])
     ap.add_argument("--probe", action="store_true", help="only import diffusers: print its version and path")
     ap.add_argument("--diffusers-src", default=default_src(),
                     help="the `src` folder of a diffusers checkout to import instead of the installed "
@@ -144,8 +244,8 @@ def main():
     ap.add_argument("--config", help="the diffusers config.json dict of the model, as JSON")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--latent-size", type=int, default=16, help="sd_unet: side of the latents")
-    ap.add_argument("--context-len", type=int, default=16, help="sd_unet: text tokens")
+    ap.add_argument("--latent-size", type=int, default=16, help="sd_unet, sd3, flux: side of the latents")
+    ap.add_argument("--context-len", type=int, default=16, help="sd_unet, sd3, flux: text tokens")
     ap.add_argument("--image-size", type=int, default=64, help="sd_vae: side of the images")
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
@@ -166,8 +266,8 @@ def main():
         fail("--model and --config are required (or --probe)")
     if a.device != "cpu":
         fail("the Stable Diffusion peer runs on the CPU only")
-    if a.compile and a.model != "sd_unet":
-        fail("--compile: only sd_unet (a training step) runs compiled")
+    if a.compile and a.model == "sd_vae":
+        fail("--compile: only the training steps (sd_unet, sd3, flux) run compiled")
     if min(a.batch, a.steps, a.threads, a.latent_size, a.context_len, a.image_size) < 1 or a.warmup < 0:
         fail("--batch, --steps, --threads, --latent-size, --context-len, --image-size must be >= 1, --warmup >= 0")
     try:
@@ -177,7 +277,8 @@ def main():
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    n, times, loss, first = (unet_step if a.model == "sd_unet" else vae_step)(diffusers, cfg, a)
+    step = {"sd_unet": unet_step, "sd_vae": vae_step, "sd3": flow_step, "flux": flow_step}[a.model]
+    n, times, loss, first = step(diffusers, cfg, a)
     if not math.isfinite(loss):
         fail(f"non-finite loss {loss}")
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]

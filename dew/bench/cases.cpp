@@ -28,6 +28,24 @@ std::string sd_case_size(const std::string& inputs, const json& config, const st
   return s;
 }
 
+// A flow transformer's case: its config's family fields, latents kFlowChannels x kFlowLatent^2, kFlowContextLen
+// text tokens.
+BenchCase flow_case(const std::string& name, const std::string& arch, const json& config,
+                    const std::vector<std::string>& keys, CaseKind kind) {
+  const std::string side = std::to_string(kFlowLatent);
+  const std::string in = "latents " + std::to_string(kFlowChannels) + "x" + side + "x" + side + ", text " +
+                         std::to_string(kFlowContextLen) + " x " + config.at("joint_attention_dim").dump() +
+                         ", pooled " + config.at("pooled_projection_dim").dump();
+  return case_of_kind({name,
+                       arch,
+                       sd_case_size(in, config, keys),
+                       models::fields_from_reference_config(arch, config),
+                       {kFlowChannels, kFlowLatent, kFlowLatent},
+                       kFlowContextLen,
+                       true},
+                      kind);
+}
+
 }  // namespace
 
 const std::vector<BenchCase>& bench_cases() {
@@ -239,6 +257,58 @@ const BenchCase& sd_vae_case() {
   return c;
 }
 
+// The flow-matching transformers, each written once as its diffusers config.json dict like the SD components: a
+// few M parameters on 16 x 32 x 32 latents (16 x 16 = 256 image tokens), width 4 heads x 32, a 64-wide text
+// context and pooled vector. sd3: SD3 (medium)'s layout (no qk norm, no dual attention), 4 joint blocks, the last
+// one's text stream pre-only; the position table cropped from 32 x 32. flux: FLUX.1 dev's layout (guidance
+// embedding), 2 double-stream and 4 single-stream blocks, RoPE axes 8 + 12 + 12 = the head width.
+const json& sd3_config() {
+  static const json config = {{"_class_name", "SD3Transformer2DModel"},
+                              {"sample_size", kFlowLatent},
+                              {"patch_size", 2},
+                              {"in_channels", kFlowChannels},
+                              {"out_channels", kFlowChannels},
+                              {"num_layers", 4},
+                              {"attention_head_dim", 32},
+                              {"num_attention_heads", 4},
+                              {"joint_attention_dim", 64},
+                              {"caption_projection_dim", 128},
+                              {"pooled_projection_dim", 64},
+                              {"pos_embed_max_size", kFlowLatent}};
+  return config;
+}
+
+// diffusers' in_channels counts the packed 2 x 2 tokens' features: 4 x the latent channels.
+const json& flux_config() {
+  static const json config = {{"_class_name", "FluxTransformer2DModel"},
+                              {"patch_size", 1},
+                              {"in_channels", 4 * kFlowChannels},
+                              {"num_layers", 2},
+                              {"num_single_layers", 4},
+                              {"attention_head_dim", 32},
+                              {"num_attention_heads", 4},
+                              {"joint_attention_dim", 64},
+                              {"pooled_projection_dim", 64},
+                              {"guidance_embeds", true},
+                              {"axes_dims_rope", {8, 12, 12}}};
+  return config;
+}
+
+const BenchCase& sd3_case() {
+  static const BenchCase c =
+      flow_case("sd3", "sd3_transformer", sd3_config(),
+                {"patch_size", "num_layers", "num_attention_heads", "attention_head_dim"}, CaseKind::sd3);
+  return c;
+}
+
+const BenchCase& flux_case() {
+  static const BenchCase c =
+      flow_case("flux", "flux_transformer", flux_config(),
+                {"num_layers", "num_single_layers", "num_attention_heads", "attention_head_dim", "guidance_embeds"},
+                CaseKind::flux);
+  return c;
+}
+
 // `dew train`'s throughput: the default recipe (runs::default_recipe("diffusion"), what `dew train diffusion`
 // and scripts/demo run with no flags) with its real data loader; its fields are the recipe's.
 const BenchCase& train_case() {
@@ -263,15 +333,26 @@ const BenchCase& sample_case() {
   return c;
 }
 
-bool is_sd(const BenchCase& c) { return c.kind == CaseKind::sd_unet || c.kind == CaseKind::sd_vae; }
+bool is_sd(const BenchCase& c) {
+  return c.kind == CaseKind::sd_unet || c.kind == CaseKind::sd_vae || is_flow_transformer(c);
+}
+
+bool is_flow_transformer(const BenchCase& c) { return c.kind == CaseKind::sd3 || c.kind == CaseKind::flux; }
 
 const json& reference_config(const BenchCase& c) {
-  return c.kind == CaseKind::sd_unet ? sd_unet_config() : sd_vae_config();
+  switch (c.kind) {
+    case CaseKind::sd_unet: return sd_unet_config();
+    case CaseKind::sd_vae: return sd_vae_config();
+    case CaseKind::sd3: return sd3_config();
+    case CaseKind::flux: return flux_config();
+    default: fail("bench: case \"", c.name, "\" is not built from a diffusers config.json");
+  }
 }
 
 const std::vector<const BenchCase*>& other_cases() {
-  static const std::vector<const BenchCase*> v = {&lm_case(),      &jepa_case(),   &dpo_case(),   &grpo_rollout_case(),
-                                                  &sd_unet_case(), &sd_vae_case(), &train_case(), &sample_case()};
+  static const std::vector<const BenchCase*> v = {&lm_case(),      &jepa_case(),   &dpo_case(), &grpo_rollout_case(),
+                                                  &sd_unet_case(), &sd_vae_case(), &sd3_case(), &flux_case(),
+                                                  &train_case(),   &sample_case()};
   return v;
 }
 
@@ -328,6 +409,8 @@ int64_t batch_of(const BenchCase& c, const Sizes& s) {
     case CaseKind::lm: return s.batch.value_or(4);
     case CaseKind::sd_unet: return s.batch.value_or(kSdUnetBatch);
     case CaseKind::sd_vae: return s.batch.value_or(kSdVaeBatch);
+    case CaseKind::sd3:
+    case CaseKind::flux: return s.batch.value_or(kFlowBatch);
     case CaseKind::train:
       return s.batch.value_or(runs::default_recipe("diffusion")["loader"]["batch_size"].get<int64_t>());
     default: return s.batch.value_or(32);

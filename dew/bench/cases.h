@@ -1,7 +1,7 @@
 // The cases of `dew bench`: each one names what it builds and times at a fixed small size that its Python peer
 // (bench/*.py) receives too. The diffusion table holds denoisers of the model registry; the other cases are the
-// language model, the JEPA, DPO and GRPO-rollout steps, the Stable Diffusion components, `dew train`'s throughput
-// and `dew sample`.
+// language model, the JEPA, DPO and GRPO-rollout steps, the Stable Diffusion components, the SD3 and Flux
+// transformers, `dew train`'s throughput and `dew sample`.
 //
 //   const bench::BenchCase& c = bench::find_case("unet");
 //   bench::Sizes s;                                   // every size at the case's default
@@ -51,6 +51,19 @@ inline constexpr int64_t kSdImage = 64;
 inline constexpr double kSdLr = 1e-4;
 inline constexpr int64_t kSdTrainTimesteps = 1000;
 inline constexpr double kSdBetaStart = 0.00085, kSdBetaEnd = 0.012;
+// The flow-matching transformers (sd3: SD3Transformer2DModel, flux: FluxTransformer2DModel, FLUX.1 dev's layout):
+// the step of diffusers' train_dreambooth_sd3.py / train_dreambooth_flux.py (logit-normal sigmas, velocity target
+// noise - latents, gradient clip kFlowGradClip, AdamW lr kFlowLr and weight decay kFlowWeightDecay, no EMA) on
+// kFlowBatch latents of kFlowChannels x kFlowLatent^2 with kFlowContextLen text tokens; Flux's guidance input is
+// kFlowGuidance. bench/sd_peer.py holds the same step values.
+inline constexpr int64_t kFlowBatch = 4;
+inline constexpr int64_t kFlowChannels = 16;
+inline constexpr int64_t kFlowLatent = 32;
+inline constexpr int64_t kFlowContextLen = 16;
+inline constexpr double kFlowLr = 1e-4;
+inline constexpr double kFlowWeightDecay = 1e-4;
+inline constexpr double kFlowGradClip = 1.0;
+inline constexpr double kFlowGuidance = 3.5;
 // `dew sample RUN` on the default recipe's model: kSampleImages images with `dew sample`'s defaults (solver
 // euler, kSampleSteps grid points, guidance kSampleGuidance on a class-conditional run, chunks of
 // DiffusionSampleOptions' batch_size); kSampleRuns timed sampling runs after kSampleWarmup untimed ones
@@ -63,7 +76,7 @@ inline constexpr int64_t kSampleRuns = 1;       // one run is 60 forwards of 72-
 inline constexpr int64_t kSampleWarmup = 0;     // the network-alone forwards before the runs warm every chunk up
 
 /// What a case times, and so which child, peer and report section it has.
-enum class CaseKind { diffusion, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, train, sample };
+enum class CaseKind { diffusion, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train, sample };
 
 /// One benchmarked model: a registry architecture at a fixed small size.
 struct BenchCase {
@@ -87,6 +100,8 @@ const BenchCase& dpo_case();
 const BenchCase& grpo_rollout_case();
 const BenchCase& sd_unet_case();
 const BenchCase& sd_vae_case();
+const BenchCase& sd3_case();
+const BenchCase& flux_case();
 const BenchCase& train_case();
 const BenchCase& sample_case();
 
@@ -100,8 +115,11 @@ std::vector<const BenchCase*> select_cases(const std::string& models);
 bool any_of_kind(const std::vector<const BenchCase*>& cases, CaseKind k);
 /// The items of a comma-separated list; an empty item is a dew::Error naming --flag.
 std::vector<std::string> split_list(const std::string& s, const std::string& flag);
-/// sd_unet or sd_vae: built from a diffusers config.json dict.
+/// sd_unet, sd_vae, sd3 or flux: built from a diffusers config.json dict, timed against diffusers' own class
+/// (bench/sd_peer.py).
 bool is_sd(const BenchCase& c);
+/// sd3 or flux: a flow-matching transformer's training step.
+bool is_flow_transformer(const BenchCase& c);
 
 /// The sizes the flags set; an unset one takes each case's default.
 struct Sizes {
@@ -112,7 +130,7 @@ struct Sizes {
   int64_t images = kSampleImages;       // sample: images per sampling run
   int64_t sample_steps = kSampleSteps;  // sample: the sampler's grid points
 };
-/// Rows per step: 32; lm and sd_vae 4, sd_unet 8, train the recipe's (dpo: pairs; unused by grpo_rollout, sample).
+/// Rows per step: 32; lm, sd_vae, sd3 and flux 4, sd_unet 8, train the recipe's (dpo: pairs; unused by grpo_rollout, sample).
 int64_t batch_of(const BenchCase& c, const Sizes& s);
 /// Timed steps: 20; sample kSampleRuns.
 int64_t steps_of(const BenchCase& c, const Sizes& s);
@@ -127,9 +145,12 @@ const json& jepa_recipe();
 JEPAObjectiveOptions jepa_objective_options();
 /// The fresh model of `dew train dpo` and `dew train grpo`: a byte causal_transformer, width 128, 4 layers.
 const json& post_training_fields();
-/// The diffusers config.json dicts of sd_unet (UNet2DConditionModel) and sd_vae (AutoencoderKL).
+/// The diffusers config.json dicts of sd_unet (UNet2DConditionModel), sd_vae (AutoencoderKL), sd3
+/// (SD3Transformer2DModel) and flux (FluxTransformer2DModel).
 const json& sd_unet_config();
 const json& sd_vae_config();
+const json& sd3_config();
+const json& flux_config();
 /// The dict an SD case is built from.
 const json& reference_config(const BenchCase& c);
 

@@ -1,5 +1,6 @@
 #include "dew/bench/peers.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
@@ -38,6 +39,14 @@ std::string find_peer_script(const PeerOptions& o, const fs::path& exe, const st
                             fs::current_path() / "bench" / file})
     if (fs::is_regular_file(p)) return p.lexically_normal().string();
   return "";
+}
+
+// The diffusers cases among `cases`, comma-separated, for the log line saying they run C++ only.
+std::string diffusers_case_names(const std::vector<const BenchCase*>& cases) {
+  std::string names;
+  for (const BenchCase* c : cases)
+    if (is_sd(*c)) names += (names.empty() ? "" : ", ") + c->name;
+  return names;
 }
 
 }  // namespace
@@ -87,7 +96,8 @@ Peers find_peers(const PeerOptions& o, const std::vector<const BenchCase*>& case
   p.coretype = o.coretype;
   p.malloc_like_dew = o.malloc_like_dew;
   const bool any_diffusion = any_of_kind(cases, CaseKind::diffusion), any_lm = any_of_kind(cases, CaseKind::lm);
-  const bool any_sd = any_of_kind(cases, CaseKind::sd_unet) || any_of_kind(cases, CaseKind::sd_vae);
+  // The diffusers cases: the SD components and the flow transformers, one peer for all of them.
+  const bool any_sd = std::any_of(cases.begin(), cases.end(), [](const BenchCase* c) { return is_sd(*c); });
   if (enabled) {
     const fs::path exe = program;
     // In the order of the report's sections, so a missing --FLAG file is named in that order.
@@ -104,7 +114,7 @@ Peers find_peers(const PeerOptions& o, const std::vector<const BenchCase*>& case
       const bool used = kind == CaseKind::sd_unet ? any_sd : any_of_kind(cases, kind);
       if (used) p.scripts[kind] = find_peer_script(o, exe, flag, file);
     }
-    std::string sd_peer = p.script(CaseKind::sd_unet);  // one peer for both SD components
+    std::string sd_peer = p.script(CaseKind::sd_unet);  // one peer for every diffusers case
     p.scripts.erase(CaseKind::sd_unet);
     auto probe = run_child({o.python, "-c", "import torch; print(torch.__version__)"}, {}, /*quiet=*/true);
     if (probe.exit_code != 0) {
@@ -134,8 +144,10 @@ Peers find_peers(const PeerOptions& o, const std::vector<const BenchCase*>& case
         }
       }
     }
-    if (!sd_peer.empty()) p.scripts[CaseKind::sd_unet] = p.scripts[CaseKind::sd_vae] = sd_peer;
-    if (!p.sd_note.empty()) log << p.sd_note << "; sd_unet and sd_vae run C++ only\n";
+    if (!sd_peer.empty())
+      for (CaseKind k : {CaseKind::sd_unet, CaseKind::sd_vae, CaseKind::sd3, CaseKind::flux}) p.scripts[k] = sd_peer;
+    if (!p.sd_note.empty())
+      log << p.sd_note << "; the diffusers cases (" << diffusers_case_names(cases) << ") run C++ only\n";
     if (!p.note.empty()) log << p.note << "\n";
     if (!p.lm_note.empty() && p.lm_note != p.note) log << p.lm_note << "\n";
   }
@@ -182,6 +194,11 @@ std::vector<std::string> peer_argv(const Peers& peers, const BenchCase& c, const
     case CaseKind::sd_vae:
       add({"--model", c.name, "--config", fields, "--params", n, "--diffusers-src", peers.diffusers_src});
       add({"--image-size", std::to_string(c.item[1])});
+      break;
+    case CaseKind::sd3:
+    case CaseKind::flux:
+      add({"--model", c.name, "--config", fields, "--params", n, "--diffusers-src", peers.diffusers_src});
+      add({"--latent-size", std::to_string(c.item[1]), "--context-len", std::to_string(c.context_len)});
       break;
     case CaseKind::train:
       add({"--config", fields, "--params", n, "--data", a.train_data, "--recipe", a.train_record.dump()});

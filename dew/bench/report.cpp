@@ -408,6 +408,48 @@ class ReportWriter {
     }
   }
 
+  // The flow-matching transformers against diffusers' own classes: one section, a table set per model.
+  void flow_transformers(const Row* sd3, const Row* flux) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::sd3).empty();
+    const BenchCase& c = sd3 ? *sd3->c : *flux->c;
+    const int64_t batch = batch_of(c, s_);
+    md_ << "## dew bench: SD3 and Flux transformers on the CPU\n\n"
+        << "Both sides build each model from the same diffusers config.json dict (below): C++ through "
+        << "models::fields_from_reference_config (sd3_transformer, flux_transformer), Python (bench/sd_peer.py) as "
+        << "diffusers' own class (" << ctx_.peers.diffusers << "); the parameter counts must agree (diffusers' "
+        << "SD3Transformer2DModel also holds the last block's text query projection, attn.add_q_proj, which feeds "
+        << "only the discarded text output; dew does not build it, and the peer leaves it out of its count). Step "
+        << "(diffusers' train_dreambooth_sd3.py / train_dreambooth_flux.py, flow matching without output "
+        << "preconditioning, with the flow preset's continuous sigmas where the scripts index a scheduler table): "
+        << "batch " << batch << " latents " << kFlowChannels << " x " << kFlowLatent << " x " << kFlowLatent
+        << "; sigma ~ logit-normal(0, 1) and noise drawn, noisy = (1 - sigma) latents + sigma noise, the transformer "
+        << "on (noisy, timestep 1000 sigma, a fixed [" << batch << ", " << kFlowContextLen
+        << ", joint_attention_dim] text context and [" << batch << ", pooled_projection_dim] pooled text; Flux: "
+        << "guidance " << kFlowGuidance << ", the latents packed into 2 x 2 tokens with their image and text ids "
+        << "and the prediction unpacked), MSE against noise - latents (C++: dew's DiffusionProcess under the flow "
+        << "preset); backward; the global gradient norm clipped to " << kFlowGradClip << "; AdamW (lr " << kFlowLr
+        << ", weight decay " << kFlowWeightDecay << "; C++: on matrices, Python: torch.optim.AdamW on every "
+        << "parameter, as the scripts); zero_grad; no EMA. Each configuration runs in a fresh process: "
+        << warmup_of(c, s_) << " warm-up + " << steps_of(c, s_) << " timed steps, median; " << ctx_.rounds
+        << " round(s) per side" << (with_peer ? ", alternating C++ and Python" : "")
+        << ", the fastest round reported; peak MB is each process's peak RSS. Thread configurations: LibTorch "
+        << "intra-op threads (intra) x BLAS threads (blas).\n\n"
+        << machine(sd3 ? *sd3 : *flux, with_peer);
+    if (!ctx_.peers.sd_note.empty()) md_ << ctx_.peers.sd_note << "; C++ side only.\n\n";
+    const std::vector<std::pair<const Row*, std::string>> models = {
+        {sd3, "### sd3: an SD3Transformer2DModel training step"},
+        {flux, "### flux: a FluxTransformer2DModel training step"}};
+    bool first = true;
+    for (const auto& [r, title] : models) {
+      if (!r) continue;
+      if (!first) md_ << "\n";
+      first = false;
+      md_ << title << "\n\nModel: " << r->c->arch << ", " << r->c->size << ", " << grouped(r->params)
+          << " parameters; config `" << r->fields << "`.\n\n";
+      step_tables(*r, with_peer, "samples/s");
+    }
+  }
+
   void train(const Row& r) {
     const bool with_peer = !ctx_.peers.script(CaseKind::train).empty();
     const json& rec = ctx_.train_record;
@@ -554,6 +596,10 @@ class ReportWriter {
     if (row(CaseKind::sd_unet) || row(CaseKind::sd_vae)) {
       if (!md_.str().empty()) md_ << "\n";
       sd(row(CaseKind::sd_unet), row(CaseKind::sd_vae));
+    }
+    if (row(CaseKind::sd3) || row(CaseKind::flux)) {
+      if (!md_.str().empty()) md_ << "\n";
+      flow_transformers(row(CaseKind::sd3), row(CaseKind::flux));
     }
     if (row(CaseKind::train)) {
       if (!md_.str().empty()) md_ << "\n";

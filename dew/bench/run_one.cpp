@@ -507,6 +507,73 @@ json run_one_sd_unet(const BenchCase& c, const OneOptions& o) {
   return step_result(t.total, t.phase(0), t.phase(1), t.phase(2), batch, nparams, loss_value, t.peak_rss_mb);
 }
 
+// warmup + steps training steps of sd3 or flux as diffusers' train_dreambooth_sd3.py / train_dreambooth_flux.py take
+// them (flow matching without output preconditioning; the flow preset's continuous sigmas where the scripts index
+// a scheduler table): sigma ~ logit-normal(0, 1) and noise ~ N(0, I) drawn, noisy = (1 - sigma) latents + sigma
+// noise, the transformer on (noisy, 1000 sigma, text, pooled; Flux: guidance kFlowGuidance, its latents packed into
+// 2 x 2 tokens and unpacked inside forward, as the script does around the call), MSE against noise - latents;
+// backward; the global gradient norm clipped to kFlowGradClip; AdamW (lr kFlowLr, weight decay kFlowWeightDecay);
+// zero_grad. No EMA (the scripts keep none). A fixed batch of latents, text states and pooled text stands in for
+// the VAE and the text encoders. The noising and the loss are dew's DiffusionProcess under the flow preset, the
+// code `dew train --preset flow` runs.
+json run_one_flow_transformer(const BenchCase& c, const OneOptions& o) {
+  const int64_t batch = batch_of(c, o.sizes);
+  set_child_threads(o.threads);
+  at::manual_seed(0);
+  auto model = models::build(c.arch, c.fields);
+  model->to(o.device);
+  model->train();
+  training::NamedTensors params;
+  int64_t nparams = 0;
+  for (const auto& kv : model->named_parameters()) {
+    params.emplace_back(kv.key(), kv.value());
+    nparams += kv.value().numel();
+  }
+  training::OptimOptions oo;
+  oo.lr = kFlowLr;
+  oo.weight_decay = kFlowWeightDecay;
+  oo.grad_clip = kFlowGradClip;
+  training::Optimizer opt(params, oo);
+  // The flow preset as it stands: logit-normal(0, 1) sigmas, shift 1, velocity target eps - x0, weight 1.
+  const diffusion::DiffusionProcess process(diffusion::preset("flow", diffusion::PresetOptions{}));
+  const json& config = reference_config(c);
+  auto data_gen = at::detail::createCPUGenerator(1);
+  std::vector<int64_t> shape = {batch};
+  shape.insert(shape.end(), c.item.begin(), c.item.end());
+  const at::Tensor latents = at::randn(shape, data_gen).to(o.device);  // [B, 16, 32, 32]
+  Conditioning cond;
+  cond.context = at::randn({batch, c.context_len, config.at("joint_attention_dim").get<int64_t>()}, data_gen)
+                     .to(o.device);  // [B, L, D]
+  cond.pooled = at::randn({batch, config.at("pooled_projection_dim").get<int64_t>()}, data_gen).to(o.device);
+  if (config.value("guidance_embeds", false))
+    cond.extra["guidance"] = at::full({batch}, kFlowGuidance, at::TensorOptions().device(o.device));
+  auto step_gen = at::detail::createCPUGenerator(2);
+
+  // Phases: forward (the inputs, the transformer and the loss), backward (with the clip), optimizer (AdamW,
+  // zero_grad).
+  std::optional<at::Tensor> loss;
+  double loss_value = 0;
+  const Timings t = timed_loop(
+      loop_of(c, o, o.profile),
+      [&](int64_t, StepClock& clock) {
+        const diffusion::TrainingInputs in = process.training_inputs(latents, step_gen);
+        // The process's loss is half the squared error; the scripts' is the plain MSE.
+        loss.emplace(2 * process.loss(model->forward(in.net_input, in.model_time, cond), in));
+        clock.lap();
+        loss->backward();
+        training::clip_grad_norm(params, kFlowGradClip);
+        clock.lap();
+        opt.step(kFlowLr);
+        opt.zero_grad();
+      },
+      [&](int64_t, StepClock&) {
+        loss_value = loss->item<double>();
+        loss.reset();
+      });
+  DEW_CHECK(std::isfinite(loss_value), "bench ", c.name, ": non-finite loss ", loss_value);
+  return step_result(t.total, t.phase(0), t.phase(1), t.phase(2), batch, nparams, loss_value, t.peak_rss_mb);
+}
+
 // warmup + steps encode + decode passes of sd_vae without gradients, as a pipeline runs them:
 // z = to_latent(encode(x).sample(gen)) (scaling_factor z), x_hat = decode(from_latent(z)). Phases forward = encode
 // (with the sample), backward = decode, optimizer 0; loss = mean(x_hat^2).
@@ -553,6 +620,8 @@ json run_one(const BenchCase& c, const OneOptions& o) {
     case CaseKind::grpo_rollout: return run_one_grpo_rollout(c, o);
     case CaseKind::sd_unet: return run_one_sd_unet(c, o);
     case CaseKind::sd_vae: return run_one_sd_vae(c, o);
+    case CaseKind::sd3:
+    case CaseKind::flux: return run_one_flow_transformer(c, o);
     case CaseKind::train: return run_one_train(c, o);
     case CaseKind::sample: return run_one_sample(c, o);
     case CaseKind::diffusion: return run_one_diffusion(c, o);

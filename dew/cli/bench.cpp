@@ -2,14 +2,15 @@
 // child processes and Python peers, and the report). It times one training step of the small CPU models through
 // the trainer's own step, in C++ and, in the same invocation, in Python PyTorch eager and under torch.compile
 // doing the same per step (bench/peer.py and the other bench/*_peer.py), with the speed-up of the C++ side;
-// `--models` adds the language model, the JEPA, DPO and GRPO-rollout steps, the Stable Diffusion components,
-// `dew train`'s throughput and `dew sample` (dew bench --help).
+// `--models` adds the language model, the JEPA, DPO and GRPO-rollout steps, the Stable Diffusion components, the
+// SD3 and Flux transformers, `dew train`'s throughput and `dew sample` (dew bench --help).
 //
 //   dew bench                                   # every diffusion model, intra-op {1,2} x BLAS {1,2} threads
 //   dew bench --models unet --steps 10 --threads 1 --blas-threads 1 --out bench.md
 //   dew bench --models lm --rounds 1            # the language model
 //   dew bench --models dpo,grpo_rollout         # post-training: a DPO step, a GRPO rollout
 //   dew bench --models sd_unet,sd_vae           # Stable Diffusion components against diffusers
+//   dew bench --models sd3,flux                 # SD3 and Flux transformers' training steps against diffusers
 //   dew bench --models sample --rounds 1        # `dew sample`: 100 images, 30 Euler steps
 //
 // Every (model, side, thread configuration) runs in a fresh child process (the dew binary re-executed with the
@@ -39,7 +40,8 @@ std::string peer_python() {
 }
 
 const char* kBenchUsage =
-    "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout,sd_unet,sd_vae,train,sample"
+    "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout,sd_unet,sd_vae,sd3,flux,train,"
+    "sample"
     " | --all]\n"
     "                 [--steps N] [--warmup W] [--batch B] [--seq-len S] [--threads 1,2] [--blas-threads 1,2]\n"
     "                 [--images N] [--sample-steps S]\n"
@@ -75,7 +77,12 @@ const char* kBenchUsage =
     "                  sd_unet: a small Stable Diffusion UNet2DConditionModel's training step (epsilon MSE,\n"
     "                  AdamW, EMA; 8 latents 4x16x16, text 16 x 64); sd_vae: AutoencoderKL encode + decode of\n"
     "                  4 3x64x64 images without gradients; both against the real diffusers v0.34.0 classes in\n"
-    "                  Python (bench/sd_peer.py), built from the same config.json dict. train: `dew train\n"
+    "                  Python (bench/sd_peer.py), built from the same config.json dict. sd3, flux: a training\n"
+    "                  step of a small SD3Transformer2DModel (4 joint blocks) and FluxTransformer2DModel (FLUX.1\n"
+    "                  dev's layout, 2 double + 4 single blocks), width 4 heads x 32, 4 latents 16x32x32, text\n"
+    "                  16 x 64 and pooled 64: flow matching (logit-normal sigmas, velocity MSE), clip 1.0,\n"
+    "                  AdamW, as diffusers' train_dreambooth_sd3.py / _flux.py; against diffusers' classes\n"
+    "                  (bench/sd_peer.py) from the same config.json dict. train: `dew train\n"
     "                  diffusion`'s default recipe (unet, flow, batch 32) with its real Fashion-MNIST DataLoader,\n"
     "                  in samples/s over the timed steps, against bench/train_peer.py (the same loop around a\n"
     "                  torch.utils.data.DataLoader, num_workers 0, over the same images, dumped by dew).\n"
@@ -83,14 +90,16 @@ const char* kBenchUsage =
     "                  guidance 3, chunks of 64) of 100 images on the default recipe's freshly initialised\n"
     "                  model, without the PNG, in ms per sampling run and images/s, against\n"
     "                  bench/sample_peer.py (the same Euler loop with classifier-free guidance, torch.no_grad)\n"
-    "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, train and sample included\n"
+    "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train and sample\n"
+    "                  included\n"
     "  --steps N       timed steps (grpo_rollout: rollouts; sample: sampling runs, default 1) per configuration,\n"
     "                  median reported (default 20)\n"
     "  --warmup W      untimed steps first (default 5; sample: untimed sampling runs, default 0, after one\n"
     "                  untimed forward of each chunk's doubled batch)\n"
     "  --images N      sample: images per sampling run (default 100)\n"
     "  --sample-steps S  sample: the sampler's steps (grid points; default 30, as `dew sample`)\n"
-    "  --batch B       batch size (default 32; lm, sd_vae: 4; sd_unet: 8; dpo: pairs; grpo_rollout: not used)\n"
+    "  --batch B       batch size (default 32; lm, sd_vae, sd3, flux: 4; sd_unet: 8; dpo: pairs; grpo_rollout: not\n"
+    "                  used)\n"
     "  --seq-len S     lm: training tokens per row (default 256)\n"
     "  --threads L     LibTorch intra-op thread counts to try (default 1,2)\n"
     "  --blas-threads L  BLAS threads to try (OPENBLAS_NUM_THREADS; dew sets oneMKL's itself; default 1,2)\n"
@@ -106,10 +115,10 @@ const char* kBenchUsage =
     "  --jepa-peer FILE  the JEPA step's Python peer (default: bench/jepa_peer.py, found the same way)\n"
     "  --dpo-peer FILE  the DPO step's Python peer (default: bench/dpo_peer.py, found the same way)\n"
     "  --grpo-rollout-peer FILE  the rollout's Python peer (default: bench/grpo_rollout_peer.py)\n"
-    "  --sd-peer FILE  the Stable Diffusion components' Python peer (default: bench/sd_peer.py)\n"
+    "  --sd-peer FILE  the diffusers cases' Python peer: sd_unet, sd_vae, sd3, flux (default: bench/sd_peer.py)\n"
     "  --train-peer FILE  the train case's Python peer (default: bench/train_peer.py)\n"
     "  --sample-peer FILE  the sample case's Python peer (default: bench/sample_peer.py)\n"
-    "  --diffusers-src DIR  the `src` folder of a diffusers checkout the SD peer imports instead of\n"
+    "  --diffusers-src DIR  the `src` folder of a diffusers checkout the diffusers peer imports instead of\n"
     "                  the environment's diffusers (default: $DEW_DIFFUSERS_SRC, else the installed package)\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
     "                  dew itself switches OpenBLAS from its SSE3 fallback to the CPU's AVX-512/AVX2\n"

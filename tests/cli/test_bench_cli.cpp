@@ -1,13 +1,15 @@
 // `dew bench --models lm`: argument validation (one-line errors, exit 2) and the measured child's result
 // line; `--models jepa`, `dpo` and `grpo_rollout`: the children and, for the post-training two, a whole run
 // against the Python peer; `sd_unet` and `sd_vae`: the children, a C++-only run, the "peer: unavailable" line
-// without diffusers and, where a diffusers checkout is present, a run against it. No timing is asserted: the
-// machine is shared.
+// without diffusers and, where a diffusers checkout is present, a run against it; `sd3` and `flux`: the children and
+// a run against diffusers' SD3Transformer2DModel. No timing is asserted: the machine is shared.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 #include "dew/core/options.h"
 #include "tests/test_util.h"
@@ -40,6 +42,12 @@ bool have_python_torch() { return std::system(DEW_PYTHON " -c 'import torch' >/d
 // 2, 4 latent channels), printed by `sum(p.numel() for p in Model(**config).parameters())`.
 constexpr int64_t kSdUnetParams = 4399684;
 constexpr int64_t kSdVaeParams = 5120039;
+// The flow transformers' (dew/bench/cases.cpp: width 4 heads x 32, text 64, pooled 64, 16 latent channels):
+// FluxTransformer2DModel's count as diffusers 0.42.1 prints it (2 double + 4 single blocks, guidance embedding);
+// SD3Transformer2DModel's (4 joint blocks) is diffusers' 2,292,544 less the last block's attn.add_q_proj
+// (128 x 128 + 128), which feeds only the discarded text output and which dew does not build.
+constexpr int64_t kSd3Params = 2292544 - (128 * 128 + 128);
+constexpr int64_t kFluxParams = 2358080;
 
 // The diffusers the SD peer imports (the environment's pinned package, or $DEW_DIFFUSERS_SRC's checkout), asked
 // of the peer itself (`sd_peer.py --probe`), so an environment whose imports fail here skips too.
@@ -197,4 +205,41 @@ TEST(BenchCli, SdRunsBothSidesWithDiffusers) {
   EXPECT_EQ(r.output.find("peer: unavailable"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/step / C++ ms/step): "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/pass / C++ ms/pass): "), std::string::npos) << r.output;
+}
+
+TEST(BenchCli, FlowTransformerChildrenBuildTheDiffusersConfigs) {
+  // The children of `dew bench --models sd3,flux` at their smallest: each builds its transformer from the
+  // diffusers config.json dict and takes the flow-matching step (forward, loss, backward, clip, AdamW).
+  for (const auto& [name, params] : {std::pair<std::string, int64_t>{"sd3", kSd3Params}, {"flux", kFluxParams}}) {
+    auto r = run_dew("bench --one " + name + " --threads 1 --steps 1 --warmup 0 --batch 1");
+    ASSERT_EQ(r.code, 0) << name << "\n" << r.output;
+    auto j = result_line(r);
+    EXPECT_EQ(j.at("params").get<int64_t>(), params) << name;
+    for (const char* phase : {"forward", "backward", "optimizer"})
+      EXPECT_GT(j.at("phases_ms").at(phase).get<double>(), 0.0) << name << " " << phase;
+    EXPECT_GT(j.at("peak_rss_mb").get<double>(), 0.0) << name;
+    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << name;
+  }
+}
+
+TEST(BenchCli, Sd3RunsBothSidesAndPrintsTheRatio) {
+  // Against diffusers' own SD3Transformer2DModel (bench/sd_peer.py refuses to run unless its model has the C++
+  // model's parameter count): both sides' rows, the ratio and the summary's line; eager only, so it stays short.
+  if (!have_diffusers()) GTEST_SKIP() << "bench/sd_peer.py --probe cannot import diffusers";
+  auto r =
+      run_dew("bench --models sd3 --steps 2 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1 --no-compile");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("peer: unavailable"), std::string::npos) << r.output;
+  for (const char* needle :
+       {"## dew bench: SD3 and Flux transformers", "### sd3: an SD3Transformer2DModel training step",
+        "\"_class_name\":\"SD3Transformer2DModel\"", "| C++ | intra 1, blas 1 |", "| Python | intra 1, blas 1 |",
+        "Speed-up (Python ms/step / C++ ms/step): "})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  EXPECT_EQ(r.output.find("### flux"), std::string::npos) << r.output;
+  // The summary's sd3 row: C++ and eager times and their ratio; no compiled run.
+  ASSERT_EQ(r.output.find("## dew bench: summary"), r.output.find("## dew bench")) << r.output;
+  const auto row = r.output.find("| sd3 | ms/step | ");
+  ASSERT_NE(row, std::string::npos) << r.output;
+  const std::string line = r.output.substr(row, r.output.find('\n', row) - row);
+  EXPECT_NE(line.find("x | - | - |"), std::string::npos) << line;
 }
