@@ -514,8 +514,8 @@ json run_one_sd_unet(const BenchCase& c, const OneOptions& o) {
 // 2 x 2 tokens and unpacked inside forward, as the script does around the call), MSE against noise - latents;
 // backward; the global gradient norm clipped to kFlowGradClip; AdamW (lr kFlowLr, weight decay kFlowWeightDecay);
 // zero_grad. No EMA (the scripts keep none). A fixed batch of latents, text states and pooled text stands in for
-// the VAE and the text encoders. The noising and the loss are dew's DiffusionProcess under the flow preset, the
-// code `dew train --preset flow` runs.
+// the VAE and the text encoders. The noising and the loss are dew's DiffusionProcess under the flow preset, the code
+// `dew train diffusion` runs with that preset.
 json run_one_flow_transformer(const BenchCase& c, const OneOptions& o) {
   const int64_t batch = batch_of(c, o.sizes);
   set_child_threads(o.threads);
