@@ -1,6 +1,6 @@
 """Tiny StableDiffusion3Pipeline and FluxPipeline folders made by the installed diffusers 0.42.1 / transformers 5.25.0
 (torch 2.13.0), with their inputs and outputs in float32 and float64. Not run by CI; rerun by hand (deterministic,
-rewrites tests/golden/sd3/pipeline and tests/golden/flux/pipeline_schnell):
+rewrites tests/golden/sd3/pipeline and tests/golden/flux/pipeline_{schnell,dev}):
 
     .venv/bin/python tests/golden/sd3_flux_pipeline_reference.py
 
@@ -14,6 +14,8 @@ initialisation (p += 0.2 randn, sd_reference.perturb_), saved with pipeline.save
     FlowMatchEulerDiscreteScheduler(shift 3.0) (SD3 medium's).
   flux/pipeline_schnell: FluxTransformer2DModel (no guidance embedding), the same VAE, CLIPTextModel, T5EncoderModel
     and the FLUX.1-schnell scheduler (shift 1, no dynamic shifting; the pipeline passes sigmas and mu).
+  flux/pipeline_dev: the same with the guidance embedding (guidance_scale 3.5) and FLUX.1-dev's scheduler
+    (shift 3, use_dynamic_shifting: mu from the packed sequence length).
 
 pipeline_io.safetensors in each folder: the token ids of each tokenizer, the prompt embeddings of encode_prompt
 (float32 and float64), the initial latents (SD3: [1, 16, 8, 8]; Flux: packed [1, 16, 64]), the final latents
@@ -45,6 +47,7 @@ PROMPT = sdr.PROMPT
 NEGATIVE_PROMPT = sdr.NEGATIVE_PROMPT
 STEPS = 4
 SD3_GUIDANCE = 5.0
+FLUX_DEV_GUIDANCE = 3.5
 MAX_SEQ = 16  # max_sequence_length (T5 tokens)
 LATENT_HW = 8  # latents 8 x 8 -> 16 x 16 images (the VAE's factor 2)
 T5_SPM = os.path.join(HERE, "text_encoders", "t5_tokenizer")
@@ -183,7 +186,7 @@ def sd3_pipeline():
     write_st(os.path.join(folder, "pipeline_io.safetensors"), tensors, meta)
 
 
-def flux_pipeline():
+def flux_pipeline(dev):
     tok_src = "/tmp/sd3_flux_reference/tokenizer_src"
     vocab = sdr.write_tokenizer_sources(tok_src)
     tokenizer, tokenizer_2 = sdr.make_tokenizer(tok_src), t5_tokenizer()
@@ -193,15 +196,15 @@ def flux_pipeline():
     torch.manual_seed(1020)
     transformer = sdr.perturb_(FluxTransformer2DModel(
         patch_size=1, in_channels=64, out_channels=None, num_layers=1, num_single_layers=1, attention_head_dim=8,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=False,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, guidance_embeds=dev,
         axes_dims_rope=(2, 2, 4)), 1021).eval()
-    # FLUX.1-schnell's scheduler_config.json
-    sched = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False, base_shift=0.5, max_shift=1.15,
-                                            base_image_seq_len=256, max_image_seq_len=4096)
+    # FLUX.1-schnell's / FLUX.1-dev's scheduler_config.json
+    sched = FlowMatchEulerDiscreteScheduler(shift=3.0 if dev else 1.0, use_dynamic_shifting=dev, base_shift=0.5,
+                                            max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096)
     components = dict(transformer=transformer, scheduler=sched, vae=vae(), text_encoder=te1, tokenizer=tokenizer,
                       text_encoder_2=te2, tokenizer_2=tokenizer_2, image_encoder=None, feature_extractor=None)
     pipe = FluxPipeline(**components)
-    folder = sdr.fresh_dir(os.path.join(HERE, "flux", "pipeline_schnell"))
+    folder = sdr.fresh_dir(os.path.join(HERE, "flux", "pipeline_dev" if dev else "pipeline_schnell"))
     pipe.save_pretrained(folder)
     copy_spiece(folder, "tokenizer_2")
 
@@ -217,10 +220,12 @@ def flux_pipeline():
     tensors += encode_pair(FluxPipeline, components, names,
                            dict(prompt=PROMPT, prompt_2=None, device="cpu", num_images_per_prompt=1,
                                 max_sequence_length=MAX_SEQ))
-    call = dict(prompt=PROMPT, height=hw, width=hw, guidance_scale=0.0, max_sequence_length=MAX_SEQ)
+    guidance = FLUX_DEV_GUIDANCE if dev else 0.0
+    call = dict(prompt=PROMPT, height=hw, width=hw, guidance_scale=guidance, max_sequence_length=MAX_SEQ)
     out, n_rep = pair(FluxPipeline, components, folder, call, packed)
     tensors += out
-    meta = dict(META, pipeline="FluxPipeline", guidance_scale="0.0", height=str(hw), width=str(hw),
+    meta = dict(META, pipeline="FluxPipeline", guidance_scale=str(guidance), height=str(hw), width=str(hw),
+                transformer="FLUX.1 dev (guidance_embeds)" if dev else "FLUX.1 schnell (no guidance embedding)",
                 f64_scheduler=f"scheduling_flow_match_euler_discrete.py with float32 -> float64 ({n_rep} names)")
     write_st(os.path.join(folder, "pipeline_io.safetensors"), tensors, meta)
 
@@ -229,7 +234,8 @@ def main():
     torch.set_num_threads(1)
     diffusers.utils.logging.set_verbosity_error()
     sd3_pipeline()
-    flux_pipeline()
+    flux_pipeline(dev=False)
+    flux_pipeline(dev=True)
 
 
 if __name__ == "__main__":

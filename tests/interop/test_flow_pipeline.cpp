@@ -1,7 +1,7 @@
-// dew::interop::FlowPipeline against diffusers' StableDiffusion3Pipeline and FluxPipeline: tests/golden/sd3/pipeline
-// and tests/golden/flux/pipeline_schnell are tiny pipeline folders saved by the real diffusers / transformers code
-// (tests/golden/sd3_flux_pipeline_reference.py), pipeline_io.safetensors their outputs for the same initial latents
-// in float32 and float64.
+// dew::interop::FlowPipeline against diffusers' StableDiffusion3Pipeline and FluxPipeline: tests/golden/sd3/pipeline,
+// tests/golden/flux/pipeline_schnell and flux/pipeline_dev are tiny pipeline folders saved by the real diffusers /
+// transformers code (tests/golden/sd3_flux_pipeline_reference.py), pipeline_io.safetensors their outputs for the
+// same initial latents in float32 and float64.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -19,7 +19,8 @@ using dew::test::expect_golden;
 namespace {
 
 const std::string kGolden = std::string(DEW_SOURCE_DIR) + "/tests/golden/";
-const std::string kSD3 = kGolden + "sd3/pipeline", kFlux = kGolden + "flux/pipeline_schnell";
+const std::string kSD3 = kGolden + "sd3/pipeline", kFlux = kGolden + "flux/pipeline_schnell",
+                  kFluxDev = kGolden + "flux/pipeline_dev";
 constexpr int64_t kMaxSeq = 16;  // the golden's max_sequence_length
 
 std::map<std::string, at::Tensor> io_of(const std::string& folder) {
@@ -99,6 +100,21 @@ TEST(FlowPipeline, FluxSchnellMatchesDiffusers) {
   // the unpacked draw gives the same run
   r.latents = io.at("latents_unpacked");
   EXPECT_TRUE(pipe.run(r, kMaxSeq).latents.equal(res.latents));
+}
+
+// FLUX.1 dev: the guidance embedding (guidance 3.5) and dynamic shifting with mu of the packed sequence length.
+TEST(FlowPipeline, FluxDevMatchesDiffusers) {
+  auto io = io_of(kFluxDev);
+  auto pipe = dew::interop::FlowPipeline::load(kFluxDev);
+  EXPECT_TRUE(pipe.guidance_embeds());
+  auto r = golden_request(io, true);
+  r.guidance = 3.5;
+  const auto e = pipe.encode(r, kMaxSeq);
+  expect_golden("flux dev prompt_embeds", e.positive, io.at("prompt_embeds_f32"), io.at("prompt_embeds_f64"));
+  const auto res = pipe.run(r, kMaxSeq);
+  dew::test::expect_close_f64("flux dev sigmas", pipe.scheduler().sigmas(), io.at("sigmas_f64"), 1e-12);
+  expect_golden("flux dev final latents (packed)", res.latents, io.at("final_latents_f32"), io.at("final_latents_f64"));
+  expect_golden("flux dev image", res.images, io.at("image_f32"), io.at("image_f64"));
 }
 
 TEST(FlowPipeline, BadRequestsAndFoldersAreRefusedBeforeCompute) {
