@@ -23,7 +23,7 @@ using at::Tensor;
 
 namespace {
 
-json read_json(const fs::path& path) {
+json read_pipeline_json(const fs::path& path) {
   DEW_CHECK(fs::is_regular_file(path), path.string(), ": missing");
   std::ifstream in(path);
   try {
@@ -34,7 +34,7 @@ json read_json(const fs::path& path) {
 }
 
 // model_index.json's entry for a component: ["library", "Class"]; "" when the pipeline has none (null).
-std::string component_class(const json& index, const std::string& name, const fs::path& file) {
+std::string index_component(const json& index, const std::string& name, const fs::path& file) {
   DEW_CHECK(index.contains(name), file.string(), ": no \"", name, "\" component");
   const json& e = index[name];
   if (e.is_null()) return "";
@@ -43,9 +43,9 @@ std::string component_class(const json& index, const std::string& name, const fs
 }
 
 // The component's class, which must be one of `accepted` ("" in accepted: the component may be null).
-std::string expect_class(const json& index, const std::string& name, const std::vector<std::string>& accepted,
-                         const fs::path& file) {
-  const std::string c = component_class(index, name, file);
+std::string expect_component(const json& index, const std::string& name, const std::vector<std::string>& accepted,
+                             const fs::path& file) {
+  const std::string c = index_component(index, name, file);
   std::string list;
   for (const auto& a : accepted) {
     if (c == a) return c;
@@ -55,7 +55,7 @@ std::string expect_class(const json& index, const std::string& name, const std::
 }
 
 nn::ClipText load_clip(const fs::path& folder, const fs::path& tokenizer, bool projection) {
-  const json config = read_json(folder / "config.json");
+  const json config = read_pipeline_json(folder / "config.json");
   nn::ClipTextOptions o = nn::clip_text_options_from_hf(config);
   DEW_CHECK(!projection || o.projection_dim() > 0, (folder / "config.json").string(),
             ": expected a CLIPTextModelWithProjection (a text_projection, projection_dim > 0)");
@@ -67,7 +67,7 @@ nn::ClipText load_clip(const fs::path& folder, const fs::path& tokenizer, bool p
 }
 
 nn::T5Encoder load_t5(const fs::path& folder, const fs::path& tokenizer) {
-  const json config = read_json(folder / "config.json");
+  const json config = read_pipeline_json(folder / "config.json");
   nn::T5EncoderOptions o = nn::t5_encoder_options_from_hf(config);
   DEW_CHECK(fs::is_directory(tokenizer), tokenizer.string(), ": missing (the T5 tokenizer folder)");
   // transformers can rebuild T5's tokenizer from tokenizer.json alone; dew reads the SentencePiece model.
@@ -81,7 +81,7 @@ nn::T5Encoder load_t5(const fs::path& folder, const fs::path& tokenizer) {
 }
 
 // numpy's linspace(a, b, n) (FluxPipeline's sigmas): a + i (b - a)/(n - 1), the last value b.
-std::vector<double> np_linspace(double a, double b, int64_t n) {
+std::vector<double> flux_sigma_grid(double a, double b, int64_t n) {
   std::vector<double> y(size_t(n), a);
   if (n == 1) return y;
   const double step = (b - a) / double(n - 1);
@@ -106,7 +106,7 @@ FlowPipeline FlowPipeline::load(const std::string& dir) {
   const fs::path root(dir);
   DEW_CHECK(fs::is_directory(root), dir, ": not a folder (expected a diffusers pipeline folder with model_index.json)");
   const fs::path index_file = root / "model_index.json";
-  const json index = read_json(index_file);
+  const json index = read_pipeline_json(index_file);
   FlowPipeline p;
   p.dir_ = dir;
   DEW_CHECK(index.contains("_class_name") && index["_class_name"].is_string(), index_file.string(),
@@ -118,22 +118,22 @@ FlowPipeline FlowPipeline::load(const std::string& dir) {
   const std::vector<std::string> clip_tok{"CLIPTokenizer", "CLIPTokenizerFast"},
       t5_tok{"T5Tokenizer", "T5TokenizerFast"};
   // Check every model_index entry before loading anything.
-  expect_class(index, "transformer", {p.flux() ? "FluxTransformer2DModel" : "SD3Transformer2DModel"}, index_file);
-  expect_class(index, "vae", {"AutoencoderKL"}, index_file);
-  expect_class(index, "scheduler", {"FlowMatchEulerDiscreteScheduler"}, index_file);
-  expect_class(index, "tokenizer", clip_tok, index_file);
+  expect_component(index, "transformer", {p.flux() ? "FluxTransformer2DModel" : "SD3Transformer2DModel"}, index_file);
+  expect_component(index, "vae", {"AutoencoderKL"}, index_file);
+  expect_component(index, "scheduler", {"FlowMatchEulerDiscreteScheduler"}, index_file);
+  expect_component(index, "tokenizer", clip_tok, index_file);
   bool has_t5 = true;
   if (p.flux()) {
-    expect_class(index, "text_encoder", {"CLIPTextModel"}, index_file);
-    expect_class(index, "text_encoder_2", {"T5EncoderModel"}, index_file);
-    expect_class(index, "tokenizer_2", t5_tok, index_file);
+    expect_component(index, "text_encoder", {"CLIPTextModel"}, index_file);
+    expect_component(index, "text_encoder_2", {"T5EncoderModel"}, index_file);
+    expect_component(index, "tokenizer_2", t5_tok, index_file);
   } else {
-    expect_class(index, "text_encoder", {"CLIPTextModelWithProjection"}, index_file);
-    expect_class(index, "text_encoder_2", {"CLIPTextModelWithProjection"}, index_file);
-    expect_class(index, "tokenizer_2", clip_tok, index_file);
+    expect_component(index, "text_encoder", {"CLIPTextModelWithProjection"}, index_file);
+    expect_component(index, "text_encoder_2", {"CLIPTextModelWithProjection"}, index_file);
+    expect_component(index, "tokenizer_2", clip_tok, index_file);
     // diffusers runs SD3 without T5 (zeros in its place) when text_encoder_3 is null
-    has_t5 = !expect_class(index, "text_encoder_3", {"T5EncoderModel", ""}, index_file).empty();
-    if (has_t5) expect_class(index, "tokenizer_3", t5_tok, index_file);
+    has_t5 = !expect_component(index, "text_encoder_3", {"T5EncoderModel", ""}, index_file).empty();
+    if (has_t5) expect_component(index, "tokenizer_3", t5_tok, index_file);
   }
   // Every component folder the index names, before anything is loaded.
   std::vector<std::string> components{"transformer",    "vae",        "scheduler", "text_encoder", "tokenizer",
@@ -141,7 +141,7 @@ FlowPipeline FlowPipeline::load(const std::string& dir) {
   if (has_t5 && !p.flux()) components.insert(components.end(), {"text_encoder_3", "tokenizer_3"});
   for (const auto& c : components)
     DEW_CHECK(fs::is_directory(root / c), (root / c).string(), ": missing (model_index.json names ", c, " as ",
-              component_class(index, c, index_file), ")");
+              index_component(index, c, index_file), ")");
   const fs::path scheduler_file = root / "scheduler" / "scheduler_config.json";
   const json sched_cfg = sampling::read_scheduler_config(scheduler_file.string());
   p.scheduler_ = std::make_unique<sampling::FlowMatchEulerScheduler>(sched_cfg, scheduler_file.string());
@@ -306,7 +306,8 @@ PipelineResult FlowPipeline::run(const PipelineRequest& r, const PromptEmbedding
   if (flux()) {
     // FluxPipeline: sigmas linspace(1, 1/n, n), mu of the packed sequence length (used under dynamic shifting)
     const int64_t n = r.steps;
-    scheduler_->set_timesteps(n, np_linspace(1.0, 1.0 / double(n), n), scheduler_->mu_for((lh / 2) * (lw / 2), 1.15));
+    scheduler_->set_timesteps(n, flux_sigma_grid(1.0, 1.0 / double(n), n),
+                              scheduler_->mu_for((lh / 2) * (lw / 2), 1.15));
   } else {
     std::optional<double> mu;
     if (scheduler_->use_dynamic_shifting()) mu = scheduler_->mu_for((lh / patch_) * (lw / patch_), 1.16);

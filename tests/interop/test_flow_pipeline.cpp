@@ -18,16 +18,16 @@ using dew::test::expect_golden;
 
 namespace {
 
-const std::string kGolden = std::string(DEW_SOURCE_DIR) + "/tests/golden/";
-const std::string kSD3 = kGolden + "sd3/pipeline", kFlux = kGolden + "flux/pipeline_schnell",
-                  kFluxDev = kGolden + "flux/pipeline_dev";
+const std::string kFlowGolden = std::string(DEW_SOURCE_DIR) + "/tests/golden/";
+const std::string kSD3 = kFlowGolden + "sd3/pipeline", kFlux = kFlowGolden + "flux/pipeline_schnell",
+                  kFluxDev = kFlowGolden + "flux/pipeline_dev";
 constexpr int64_t kMaxSeq = 16;  // the golden's max_sequence_length
 
-std::map<std::string, at::Tensor> io_of(const std::string& folder) {
+std::map<std::string, at::Tensor> flow_io(const std::string& folder) {
   return dew::io::load_safetensors(folder + "/pipeline_io.safetensors");
 }
 
-dew::interop::PipelineRequest golden_request(const std::map<std::string, at::Tensor>& io, bool flux) {
+dew::interop::PipelineRequest flow_request(const std::map<std::string, at::Tensor>& io, bool flux) {
   dew::interop::PipelineRequest r;
   r.prompt = "a photo of a cat on the moon";
   if (!flux) r.negative_prompt = "blurry, low quality";
@@ -38,7 +38,7 @@ dew::interop::PipelineRequest golden_request(const std::map<std::string, at::Ten
   return r;
 }
 
-void expect_names(const std::string& m, std::initializer_list<const char*> parts) {
+void expect_all_in(const std::string& m, std::initializer_list<const char*> parts) {
   EXPECT_FALSE(m.empty());
   for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "\"" << p << "\" not in: " << m;
 }
@@ -46,10 +46,10 @@ void expect_names(const std::string& m, std::initializer_list<const char*> parts
 }  // namespace
 
 TEST(FlowPipeline, SD3TokensAndPromptEmbeddingsMatchDiffusers) {
-  auto io = io_of(kSD3);
+  auto io = flow_io(kSD3);
   auto pipe = dew::interop::FlowPipeline::load(kSD3);
   EXPECT_EQ(pipe.class_name(), "StableDiffusion3Pipeline");
-  const auto r = golden_request(io, false);
+  const auto r = flow_request(io, false);
   EXPECT_TRUE(pipe.tokenize({r.prompt}, 0, kMaxSeq).equal(io.at("prompt_ids")));
   EXPECT_TRUE(pipe.tokenize({r.negative_prompt}, 0, kMaxSeq).equal(io.at("negative_prompt_ids")));
   EXPECT_TRUE(pipe.tokenize({r.prompt}, 1, kMaxSeq).equal(io.at("prompt_2_ids")));
@@ -67,9 +67,9 @@ TEST(FlowPipeline, SD3TokensAndPromptEmbeddingsMatchDiffusers) {
 }
 
 TEST(FlowPipeline, SD3MatchesDiffusers) {
-  auto io = io_of(kSD3);
+  auto io = flow_io(kSD3);
   auto pipe = dew::interop::FlowPipeline::load(kSD3);
-  const auto r = golden_request(io, false);
+  const auto r = flow_request(io, false);
   const auto res = pipe.run(r, kMaxSeq);
   dew::test::expect_close_f64("sd3 sigmas", pipe.scheduler().sigmas(), io.at("sigmas_f64"), 1e-12);
   expect_golden("sd3 final latents", res.latents, io.at("final_latents_f32"), io.at("final_latents_f64"));
@@ -77,11 +77,11 @@ TEST(FlowPipeline, SD3MatchesDiffusers) {
 }
 
 TEST(FlowPipeline, FluxSchnellTokensAndPromptEmbeddingsMatchDiffusers) {
-  auto io = io_of(kFlux);
+  auto io = flow_io(kFlux);
   auto pipe = dew::interop::FlowPipeline::load(kFlux);
   EXPECT_EQ(pipe.class_name(), "FluxPipeline");
   EXPECT_FALSE(pipe.guidance_embeds());
-  const auto r = golden_request(io, true);
+  const auto r = flow_request(io, true);
   EXPECT_TRUE(pipe.tokenize({r.prompt}, 0, kMaxSeq).equal(io.at("prompt_ids")));
   EXPECT_TRUE(pipe.tokenize({r.prompt}, 1, kMaxSeq).equal(io.at("prompt_2_ids")));
   const auto e = pipe.encode(r, kMaxSeq);
@@ -90,9 +90,9 @@ TEST(FlowPipeline, FluxSchnellTokensAndPromptEmbeddingsMatchDiffusers) {
 }
 
 TEST(FlowPipeline, FluxSchnellMatchesDiffusers) {
-  auto io = io_of(kFlux);
+  auto io = flow_io(kFlux);
   auto pipe = dew::interop::FlowPipeline::load(kFlux);
-  auto r = golden_request(io, true);
+  auto r = flow_request(io, true);
   const auto res = pipe.run(r, kMaxSeq);
   dew::test::expect_close_f64("flux sigmas", pipe.scheduler().sigmas(), io.at("sigmas_f64"), 1e-12);
   expect_golden("flux final latents (packed)", res.latents, io.at("final_latents_f32"), io.at("final_latents_f64"));
@@ -104,10 +104,10 @@ TEST(FlowPipeline, FluxSchnellMatchesDiffusers) {
 
 // FLUX.1 dev: the guidance embedding (guidance 3.5) and dynamic shifting with mu of the packed sequence length.
 TEST(FlowPipeline, FluxDevMatchesDiffusers) {
-  auto io = io_of(kFluxDev);
+  auto io = flow_io(kFluxDev);
   auto pipe = dew::interop::FlowPipeline::load(kFluxDev);
   EXPECT_TRUE(pipe.guidance_embeds());
-  auto r = golden_request(io, true);
+  auto r = flow_request(io, true);
   r.guidance = 3.5;
   const auto e = pipe.encode(r, kMaxSeq);
   expect_golden("flux dev prompt_embeds", e.positive, io.at("prompt_embeds_f32"), io.at("prompt_embeds_f64"));
@@ -123,10 +123,10 @@ TEST(FlowPipeline, BadRequestsAndFoldersAreRefusedBeforeCompute) {
   r.prompt = "a cat";
   r.steps = 2;
   r.height = r.width = 18;  // not a multiple of the VAE's 2 x patch 2
-  expect_names(error_of([&] { pipe.check(r); }), {"--size", "18x18", "4"});
+  expect_all_in(error_of([&] { pipe.check(r); }), {"--size", "18x18", "4"});
   r.height = r.width = 16;
   r.latents = at::zeros({1, 16, 4, 4});
-  expect_names(error_of([&] { pipe.check(r); }), {"--latents", "[1, 16, 8, 8]"});
+  expect_all_in(error_of([&] { pipe.check(r); }), {"--latents", "[1, 16, 8, 8]"});
 
   dew::test::TempDir dir("flow_pipeline_broken");
   namespace fs = std::filesystem;
@@ -138,8 +138,8 @@ TEST(FlowPipeline, BadRequestsAndFoldersAreRefusedBeforeCompute) {
   // a missing component folder
   auto p = fresh("missing_component", kSD3);
   fs::remove_all(p / "text_encoder_3");
-  expect_names(error_of([&] { dew::interop::FlowPipeline::load(p.string()); }),
-               {"text_encoder_3: missing", "T5EncoderModel"});
+  expect_all_in(error_of([&] { dew::interop::FlowPipeline::load(p.string()); }),
+                {"text_encoder_3: missing", "T5EncoderModel"});
   // an unknown scheduler class
   p = fresh("bad_scheduler", kFlux);
   {
@@ -148,12 +148,12 @@ TEST(FlowPipeline, BadRequestsAndFoldersAreRefusedBeforeCompute) {
     index["scheduler"] = json::array({"diffusers", "DPMSolverMultistepScheduler"});
     std::ofstream(p / "model_index.json") << index.dump(2);
   }
-  expect_names(error_of([&] { dew::interop::FlowPipeline::load(p.string()); }),
-               {"model_index.json", "scheduler", "DPMSolverMultistepScheduler", "FlowMatchEulerDiscreteScheduler"});
+  expect_all_in(error_of([&] { dew::interop::FlowPipeline::load(p.string()); }),
+                {"model_index.json", "scheduler", "DPMSolverMultistepScheduler", "FlowMatchEulerDiscreteScheduler"});
   // a T5 tokenizer without its SentencePiece model
   p = fresh("no_spiece", kFlux);
   fs::remove(p / "tokenizer_2" / "spiece.model");
-  expect_names(error_of([&] { dew::interop::FlowPipeline::load(p.string()); }), {"tokenizer_2", "spiece.model"});
+  expect_all_in(error_of([&] { dew::interop::FlowPipeline::load(p.string()); }), {"tokenizer_2", "spiece.model"});
   EXPECT_TRUE(dew::interop::is_flow_pipeline_folder(kFlux));
-  EXPECT_FALSE(dew::interop::is_flow_pipeline_folder(kGolden + "sd/pipeline"));
+  EXPECT_FALSE(dew::interop::is_flow_pipeline_folder(kFlowGolden + "sd/pipeline"));
 }
