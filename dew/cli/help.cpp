@@ -44,10 +44,13 @@ const char* sample_usage() {
          "  --out F.png          default RUN/samples/sample_step_N.png; --nrow N: images per grid row\n"
          "  --threads N, --device cpu|cuda|auto\n"
          "\n"
-         "a diffusers pipeline (--pipeline DIR, StableDiffusionPipeline or StableDiffusionXLPipeline):\n"
-         "  --prompt TEXT --out F.png (required), --negative-prompt, --prompt-2, --negative-prompt-2 (SDXL)\n"
-         "  --steps 30, --guidance (7.5; SDXL 5), --seed 0, --size HxW, --count 1, --nrow 4, --eta 0\n"
-         "  --scheduler CLASS    another diffusers scheduler class on the folder's config\n"
+         "a diffusers pipeline (--pipeline DIR: StableDiffusionPipeline, StableDiffusionXLPipeline,\n"
+         "StableDiffusion3Pipeline, FluxPipeline):\n"
+         "  --prompt TEXT --out F.png (required), --negative-prompt, --prompt-2, --negative-prompt-2 (SDXL, SD3)\n"
+         "  --steps (30; SD3 / Flux 28), --guidance (7.5; SDXL 5, SD3 7, Flux dev 3.5; schnell takes none),\n"
+         "  --seed 0, --size HxW, --count 1, --nrow 4, --eta 0 (DDIM)\n"
+         "  --max-sequence-length N   T5 tokens (SD3 256, Flux 512)\n"
+         "  --scheduler CLASS    another diffusers scheduler class on the folder's config (SD / SDXL)\n"
          "  --latents F          start from the tensor \"latents\" of a safetensors file; --threads N\n";
 }
 

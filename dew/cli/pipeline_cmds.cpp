@@ -1,4 +1,5 @@
-// `dew sample --pipeline DIR`: flags in, dew::interop::TextToImagePipeline, a PNG out.
+// `dew sample --pipeline DIR`: flags in, dew::interop::TextToImagePipeline (SD, SDXL) or FlowPipeline (SD3,
+// Flux), a PNG out.
 #include <ATen/ATen.h>
 
 #include <filesystem>
@@ -8,6 +9,7 @@
 #include "dew/cli/recipe.h"
 #include "dew/core/threads.h"
 #include "dew/interop/diffusers_pipeline.h"
+#include "dew/interop/flow_pipeline.h"
 #include "dew/io/image.h"
 #include "dew/io/safetensors.h"
 
@@ -16,9 +18,9 @@ namespace fs = std::filesystem;
 namespace dew::cli {
 
 int cmd_sample_pipeline(const std::vector<std::string>& args) {
-  auto f =
-      parse_flags(args, {"pipeline", "prompt", "negative-prompt", "prompt-2", "negative-prompt-2", "steps", "guidance",
-                         "seed", "size", "count", "scheduler", "eta", "latents", "threads", "out", "nrow"});
+  auto f = parse_flags(
+      args, {"pipeline", "prompt", "negative-prompt", "prompt-2", "negative-prompt-2", "steps", "guidance", "seed",
+             "size", "count", "scheduler", "eta", "latents", "threads", "out", "nrow", "max-sequence-length"});
   DEW_CHECK(f.positional.empty(), "sample --pipeline: unexpected argument \"",
             f.positional.empty() ? "" : f.positional[0], "\" (the folder goes after --pipeline)");
   DEW_CHECK(f.has("prompt"), "sample --pipeline: --prompt TEXT is required");
@@ -49,31 +51,55 @@ int cmd_sample_pipeline(const std::vector<std::string>& args) {
   }
   const int64_t nrow = f.get_int("nrow", 4);
   DEW_CHECK(nrow >= 1, "--nrow: must be >= 1, got ", nrow);
-  set_threads(f.get_int("threads", 0), workload_of("unet_2d_condition"));
+  auto read_latents = [&]() {
+    const auto tensors = io::load_safetensors(f.get("latents", ""));
+    const auto it = tensors.find("latents");
+    DEW_CHECK(it != tensors.end(), "--latents: ", f.get("latents", ""), " holds no tensor named \"latents\"");
+    return it->second;
+  };
+  auto write = [&](const at::Tensor& images, const std::string& what) {
+    // diffusers' numpy_to_pil: round(x * 255) of the [0, 1] image.
+    const at::Tensor bytes = (images * 255).round().clamp(0, 255).to(at::kByte);
+    if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
+    io::save_png(out, r.count == 1 ? bytes[0] : io::make_grid(bytes, nrow));
+    std::cout << "wrote " << r.count << (r.count == 1 ? " image" : " images") << " (" << what << ", " << r.steps
+              << " steps, guidance " << r.guidance << ", " << images.size(2) << "x" << images.size(3) << ", seed "
+              << r.seed << ") to " << out << "\n";
+  };
 
-  auto pipe = interop::TextToImagePipeline::load(f.get("pipeline", ""));
+  const std::string dir = f.get("pipeline", "");
+  if (interop::is_flow_pipeline_folder(dir)) {  // StableDiffusion3Pipeline, FluxPipeline
+    set_threads(f.get_int("threads", 0), workload_of("sd3_transformer"));
+    DEW_CHECK(!f.has("scheduler"), "--scheduler: SD3 and Flux folders run their FlowMatchEulerDiscreteScheduler");
+    DEW_CHECK(r.eta == 0.0, "--eta: only DDIMScheduler takes eta");
+    auto pipe = interop::FlowPipeline::load(dir);
+    if (!f.has("steps")) r.steps = 28;
+    // FLUX.1 schnell has no guidance embedding: guidance 0 (unused), as its model card runs it
+    r.guidance = f.get_double("guidance", pipe.flux() && !pipe.guidance_embeds() ? 0.0 : pipe.default_guidance());
+    DEW_CHECK(!pipe.flux() || pipe.guidance_embeds() || !f.has("guidance"), "--guidance: ", dir,
+              "/transformer has no guidance embedding (FLUX.1 schnell takes no guidance)");
+    DEW_CHECK(!pipe.flux() || !f.has("negative-prompt"), "--negative-prompt: FluxPipeline uses no negative prompt");
+    const int64_t max_seq = f.get_int("max-sequence-length", pipe.default_max_sequence_length());
+    DEW_CHECK(max_seq >= 1, "--max-sequence-length: must be >= 1, got ", max_seq);
+    if (f.has("latents")) r.latents = read_latents();
+    pipe.check(r);  // before the text encoders and the transformer run
+    const auto res = pipe.run(r, max_seq);
+    write(res.images, pipe.class_name() + ", FlowMatchEulerDiscreteScheduler");
+    return 0;
+  }
+  DEW_CHECK(!f.has("max-sequence-length"), "--max-sequence-length: only SD3 and Flux folders take it (T5)");
+  set_threads(f.get_int("threads", 0), workload_of("unet_2d_condition"));
+  auto pipe = interop::TextToImagePipeline::load(dir);
   r.guidance = f.get_double("guidance", pipe.sdxl() ? 5.0 : 7.5);
   if (f.has("scheduler")) {
     json cfg = pipe.scheduler_config();
     cfg["_class_name"] = f.get("scheduler", "");
     pipe.set_scheduler(sampling::Scheduler::from_config(cfg, "--scheduler"));
   }
-  if (f.has("latents")) {
-    const auto tensors = io::load_safetensors(f.get("latents", ""));
-    const auto it = tensors.find("latents");
-    DEW_CHECK(it != tensors.end(), "--latents: ", f.get("latents", ""), " holds no tensor named \"latents\"");
-    r.latents = it->second;
-  }
+  if (f.has("latents")) r.latents = read_latents();
   pipe.check(r);  // before the text encoders and the UNet run
-
   const auto res = pipe.run(r);
-  // diffusers' numpy_to_pil: round(x * 255) of the [0, 1] image.
-  const at::Tensor bytes = (res.images * 255).round().clamp(0, 255).to(at::kByte);
-  if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
-  io::save_png(out, r.count == 1 ? bytes[0] : io::make_grid(bytes, nrow));
-  std::cout << "wrote " << r.count << (r.count == 1 ? " image" : " images") << " (" << pipe.class_name() << ", "
-            << pipe.scheduler().class_name() << ", " << r.steps << " steps, guidance " << r.guidance << ", "
-            << res.images.size(2) << "x" << res.images.size(3) << ", seed " << r.seed << ") to " << out << "\n";
+  write(res.images, pipe.class_name() + ", " + pipe.scheduler().class_name());
   return 0;
 }
 

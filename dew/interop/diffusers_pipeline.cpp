@@ -92,6 +92,8 @@ TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
   const auto& accepted = sampling::scheduler_classes();
   DEW_CHECK(std::find(accepted.begin(), accepted.end(), scheduler_class) != accepted.end(), index_file.string(),
             ": scheduler \"", scheduler_class, "\" is not supported");
+  DEW_CHECK(scheduler_class != "FlowMatchEulerDiscreteScheduler", index_file.string(), ": scheduler \"",
+            scheduler_class, "\" is for flow-matching transformers (SD3, Flux), not for a UNet pipeline");
 
   const fs::path scheduler_file = root / "scheduler" / "scheduler_config.json";
   p.scheduler_ = sampling::Scheduler::from_file(scheduler_file.string());
@@ -128,6 +130,9 @@ TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
 
 void TextToImagePipeline::set_scheduler(sampling::SchedulerPtr scheduler) {
   DEW_CHECK(scheduler != nullptr, "pipeline: the scheduler is null");
+  // A UNet pipeline predicts epsilon / v / x0; the flow-matching scheduler steps on a velocity.
+  DEW_CHECK(scheduler->prediction_type() != "flow_prediction", "--scheduler: ", scheduler->class_name(),
+            " is for flow-matching transformers (SD3, Flux), not for ", class_name_);
   scheduler_ = std::move(scheduler);
 }
 

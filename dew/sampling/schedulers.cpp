@@ -657,9 +657,13 @@ class DPMSolver : public Common {
 }  // namespace
 
 const std::vector<std::string>& scheduler_classes() {
-  static const std::vector<std::string> names = {"DDIMScheduler",          "PNDMScheduler",
-                                                 "EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler",
-                                                 "LMSDiscreteScheduler",   "DPMSolverMultistepScheduler"};
+  static const std::vector<std::string> names = {"DDIMScheduler",
+                                                 "PNDMScheduler",
+                                                 "EulerDiscreteScheduler",
+                                                 "EulerAncestralDiscreteScheduler",
+                                                 "LMSDiscreteScheduler",
+                                                 "DPMSolverMultistepScheduler",
+                                                 "FlowMatchEulerDiscreteScheduler"};
   return names;
 }
 
@@ -677,6 +681,7 @@ std::unique_ptr<Scheduler> Scheduler::from_config(const json& cfg, const std::st
   if (cls == "EulerAncestralDiscreteScheduler") return std::make_unique<EulerAncestralDiscreteScheduler>(r);
   if (cls == "LMSDiscreteScheduler") return std::make_unique<LMS>(r);
   if (cls == "DPMSolverMultistepScheduler") return std::make_unique<DPMSolver>(r);
+  if (cls == "FlowMatchEulerDiscreteScheduler") return std::make_unique<FlowMatchEulerScheduler>(cfg, where);
   fail(where, ": _class_name \"", cls, "\" is not supported; accepted: ", list);
 }
 
@@ -713,6 +718,107 @@ void Scheduler::set_eta(double eta) {
 void Scheduler::check_index(int64_t i) const {
   const auto n = num_steps();
   DEW_CHECK(i >= 0 && i < n, class_name_, ": step index ", i, " is outside [0, ", n, ")");
+}
+
+// ---- FlowMatchEulerDiscreteScheduler ----
+
+double calculate_shift(int64_t image_seq_len, int64_t base_seq_len, int64_t max_seq_len, double base_shift,
+                       double max_shift) {
+  DEW_CHECK(max_seq_len != base_seq_len, "calculate_shift: max_image_seq_len must differ from base_image_seq_len (",
+            base_seq_len, ")");
+  // diffusers' operation order, so that mu is bit-identical to the pipelines'.
+  const double m = (max_shift - base_shift) / double(max_seq_len - base_seq_len);
+  const double b = base_shift - m * double(base_seq_len);
+  return double(image_seq_len) * m + b;
+}
+
+FlowMatchEulerScheduler::FlowMatchEulerScheduler(const json& cfg, const std::string& where) {
+  ConfigReader r(cfg, where, "FlowMatchEulerDiscreteScheduler");
+  class_name_ = r.cls();
+  where_ = where;
+  prediction_type_ = "flow_prediction";
+  T_ = r.integer("num_train_timesteps", 1000);
+  DEW_CHECK(T_ >= 2, where, ": num_train_timesteps = ", T_, " is not supported; accepted: an integer >= 2");
+  shift_ = r.number("shift", 1.0);
+  DEW_CHECK(shift_ > 0, where, ": shift = ", shift_, " is not supported; accepted: a number > 0");
+  dynamic_ = r.flag("use_dynamic_shifting", false);
+  base_shift_ = r.number("base_shift", 0.5);
+  max_shift_ = r.number("max_shift", 1.15);
+  max_shift_set_ = r.find("max_shift") != nullptr;
+  base_seq_ = r.integer("base_image_seq_len", 256);
+  max_seq_ = r.integer("max_image_seq_len", 4096);
+  if (dynamic_)
+    DEW_CHECK(base_seq_ != max_seq_, where, ": base_image_seq_len = max_image_seq_len = ", base_seq_,
+              " is not supported under use_dynamic_shifting; accepted: two different lengths");
+  linear_shift_ = r.choice("time_shift_type", "exponential", {"exponential", "linear"}) == "linear";
+  shift_terminal_ = r.optional_number("shift_terminal");
+  if (shift_terminal_ && *shift_terminal_ == 0) shift_terminal_.reset();  // diffusers: `if shift_terminal:`
+  if (shift_terminal_)
+    DEW_CHECK(*shift_terminal_ > 0 && *shift_terminal_ < 1, where, ": shift_terminal = ", *shift_terminal_,
+              " is not supported; accepted: null or a number in (0, 1)");
+  r.require_flag("invert_sigmas", false, false, " (inverted sigmas are not supported)");
+  r.require_flag("use_karras_sigmas", false, false, " (Karras sigmas are not supported for flow matching)");
+  r.require_flag("use_exponential_sigmas", false, false, " (exponential sigmas are not supported)");
+  r.require_flag("use_beta_sigmas", false, false, " (beta sigmas are not supported)");
+  r.require_flag("stochastic_sampling", false, false, " (stochastic sampling is not supported)");
+  // __init__: sigmas (T..1)/T, shifted by `shift` unless dynamic; set_timesteps spaces between their ends.
+  auto init = [&](double s) { return dynamic_ ? s : shift_ * s / (1 + (shift_ - 1) * s); };
+  sigma_max_ = init(double(T_) / double(T_));
+  sigma_min_ = init(1.0 / double(T_));
+}
+
+double FlowMatchEulerScheduler::shifted(double s, std::optional<double> mu) const {
+  if (!dynamic_) return shift_ * s / (1 + (shift_ - 1) * s);
+  const double e = linear_shift_ ? *mu : std::exp(*mu);
+  return e / (e + (1 / s - 1));  // (1/t - 1) ** sigma with sigma = 1
+}
+
+void FlowMatchEulerScheduler::set_timesteps(int64_t n) { set_timesteps(n, {}, std::nullopt); }
+
+void FlowMatchEulerScheduler::set_timesteps(int64_t n, const std::vector<double>& sigmas, std::optional<double> mu) {
+  DEW_CHECK(n >= 1, class_name_, ".set_timesteps: the number of steps must be >= 1, got ", n);
+  DEW_CHECK(!dynamic_ || mu, where_, ": use_dynamic_shifting is true, so set_timesteps needs mu (the pipeline's ",
+            "calculate_shift of the image sequence length)");
+  DEW_CHECK(sigmas.empty() || int64_t(sigmas.size()) == n, class_name_, ".set_timesteps: ", sigmas.size(),
+            " sigmas given for ", n, " steps; accepted: none or one per step");
+  Vec s = sigmas;
+  if (s.empty())
+    for (double t : np_linspace(sigma_max_ * double(T_), sigma_min_ * double(T_), n)) s.push_back(t / double(T_));
+  for (double& v : s) {
+    DEW_CHECK(v > 0 && v <= 1, class_name_, ".set_timesteps: sigma ", v, " is outside (0, 1]");
+    v = shifted(v, mu);
+  }
+  if (shift_terminal_) {  // stretch so that the last sigma is shift_terminal (LTX-Video)
+    const double scale = (1 - s.back()) / (1 - *shift_terminal_);
+    for (double& v : s) v = 1 - ((1 - v) / scale);
+  }
+  Vec ts;
+  for (double v : s) ts.push_back(v * double(T_));
+  s.push_back(0.0);
+  timesteps_ = to_tensor(ts);
+  sigmas_v_ = s;
+  sigmas_ = to_tensor(s);
+}
+
+const Tensor& FlowMatchEulerScheduler::sigmas() const {
+  DEW_CHECK(sigmas_.defined(), class_name_, ": call set_timesteps before using the sigmas");
+  return sigmas_;
+}
+
+double FlowMatchEulerScheduler::sigma(int64_t i) const {
+  DEW_CHECK(i >= 0 && i <= num_steps(), class_name_, ": sigma index ", i, " is outside [0, ", num_steps(), "]");
+  return sigmas_v_[i];
+}
+
+double FlowMatchEulerScheduler::mu_for(int64_t image_seq_len, double max_shift_if_absent) const {
+  return calculate_shift(image_seq_len, base_seq_, max_seq_, base_shift_,
+                         max_shift_set_ ? max_shift_ : max_shift_if_absent);
+}
+
+Tensor FlowMatchEulerScheduler::step(const Tensor& velocity, int64_t i, const Tensor& x, const NoiseSource&) {
+  check_index(i);
+  const double dt = sigmas_v_[i + 1] - sigmas_v_[i];
+  return (f64(x) + dt * f64(velocity)).to(x.scalar_type());
 }
 
 }  // namespace dew::sampling

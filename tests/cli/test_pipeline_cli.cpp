@@ -60,3 +60,43 @@ TEST(PipelineCli, BadInputExitsTwoWithOneLine) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir.file("x.png")));
 }
+
+// StableDiffusion3Pipeline and FluxPipeline folders (tests/golden/sd3/pipeline, flux/pipeline_{schnell,dev}) replay
+// diffusers' latents; Flux's --latents are FluxPipeline's packed draw.
+TEST(PipelineCli, SD3AndFluxWriteDiffusersImageForTheSameLatents) {
+  dew::test::TempDir dir("pipeline_cli_flow");
+  struct Case {
+    std::string folder, flags;
+  };
+  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/";
+  for (const Case& c : {Case{"sd3/pipeline", kPrompt + " --guidance 5"},
+                        Case{"flux/pipeline_schnell", "--prompt 'a photo of a cat on the moon'"},
+                        Case{"flux/pipeline_dev", "--prompt 'a photo of a cat on the moon' --guidance 3.5"}}) {
+    SCOPED_TRACE(c.folder);
+    const auto io = dew::test::golden(c.folder + "/pipeline_io.safetensors");
+    const std::string latents = dir.file("latents.safetensors"), png = dir.file("out.png");
+    dew::io::save_safetensors(latents, {{"latents", io.at("latents")}});
+    const auto r = run_dew("sample --pipeline " + golden + c.folder + " " + c.flags +
+                           " --steps 4 --size 16x16 --max-sequence-length 16 --latents " + latents + " --out " + png);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const at::Tensor ours = dew::io::load_image(png, 3).to(at::kInt);  // [3, 16, 16]
+    const at::Tensor ref = (io.at("image_f64")[0] * 255).round().clamp(0, 255).to(at::kInt);
+    const int64_t off = (ours - ref).abs().gt(1).sum().item<int64_t>();
+    const double same = (ours == ref).to(at::kDouble).mean().item<double>();
+    std::printf("  %s: %.4f of the bytes equal diffusers' float64 image, %lld off by more than one\n", c.folder.c_str(),
+                same, static_cast<long long>(off));
+    EXPECT_EQ(off, 0);
+    EXPECT_GE(same, 0.99);
+  }
+  // schnell has no guidance embedding; sizes must be multiples of the VAE's factor x 2
+  const std::string schnell = golden + "flux/pipeline_schnell";
+  for (const std::string& args : {"sample --pipeline " + schnell + " --prompt cat --guidance 3.5",
+                                  "sample --pipeline " + schnell + " --prompt cat --size 18x16",
+                                  "sample --pipeline " + schnell + " --prompt cat --negative-prompt x",
+                                  "sample --pipeline " + schnell + " --prompt cat --scheduler DDIMScheduler"}) {
+    SCOPED_TRACE(args);
+    const auto r = run_dew(args + " --out " + dir.file("x.png"));
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
+  }
+}

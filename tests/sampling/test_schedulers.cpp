@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include "dew/sampling/schedulers.h"
 #include "tests/golden_util.h"
@@ -111,6 +113,95 @@ TEST_P(MatchesDiffusers, Golden) {
 
 INSTANTIATE_TEST_SUITE_P(Schedulers, MatchesDiffusers, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// ---- FlowMatchEulerDiscreteScheduler (tests/golden/flow_scheduler_reference.py) ----
+
+namespace {
+
+// The loop of StableDiffusion3Pipeline / FluxPipeline without guidance, from z; x after every step [N, ...].
+Tensor flow_trajectory(FlowMatchEulerScheduler& s, const Tensor& z, at::ScalarType dtype) {
+  Tensor x = z.to(dtype);
+  std::vector<Tensor> xs;
+  for (int64_t i = 0; i < s.num_steps(); ++i) {
+    x = s.step(model(x, s.timestep(i)), i, x, {});
+    EXPECT_EQ(x.scalar_type(), dtype);
+    xs.push_back(x);
+  }
+  return at::stack(xs);
+}
+
+class FlowMatchesDiffusers : public ::testing::TestWithParam<std::string> {};
+
+}  // namespace
+
+// Sigmas, timesteps, mu (the pipelines' calculate_shift) and a trajectory for 4 and 9 steps, with the sigmas and
+// mu the pipelines pass.
+TEST_P(FlowMatchesDiffusers, Golden) {
+  const std::string name = "flow_" + GetParam();
+  auto g = test::golden("schedulers/" + name + ".safetensors");
+  auto base = Scheduler::from_file(golden_dir() + name + ".json");
+  auto* s = dynamic_cast<FlowMatchEulerScheduler*>(base.get());
+  ASSERT_NE(s, nullptr) << name;
+  EXPECT_EQ(s->class_name(), "FlowMatchEulerDiscreteScheduler");
+  for (int64_t n : {4, 9}) {
+    const std::string p = "n" + std::to_string(n) + ".", what = name + " n" + std::to_string(n);
+    const double mu_ref = g.at(p + "mu").item<double>();
+    std::optional<double> mu;
+    if (!std::isnan(mu_ref)) {
+      mu = s->mu_for(1024);  // the golden's image sequence length
+      EXPECT_EQ(*mu, mu_ref) << what << ": calculate_shift";
+    }
+    std::vector<double> sigmas_in;
+    const auto si = g.at(p + "sigmas_in");
+    for (int64_t i = 0; i < si.size(0); ++i) sigmas_in.push_back(si[i].item<double>());
+    s->set_timesteps(n, sigmas_in, mu);
+    ASSERT_EQ(s->num_steps(), n) << what;
+    // float64 against diffusers' float64 run; diffusers' float32 values within float32 rounding
+    test::expect_close_f64(what + " sigmas", s->sigmas(), g.at(p + "sigmas_f64"), 1e-14);
+    test::expect_close_f64(what + " timesteps", s->timesteps(), g.at(p + "timesteps_f64"), 1e-14);
+    EXPECT_LE(test::max_diff(s->sigmas(), g.at(p + "sigmas_f32")), 1e-6) << what;
+    EXPECT_EQ(s->init_noise_sigma(), 1.0);
+
+    auto ours32 = flow_trajectory(*s, g.at("z"), at::kFloat);
+    auto ours64 = flow_trajectory(*s, g.at("z"), at::kDouble);
+    const auto &x32 = g.at(p + "x_f32"), &x64 = g.at(p + "x_f64");
+    test::expect_golden(what + " trajectory", ours32, x32, x64);
+    test::expect_golden(what + " x_0", ours32[-1], x32[-1], x64[-1]);
+    test::expect_close_f64(what + " trajectory", ours64, x64, 1e-12);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedulers, FlowMatchesDiffusers,
+                         ::testing::Values("sd3", "sd3_dynamic", "flux_schnell", "flux_dev", "linear_terminal"));
+
+TEST(Schedulers, FlowMatchRefusesUnsupportedSettingsByName) {
+  auto msg = [](json j) {
+    j["_class_name"] = "FlowMatchEulerDiscreteScheduler";
+    return error_of([&] { from_json(j); });
+  };
+  auto expect_names = [](const std::string& m, std::initializer_list<const char*> parts) {
+    EXPECT_FALSE(m.empty());
+    for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "\"" << p << "\" not in: " << m;
+  };
+  expect_names(msg({{"use_karras_sigmas", true}}), {"scheduler_config.json", "use_karras_sigmas"});
+  expect_names(msg({{"invert_sigmas", true}}), {"invert_sigmas"});
+  expect_names(msg({{"stochastic_sampling", true}}), {"stochastic_sampling"});
+  expect_names(msg({{"time_shift_type", "cosine"}}), {"time_shift_type", "cosine", "exponential, linear"});
+  expect_names(msg({{"shift_terminal", 1.5}}), {"shift_terminal", "1.5"});
+  expect_names(msg({{"shift", -1.0}}), {"shift", "-1"});
+  // dynamic shifting needs mu; sigmas must be one per step
+  auto dyn = from_json({{"_class_name", "FlowMatchEulerDiscreteScheduler"}, {"use_dynamic_shifting", true}});
+  expect_names(error_of([&] { dyn->set_timesteps(4); }), {"use_dynamic_shifting", "mu"});
+  auto* flow = dynamic_cast<FlowMatchEulerScheduler*>(dyn.get());
+  ASSERT_NE(flow, nullptr);
+  expect_names(error_of([&] { flow->set_timesteps(4, {1.0, 0.5}, 0.5); }), {"2 sigmas", "4 steps"});
+  // SD3's pipeline falls back to max_shift 1.16 when the config has none, Flux's to 1.15
+  auto bare = from_json({{"_class_name", "FlowMatchEulerDiscreteScheduler"}});
+  auto* b = dynamic_cast<FlowMatchEulerScheduler*>(bare.get());
+  EXPECT_NEAR(b->mu_for(4096, 1.16), 1.16, 1e-12);
+  EXPECT_NEAR(b->mu_for(256), 0.5, 1e-12);
+  EXPECT_NEAR(calculate_shift(4096, 256, 4096, 0.5, 1.15), 1.15, 1e-12);
+}
 
 // ---- the beta schedules ----
 

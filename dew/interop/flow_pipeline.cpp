@@ -1,0 +1,340 @@
+#include "dew/interop/flow_pipeline.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "dew/core/error.h"
+#include "dew/core/rng.h"
+#include "dew/nn/backbones/autoencoder_kl.h"
+#include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/flux_transformer.h"
+#include "dew/nn/backbones/sd3_transformer.h"
+
+namespace fs = std::filesystem;
+
+namespace dew::interop {
+
+using at::Tensor;
+
+namespace {
+
+json read_pipeline_json(const fs::path& path) {
+  DEW_CHECK(fs::is_regular_file(path), path.string(), ": missing");
+  std::ifstream in(path);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    fail(path.string(), ": not valid JSON (", e.what(), ")");
+  }
+}
+
+// model_index.json's entry for a component: ["library", "Class"]; "" when the pipeline has none (null).
+std::string index_component(const json& index, const std::string& name, const fs::path& file) {
+  DEW_CHECK(index.contains(name), file.string(), ": no \"", name, "\" component");
+  const json& e = index[name];
+  if (e.is_null()) return "";
+  DEW_CHECK(e.is_array() && e.size() == 2, file.string(), ": \"", name, "\" must be [library, class], got ", e.dump());
+  return e[1].is_null() ? "" : e[1].get<std::string>();
+}
+
+// The component's class, which must be one of `accepted` ("" in accepted: the component may be null).
+std::string expect_component(const json& index, const std::string& name, const std::vector<std::string>& accepted,
+                             const fs::path& file) {
+  const std::string c = index_component(index, name, file);
+  std::string list;
+  for (const auto& a : accepted) {
+    if (c == a) return c;
+    list += (list.empty() ? "" : ", ") + (a.empty() ? std::string("null") : a);
+  }
+  fail(file.string(), ": ", name, " is \"", c, "\"; accepted: ", list);
+}
+
+nn::ClipText load_clip(const fs::path& folder, const fs::path& tokenizer, bool projection) {
+  const json config = read_pipeline_json(folder / "config.json");
+  nn::ClipTextOptions o = nn::clip_text_options_from_hf(config);
+  DEW_CHECK(!projection || o.projection_dim() > 0, (folder / "config.json").string(),
+            ": expected a CLIPTextModelWithProjection (a text_projection, projection_dim > 0)");
+  DEW_CHECK(fs::is_directory(tokenizer), tokenizer.string(), ": missing (the CLIP tokenizer folder)");
+  o.weights(folder.string()).tokenizer(tokenizer.string());
+  nn::ClipText encoder(o);
+  encoder->eval();
+  return encoder;
+}
+
+nn::T5Encoder load_t5(const fs::path& folder, const fs::path& tokenizer) {
+  const json config = read_pipeline_json(folder / "config.json");
+  nn::T5EncoderOptions o = nn::t5_encoder_options_from_hf(config);
+  DEW_CHECK(fs::is_directory(tokenizer), tokenizer.string(), ": missing (the T5 tokenizer folder)");
+  // transformers can rebuild T5's tokenizer from tokenizer.json alone; dew reads the SentencePiece model.
+  DEW_CHECK(fs::is_regular_file(tokenizer / "spiece.model") || fs::is_regular_file(tokenizer / "tokenizer.model"),
+            tokenizer.string(), ": no spiece.model (expected T5's SentencePiece tokenizer model, as the SD3 / FLUX.1 ",
+            "repositories ship it)");
+  o.weights(folder.string()).tokenizer(tokenizer.string());
+  nn::T5Encoder encoder(o);
+  encoder->eval();
+  return encoder;
+}
+
+// numpy's linspace(a, b, n) (FluxPipeline's sigmas): a + i (b - a)/(n - 1), the last value b.
+std::vector<double> flux_sigma_grid(double a, double b, int64_t n) {
+  std::vector<double> y(size_t(n), a);
+  if (n == 1) return y;
+  const double step = (b - a) / double(n - 1);
+  for (int64_t i = 0; i < n; ++i) y[size_t(i)] = double(i) * step + a;
+  y.back() = b;
+  return y;
+}
+
+}  // namespace
+
+bool is_flow_pipeline_folder(const std::string& dir) {
+  const fs::path file = fs::path(dir) / "model_index.json";
+  if (!fs::is_regular_file(file)) return false;
+  std::ifstream in(file);
+  const json index = json::parse(in, nullptr, false);
+  if (!index.is_object() || !index.contains("_class_name") || !index["_class_name"].is_string()) return false;
+  const auto c = index["_class_name"].get<std::string>();
+  return c == "StableDiffusion3Pipeline" || c == "FluxPipeline";
+}
+
+FlowPipeline FlowPipeline::load(const std::string& dir) {
+  const fs::path root(dir);
+  DEW_CHECK(fs::is_directory(root), dir, ": not a folder (expected a diffusers pipeline folder with model_index.json)");
+  const fs::path index_file = root / "model_index.json";
+  const json index = read_pipeline_json(index_file);
+  FlowPipeline p;
+  p.dir_ = dir;
+  DEW_CHECK(index.contains("_class_name") && index["_class_name"].is_string(), index_file.string(),
+            ": no \"_class_name\"");
+  p.class_name_ = index["_class_name"].get<std::string>();
+  DEW_CHECK(p.class_name_ == "StableDiffusion3Pipeline" || p.class_name_ == "FluxPipeline", index_file.string(),
+            ": pipeline class \"", p.class_name_,
+            "\" is not supported (accepted: StableDiffusion3Pipeline, FluxPipeline)");
+  const std::vector<std::string> clip_tok{"CLIPTokenizer", "CLIPTokenizerFast"},
+      t5_tok{"T5Tokenizer", "T5TokenizerFast"};
+  // Check every model_index entry before loading anything.
+  expect_component(index, "transformer", {p.flux() ? "FluxTransformer2DModel" : "SD3Transformer2DModel"}, index_file);
+  expect_component(index, "vae", {"AutoencoderKL"}, index_file);
+  expect_component(index, "scheduler", {"FlowMatchEulerDiscreteScheduler"}, index_file);
+  expect_component(index, "tokenizer", clip_tok, index_file);
+  bool has_t5 = true;
+  if (p.flux()) {
+    expect_component(index, "text_encoder", {"CLIPTextModel"}, index_file);
+    expect_component(index, "text_encoder_2", {"T5EncoderModel"}, index_file);
+    expect_component(index, "tokenizer_2", t5_tok, index_file);
+  } else {
+    expect_component(index, "text_encoder", {"CLIPTextModelWithProjection"}, index_file);
+    expect_component(index, "text_encoder_2", {"CLIPTextModelWithProjection"}, index_file);
+    expect_component(index, "tokenizer_2", clip_tok, index_file);
+    // diffusers runs SD3 without T5 (zeros in its place) when text_encoder_3 is null
+    has_t5 = !expect_component(index, "text_encoder_3", {"T5EncoderModel", ""}, index_file).empty();
+    if (has_t5) expect_component(index, "tokenizer_3", t5_tok, index_file);
+  }
+  // Every component folder the index names, before anything is loaded.
+  std::vector<std::string> components{"transformer",    "vae",        "scheduler", "text_encoder", "tokenizer",
+                                      "text_encoder_2", "tokenizer_2"};
+  if (has_t5 && !p.flux()) components.insert(components.end(), {"text_encoder_3", "tokenizer_3"});
+  for (const auto& c : components)
+    DEW_CHECK(fs::is_directory(root / c), (root / c).string(), ": missing (model_index.json names ", c, " as ",
+              index_component(index, c, index_file), ")");
+  const fs::path scheduler_file = root / "scheduler" / "scheduler_config.json";
+  const json sched_cfg = sampling::read_scheduler_config(scheduler_file.string());
+  p.scheduler_ = std::make_unique<sampling::FlowMatchEulerScheduler>(sched_cfg, scheduler_file.string());
+
+  p.transformer_ = load_diffusers_folder((root / "transformer").string());
+  p.vae_ = load_diffusers_folder((root / "vae").string());
+  p.clip_ = load_clip(root / "text_encoder", root / "tokenizer", !p.flux());
+  if (p.flux()) {
+    p.t5_ = load_t5(root / "text_encoder_2", root / "tokenizer_2");
+  } else {
+    p.clip_2_ = load_clip(root / "text_encoder_2", root / "tokenizer_2", true);
+    if (has_t5) p.t5_ = load_t5(root / "text_encoder_3", root / "tokenizer_3");
+  }
+
+  // The components must fit each other.
+  const auto v = from_json<nn::AutoencoderKLOptions>(p.vae_.fields);
+  p.vae_scale_factor_ = int64_t{1} << (v.block_out_channels().size() - 1);
+  p.latent_channels_ = v.latent_channels();
+  const fs::path tconf = root / "transformer" / "config.json";
+  int64_t pooled = 0, in_ch = 0, out_ch = 0;
+  if (p.flux()) {
+    const auto t = from_json<nn::FluxTransformerOptions>(p.transformer_.fields);
+    p.patch_ = 2;  // FluxPipeline packs 2 x 2 latent patches into tokens
+    p.context_features_ = t.context_features();
+    pooled = t.pooled_projection_dim();
+    in_ch = t.in_channels();
+    out_ch = t.output_channels();
+    p.guidance_embeds_ = t.guidance_embeds();
+    p.default_size_ = 128 * p.vae_scale_factor_;  // FluxPipeline's default_sample_size
+    DEW_CHECK(p.clip_->options.hidden_size() == pooled, tconf.string(), ": pooled_projection_dim ", pooled,
+              " must equal text_encoder's hidden_size ", p.clip_->options.hidden_size(), " (CLIP's pooler_output)");
+  } else {
+    const auto t = from_json<nn::SD3TransformerOptions>(p.transformer_.fields);
+    p.patch_ = t.patch_size();
+    p.context_features_ = t.context_features();
+    pooled = t.pooled_projection_dim();
+    in_ch = t.in_channels();
+    out_ch = t.output_channels();
+    p.default_size_ = t.sample_size() * p.vae_scale_factor_;
+    const int64_t clip_width = p.clip_->options.hidden_size() + p.clip_2_->options.hidden_size();
+    DEW_CHECK(clip_width <= p.context_features_, tconf.string(), ": joint_attention_dim ", p.context_features_,
+              " is narrower than the two CLIP widths together (", clip_width, ")");
+    const int64_t proj = p.clip_->options.projection_dim() + p.clip_2_->options.projection_dim();
+    DEW_CHECK(proj == pooled, tconf.string(), ": pooled_projection_dim ", pooled,
+              " must equal the two CLIP projection_dims together (", proj, ")");
+  }
+  if (p.t5_)
+    DEW_CHECK(p.t5_->options.d_model() == p.context_features_, tconf.string(), ": joint_attention_dim ",
+              p.context_features_, " must equal T5's d_model ", p.t5_->options.d_model());
+  DEW_CHECK(in_ch == p.latent_channels_ && out_ch == p.latent_channels_, tconf.string(),
+            ": the transformer's latent channels (in ", in_ch, ", out ", out_ch, ") must equal the VAE's ",
+            p.latent_channels_, " (vae/config.json latent_channels)");
+  return p;
+}
+
+std::pair<int64_t, int64_t> FlowPipeline::size_of(const PipelineRequest& r) const {
+  return {r.height > 0 ? r.height : default_size_, r.width > 0 ? r.width : default_size_};
+}
+
+Tensor FlowPipeline::tokenize(const std::vector<std::string>& texts, int index, int64_t max_sequence_length) const {
+  const int t5_index = flux() ? 1 : 2;
+  if (index == t5_index) {
+    DEW_CHECK(t5_, "pipeline: this folder has no T5 text encoder (text_encoder_3 is null)");
+    DEW_CHECK(max_sequence_length >= 1, "--max-sequence-length: must be >= 1, got ", max_sequence_length);
+    // T5's tokenizer with padding="max_length", truncation=True at the pipeline's max_sequence_length: the
+    // pieces (at most max_sequence_length - 1), </s>, then padding. tokenize() works at the options' max_length,
+    // so its rows are cut back here.
+    const int64_t eos = t5_->options.eos_token_id(), n = int64_t(texts.size());
+    const Tensor all = t5_->tokenize(texts).first;
+    Tensor out = at::full({n, max_sequence_length}, t5_->options.pad_token_id(), at::kLong);
+    for (int64_t b = 0; b < n; ++b) {
+      const Tensor row = all[b];
+      int64_t len = 0;  // pieces before </s>
+      while (len < row.size(0) && row[len].item<int64_t>() != eos) ++len;
+      const int64_t keep = std::min(len, max_sequence_length - 1);
+      if (keep > 0) out[b].slice(0, 0, keep).copy_(row.slice(0, 0, keep));
+      out[b][keep] = eos;
+    }
+    return out;
+  }
+  DEW_CHECK(index == 0 || (index == 1 && !flux()), "pipeline: there is no tokenizer ", index + 1);
+  return (index == 0 ? clip_ : clip_2_)->tokenize(texts).first;
+}
+
+void FlowPipeline::check(const PipelineRequest& r) const {
+  DEW_CHECK(r.steps >= 1, "--steps: must be >= 1, got ", r.steps);
+  DEW_CHECK(r.count >= 1, "--count: must be >= 1, got ", r.count);
+  DEW_CHECK(std::isfinite(r.guidance), "--guidance: must be finite, got ", r.guidance);
+  const auto [h, w] = size_of(r);
+  const int64_t m = vae_scale_factor_ * patch_;
+  DEW_CHECK(r.height >= 0 && r.width >= 0 && h > 0 && w > 0 && h % m == 0 && w % m == 0, "--size: ", h, "x", w,
+            " must be positive multiples of ", m, " (the VAE's factor ", vae_scale_factor_, " x ",
+            flux() ? "Flux's 2 x 2 packing" : "the transformer's patch_size", " ", patch_, ")");
+  if (r.latents.defined()) {
+    const int64_t lh = h / vae_scale_factor_, lw = w / vae_scale_factor_;
+    const std::vector<int64_t> nchw{r.count, latent_channels_, lh, lw};
+    const std::vector<int64_t> packed{r.count, (lh / 2) * (lw / 2), 4 * latent_channels_};
+    const bool ok =
+        r.latents.sizes() == at::IntArrayRef(nchw) || (flux() && r.latents.sizes() == at::IntArrayRef(packed));
+    DEW_CHECK(ok, "--latents: expected ", at::IntArrayRef(nchw),
+              flux() ? dew::str(" or packed ", at::IntArrayRef(packed)) : std::string(), ", got ", r.latents.sizes());
+  }
+}
+
+PromptEmbeddings FlowPipeline::encode(const PipelineRequest& r, int64_t max_sequence_length) {
+  check(r);
+  DEW_CHECK(max_sequence_length >= 1, "--max-sequence-length: must be >= 1, got ", max_sequence_length);
+  torch::NoGradGuard no_grad;
+  PromptEmbeddings e;
+  const auto B = size_t(r.count);
+  auto t5_states = [&](const std::vector<std::string>& texts) {
+    if (!t5_) return at::zeros({int64_t(B), max_sequence_length, context_features_}, at::kFloat);
+    // diffusers passes no attention mask to T5: the padding tokens are attended to as well
+    return t5_->last_hidden_state(tokenize(texts, flux() ? 1 : 2, max_sequence_length), {});
+  };
+  if (flux()) {
+    const std::vector<std::string> pos(B, r.prompt), pos_2(B, r.prompt_2.value_or(r.prompt));
+    e.pooled_positive = clip_->forward_outputs(tokenize(pos, 0, 0), {}).pooler_output;
+    e.positive = t5_states(pos_2);
+    return e;
+  }
+  // SD3's encode_prompt: penultimate CLIP states side by side, padded to T5's width, then T5's states.
+  auto both = [&](const std::string& text, const std::string& text_2, Tensor& pooled) {
+    const std::vector<std::string> t1(B, text), t2(B, text_2);
+    const auto a = clip_->forward_outputs(tokenize(t1, 0, 0), {});
+    const auto b = clip_2_->forward_outputs(tokenize(t2, 1, 0), {});
+    pooled = at::cat({a.text_embeds, b.text_embeds}, -1);
+    Tensor clip = at::cat({a.penultimate_hidden_state, b.penultimate_hidden_state}, -1);
+    clip = at::constant_pad_nd(clip, {0, context_features_ - clip.size(-1)});
+    // prompt_3 is the prompt, as diffusers uses it when none is given
+    return at::cat({clip, t5_states(t1).to(clip.scalar_type())}, 1);
+  };
+  e.positive = both(r.prompt, r.prompt_2.value_or(r.prompt), e.pooled_positive);
+  if (r.guidance > 1.0) {
+    e.negative = both(r.negative_prompt, r.negative_prompt_2.value_or(r.negative_prompt), e.pooled_negative);
+  }
+  return e;
+}
+
+PipelineResult FlowPipeline::run(const PipelineRequest& r, int64_t max_sequence_length) {
+  return run(r, encode(r, max_sequence_length));
+}
+
+PipelineResult FlowPipeline::run(const PipelineRequest& r, const PromptEmbeddings& e) {
+  check(r);
+  torch::NoGradGuard no_grad;
+  const auto [h, w] = size_of(r);
+  const int64_t lh = h / vae_scale_factor_, lw = w / vae_scale_factor_;
+  const bool cfg = !flux() && r.guidance > 1.0;
+  DEW_CHECK(!cfg || (e.negative.defined() && e.pooled_negative.defined()),
+            "pipeline: guidance > 1 needs the negative prompt embeddings");
+  auto model = transformer_.backbone();
+
+  Tensor x;
+  if (r.latents.defined()) {
+    x = r.latents.to(at::kFloat);
+    if (x.dim() == 3) x = nn::flux_unpack_latents(x, lh, lw);  // FluxPipeline's packed draw
+  } else {
+    x = at::randn({r.count, latent_channels_, lh, lw}, rng::generator(r.seed, 0, "pipeline/latents"),
+                  at::TensorOptions().dtype(at::kFloat));
+  }
+  if (flux()) {
+    // FluxPipeline: sigmas linspace(1, 1/n, n), mu of the packed sequence length (used under dynamic shifting)
+    const int64_t n = r.steps;
+    scheduler_->set_timesteps(n, flux_sigma_grid(1.0, 1.0 / double(n), n),
+                              scheduler_->mu_for((lh / 2) * (lw / 2), 1.15));
+  } else {
+    std::optional<double> mu;
+    if (scheduler_->use_dynamic_shifting()) mu = scheduler_->mu_for((lh / patch_) * (lw / patch_), 1.16);
+    scheduler_->set_timesteps(r.steps, {}, mu);
+  }
+
+  Conditioning cond;
+  cond.context = cfg ? at::cat({e.negative, e.positive}) : e.positive;
+  cond.pooled = cfg ? at::cat({e.pooled_negative, e.pooled_positive}) : e.pooled_positive;
+  if (guidance_embeds_)
+    cond.extra["guidance"] = at::full({cond.pooled.size(0)}, r.guidance, at::TensorOptions().dtype(at::kFloat));
+  for (int64_t i = 0; i < scheduler_->num_steps(); ++i) {
+    const Tensor in = cfg ? at::cat({x, x}) : x;
+    const Tensor t = at::full({in.size(0)}, scheduler_->timestep(i), at::TensorOptions().dtype(at::kFloat));
+    Tensor v = model->forward(in, t, cond);
+    if (cfg) {
+      const auto halves = v.chunk(2);
+      v = halves[0] + r.guidance * (halves[1] - halves[0]);
+    }
+    x = scheduler_->step(v, i, x, {});
+  }
+  PipelineResult res;
+  res.latents = flux() ? nn::flux_pack_latents(x) : x;  // as the pipeline holds them
+  auto vae = vae_.autoencoder();
+  const Tensor decoded = vae->decode(vae->from_latent(x));  // x / scaling_factor + shift_factor
+  res.images = (decoded.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
+  return res;
+}
+
+}  // namespace dew::interop

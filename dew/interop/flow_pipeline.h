@@ -1,0 +1,81 @@
+// diffusers flow-matching pipeline folders (docs/sd3_flux.md): StableDiffusion3Pipeline and FluxPipeline as
+// save_pretrained writes them — model_index.json, transformer/ (SD3Transformer2DModel / FluxTransformer2DModel),
+// vae/ (AutoencoderKL, 16 latent channels, shift_factor), the text encoders and tokenizers, scheduler/
+// (FlowMatchEulerDiscreteScheduler) — run the way diffusers 0.42.1 runs them.
+//
+//   auto pipe = dew::interop::FlowPipeline::load("stable-diffusion-3.5-medium");
+//   dew::interop::PipelineRequest r;  r.prompt = "a photo of a cat";  r.steps = 28;  r.guidance = 7.0;
+//   auto out = pipe.run(r);                          // out.images: [N, 3, H, W] float32 in [0, 1]
+//
+// SD3: prompt embeddings = [CLIP-L and CLIP-G hidden_states[-2] side by side, zero-padded to T5's width ;
+// T5's last_hidden_state (max_sequence_length tokens; zeros when text_encoder_3 is null)] on the sequence,
+// pooled = [CLIP-L text_embeds, CLIP-G text_embeds]; classifier-free guidance on [negative; positive] when
+// guidance > 1 (the negative prompt "" unless given). Flux: T5's states and CLIP's pooler_output, no CFG, FLUX.1
+// dev's guidance embedding takes `guidance`; the scheduler gets FluxPipeline's sigmas linspace(1, 1/n, n) and mu
+// of the packed image sequence length. Both: latents x = N(0, I) (no init sigma), per step
+// x += (sigma_{i+1} - sigma_i) v(x, sigma_i x 1000), and the VAE decodes x / scaling_factor + shift_factor.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+#include "dew/interop/diffusers_forward.h"
+#include "dew/interop/diffusers_pipeline.h"
+#include "dew/nn/clip_text.h"
+#include "dew/nn/t5_encoder.h"
+#include "dew/sampling/schedulers.h"
+
+namespace dew::interop {
+
+/// True when DIR/model_index.json names StableDiffusion3Pipeline or FluxPipeline (false for anything else,
+/// including a missing or unreadable file: TextToImagePipeline::load then reports it).
+bool is_flow_pipeline_folder(const std::string& dir);
+
+class FlowPipeline {
+ public:
+  /// Loads and checks every component first: a missing folder or file, an unknown class in model_index.json
+  /// (the scheduler included), a T5 tokenizer folder without a SentencePiece model, or components that do not
+  /// fit each other (text widths against the transformer's, channels against the VAE's) is a dew::Error naming
+  /// the file and what was expected.
+  static FlowPipeline load(const std::string& dir);
+
+  /// "StableDiffusion3Pipeline" or "FluxPipeline".
+  const std::string& class_name() const { return class_name_; }
+  bool flux() const { return class_name_ == "FluxPipeline"; }
+  /// The pipelines' defaults: output side (transformer sample_size (SD3) or 128 (Flux) x the VAE's factor),
+  /// guidance (SD3 7.0, Flux 3.5), T5 tokens (SD3 256, Flux 512).
+  int64_t default_size() const { return default_size_; }
+  double default_guidance() const { return flux() ? 3.5 : 7.0; }
+  int64_t default_max_sequence_length() const { return flux() ? 512 : 256; }
+  /// Whether the transformer takes a guidance embedding (FLUX.1 dev).
+  bool guidance_embeds() const { return guidance_embeds_; }
+  int64_t vae_scale_factor() const { return vae_scale_factor_; }
+  sampling::FlowMatchEulerScheduler& scheduler() { return *scheduler_; }
+
+  /// Token ids of `texts`: index 0, 1 = the CLIP tokenizers (Flux: only 0), the T5 tokenizer is index 2 (SD3)
+  /// or 1 (Flux), padded / truncated to max_sequence_length.
+  at::Tensor tokenize(const std::vector<std::string>& texts, int index, int64_t max_sequence_length) const;
+  /// The prompt embeddings of a request: positive / negative [count, L, D] and pooled [count, P] (Flux: no
+  /// negative).
+  PromptEmbeddings encode(const PipelineRequest& request, int64_t max_sequence_length);
+  /// Refuses a bad request before any work: steps < 1, count < 1, a size that is not a multiple of the VAE's
+  /// factor x the patch size (Flux: x 2, its packing), latents of the wrong shape (Flux: packed
+  /// [count, (h/2)(w/2), 4 C] as FluxPipeline draws them, or unpacked [count, C, h, w]).
+  void check(const PipelineRequest& request) const;
+  PipelineResult run(const PipelineRequest& request, int64_t max_sequence_length);
+  /// The same with given embeddings (the golden tests feed the reference's own).
+  PipelineResult run(const PipelineRequest& request, const PromptEmbeddings& embeddings);
+
+ private:
+  std::pair<int64_t, int64_t> size_of(const PipelineRequest& r) const;  // image height, width
+  std::string dir_, class_name_;
+  DiffusersModel transformer_, vae_;
+  nn::ClipText clip_{nullptr}, clip_2_{nullptr};
+  nn::T5Encoder t5_{nullptr};
+  std::unique_ptr<sampling::FlowMatchEulerScheduler> scheduler_;
+  int64_t default_size_ = 1024, vae_scale_factor_ = 8, patch_ = 2, latent_channels_ = 16, context_features_ = 0;
+  bool guidance_embeds_ = false;
+};
+
+}  // namespace dew::interop
