@@ -1,0 +1,330 @@
+#include "dew/nn/lora.h"
+
+#include <torch/nn/functional/conv.h>
+#include <torch/nn/init.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "dew/core/error.h"
+
+namespace dew::nn {
+
+namespace {
+
+// Set by the first attach: until then dense / conv pay one relaxed load, not a child lookup.
+std::atomic<bool> g_any_adapter{false};
+
+void check_options(const LoraOptions& o) {
+  DEW_CHECK(o.rank() > 0, "lora.rank must be > 0, got ", o.rank());
+  DEW_CHECK(o.alpha() > 0, "lora.alpha must be > 0, got ", o.alpha());
+  DEW_CHECK(o.dropout() >= 0 && o.dropout() < 1, "lora.dropout must be in [0, 1), got ", o.dropout());
+}
+
+torch::Dtype adapter_dtype(const Tensor& base_weight) {
+  const auto dt = base_weight.scalar_type();
+  return dt == at::kBFloat16 || dt == at::kHalf ? at::kFloat : dt;
+}
+
+// PEFT's init_lora_weights=True: A as nn.Linear's default (Kaiming-uniform, a = sqrt(5), bound
+// 1 / sqrt(fan_in)), B zero, so the adapted model starts equal to the base.
+void init_adapter(Tensor& a, Tensor& b) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(a, std::sqrt(5.0));
+  b.zero_();
+}
+
+void check_fresh(const torch::nn::Module& layer, const std::string& name) {
+  DEW_CHECK(lora_state(layer) == nullptr, "LoRA: ", name, " already holds an adapter");
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The up to 5 candidate names nearest to `pattern` (by the distance of the pattern to the name's last
+// components), for a pattern that matched nothing.
+std::string nearest(const std::string& pattern, const std::vector<std::string>& names) {
+  std::vector<std::pair<size_t, std::string>> scored;
+  for (const auto& n : names) {
+    size_t best = edit_distance(pattern, n);
+    for (size_t p = n.find('.'); p != std::string::npos; p = n.find('.', p + 1))
+      best = std::min(best, edit_distance(pattern, n.substr(p + 1)));
+    scored.emplace_back(best, n);
+  }
+  std::stable_sort(scored.begin(), scored.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::ostringstream s;
+  for (size_t i = 0; i < std::min<size_t>(5, scored.size()); ++i) s << (i ? ", " : "") << scored[i].second;
+  return s.str();
+}
+
+bool is_adapter_part(const std::string& name) {
+  const auto ends = [&](const std::string& suffix) {
+    return name == suffix || (name.size() > suffix.size() &&
+                              name.compare(name.size() - suffix.size() - 1, std::string::npos, "." + suffix) == 0);
+  };
+  return ends("lora_A") || ends("lora_B") || ends("lora");
+}
+
+}  // namespace
+
+double lora_scale(const LoraOptions& o) {
+  check_options(o);
+  return o.use_rslora() ? o.alpha() / std::sqrt(static_cast<double>(o.rank()))
+                        : o.alpha() / static_cast<double>(o.rank());
+}
+
+bool lora_target_matches(const LoraOptions& o, const std::string& name) {
+  if (!o.target_regex().empty()) return std::regex_match(name, std::regex(o.target_regex()));
+  for (const auto& t : o.target_modules()) {
+    if (name == t) return true;
+    if (name.size() > t.size() && name[name.size() - t.size() - 1] == '.' &&
+        name.compare(name.size() - t.size(), std::string::npos, t) == 0)
+      return true;
+  }
+  return false;
+}
+
+void attach_lora(torch::nn::Linear& layer, const LoraOptions& o, const std::string& name) {
+  const double scale = lora_scale(o);
+  check_fresh(*layer, name);
+  const int64_t in = layer->options.in_features(), out = layer->options.out_features();
+  DEW_CHECK(o.rank() <= std::min(in, out), "lora.rank ", o.rank(), " is larger than ", name, " (Linear ", in, " -> ",
+            out, "): the rank must be <= ", std::min(in, out));
+  torch::nn::Linear a(torch::nn::LinearOptions(in, o.rank()).bias(false));
+  torch::nn::Linear b(torch::nn::LinearOptions(o.rank(), out).bias(false));
+  const auto& w = layer->weight;
+  a->to(w.device(), adapter_dtype(w));
+  b->to(w.device(), adapter_dtype(w));
+  init_adapter(a->weight, b->weight);
+  layer->register_module("lora_A", a);
+  layer->register_module("lora_B", b);
+  auto state = layer->register_module("lora", LoraState(o.rank(), o.alpha(), scale, o.dropout()));
+  state->linear_A = a;
+  state->linear_B = b;
+  g_any_adapter.store(true, std::memory_order_relaxed);
+}
+
+void attach_lora(torch::nn::Conv2d& layer, const LoraOptions& o, const std::string& name) {
+  const double scale = lora_scale(o);
+  check_fresh(*layer, name);
+  const auto& co = layer->options;
+  DEW_CHECK(co.groups() == 1, "LoRA: ", name, " is a Conv2d with groups=", co.groups(),
+            "; only groups=1 convolutions take adapters");
+  DEW_CHECK((*co.dilation())[0] == 1 && (*co.dilation())[1] == 1, "LoRA: ", name,
+            " is a dilated Conv2d; only dilation 1 takes adapters (PEFT's lora_A has none)");
+  DEW_CHECK(torch::enumtype::get_enum_name(co.padding_mode()) == "kZeros", "LoRA: ", name,
+            " pads other than with zeros; only zero padding takes adapters");
+  const int64_t in = co.in_channels(), out = co.out_channels();
+  const int64_t fan_in = in * (*co.kernel_size())[0] * (*co.kernel_size())[1];
+  DEW_CHECK(o.rank() <= std::min(fan_in, out), "lora.rank ", o.rank(), " is larger than ", name, " (Conv2d ", in,
+            " -> ", out, ", fan-in ", fan_in, "): the rank must be <= ", std::min(fan_in, out));
+  torch::nn::Conv2d a(
+      torch::nn::Conv2dOptions(in, o.rank(), co.kernel_size()).stride(co.stride()).padding(co.padding()).bias(false));
+  torch::nn::Conv2d b(torch::nn::Conv2dOptions(o.rank(), out, 1).bias(false));
+  const auto& w = layer->weight;
+  a->to(w.device(), adapter_dtype(w));
+  b->to(w.device(), adapter_dtype(w));
+  init_adapter(a->weight, b->weight);
+  layer->register_module("lora_A", a);
+  layer->register_module("lora_B", b);
+  auto state = layer->register_module("lora", LoraState(o.rank(), o.alpha(), scale, o.dropout()));
+  state->conv_A = a;
+  state->conv_B = b;
+  g_any_adapter.store(true, std::memory_order_relaxed);
+}
+
+LoraStateImpl* lora_state(const torch::nn::Module& layer) {
+  if (!g_any_adapter.load(std::memory_order_relaxed)) return nullptr;
+  const auto children = layer.named_children();
+  const auto* found = children.find("lora");
+  return found ? dynamic_cast<LoraStateImpl*>(found->get()) : nullptr;
+}
+
+namespace {
+
+LoraStateImpl* active_state(const torch::nn::Module& layer) {
+  LoraStateImpl* s = lora_state(layer);
+  return s && s->enabled && !s->merged ? s : nullptr;
+}
+
+Tensor adapter_input(const Tensor& x, const LoraStateImpl& s, bool training) {
+  return s.dropout > 0 && training ? at::dropout(x, s.dropout, true) : x;
+}
+
+Tensor cast(const Tensor& w, at::ScalarType dt) { return w.scalar_type() == dt ? w : w.to(dt); }
+
+}  // namespace
+
+Tensor lora_delta(const Tensor& x, const torch::nn::LinearImpl& layer) {
+  LoraStateImpl* s = active_state(layer);
+  if (!s) return {};
+  const auto dt = x.scalar_type();
+  const Tensor h = at::linear(adapter_input(x, *s, layer.is_training()), cast(s->linear_A->weight, dt));
+  return at::linear(h, cast(s->linear_B->weight, dt)) * s->scale;
+}
+
+Tensor lora_delta(const Tensor& x, const torch::nn::Conv2dImpl& layer) {
+  LoraStateImpl* s = active_state(layer);
+  if (!s) return {};
+  namespace F = torch::nn::functional;
+  const auto dt = x.scalar_type();
+  const auto& co = layer.options;
+  const Tensor h = F::conv2d(adapter_input(x, *s, layer.is_training()), cast(s->conv_A->weight, dt),
+                             F::Conv2dFuncOptions().stride(co.stride()).padding(co.padding()));
+  return F::conv2d(h, cast(s->conv_B->weight, dt)) * s->scale;
+}
+
+Tensor lora_delta_weight(const torch::nn::Module& layer) {
+  const LoraStateImpl* s = lora_state(layer);
+  DEW_CHECK(s != nullptr, "LoRA: lora_delta_weight of a layer without an adapter");
+  if (s->linear_A) return (s->linear_B->weight.to(at::kFloat).matmul(s->linear_A->weight.to(at::kFloat))) * s->scale;
+  // Conv2d: B is 1x1, so delta[o, i, kh, kw] = sum_r B[o, r] A[r, i, kh, kw] (PEFT's conv of A^T by B).
+  const Tensor b = s->conv_B->weight.to(at::kFloat).flatten(1);  // [out, r]
+  return at::einsum("or,rikl->oikl", {b, s->conv_A->weight.to(at::kFloat)}) * s->scale;
+}
+
+namespace {
+
+// Each adapted layer of the model with its base weight.
+template <class F>
+void for_each_adapted(torch::nn::Module& model, F&& f) {
+  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+    torch::nn::Module& m = *item.value();
+    LoraStateImpl* s = lora_state(m);
+    if (!s) continue;
+    Tensor w;
+    if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(&m)) w = lin->weight;
+    else if (auto* cv = dynamic_cast<torch::nn::Conv2dImpl*>(&m)) w = cv->weight;
+    else fail("LoRA: ", item.key(), " holds an adapter but is neither Linear nor Conv2d");
+    f(m, *s, w);
+  }
+}
+
+}  // namespace
+
+void merge_lora(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for_each_adapted(model, [](torch::nn::Module& m, LoraStateImpl& s, Tensor& w) {
+    if (s.merged) return;
+    w.add_(lora_delta_weight(m).to(w.scalar_type()));
+    s.merged = true;
+  });
+}
+
+void unmerge_lora(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for_each_adapted(model, [](torch::nn::Module& m, LoraStateImpl& s, Tensor& w) {
+    if (!s.merged) return;
+    w.sub_(lora_delta_weight(m).to(w.scalar_type()));
+    s.merged = false;
+  });
+}
+
+LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o) {
+  check_options(o);
+  DEW_CHECK(!o.target_modules().empty() || !o.target_regex().empty(),
+            "LoRA: give lora.target_modules (module names) or lora.target_regex; both are empty");
+  if (!o.target_regex().empty()) {
+    try {
+      std::regex check(o.target_regex());
+    } catch (const std::regex_error& e) {
+      fail("lora.target_regex \"", o.target_regex(), "\" is not a valid regular expression: ", e.what());
+    }
+  }
+  // Collect first: attaching adds Linear children (lora_A / lora_B) that must not be visited.
+  std::vector<std::string> candidates;  // Linear / Conv2d names, for messages
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> chosen;
+  std::set<std::string> matched_entries;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const std::string& name = item.key();
+    if (is_adapter_part(name)) continue;
+    const bool adaptable = dynamic_cast<torch::nn::LinearImpl*>(item.value().get()) ||
+                           dynamic_cast<torch::nn::Conv2dImpl*>(item.value().get());
+    if (adaptable) candidates.push_back(name);
+    if (!lora_target_matches(o, name)) continue;
+    DEW_CHECK(adaptable, "LoRA: target ", name, " is a ", item.value()->name(),
+              "; only Linear and Conv2d layers take adapters (name the layers inside it)");
+    chosen.emplace_back(name, item.value());
+    for (const auto& t : o.target_modules()) {
+      LoraOptions one;
+      one.target_modules({t});
+      if (lora_target_matches(one, name)) matched_entries.insert(t);
+    }
+  }
+  if (!o.target_regex().empty()) {
+    DEW_CHECK(!chosen.empty(), "LoRA: lora.target_regex \"", o.target_regex(),
+              "\" matches no Linear or Conv2d module name; nearest names: ", nearest(o.target_regex(), candidates));
+  } else {
+    for (const auto& t : o.target_modules())
+      DEW_CHECK(matched_entries.count(t), "LoRA: target module \"", t,
+                "\" matches no Linear or Conv2d module name; nearest names: ", nearest(t, candidates));
+  }
+  // Check every rank before attaching anything, so a refusal leaves the model untouched.
+  for (const auto& [name, m] : chosen) {
+    int64_t in = 0, out = 0;
+    if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(m.get())) {
+      in = lin->options.in_features();
+      out = lin->options.out_features();
+    } else {
+      const auto& co = dynamic_cast<torch::nn::Conv2dImpl*>(m.get())->options;
+      in = co.in_channels() * (*co.kernel_size())[0] * (*co.kernel_size())[1];
+      out = co.out_channels();
+    }
+    DEW_CHECK(o.rank() <= std::min(in, out), "lora.rank ", o.rank(), " is larger than ", name, " (", in, " -> ", out,
+              "): the rank must be <= ", std::min(in, out));
+  }
+  LoraReport report;
+  for (auto& [name, m] : chosen) {
+    if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)) {
+      torch::nn::Linear holder(lin);
+      attach_lora(holder, o, name);
+    } else {
+      torch::nn::Conv2d holder(std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(m));
+      attach_lora(holder, o, name);
+    }
+    report.targets.push_back(name);
+  }
+  // PEFT's _mark_only_adapters_as_trainable (bias="none"): everything else is frozen.
+  for (auto& p : model.named_parameters(/*recurse=*/true)) {
+    const std::string& n = p.key();
+    const bool adapter = n.find("lora_A.") != std::string::npos || n.find("lora_B.") != std::string::npos;
+    if (adapter) {
+      report.trainable += p.value().numel();
+    } else {
+      p.value().requires_grad_(false);
+      report.frozen += p.value().numel();
+    }
+  }
+  return report;
+}
+
+std::vector<std::pair<std::string, Tensor>> lora_parameters(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    const std::string& n = p.key();
+    const auto ends = [&](const char* s) {
+      const std::string suffix(s);
+      return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), std::string::npos, suffix) == 0;
+    };
+    if (ends("lora_A.weight") || ends("lora_B.weight")) out.emplace_back(n, p.value());
+  }
+  return out;
+}
+
+}  // namespace dew::nn
