@@ -6,11 +6,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 
 #include "dew/core/error.h"
+#include "dew/io/files.h"
+#include "dew/io/safetensors.h"
 
 namespace dew::nn {
 
@@ -236,6 +240,25 @@ void unmerge_lora(torch::nn::Module& model) {
   });
 }
 
+namespace {
+
+// PEFT's _mark_only_adapters_as_trainable (bias="none"): every parameter but the adapters' is frozen.
+void freeze_base(torch::nn::Module& model, LoraReport& report) {
+  report.trainable = report.frozen = 0;
+  for (auto& p : model.named_parameters(/*recurse=*/true)) {
+    const std::string& n = p.key();
+    const bool adapter = n.find("lora_A.") != std::string::npos || n.find("lora_B.") != std::string::npos;
+    if (adapter) {
+      report.trainable += p.value().numel();
+    } else {
+      p.value().requires_grad_(false);
+      report.frozen += p.value().numel();
+    }
+  }
+}
+
+}  // namespace
+
 LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o) {
   check_options(o);
   DEW_CHECK(!o.target_modules().empty() || !o.target_regex().empty(),
@@ -300,17 +323,7 @@ LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o) {
     }
     report.targets.push_back(name);
   }
-  // PEFT's _mark_only_adapters_as_trainable (bias="none"): everything else is frozen.
-  for (auto& p : model.named_parameters(/*recurse=*/true)) {
-    const std::string& n = p.key();
-    const bool adapter = n.find("lora_A.") != std::string::npos || n.find("lora_B.") != std::string::npos;
-    if (adapter) {
-      report.trainable += p.value().numel();
-    } else {
-      p.value().requires_grad_(false);
-      report.frozen += p.value().numel();
-    }
-  }
+  freeze_base(model, report);
   return report;
 }
 
@@ -327,4 +340,213 @@ std::vector<std::pair<std::string, Tensor>> lora_parameters(const torch::nn::Mod
   return out;
 }
 
+// ---- files users exchange ----
+
+namespace {
+
+const char* kPeftPrefix = "base_model.model.";
+const char* kDiffusersMetadataKey = "lora_adapter_metadata";  // diffusers' LORA_ADAPTER_METADATA_KEY
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream o;
+  o << s;
+  return o.str();
+}
+
+// The adapter tensors of `model` under "<prefix><module>.lora_A.weight", in float32 when reduced precision
+// (PEFT saves the adapters' own dtype; dew's adapters are float32 unless the base is float64).
+std::map<std::string, Tensor> adapter_file_tensors(const torch::nn::Module& model, const std::string& prefix) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : lora_parameters(model)) out[prefix + name] = t.detach();
+  DEW_CHECK(!out.empty(), "LoRA: the model holds no adapters to save");
+  return out;
+}
+
+std::vector<std::string> adapted_modules(const torch::nn::Module& model) {
+  std::vector<std::string> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (lora_state(*item.value())) out.push_back(item.key());
+  return out;
+}
+
+// Copies `t` into the adapter parameter `param_name` of `model` ("<module>.lora_A.weight"), checking shape.
+void load_adapter_tensor(torch::nn::Module& model, const std::string& param_name, const Tensor& t,
+                         const std::string& key, const std::string& file) {
+  auto params = model.named_parameters(/*recurse=*/true);
+  Tensor* p = params.find(param_name);
+  DEW_CHECK(p != nullptr, "LoRA: ", file, " holds ", key, " but the model has no adapter parameter ", param_name);
+  DEW_CHECK(p->sizes() == t.sizes(), "LoRA: ", file, " key ", key, " has shape ", shape_str(t.sizes()),
+            " but the model's ", param_name, " is ", shape_str(p->sizes()), " (an adapter made for another base?)");
+  torch::NoGradGuard no_grad;
+  p->copy_(t);
+}
+
+json lora_config_json(const LoraOptions& o, const torch::nn::Module& model) {
+  json j;
+  j["r"] = o.rank();
+  j["lora_alpha"] = o.alpha();
+  j["lora_dropout"] = o.dropout();
+  j["use_rslora"] = o.use_rslora();
+  if (!o.target_regex().empty()) j["target_modules"] = o.target_regex();
+  else if (!o.target_modules().empty()) j["target_modules"] = o.target_modules();
+  else j["target_modules"] = adapted_modules(model);
+  return j;
+}
+
+}  // namespace
+
+PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
+  const std::string path = dir + "/adapter_config.json";
+  json j;
+  try {
+    j = json::parse(io::read_file(path, "PEFT adapter config"));
+  } catch (const json::parse_error& e) {
+    fail("LoRA: ", path, " is not valid JSON: ", e.what());
+  }
+  DEW_CHECK(j.is_object(), "LoRA: ", path, " is not a JSON object");
+  const auto is_set = [&](const char* k) {
+    if (!j.contains(k) || j[k].is_null()) return false;
+    const json& v = j[k];
+    if (v.is_boolean()) return v.get<bool>();
+    if (v.is_object() || v.is_array() || v.is_string()) return !v.empty() && v != json("");
+    return true;
+  };
+  if (j.contains("peft_type"))
+    DEW_CHECK(j["peft_type"] == "LORA", "LoRA: ", path, " has peft_type ", j["peft_type"].dump(),
+              "; only LORA adapters are read");
+  for (const char* k : {"use_dora", "lora_bias", "fan_in_fan_out", "rank_pattern", "alpha_pattern",
+                        "layers_to_transform", "exclude_modules", "modules_to_save", "target_parameters"})
+    DEW_CHECK(!is_set(k), "LoRA: ", path, " sets ", k, " = ", j[k].dump(), ", which dew's LoRA does not implement");
+  PeftAdapterConfig c;
+  try {
+    c.lora.rank(j.at("r").get<int64_t>());
+    c.lora.alpha(j.value("lora_alpha", static_cast<double>(c.lora.rank())));
+    c.lora.dropout(j.value("lora_dropout", 0.0));
+    c.lora.use_rslora(j.value("use_rslora", false));
+    const json& t = j.at("target_modules");
+    if (t.is_string()) c.lora.target_regex(t.get<std::string>());
+    else c.lora.target_modules(t.get<std::vector<std::string>>());
+    if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
+      c.base_model_name_or_path = j["base_model_name_or_path"].get<std::string>();
+  } catch (const json::exception& e) {
+    fail("LoRA: ", path, ": r (int), lora_alpha (number) and target_modules (list or string) are needed: ", e.what());
+  }
+  return c;
+}
+
+void save_peft_adapter(const std::string& dir, const torch::nn::Module& model, const LoraOptions& o,
+                       const std::string& base_model_name_or_path) {
+  const auto tensors = adapter_file_tensors(model, kPeftPrefix);
+  json j = lora_config_json(o, model);
+  j["peft_type"] = "LORA";
+  j["base_model_name_or_path"] = base_model_name_or_path.empty() ? json(nullptr) : json(base_model_name_or_path);
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["init_lora_weights"] = true;
+  j["inference_mode"] = true;
+  j["task_type"] = nullptr;
+  std::filesystem::create_directories(dir);
+  io::save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  io::write_file_atomic(dir + "/adapter_config.json", j.dump(2) + "\n");
+}
+
+PeftAdapterConfig load_peft_adapter(torch::nn::Module& model, const std::string& dir) {
+  PeftAdapterConfig c = read_peft_adapter_config(dir);
+  const std::string file = dir + "/adapter_model.safetensors";
+  const auto tensors = io::load_safetensors(file);
+  const std::string prefix = kPeftPrefix;
+  // Check every key before touching the model.
+  std::set<std::string> in_file;
+  for (const auto& [key, t] : tensors) {
+    DEW_CHECK(key.rfind(prefix, 0) == 0, "LoRA: ", file, " key ", key, " does not start with ", prefix);
+    in_file.insert(key.substr(prefix.size()));
+  }
+  apply_lora(model, c.lora);
+  for (const auto& [name, p] : lora_parameters(model))
+    DEW_CHECK(in_file.count(name), "LoRA: ", file, " has no ", prefix + name, " for the adapted module (",
+              in_file.size(), " adapter tensors in the file)");
+  for (const auto& [key, t] : tensors) load_adapter_tensor(model, key.substr(prefix.size()), t, key, file);
+  return c;
+}
+
+void save_diffusers_lora(const std::string& path, const torch::nn::Module& model, const LoraOptions& o,
+                         const std::string& prefix) {
+  const auto tensors = adapter_file_tensors(model, prefix + ".");
+  json meta = lora_config_json(o, model);
+  io::save_safetensors(path, tensors, {{"format", "pt"}, {kDiffusersMetadataKey, meta.dump(2)}});
+}
+
+LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix) {
+  const auto file = io::SafetensorsFile::open(path);
+  const std::string pre = prefix + ".";
+  // module -> (A key, B key, alpha key)
+  struct Entry {
+    std::string a, b, alpha;
+  };
+  std::map<std::string, Entry> entries;
+  const auto ends = [](const std::string& k, const std::string& suffix) {
+    return k.size() > suffix.size() && k.compare(k.size() - suffix.size(), std::string::npos, suffix) == 0;
+  };
+  for (const auto& key : file.names()) {
+    if (key.rfind(pre, 0) != 0) continue;
+    const std::string rest = key.substr(pre.size());
+    bool matched = false;
+    for (const auto& [suffix, slot] : std::vector<std::pair<std::string, int>>{{".lora_A.weight", 0},
+                                                                               {".lora.down.weight", 0},
+                                                                               {".lora_B.weight", 1},
+                                                                               {".lora.up.weight", 1},
+                                                                               {".alpha", 2}}) {
+      if (!ends(rest, suffix)) continue;
+      Entry& e = entries[rest.substr(0, rest.size() - suffix.size())];
+      (slot == 0 ? e.a : slot == 1 ? e.b : e.alpha) = key;
+      matched = true;
+      break;
+    }
+    DEW_CHECK(matched, "LoRA: ", path, " key ", key,
+              " is not an adapter tensor (.lora_A.weight, .lora_B.weight, .lora.down.weight, .lora.up.weight, .alpha)");
+  }
+  DEW_CHECK(!entries.empty(), "LoRA: ", path, " holds no key starting with ", pre, " (the prefix of the component)");
+  double meta_alpha = -1;
+  bool rslora = false;
+  const auto meta = file.metadata();
+  if (auto it = meta.find(kDiffusersMetadataKey); it != meta.end()) {
+    try {
+      const json j = json::parse(it->second);
+      meta_alpha = j.value("lora_alpha", -1.0);
+      rslora = j.value("use_rslora", false);
+    } catch (const json::exception& e) {
+      fail("LoRA: ", path, " metadata ", kDiffusersMetadataKey, " is not valid JSON: ", e.what());
+    }
+  }
+  // Check names and shapes before attaching anything.
+  const auto modules = model.named_modules("", /*include_self=*/false);
+  for (const auto& [name, e] : entries) {
+    DEW_CHECK(!e.a.empty() && !e.b.empty(), "LoRA: ", path, " holds only one of A and B for ", pre + name);
+    const auto* m = modules.find(name);
+    DEW_CHECK(m != nullptr, "LoRA: ", path, " names module ", name, ", which the model does not have");
+    DEW_CHECK(dynamic_cast<torch::nn::LinearImpl*>(m->get()) || dynamic_cast<torch::nn::Conv2dImpl*>(m->get()),
+              "LoRA: ", path, " names module ", name, ", a ", (*m)->name(), ", not a Linear or Conv2d");
+  }
+  for (const auto& [name, e] : entries) {
+    const Tensor a = file.tensor(e.a), b = file.tensor(e.b);
+    LoraOptions o;
+    o.rank(a.size(0));
+    o.use_rslora(rslora);
+    o.alpha(meta_alpha > 0 ? meta_alpha : !e.alpha.empty() ? file.tensor(e.alpha).item<double>() : o.rank());
+    std::shared_ptr<torch::nn::Module> m = *modules.find(name);
+    if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)) {
+      torch::nn::Linear holder(lin);
+      attach_lora(holder, o, name);
+    } else {
+      torch::nn::Conv2d holder(std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(m));
+      attach_lora(holder, o, name);
+    }
+    load_adapter_tensor(model, name + ".lora_A.weight", a, e.a, path);
+    load_adapter_tensor(model, name + ".lora_B.weight", b, e.b, path);
+  }
+  LoraReport report;
+  for (const auto& [name, e] : entries) report.targets.push_back(name);
+  freeze_base(model, report);
+  return report;
+}
 }  // namespace dew::nn

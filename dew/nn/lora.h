@@ -118,4 +118,44 @@ Tensor lora_delta_weight(const torch::nn::Module& layer);
 /// The adapter parameters, name -> tensor: "<module>.lora_A.weight", "<module>.lora_B.weight".
 std::vector<std::pair<std::string, Tensor>> lora_parameters(const torch::nn::Module& model);
 
+// ---- files users exchange ----
+// Adapter tensors are stored under the adapted layer's module name: PEFT's adapter folder prefixes
+// "base_model.model.", diffusers' pytorch_lora_weights.safetensors prefixes the component ("unet.").
+
+/// LoRA options of PEFT's adapter_config.json (r, lora_alpha, lora_dropout, use_rslora, target_modules as
+/// a list or a regex string) plus base_model_name_or_path. Settings dew does not implement (use_dora,
+/// lora_bias, fan_in_fan_out, rank_pattern / alpha_pattern, layers_to_transform, exclude_modules,
+/// modules_to_save, target_parameters, peft_type other than LORA) are refused by name.
+struct PeftAdapterConfig {
+  LoraOptions lora;
+  std::string base_model_name_or_path;  // "" when the file has null
+};
+PeftAdapterConfig read_peft_adapter_config(const std::string& dir);
+
+/// Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (keys
+/// "base_model.model.<module>.lora_A.weight" / ".lora_B.weight", as PeftModel.save_pretrained) for the
+/// adapters of `model` made with options `o`. Merged adapters are written as they are (A and B).
+void save_peft_adapter(const std::string& dir, const torch::nn::Module& model, const LoraOptions& o,
+                       const std::string& base_model_name_or_path = "");
+
+/// Applies the folder's adapters to `model` (apply_lora with its config, so the base is frozen) and loads
+/// their weights. A file tensor for a module the config did not adapt, an adapted module the file lacks
+/// and a shape that does not fit are each a dew::Error naming the key (and both shapes).
+PeftAdapterConfig load_peft_adapter(torch::nn::Module& model, const std::string& dir);
+
+/// Writes a diffusers LoRA file (pytorch_lora_weights.safetensors as save_lora_weights writes it for a
+/// UNet): keys "<prefix>.<module>.lora_A.weight" / ".lora_B.weight" and the LoraConfig fields (r,
+/// lora_alpha, use_rslora, lora_dropout, target_modules) as JSON in the metadata "lora_adapter_metadata",
+/// which diffusers' load_lora_weights reads back as the adapter's config.
+void save_diffusers_lora(const std::string& path, const torch::nn::Module& model, const LoraOptions& o,
+                         const std::string& prefix = "unet");
+
+/// Reads a diffusers LoRA file onto `model`: keys "<prefix>.<module>.lora_A.weight" / ".lora_B.weight"
+/// (or the older "lora.down.weight" / "lora.up.weight"); rank from A's shape; alpha from the metadata
+/// "lora_adapter_metadata", else a "<prefix>.<module>.alpha" tensor, else alpha = rank (scale 1, what
+/// diffusers assumes without either). Adapters are attached to exactly the named modules; the base is
+/// frozen. Keys of other components (e.g. "text_encoder.") are ignored; a file with no key for `prefix`,
+/// a module name not in `model` and a shape that does not fit are each a dew::Error naming the key.
+LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix = "unet");
+
 }  // namespace dew::nn
