@@ -197,10 +197,13 @@ Tensor lora_delta(const Tensor& x, const torch::nn::Conv2dImpl& layer) {
 Tensor lora_delta_weight(const torch::nn::Module& layer) {
   const LoraStateImpl* s = lora_state(layer);
   DEW_CHECK(s != nullptr, "LoRA: lora_delta_weight of a layer without an adapter");
-  if (s->linear_A) return (s->linear_B->weight.to(at::kFloat).matmul(s->linear_A->weight.to(at::kFloat))) * s->scale;
+  // At least float32 (float64 adapters stay float64, so a float64 merge is exact to float64 rounding).
+  const Tensor& a = s->linear_A ? s->linear_A->weight : s->conv_A->weight;
+  const Tensor& b = s->linear_B ? s->linear_B->weight : s->conv_B->weight;
+  const auto dt = at::promote_types(a.scalar_type(), at::kFloat);
+  if (s->linear_A) return b.to(dt).matmul(a.to(dt)) * s->scale;
   // Conv2d: B is 1x1, so delta[o, i, kh, kw] = sum_r B[o, r] A[r, i, kh, kw] (PEFT's conv of A^T by B).
-  const Tensor b = s->conv_B->weight.to(at::kFloat).flatten(1);  // [out, r]
-  return at::einsum("or,rikl->oikl", {b, s->conv_A->weight.to(at::kFloat)}) * s->scale;
+  return at::einsum("or,rikl->oikl", {b.to(dt).flatten(1), a.to(dt)}) * s->scale;
 }
 
 namespace {

@@ -112,7 +112,8 @@ LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o);
 void merge_lora(torch::nn::Module& model);
 void unmerge_lora(torch::nn::Module& model);
 
-/// The weight delta scale * B @ A of one adapted layer, in float32, shaped like the base weight.
+/// The weight delta scale * B @ A of one adapted layer (float32, or float64 for float64 adapters), shaped
+/// like the base weight.
 Tensor lora_delta_weight(const torch::nn::Module& layer);
 
 /// The adapter parameters, name -> tensor: "<module>.lora_A.weight", "<module>.lora_B.weight".
