@@ -475,7 +475,10 @@ PeftAdapterConfig load_peft_adapter(torch::nn::Module& model, const std::string&
 void save_diffusers_lora(const std::string& path, const torch::nn::Module& model, const LoraOptions& o,
                          const std::string& prefix) {
   const auto tensors = adapter_file_tensors(model, prefix + ".");
-  json meta = lora_config_json(o, model);
+  // The pipeline-level file prefixes each LoraConfig field with the component ("unet.r"), as
+  // save_lora_weights packs it and load_lora_adapter strips it.
+  json meta = json::object();
+  for (const auto& [k, v] : lora_config_json(o, model).items()) meta[prefix + "." + k] = v;
   io::save_safetensors(path, tensors, {{"format", "pt"}, {kDiffusersMetadataKey, meta.dump(2)}});
 }
 
@@ -515,8 +518,8 @@ LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path
   if (auto it = meta.find(kDiffusersMetadataKey); it != meta.end()) {
     try {
       const json j = json::parse(it->second);
-      meta_alpha = j.value("lora_alpha", -1.0);
-      rslora = j.value("use_rslora", false);
+      meta_alpha = j.value(pre + "lora_alpha", -1.0);
+      rslora = j.value(pre + "use_rslora", false);
     } catch (const json::exception& e) {
       fail("LoRA: ", path, " metadata ", kDiffusersMetadataKey, " is not valid JSON: ", e.what());
     }

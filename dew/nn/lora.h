@@ -147,14 +147,15 @@ PeftAdapterConfig load_peft_adapter(torch::nn::Module& model, const std::string&
 /// Writes a diffusers LoRA file (pytorch_lora_weights.safetensors as save_lora_weights writes it for a
 /// UNet): keys "<prefix>.<module>.lora_A.weight" / ".lora_B.weight" and the LoraConfig fields (r,
 /// lora_alpha, use_rslora, lora_dropout, target_modules) as JSON in the metadata "lora_adapter_metadata",
-/// which diffusers' load_lora_weights reads back as the adapter's config.
+/// each field prefixed ("unet.lora_alpha"), which diffusers' load_lora_weights reads back as the
+/// adapter's LoraConfig (checked with diffusers 0.42.1: scale and weights arrive as written).
 void save_diffusers_lora(const std::string& path, const torch::nn::Module& model, const LoraOptions& o,
                          const std::string& prefix = "unet");
 
 /// Reads a diffusers LoRA file onto `model`: keys "<prefix>.<module>.lora_A.weight" / ".lora_B.weight"
-/// (or the older "lora.down.weight" / "lora.up.weight"); rank from A's shape; alpha from the metadata
-/// "lora_adapter_metadata", else a "<prefix>.<module>.alpha" tensor, else alpha = rank (scale 1, what
-/// diffusers assumes without either). Adapters are attached to exactly the named modules; the base is
+/// (or the older "lora.down.weight" / "lora.up.weight"); rank from A's shape; alpha (and use_rslora) from
+/// the metadata "lora_adapter_metadata" ("<prefix>.lora_alpha"), else a "<prefix>.<module>.alpha" tensor,
+/// else alpha = rank (scale 1, what diffusers assumes without either). Adapters are attached to exactly the named modules; the base is
 /// frozen. Keys of other components (e.g. "text_encoder.") are ignored; a file with no key for `prefix`,
 /// a module name not in `model` and a shape that does not fit are each a dew::Error naming the key.
 LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix = "unet");

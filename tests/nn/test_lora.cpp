@@ -113,7 +113,8 @@ TEST(Lora, ApplyChoosesTheGoldenTargetsAndFreezesTheBase) {
     if (p.value().requires_grad()) trainable += p.value().numel();
   }
   EXPECT_EQ(trainable, r.trainable);
-  // conv_in: A [4, 3, 3, 3] + B [8, 4, 1, 1]; proj: [4, 8, 1, 1] + [8, 4, 1, 1]; q/v: [4, 8] + [16, 4]; out: [4, 16] + [4, 4]
+  // conv_in: A [4, 3, 3, 3] + B [8, 4, 1, 1]; proj: [4, 8, 1, 1] + [8, 4, 1, 1]; q/v: [4, 8] + [16, 4];
+  // out: [4, 16] + [4, 4]
   EXPECT_EQ(r.trainable, (108 + 32) + (32 + 32) + 2 * (32 + 64) + (64 + 16));
   const auto regex = dew::nn::apply_lora(*base_model(at::kFloat), case_options("regex"));
   EXPECT_EQ(regex.targets, (std::vector<std::string>{"conv_down", "attn.v_proj"}));
