@@ -482,48 +482,21 @@ void save_diffusers_lora(const std::string& path, const torch::nn::Module& model
   io::save_safetensors(path, tensors, {{"format", "pt"}, {kDiffusersMetadataKey, meta.dump(2)}});
 }
 
-LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix) {
-  const auto file = io::SafetensorsFile::open(path);
-  const std::string pre = prefix + ".";
-  // module -> (A key, B key, alpha key)
-  struct Entry {
-    std::string a, b, alpha;
-  };
-  std::map<std::string, Entry> entries;
-  const auto ends = [](const std::string& k, const std::string& suffix) {
-    return k.size() > suffix.size() && k.compare(k.size() - suffix.size(), std::string::npos, suffix) == 0;
-  };
-  for (const auto& key : file.names()) {
-    if (key.rfind(pre, 0) != 0) continue;
-    const std::string rest = key.substr(pre.size());
-    bool matched = false;
-    for (const auto& [suffix, slot] : std::vector<std::pair<std::string, int>>{{".lora_A.weight", 0},
-                                                                               {".lora.down.weight", 0},
-                                                                               {".lora_B.weight", 1},
-                                                                               {".lora.up.weight", 1},
-                                                                               {".alpha", 2}}) {
-      if (!ends(rest, suffix)) continue;
-      Entry& e = entries[rest.substr(0, rest.size() - suffix.size())];
-      (slot == 0 ? e.a : slot == 1 ? e.b : e.alpha) = key;
-      matched = true;
-      break;
-    }
-    DEW_CHECK(matched, "LoRA: ", path, " key ", key,
-              " is not an adapter tensor (.lora_A.weight, .lora_B.weight, .lora.down.weight, .lora.up.weight, .alpha)");
-  }
-  DEW_CHECK(!entries.empty(), "LoRA: ", path, " holds no key starting with ", pre, " (the prefix of the component)");
-  double meta_alpha = -1;
-  bool rslora = false;
-  const auto meta = file.metadata();
-  if (auto it = meta.find(kDiffusersMetadataKey); it != meta.end()) {
-    try {
-      const json j = json::parse(it->second);
-      meta_alpha = j.value(pre + "lora_alpha", -1.0);
-      rslora = j.value(pre + "use_rslora", false);
-    } catch (const json::exception& e) {
-      fail("LoRA: ", path, " metadata ", kDiffusersMetadataKey, " is not valid JSON: ", e.what());
-    }
-  }
+namespace {
+
+// The keys of one module's adapter in a file.
+struct FileEntry {
+  std::string a, b, alpha;  // alpha: "" when the file has none for it
+};
+
+// Attaches and loads the adapters `entries` (module name -> keys) of `file`: alpha from `meta_alpha` when
+// > 0, else the entry's alpha tensor, else the rank. Names and kinds are checked before anything is
+// attached; `key_prefix` is shown in messages.
+LoraReport attach_from_file(torch::nn::Module& model, const io::SafetensorsFile& file,
+                            const std::map<std::string, FileEntry>& entries, double meta_alpha, bool rslora,
+                            const std::string& key_prefix) {
+  const std::string& path = file.path();
+  const std::string& pre = key_prefix;
   // Check names and shapes before attaching anything.
   const auto modules = model.named_modules("", /*include_self=*/false);
   for (const auto& [name, e] : entries) {
@@ -555,4 +528,98 @@ LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path
   freeze_base(model, report);
   return report;
 }
+
+}  // namespace
+
+LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix) {
+  const auto file = io::SafetensorsFile::open(path);
+  const std::string pre = prefix + ".";
+  std::map<std::string, FileEntry> entries;
+  const auto ends = [](const std::string& k, const std::string& suffix) {
+    return k.size() > suffix.size() && k.compare(k.size() - suffix.size(), std::string::npos, suffix) == 0;
+  };
+  for (const auto& key : file.names()) {
+    if (key.rfind(pre, 0) != 0) continue;
+    const std::string rest = key.substr(pre.size());
+    bool matched = false;
+    for (const auto& [suffix, slot] : std::vector<std::pair<std::string, int>>{{".lora_A.weight", 0},
+                                                                               {".lora.down.weight", 0},
+                                                                               {".lora_B.weight", 1},
+                                                                               {".lora.up.weight", 1},
+                                                                               {".alpha", 2}}) {
+      if (!ends(rest, suffix)) continue;
+      FileEntry& e = entries[rest.substr(0, rest.size() - suffix.size())];
+      (slot == 0 ? e.a : slot == 1 ? e.b : e.alpha) = key;
+      matched = true;
+      break;
+    }
+    DEW_CHECK(matched, "LoRA: ", path, " key ", key,
+              " is not an adapter tensor (.lora_A.weight, .lora_B.weight, .lora.down.weight, .lora.up.weight, .alpha)");
+  }
+  DEW_CHECK(!entries.empty(), "LoRA: ", path, " holds no key starting with ", pre, " (the prefix of the component)");
+  double meta_alpha = -1;
+  bool rslora = false;
+  const auto meta = file.metadata();
+  if (auto it = meta.find(kDiffusersMetadataKey); it != meta.end()) {
+    try {
+      const json j = json::parse(it->second);
+      meta_alpha = j.value(pre + "lora_alpha", -1.0);
+      rslora = j.value(pre + "use_rslora", false);
+    } catch (const json::exception& e) {
+      fail("LoRA: ", path, " metadata ", kDiffusersMetadataKey, " is not valid JSON: ", e.what());
+    }
+  }
+  return attach_from_file(model, file, entries, meta_alpha, rslora, pre);
+}
+void save_kohya_lora(const std::string& path, const torch::nn::Module& model, const std::string& prefix) {
+  std::map<std::string, Tensor> tensors;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const LoraStateImpl* s = lora_state(*item.value());
+    if (!s) continue;
+    std::string flat = prefix + "_" + item.key();
+    std::replace(flat.begin(), flat.end(), '.', '_');
+    tensors[flat + ".lora_down.weight"] = (s->linear_A ? s->linear_A->weight : s->conv_A->weight).detach();
+    tensors[flat + ".lora_up.weight"] = (s->linear_B ? s->linear_B->weight : s->conv_B->weight).detach();
+    // kohya's scale is alpha / rank: the alpha that gives this adapter's scale (rsLoRA included).
+    tensors[flat + ".alpha"] = torch::tensor(static_cast<float>(s->scale * static_cast<double>(s->rank)));
+  }
+  DEW_CHECK(!tensors.empty(), "LoRA: the model holds no adapters to save");
+  io::save_safetensors(path, tensors, {{"format", "pt"}});
+}
+
+LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix) {
+  const auto file = io::SafetensorsFile::open(path);
+  // kohya flattens module names with '_', which cannot be undone by text: match against the model's
+  // Linear / Conv2d names flattened the same way.
+  std::map<std::string, std::string> by_flat;
+  std::vector<std::string> candidates;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    if (is_adapter_part(item.key())) continue;
+    if (!dynamic_cast<torch::nn::LinearImpl*>(item.value().get()) &&
+        !dynamic_cast<torch::nn::Conv2dImpl*>(item.value().get()))
+      continue;
+    std::string flat = prefix + "_" + item.key();
+    std::replace(flat.begin(), flat.end(), '.', '_');
+    by_flat[flat] = item.key();
+    candidates.push_back(flat);
+  }
+  std::map<std::string, FileEntry> entries;
+  for (const auto& key : file.names()) {
+    if (key.rfind(prefix + "_", 0) != 0) continue;  // another component (lora_te_, lora_te1_, ...)
+    const size_t dot = key.find('.');
+    DEW_CHECK(dot != std::string::npos, "LoRA: ", path, " key ", key, " has no '.' (expected <name>.lora_down.weight)");
+    const std::string flat = key.substr(0, dot), suffix = key.substr(dot + 1);
+    const auto it = by_flat.find(flat);
+    DEW_CHECK(it != by_flat.end(), "LoRA: ", path, " key ", key,
+              " names no Linear or Conv2d of the model; nearest: ", nearest(flat, candidates));
+    FileEntry& e = entries[it->second];
+    if (suffix == "lora_down.weight") e.a = key;
+    else if (suffix == "lora_up.weight") e.b = key;
+    else if (suffix == "alpha") e.alpha = key;
+    else fail("LoRA: ", path, " key ", key, " is not a LoRA tensor (lora_down.weight, lora_up.weight, alpha)");
+  }
+  DEW_CHECK(!entries.empty(), "LoRA: ", path, " holds no key starting with ", prefix, "_");
+  return attach_from_file(model, file, entries, -1.0, false, prefix + "_");
+}
+
 }  // namespace dew::nn

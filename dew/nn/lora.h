@@ -160,4 +160,16 @@ void save_diffusers_lora(const std::string& path, const torch::nn::Module& model
 /// a module name not in `model` and a shape that does not fit are each a dew::Error naming the key.
 LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix = "unet");
 
+/// Writes the kohya / sd-scripts layout that stable-diffusion.cpp, ComfyUI and A1111 load:
+/// "<prefix>_<module with '.' -> '_'>.lora_down.weight" (A), ".lora_up.weight" (B) and ".alpha" (a
+/// float32 scalar, scale * rank, so kohya's alpha / rank is this adapter's scale, rsLoRA included). The
+/// module names are the model's own (diffusers' for unet_2d_condition, as diffusers'
+/// convert_state_dict_to_kohya writes them).
+void save_kohya_lora(const std::string& path, const torch::nn::Module& model, const std::string& prefix = "lora_unet");
+
+/// Reads that layout onto `model`, resolving each flattened name against the model's Linear / Conv2d
+/// names flattened the same way (a name that resolves to none is refused with the nearest ones); alpha
+/// from ".alpha" (any dtype), else the rank. Keys of other components (lora_te_...) are ignored.
+LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix = "lora_unet");
+
 }  // namespace dew::nn

@@ -22,14 +22,19 @@ Writes tests/golden/lora/lora.safetensors:
   CASE.merged.NAME_f64    each adapted layer's weight after merge_adapter (float64)
   CASE.grad.NAME.lora_A.weight_f32 / _f64 (and lora_B)   d(sum(y * g)) / d(adapter weight)
 and tests/golden/lora/peft_adapter/ (adapter_config.json + adapter_model.safetensors) written by PeftModel's
-save_pretrained for the list case: the file layout that dew's PEFT import reads.
+save_pretrained for the list case: the file layout that dew's PEFT import reads; and
+tests/golden/lora/kohya_from_diffusers.safetensors: the list case's adapters as "unet.<module>..." converted by
+the installed diffusers' convert_state_dict_to_kohya (lora_unet_<module>.lora_down/up.weight and .alpha = rank,
+so scale 1).
 """
 import json
 import os
 import shutil
 
+import diffusers
 import peft
 import torch
+from diffusers.utils.state_dict_utils import convert_state_dict_to_kohya
 from torch import nn
 
 from st_io import VERSION as ST_VERSION
@@ -37,6 +42,7 @@ from st_io import write_st
 
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 assert peft.__version__ == "0.21.2", peft.__version__
+assert diffusers.__version__ == "0.42.1", diffusers.__version__
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "lora")
@@ -134,6 +140,11 @@ def main():
             shutil.rmtree(folder, ignore_errors=True)
             models[torch.float32].save_pretrained(folder)
             os.remove(os.path.join(folder, "README.md"))  # the model card template: not an input of dew
+            # The kohya layout as diffusers converts a PEFT UNet state dict ("unet.<module>.lora_A.weight").
+            peft_sd = {"unet." + dew_name(n): p.detach().clone() for n, p in models[torch.float32].named_parameters()
+                       if "lora_" in n}
+            write_st(os.path.join(OUT, "kohya_from_diffusers.safetensors"), convert_state_dict_to_kohya(peft_sd),
+                     {"diffusers": diffusers.__version__, "generator": "tests/golden/lora_reference.py"})
 
     meta = {"peft": peft.__version__, "torch": torch.__version__, "safetensors": ST_VERSION,
             "cases": json.dumps(CASES), "generator": "tests/golden/lora_reference.py"}

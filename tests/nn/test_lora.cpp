@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "dew/core/error.h"
+#include "dew/io/safetensors.h"
 #include "dew/nn/attention.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/blocks.h"
@@ -283,6 +284,41 @@ TEST(Lora, PeftAndDiffusersFilesRoundTrip) {
               dew::nn::load_peft_adapter(*std::make_shared<OtherImpl>(), golden_dir("peft_adapter"));
             }).find("matches no"),
             std::string::npos);
+}
+
+TEST(Lora, ReadsTheKohyaFileDiffusersConverted) {
+  // diffusers' convert_state_dict_to_kohya writes alpha = rank: scale 1.
+  Tiny m = base_model(at::kFloat);
+  const auto r = dew::nn::load_kohya_lora(*m, golden_dir("kohya_from_diffusers.safetensors"));
+  EXPECT_EQ(r.targets.size(), 5u);
+  for (const auto& [name, p] : dew::nn::lora_parameters(*m))
+    EXPECT_TRUE(torch::equal(p, golden().at("list." + name))) << name;
+  Tiny want = case_model("list", at::kFloat);
+  for (const auto& item : want->named_modules())
+    if (auto* s = dew::nn::lora_state(*item.value())) s->scale = 1.0;
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(m->forward(golden().at("x")), want->forward(golden().at("x"))));
+}
+
+TEST(Lora, KohyaFileRoundTripsTheScale) {
+  dew::test::TempDir dir("lora_kohya");
+  Tiny src = case_model("regex", at::kFloat);  // rsLoRA: scale 3 / sqrt(2), written as alpha = scale * rank
+  dew::nn::save_kohya_lora(dir.file("k.safetensors"), *src);
+  const auto keys = dew::io::load_safetensors(dir.file("k.safetensors"));
+  EXPECT_EQ(keys.count("lora_unet_attn_v_proj.lora_down.weight"), 1u);
+  EXPECT_EQ(keys.count("lora_unet_conv_down.alpha"), 1u);
+  Tiny dst = base_model(at::kFloat);
+  dew::nn::load_kohya_lora(*dst, dir.file("k.safetensors"));
+  torch::NoGradGuard no_grad;
+  const Tensor x = golden().at("x");
+  EXPECT_LE(dew::test::max_diff(dst->forward(x), src->forward(x)), 1e-5);
+  const std::string e = error_of([&] {
+    struct OtherImpl : torch::nn::Module {
+      OtherImpl() { register_module("conv_dn", torch::nn::Conv2d(8, 8, 3)); }
+    };
+    dew::nn::load_kohya_lora(*std::make_shared<OtherImpl>(), dir.file("k.safetensors"));
+  });
+  EXPECT_NE(e.find("names no Linear or Conv2d of the model; nearest: lora_unet_conv_dn"), std::string::npos) << e;
 }
 
 // ---- a family: causal_transformer routes its projections through the adapters ----
