@@ -477,8 +477,9 @@ void save_diffusers_lora(const std::string& path, const torch::nn::Module& model
   const auto tensors = adapter_file_tensors(model, prefix + ".");
   // The pipeline-level file prefixes each LoraConfig field with the component ("unet.r"), as
   // save_lora_weights packs it and load_lora_adapter strips it.
+  const json config = lora_config_json(o, model);  // named: items() does not keep a temporary alive
   json meta = json::object();
-  for (const auto& [k, v] : lora_config_json(o, model).items()) meta[prefix + "." + k] = v;
+  for (const auto& [k, v] : config.items()) meta[prefix + "." + k] = v;
   io::save_safetensors(path, tensors, {{"format", "pt"}, {kDiffusersMetadataKey, meta.dump(2)}});
 }
 
