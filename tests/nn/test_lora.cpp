@@ -331,14 +331,17 @@ TEST(Lora, CausalTransformerProjectionsTakeAdapters) {
                                     .num_layers(2)
                                     .num_heads(2)
                                     .mlp_features(32)
-                                    .max_seq_len(16));
+                                    .max_seq_len(16)
+                                    .tie_embeddings(false));
   const Tensor ids = torch::randint(0, 32, {2, 6});
   torch::NoGradGuard no_grad;
   const Tensor base = lm->forward_tokens(ids);
-  const auto r =
-      dew::nn::apply_lora(*lm, LoraOptions().rank(2).alpha(4).target_modules({"q_proj", "v_proj", "down_proj"}));
-  EXPECT_EQ(r.targets.size(), 6u);
+  const auto r = dew::nn::apply_lora(
+      *lm, LoraOptions().rank(2).alpha(4).target_modules({"q_proj", "v_proj", "down_proj", "lm_head"}));
+  EXPECT_EQ(r.targets.size(), 7u);
   EXPECT_EQ((lm->forward_tokens(ids) - base).abs().max().item<double>(), 0.0);  // B = 0
+  lm->named_parameters()["lm_head.lora_B.weight"].normal_(0.0, 0.3);            // the head's own path (not nn::dense)
+  EXPECT_GT((lm->forward_tokens(ids) - base).abs().max().item<double>(), 1e-3);
   for (auto& [name, p] : dew::nn::lora_parameters(*lm)) p.normal_(0.0, 0.3);
   const Tensor adapted = lm->forward_tokens(ids);
   EXPECT_GT((adapted - base).abs().max().item<double>(), 1e-3);  // the adapters are on the forward path
