@@ -7,6 +7,7 @@
 
 #include "dew/core/error.h"
 #include "dew/nn/fused.h"
+#include "dew/nn/lora.h"
 
 namespace dew::nn {
 
@@ -186,8 +187,11 @@ Tensor dense(const Tensor& x, const torch::nn::Linear& layer) {
   const auto dt = x.scalar_type();
   const Tensor& w = layer->weight;
   const Tensor& b = layer->bias;
-  return row_parallel_linear(x, w.scalar_type() == dt ? w : w.to(dt),
-                             !b.defined() || b.scalar_type() == dt ? b : b.to(dt));
+  Tensor y = row_parallel_linear(x, w.scalar_type() == dt ? w : w.to(dt),
+                                 !b.defined() || b.scalar_type() == dt ? b : b.to(dt));
+  // A LoRA adapter attached to the layer (lora.h) adds scale * B(A(dropout(x))).
+  if (Tensor d = lora_delta(x, *layer); d.defined()) y = y + d;
+  return y;
 }
 
 // ---- HeadNorm ----

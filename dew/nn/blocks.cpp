@@ -2,11 +2,13 @@
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/nn/functional/conv.h>
 
 #include <mutex>
 
 #include "dew/core/error.h"
 #include "dew/nn/fused.h"
+#include "dew/nn/lora.h"
 #include "dew/nn/winograd.h"
 
 namespace dew::nn {
@@ -85,12 +87,23 @@ Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer) {
   const auto dt = x.scalar_type();
   const Tensor w = layer->weight.to(dt);
   const Tensor b = layer->bias.defined() ? layer->bias.to(dt) : layer->bias;
-  if (same_size_3x3(o) && winograd_conv_preferred() && winograd_conv_applies(x, w, b)) return conv3x3_winograd(x, w, b);
-  // The padding variant is passed through untouched.
-  namespace F = torch::nn::functional;
-  return F::conv2d(
-      x, w,
-      F::Conv2dFuncOptions().bias(b).stride(o.stride()).padding(o.padding()).dilation(o.dilation()).groups(o.groups()));
+  Tensor y;
+  if (same_size_3x3(o) && winograd_conv_preferred() && winograd_conv_applies(x, w, b)) {
+    y = conv3x3_winograd(x, w, b);
+  } else {
+    // The padding variant is passed through untouched.
+    namespace F = torch::nn::functional;
+    y = F::conv2d(x, w,
+                  F::Conv2dFuncOptions()
+                      .bias(b)
+                      .stride(o.stride())
+                      .padding(o.padding())
+                      .dilation(o.dilation())
+                      .groups(o.groups()));
+  }
+  // A LoRA adapter attached to the layer (lora.h) adds scale * B(A(dropout(x))).
+  if (Tensor d = lora_delta(x, *layer); d.defined()) y = y + d;
+  return y;
 }
 
 Tensor cpu_channels_last(const Tensor& x) {

@@ -5,6 +5,7 @@
 #include "dew/core/error.h"
 #include "dew/nn/blocks.h"
 #include "dew/nn/fused.h"
+#include "dew/nn/lora.h"
 
 namespace dew::nn {
 
@@ -399,6 +400,9 @@ Tensor CausalTransformerImpl::logits(const Tensor& hidden) {
   const Tensor& wt = head_weight();
   Tensor out =
       row_parallel_linear(hidden, wt.scalar_type() == hidden.scalar_type() ? wt : wt.to(hidden.scalar_type()), {});
+  // An untied lm_head may carry a LoRA adapter (lora.h); this path does not go through nn::dense.
+  if (!lm_head.is_empty())
+    if (Tensor d = lora_delta(hidden, *lm_head); d.defined()) out = out + d;
   if (out.scalar_type() != at::kFloat) out = out.to(at::kFloat);
   const double cap = options.final_logit_softcap();
   if (cap > 0) out = at::tanh(out / cap) * cap;

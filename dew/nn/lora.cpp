@@ -1,0 +1,626 @@
+#include "dew/nn/lora.h"
+
+#include <torch/nn/functional/conv.h>
+#include <torch/nn/init.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "dew/core/error.h"
+#include "dew/io/files.h"
+#include "dew/io/safetensors.h"
+
+namespace dew::nn {
+
+namespace {
+
+// Set by the first attach: until then dense / conv pay one relaxed load, not a child lookup.
+std::atomic<bool> g_any_adapter{false};
+
+void check_options(const LoraOptions& o) {
+  DEW_CHECK(o.rank() > 0, "lora.rank must be > 0, got ", o.rank());
+  DEW_CHECK(o.alpha() > 0, "lora.alpha must be > 0, got ", o.alpha());
+  DEW_CHECK(o.dropout() >= 0 && o.dropout() < 1, "lora.dropout must be in [0, 1), got ", o.dropout());
+}
+
+torch::Dtype adapter_dtype(const Tensor& base_weight) {
+  const auto dt = base_weight.scalar_type();
+  return dt == at::kBFloat16 || dt == at::kHalf ? at::kFloat : dt;
+}
+
+// PEFT's init_lora_weights=True: A as nn.Linear's default (Kaiming-uniform, a = sqrt(5), bound
+// 1 / sqrt(fan_in)), B zero, so the adapted model starts equal to the base.
+void init_adapter(Tensor& a, Tensor& b) {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::kaiming_uniform_(a, std::sqrt(5.0));
+  b.zero_();
+}
+
+void check_fresh(const torch::nn::Module& layer, const std::string& name) {
+  DEW_CHECK(lora_state(layer) == nullptr, "LoRA: ", name, " already holds an adapter");
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The up to 5 candidate names nearest to `pattern` (by the distance of the pattern to the name's last
+// components), for a pattern that matched nothing.
+std::string nearest(const std::string& pattern, const std::vector<std::string>& names) {
+  std::vector<std::pair<size_t, std::string>> scored;
+  for (const auto& n : names) {
+    size_t best = edit_distance(pattern, n);
+    for (size_t p = n.find('.'); p != std::string::npos; p = n.find('.', p + 1))
+      best = std::min(best, edit_distance(pattern, n.substr(p + 1)));
+    scored.emplace_back(best, n);
+  }
+  std::stable_sort(scored.begin(), scored.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::ostringstream s;
+  for (size_t i = 0; i < std::min<size_t>(5, scored.size()); ++i) s << (i ? ", " : "") << scored[i].second;
+  return s.str();
+}
+
+bool is_adapter_part(const std::string& name) {
+  const auto ends = [&](const std::string& suffix) {
+    return name == suffix || (name.size() > suffix.size() &&
+                              name.compare(name.size() - suffix.size() - 1, std::string::npos, "." + suffix) == 0);
+  };
+  return ends("lora_A") || ends("lora_B") || ends("lora");
+}
+
+}  // namespace
+
+double lora_scale(const LoraOptions& o) {
+  check_options(o);
+  return o.use_rslora() ? o.alpha() / std::sqrt(static_cast<double>(o.rank()))
+                        : o.alpha() / static_cast<double>(o.rank());
+}
+
+bool lora_target_matches(const LoraOptions& o, const std::string& name) {
+  if (!o.target_regex().empty()) return std::regex_match(name, std::regex(o.target_regex()));
+  for (const auto& t : o.target_modules()) {
+    if (name == t) return true;
+    if (name.size() > t.size() && name[name.size() - t.size() - 1] == '.' &&
+        name.compare(name.size() - t.size(), std::string::npos, t) == 0)
+      return true;
+  }
+  return false;
+}
+
+void attach_lora(torch::nn::Linear& layer, const LoraOptions& o, const std::string& name) {
+  const double scale = lora_scale(o);
+  check_fresh(*layer, name);
+  const int64_t in = layer->options.in_features(), out = layer->options.out_features();
+  DEW_CHECK(o.rank() <= std::min(in, out), "lora.rank ", o.rank(), " is larger than ", name, " (Linear ", in, " -> ",
+            out, "): the rank must be <= ", std::min(in, out));
+  torch::nn::Linear a(torch::nn::LinearOptions(in, o.rank()).bias(false));
+  torch::nn::Linear b(torch::nn::LinearOptions(o.rank(), out).bias(false));
+  const auto& w = layer->weight;
+  a->to(w.device(), adapter_dtype(w));
+  b->to(w.device(), adapter_dtype(w));
+  init_adapter(a->weight, b->weight);
+  layer->register_module("lora_A", a);
+  layer->register_module("lora_B", b);
+  auto state = layer->register_module("lora", LoraState(o.rank(), o.alpha(), scale, o.dropout()));
+  state->linear_A = a;
+  state->linear_B = b;
+  g_any_adapter.store(true, std::memory_order_relaxed);
+}
+
+void attach_lora(torch::nn::Conv2d& layer, const LoraOptions& o, const std::string& name) {
+  const double scale = lora_scale(o);
+  check_fresh(*layer, name);
+  const auto& co = layer->options;
+  DEW_CHECK(co.groups() == 1, "LoRA: ", name, " is a Conv2d with groups=", co.groups(),
+            "; only groups=1 convolutions take adapters");
+  DEW_CHECK((*co.dilation())[0] == 1 && (*co.dilation())[1] == 1, "LoRA: ", name,
+            " is a dilated Conv2d; only dilation 1 takes adapters (PEFT's lora_A has none)");
+  DEW_CHECK(torch::enumtype::get_enum_name(co.padding_mode()) == "kZeros", "LoRA: ", name,
+            " pads other than with zeros; only zero padding takes adapters");
+  const int64_t in = co.in_channels(), out = co.out_channels();
+  const int64_t fan_in = in * (*co.kernel_size())[0] * (*co.kernel_size())[1];
+  DEW_CHECK(o.rank() <= std::min(fan_in, out), "lora.rank ", o.rank(), " is larger than ", name, " (Conv2d ", in,
+            " -> ", out, ", fan-in ", fan_in, "): the rank must be <= ", std::min(fan_in, out));
+  torch::nn::Conv2d a(
+      torch::nn::Conv2dOptions(in, o.rank(), co.kernel_size()).stride(co.stride()).padding(co.padding()).bias(false));
+  torch::nn::Conv2d b(torch::nn::Conv2dOptions(o.rank(), out, 1).bias(false));
+  const auto& w = layer->weight;
+  a->to(w.device(), adapter_dtype(w));
+  b->to(w.device(), adapter_dtype(w));
+  init_adapter(a->weight, b->weight);
+  layer->register_module("lora_A", a);
+  layer->register_module("lora_B", b);
+  auto state = layer->register_module("lora", LoraState(o.rank(), o.alpha(), scale, o.dropout()));
+  state->conv_A = a;
+  state->conv_B = b;
+  g_any_adapter.store(true, std::memory_order_relaxed);
+}
+
+LoraStateImpl* lora_state(const torch::nn::Module& layer) {
+  if (!g_any_adapter.load(std::memory_order_relaxed)) return nullptr;
+  const auto children = layer.named_children();
+  const auto* found = children.find("lora");
+  return found ? dynamic_cast<LoraStateImpl*>(found->get()) : nullptr;
+}
+
+namespace {
+
+LoraStateImpl* active_state(const torch::nn::Module& layer) {
+  LoraStateImpl* s = lora_state(layer);
+  return s && s->enabled && !s->merged ? s : nullptr;
+}
+
+Tensor adapter_input(const Tensor& x, const LoraStateImpl& s, bool training) {
+  return s.dropout > 0 && training ? at::dropout(x, s.dropout, true) : x;
+}
+
+Tensor cast(const Tensor& w, at::ScalarType dt) { return w.scalar_type() == dt ? w : w.to(dt); }
+
+}  // namespace
+
+Tensor lora_delta(const Tensor& x, const torch::nn::LinearImpl& layer) {
+  LoraStateImpl* s = active_state(layer);
+  if (!s) return {};
+  const auto dt = x.scalar_type();
+  const Tensor h = at::linear(adapter_input(x, *s, layer.is_training()), cast(s->linear_A->weight, dt));
+  return at::linear(h, cast(s->linear_B->weight, dt)) * s->scale;
+}
+
+Tensor lora_delta(const Tensor& x, const torch::nn::Conv2dImpl& layer) {
+  LoraStateImpl* s = active_state(layer);
+  if (!s) return {};
+  namespace F = torch::nn::functional;
+  const auto dt = x.scalar_type();
+  const auto& co = layer.options;
+  const Tensor h = F::conv2d(adapter_input(x, *s, layer.is_training()), cast(s->conv_A->weight, dt),
+                             F::Conv2dFuncOptions().stride(co.stride()).padding(co.padding()));
+  return F::conv2d(h, cast(s->conv_B->weight, dt)) * s->scale;
+}
+
+Tensor lora_delta_weight(const torch::nn::Module& layer) {
+  const LoraStateImpl* s = lora_state(layer);
+  DEW_CHECK(s != nullptr, "LoRA: lora_delta_weight of a layer without an adapter");
+  // At least float32 (float64 adapters stay float64, so a float64 merge is exact to float64 rounding).
+  const Tensor& a = s->linear_A ? s->linear_A->weight : s->conv_A->weight;
+  const Tensor& b = s->linear_B ? s->linear_B->weight : s->conv_B->weight;
+  const auto dt = at::promote_types(a.scalar_type(), at::kFloat);
+  if (s->linear_A) return b.to(dt).matmul(a.to(dt)) * s->scale;
+  // Conv2d: B is 1x1, so delta[o, i, kh, kw] = sum_r B[o, r] A[r, i, kh, kw] (PEFT's conv of A^T by B).
+  return at::einsum("or,rikl->oikl", {b.to(dt).flatten(1), a.to(dt)}) * s->scale;
+}
+
+namespace {
+
+// Each adapted layer of the model with its base weight.
+template <class F>
+void for_each_adapted(torch::nn::Module& model, F&& f) {
+  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
+    torch::nn::Module& m = *item.value();
+    LoraStateImpl* s = lora_state(m);
+    if (!s) continue;
+    Tensor w;
+    if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(&m)) w = lin->weight;
+    else if (auto* cv = dynamic_cast<torch::nn::Conv2dImpl*>(&m)) w = cv->weight;
+    else fail("LoRA: ", item.key(), " holds an adapter but is neither Linear nor Conv2d");
+    f(m, *s, w);
+  }
+}
+
+}  // namespace
+
+void merge_lora(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for_each_adapted(model, [](torch::nn::Module& m, LoraStateImpl& s, Tensor& w) {
+    if (s.merged) return;
+    w.add_(lora_delta_weight(m).to(w.scalar_type()));
+    s.merged = true;
+  });
+}
+
+void unmerge_lora(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for_each_adapted(model, [](torch::nn::Module& m, LoraStateImpl& s, Tensor& w) {
+    if (!s.merged) return;
+    w.sub_(lora_delta_weight(m).to(w.scalar_type()));
+    s.merged = false;
+  });
+}
+
+namespace {
+
+// PEFT's _mark_only_adapters_as_trainable (bias="none"): every parameter but the adapters' is frozen.
+void freeze_base(torch::nn::Module& model, LoraReport& report) {
+  report.trainable = report.frozen = 0;
+  for (auto& p : model.named_parameters(/*recurse=*/true)) {
+    const std::string& n = p.key();
+    const bool adapter = n.find("lora_A.") != std::string::npos || n.find("lora_B.") != std::string::npos;
+    if (adapter) {
+      report.trainable += p.value().numel();
+    } else {
+      p.value().requires_grad_(false);
+      report.frozen += p.value().numel();
+    }
+  }
+}
+
+}  // namespace
+
+LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o) {
+  check_options(o);
+  DEW_CHECK(!o.target_modules().empty() || !o.target_regex().empty(),
+            "LoRA: give lora.target_modules (module names) or lora.target_regex; both are empty");
+  if (!o.target_regex().empty()) {
+    try {
+      std::regex check(o.target_regex());
+    } catch (const std::regex_error& e) {
+      fail("lora.target_regex \"", o.target_regex(), "\" is not a valid regular expression: ", e.what());
+    }
+  }
+  // Collect first: attaching adds Linear children (lora_A / lora_B) that must not be visited.
+  std::vector<std::string> candidates;  // Linear / Conv2d names, for messages
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> chosen;
+  std::set<std::string> matched_entries;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const std::string& name = item.key();
+    if (is_adapter_part(name)) continue;
+    const bool adaptable = dynamic_cast<torch::nn::LinearImpl*>(item.value().get()) ||
+                           dynamic_cast<torch::nn::Conv2dImpl*>(item.value().get());
+    if (adaptable) candidates.push_back(name);
+    if (!lora_target_matches(o, name)) continue;
+    DEW_CHECK(adaptable, "LoRA: target ", name, " is a ", item.value()->name(),
+              "; only Linear and Conv2d layers take adapters (name the layers inside it)");
+    chosen.emplace_back(name, item.value());
+    for (const auto& t : o.target_modules()) {
+      LoraOptions one;
+      one.target_modules({t});
+      if (lora_target_matches(one, name)) matched_entries.insert(t);
+    }
+  }
+  if (!o.target_regex().empty()) {
+    DEW_CHECK(!chosen.empty(), "LoRA: lora.target_regex \"", o.target_regex(),
+              "\" matches no Linear or Conv2d module name; nearest names: ", nearest(o.target_regex(), candidates));
+  } else {
+    for (const auto& t : o.target_modules())
+      DEW_CHECK(matched_entries.count(t), "LoRA: target module \"", t,
+                "\" matches no Linear or Conv2d module name; nearest names: ", nearest(t, candidates));
+  }
+  // Check every rank before attaching anything, so a refusal leaves the model untouched.
+  for (const auto& [name, m] : chosen) {
+    int64_t in = 0, out = 0;
+    if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(m.get())) {
+      in = lin->options.in_features();
+      out = lin->options.out_features();
+    } else {
+      const auto& co = dynamic_cast<torch::nn::Conv2dImpl*>(m.get())->options;
+      in = co.in_channels() * (*co.kernel_size())[0] * (*co.kernel_size())[1];
+      out = co.out_channels();
+    }
+    DEW_CHECK(o.rank() <= std::min(in, out), "lora.rank ", o.rank(), " is larger than ", name, " (", in, " -> ", out,
+              "): the rank must be <= ", std::min(in, out));
+  }
+  LoraReport report;
+  for (auto& [name, m] : chosen) {
+    if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)) {
+      torch::nn::Linear holder(lin);
+      attach_lora(holder, o, name);
+    } else {
+      torch::nn::Conv2d holder(std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(m));
+      attach_lora(holder, o, name);
+    }
+    report.targets.push_back(name);
+  }
+  freeze_base(model, report);
+  return report;
+}
+
+std::vector<std::pair<std::string, Tensor>> lora_parameters(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    const std::string& n = p.key();
+    const auto ends = [&](const char* s) {
+      const std::string suffix(s);
+      return n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), std::string::npos, suffix) == 0;
+    };
+    if (ends("lora_A.weight") || ends("lora_B.weight")) out.emplace_back(n, p.value());
+  }
+  return out;
+}
+
+// ---- files users exchange ----
+
+namespace {
+
+const char* kPeftPrefix = "base_model.model.";
+const char* kDiffusersMetadataKey = "lora_adapter_metadata";  // diffusers' LORA_ADAPTER_METADATA_KEY
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream o;
+  o << s;
+  return o.str();
+}
+
+// The adapter tensors of `model` under "<prefix><module>.lora_A.weight", in float32 when reduced precision
+// (PEFT saves the adapters' own dtype; dew's adapters are float32 unless the base is float64).
+std::map<std::string, Tensor> adapter_file_tensors(const torch::nn::Module& model, const std::string& prefix) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : lora_parameters(model)) out[prefix + name] = t.detach();
+  DEW_CHECK(!out.empty(), "LoRA: the model holds no adapters to save");
+  return out;
+}
+
+std::vector<std::string> adapted_modules(const torch::nn::Module& model) {
+  std::vector<std::string> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false))
+    if (lora_state(*item.value())) out.push_back(item.key());
+  return out;
+}
+
+// Copies `t` into the adapter parameter `param_name` of `model` ("<module>.lora_A.weight"), checking shape.
+void load_adapter_tensor(torch::nn::Module& model, const std::string& param_name, const Tensor& t,
+                         const std::string& key, const std::string& file) {
+  auto params = model.named_parameters(/*recurse=*/true);
+  Tensor* p = params.find(param_name);
+  DEW_CHECK(p != nullptr, "LoRA: ", file, " holds ", key, " but the model has no adapter parameter ", param_name);
+  DEW_CHECK(p->sizes() == t.sizes(), "LoRA: ", file, " key ", key, " has shape ", shape_str(t.sizes()),
+            " but the model's ", param_name, " is ", shape_str(p->sizes()), " (an adapter made for another base?)");
+  torch::NoGradGuard no_grad;
+  p->copy_(t);
+}
+
+json lora_config_json(const LoraOptions& o, const torch::nn::Module& model) {
+  json j;
+  j["r"] = o.rank();
+  j["lora_alpha"] = o.alpha();
+  j["lora_dropout"] = o.dropout();
+  j["use_rslora"] = o.use_rslora();
+  if (!o.target_regex().empty()) j["target_modules"] = o.target_regex();
+  else if (!o.target_modules().empty()) j["target_modules"] = o.target_modules();
+  else j["target_modules"] = adapted_modules(model);
+  return j;
+}
+
+}  // namespace
+
+PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
+  const std::string path = dir + "/adapter_config.json";
+  json j;
+  try {
+    j = json::parse(io::read_file(path, "PEFT adapter config"));
+  } catch (const json::parse_error& e) {
+    fail("LoRA: ", path, " is not valid JSON: ", e.what());
+  }
+  DEW_CHECK(j.is_object(), "LoRA: ", path, " is not a JSON object");
+  const auto is_set = [&](const char* k) {
+    if (!j.contains(k) || j[k].is_null()) return false;
+    const json& v = j[k];
+    if (v.is_boolean()) return v.get<bool>();
+    if (v.is_object() || v.is_array() || v.is_string()) return !v.empty() && v != json("");
+    return true;
+  };
+  if (j.contains("peft_type"))
+    DEW_CHECK(j["peft_type"] == "LORA", "LoRA: ", path, " has peft_type ", j["peft_type"].dump(),
+              "; only LORA adapters are read");
+  for (const char* k : {"use_dora", "lora_bias", "fan_in_fan_out", "rank_pattern", "alpha_pattern",
+                        "layers_to_transform", "exclude_modules", "modules_to_save", "target_parameters"})
+    DEW_CHECK(!is_set(k), "LoRA: ", path, " sets ", k, " = ", j[k].dump(), ", which dew's LoRA does not implement");
+  PeftAdapterConfig c;
+  try {
+    c.lora.rank(j.at("r").get<int64_t>());
+    c.lora.alpha(j.value("lora_alpha", static_cast<double>(c.lora.rank())));
+    c.lora.dropout(j.value("lora_dropout", 0.0));
+    c.lora.use_rslora(j.value("use_rslora", false));
+    const json& t = j.at("target_modules");
+    if (t.is_string()) c.lora.target_regex(t.get<std::string>());
+    else c.lora.target_modules(t.get<std::vector<std::string>>());
+    if (j.contains("base_model_name_or_path") && j["base_model_name_or_path"].is_string())
+      c.base_model_name_or_path = j["base_model_name_or_path"].get<std::string>();
+  } catch (const json::exception& e) {
+    fail("LoRA: ", path, ": r (int), lora_alpha (number) and target_modules (list or string) are needed: ", e.what());
+  }
+  return c;
+}
+
+void save_peft_adapter(const std::string& dir, const torch::nn::Module& model, const LoraOptions& o,
+                       const std::string& base_model_name_or_path) {
+  const auto tensors = adapter_file_tensors(model, kPeftPrefix);
+  json j = lora_config_json(o, model);
+  j["peft_type"] = "LORA";
+  j["base_model_name_or_path"] = base_model_name_or_path.empty() ? json(nullptr) : json(base_model_name_or_path);
+  j["bias"] = "none";
+  j["fan_in_fan_out"] = false;
+  j["init_lora_weights"] = true;
+  j["inference_mode"] = true;
+  j["task_type"] = nullptr;
+  std::filesystem::create_directories(dir);
+  io::save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  io::write_file_atomic(dir + "/adapter_config.json", j.dump(2) + "\n");
+}
+
+PeftAdapterConfig load_peft_adapter(torch::nn::Module& model, const std::string& dir) {
+  PeftAdapterConfig c = read_peft_adapter_config(dir);
+  const std::string file = dir + "/adapter_model.safetensors";
+  const auto tensors = io::load_safetensors(file);
+  const std::string prefix = kPeftPrefix;
+  // Check every key before touching the model.
+  std::set<std::string> in_file;
+  for (const auto& [key, t] : tensors) {
+    DEW_CHECK(key.rfind(prefix, 0) == 0, "LoRA: ", file, " key ", key, " does not start with ", prefix);
+    in_file.insert(key.substr(prefix.size()));
+  }
+  apply_lora(model, c.lora);
+  for (const auto& [name, p] : lora_parameters(model))
+    DEW_CHECK(in_file.count(name), "LoRA: ", file, " has no ", prefix + name, " for the adapted module (",
+              in_file.size(), " adapter tensors in the file)");
+  for (const auto& [key, t] : tensors) load_adapter_tensor(model, key.substr(prefix.size()), t, key, file);
+  return c;
+}
+
+void save_diffusers_lora(const std::string& path, const torch::nn::Module& model, const LoraOptions& o,
+                         const std::string& prefix) {
+  const auto tensors = adapter_file_tensors(model, prefix + ".");
+  // The pipeline-level file prefixes each LoraConfig field with the component ("unet.r"), as
+  // save_lora_weights packs it and load_lora_adapter strips it.
+  const json config = lora_config_json(o, model);  // named: items() does not keep a temporary alive
+  json meta = json::object();
+  for (const auto& [k, v] : config.items()) meta[prefix + "." + k] = v;
+  io::save_safetensors(path, tensors, {{"format", "pt"}, {kDiffusersMetadataKey, meta.dump(2)}});
+}
+
+namespace {
+
+// The keys of one module's adapter in a file.
+struct FileEntry {
+  std::string a, b, alpha;  // alpha: "" when the file has none for it
+};
+
+// Attaches and loads the adapters `entries` (module name -> keys) of `file`: alpha from `meta_alpha` when
+// > 0, else the entry's alpha tensor, else the rank. Names and kinds are checked before anything is
+// attached; `key_prefix` is shown in messages.
+LoraReport attach_from_file(torch::nn::Module& model, const io::SafetensorsFile& file,
+                            const std::map<std::string, FileEntry>& entries, double meta_alpha, bool rslora,
+                            const std::string& key_prefix) {
+  const std::string& path = file.path();
+  const std::string& pre = key_prefix;
+  // Check names and shapes before attaching anything.
+  const auto modules = model.named_modules("", /*include_self=*/false);
+  for (const auto& [name, e] : entries) {
+    DEW_CHECK(!e.a.empty() && !e.b.empty(), "LoRA: ", path, " holds only one of A and B for ", pre + name);
+    const auto* m = modules.find(name);
+    DEW_CHECK(m != nullptr, "LoRA: ", path, " names module ", name, ", which the model does not have");
+    DEW_CHECK(dynamic_cast<torch::nn::LinearImpl*>(m->get()) || dynamic_cast<torch::nn::Conv2dImpl*>(m->get()),
+              "LoRA: ", path, " names module ", name, ", a ", (*m)->name(), ", not a Linear or Conv2d");
+  }
+  for (const auto& [name, e] : entries) {
+    const Tensor a = file.tensor(e.a), b = file.tensor(e.b);
+    LoraOptions o;
+    o.rank(a.size(0));
+    o.use_rslora(rslora);
+    o.alpha(meta_alpha > 0 ? meta_alpha : !e.alpha.empty() ? file.tensor(e.alpha).item<double>() : o.rank());
+    std::shared_ptr<torch::nn::Module> m = *modules.find(name);
+    if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)) {
+      torch::nn::Linear holder(lin);
+      attach_lora(holder, o, name);
+    } else {
+      torch::nn::Conv2d holder(std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(m));
+      attach_lora(holder, o, name);
+    }
+    load_adapter_tensor(model, name + ".lora_A.weight", a, e.a, path);
+    load_adapter_tensor(model, name + ".lora_B.weight", b, e.b, path);
+  }
+  LoraReport report;
+  for (const auto& [name, e] : entries) report.targets.push_back(name);
+  freeze_base(model, report);
+  return report;
+}
+
+}  // namespace
+
+LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix) {
+  const auto file = io::SafetensorsFile::open(path);
+  const std::string pre = prefix + ".";
+  std::map<std::string, FileEntry> entries;
+  const auto ends = [](const std::string& k, const std::string& suffix) {
+    return k.size() > suffix.size() && k.compare(k.size() - suffix.size(), std::string::npos, suffix) == 0;
+  };
+  for (const auto& key : file.names()) {
+    if (key.rfind(pre, 0) != 0) continue;
+    const std::string rest = key.substr(pre.size());
+    bool matched = false;
+    for (const auto& [suffix, slot] : std::vector<std::pair<std::string, int>>{{".lora_A.weight", 0},
+                                                                               {".lora.down.weight", 0},
+                                                                               {".lora_B.weight", 1},
+                                                                               {".lora.up.weight", 1},
+                                                                               {".alpha", 2}}) {
+      if (!ends(rest, suffix)) continue;
+      FileEntry& e = entries[rest.substr(0, rest.size() - suffix.size())];
+      (slot == 0 ? e.a : slot == 1 ? e.b : e.alpha) = key;
+      matched = true;
+      break;
+    }
+    DEW_CHECK(matched, "LoRA: ", path, " key ", key,
+              " is not an adapter tensor (.lora_A.weight, .lora_B.weight, .lora.down.weight, .lora.up.weight, .alpha)");
+  }
+  DEW_CHECK(!entries.empty(), "LoRA: ", path, " holds no key starting with ", pre, " (the prefix of the component)");
+  double meta_alpha = -1;
+  bool rslora = false;
+  const auto meta = file.metadata();
+  if (auto it = meta.find(kDiffusersMetadataKey); it != meta.end()) {
+    try {
+      const json j = json::parse(it->second);
+      meta_alpha = j.value(pre + "lora_alpha", -1.0);
+      rslora = j.value(pre + "use_rslora", false);
+    } catch (const json::exception& e) {
+      fail("LoRA: ", path, " metadata ", kDiffusersMetadataKey, " is not valid JSON: ", e.what());
+    }
+  }
+  return attach_from_file(model, file, entries, meta_alpha, rslora, pre);
+}
+void save_kohya_lora(const std::string& path, const torch::nn::Module& model, const std::string& prefix) {
+  std::map<std::string, Tensor> tensors;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    const LoraStateImpl* s = lora_state(*item.value());
+    if (!s) continue;
+    std::string flat = prefix + "_" + item.key();
+    std::replace(flat.begin(), flat.end(), '.', '_');
+    tensors[flat + ".lora_down.weight"] = (s->linear_A ? s->linear_A->weight : s->conv_A->weight).detach();
+    tensors[flat + ".lora_up.weight"] = (s->linear_B ? s->linear_B->weight : s->conv_B->weight).detach();
+    // kohya's scale is alpha / rank: the alpha that gives this adapter's scale (rsLoRA included).
+    tensors[flat + ".alpha"] = torch::tensor(static_cast<float>(s->scale * static_cast<double>(s->rank)));
+  }
+  DEW_CHECK(!tensors.empty(), "LoRA: the model holds no adapters to save");
+  io::save_safetensors(path, tensors, {{"format", "pt"}});
+}
+
+LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix) {
+  const auto file = io::SafetensorsFile::open(path);
+  // kohya flattens module names with '_', which cannot be undone by text: match against the model's
+  // Linear / Conv2d names flattened the same way.
+  std::map<std::string, std::string> by_flat;
+  std::vector<std::string> candidates;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    if (is_adapter_part(item.key())) continue;
+    if (!dynamic_cast<torch::nn::LinearImpl*>(item.value().get()) &&
+        !dynamic_cast<torch::nn::Conv2dImpl*>(item.value().get()))
+      continue;
+    std::string flat = prefix + "_" + item.key();
+    std::replace(flat.begin(), flat.end(), '.', '_');
+    by_flat[flat] = item.key();
+    candidates.push_back(flat);
+  }
+  std::map<std::string, FileEntry> entries;
+  for (const auto& key : file.names()) {
+    if (key.rfind(prefix + "_", 0) != 0) continue;  // another component (lora_te_, lora_te1_, ...)
+    const size_t dot = key.find('.');
+    DEW_CHECK(dot != std::string::npos, "LoRA: ", path, " key ", key, " has no '.' (expected <name>.lora_down.weight)");
+    const std::string flat = key.substr(0, dot), suffix = key.substr(dot + 1);
+    const auto it = by_flat.find(flat);
+    DEW_CHECK(it != by_flat.end(), "LoRA: ", path, " key ", key,
+              " names no Linear or Conv2d of the model; nearest: ", nearest(flat, candidates));
+    FileEntry& e = entries[it->second];
+    if (suffix == "lora_down.weight") e.a = key;
+    else if (suffix == "lora_up.weight") e.b = key;
+    else if (suffix == "alpha") e.alpha = key;
+    else fail("LoRA: ", path, " key ", key, " is not a LoRA tensor (lora_down.weight, lora_up.weight, alpha)");
+  }
+  DEW_CHECK(!entries.empty(), "LoRA: ", path, " holds no key starting with ", prefix, "_");
+  return attach_from_file(model, file, entries, -1.0, false, prefix + "_");
+}
+
+}  // namespace dew::nn

@@ -1,0 +1,354 @@
+// LoRA adapters (dew/nn/lora.h) against the installed peft (tests/golden/lora, tests/golden/lora_reference.py):
+// forward, adapter gradients and merged weights by the golden rule; merge / unmerge round trip; PEFT's
+// initialisation; target matching; the PEFT and diffusers files; routing through a real family.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "dew/core/error.h"
+#include "dew/io/safetensors.h"
+#include "dew/nn/attention.h"
+#include "dew/nn/backbones/causal_transformer.h"
+#include "dew/nn/blocks.h"
+#include "dew/nn/lora.h"
+#include "tests/golden_util.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using at::Tensor;
+using dew::nn::LoraOptions;
+using dew::test::error_of;
+using dew::test::expect_close_f64;
+using dew::test::expect_golden;
+
+// The golden script's Tiny model, its layers called through nn::conv / nn::dense as the families do.
+struct TinyAttnImpl : torch::nn::Module {
+  TinyAttnImpl() {
+    q_proj = register_module("q_proj", torch::nn::Linear(8, 16));
+    v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(8, 16).bias(false)));
+  }
+  torch::nn::Linear q_proj{nullptr}, v_proj{nullptr};
+};
+TORCH_MODULE(TinyAttn);
+
+struct TinyImpl : torch::nn::Module {
+  TinyImpl() {
+    conv_in = register_module("conv_in", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)));
+    conv_down = register_module("conv_down", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3).stride(2).padding(1)));
+    proj = register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 1)));
+    attn = register_module("attn", TinyAttn());
+    out = register_module("out", torch::nn::Linear(16, 4));
+  }
+  Tensor forward(const Tensor& x) {  // [B, 3, 8, 8] -> [B, 16, 4]
+    Tensor h = at::silu(dew::nn::conv(x, conv_in));
+    h = at::silu(dew::nn::conv(h, conv_down));
+    h = dew::nn::conv(h, proj);
+    Tensor t = h.flatten(2).transpose(1, 2);
+    t = at::silu(dew::nn::dense(t, attn->q_proj)) * dew::nn::dense(t, attn->v_proj);
+    return dew::nn::dense(t, out);
+  }
+  torch::nn::Conv2d conv_in{nullptr}, conv_down{nullptr}, proj{nullptr};
+  TinyAttn attn{nullptr};
+  torch::nn::Linear out{nullptr};
+};
+TORCH_MODULE(Tiny);
+
+const std::map<std::string, Tensor>& golden() {
+  static const auto g = dew::test::golden("lora/lora.safetensors");
+  return g;
+}
+
+std::string golden_dir(const std::string& name) { return std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/" + name; }
+
+// The base model of the golden file in `dt`.
+Tiny base_model(at::ScalarType dt) {
+  Tiny m;
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->named_parameters()) p.value().copy_(golden().at("w." + p.key()));
+  m->to(dt);
+  return m;
+}
+
+LoraOptions case_options(const std::string& c) {
+  if (c == "list") return LoraOptions().rank(4).alpha(8).target_modules({"q_proj", "v_proj", "conv_in", "proj", "out"});
+  return LoraOptions().rank(2).alpha(3).use_rslora(true).target_regex(".*(conv_down|v_proj)");
+}
+
+// The golden case's adapted model in `dt`: apply_lora with the case's config, then its adapter weights.
+Tiny case_model(const std::string& c, at::ScalarType dt) {
+  Tiny m = base_model(dt);
+  dew::nn::apply_lora(*m, case_options(c));
+  torch::NoGradGuard no_grad;
+  for (auto& [name, p] : dew::nn::lora_parameters(*m)) p.copy_(golden().at(c + "." + name));
+  return m;
+}
+
+// ---- target matching ----
+
+TEST(Lora, TargetMatchingFollowsPeft) {
+  const auto list = LoraOptions().target_modules({"q_proj", "proj"});
+  EXPECT_TRUE(dew::nn::lora_target_matches(list, "q_proj"));
+  EXPECT_TRUE(dew::nn::lora_target_matches(list, "layers.0.self_attn.q_proj"));
+  EXPECT_TRUE(dew::nn::lora_target_matches(list, "a.proj"));
+  EXPECT_FALSE(
+      dew::nn::lora_target_matches(LoraOptions().target_modules({"proj"}), "attn.q_proj"));  // suffix after "."
+  EXPECT_FALSE(dew::nn::lora_target_matches(list, "q_proj.lora_A"));
+  const auto re = LoraOptions().target_regex(".*(conv_down|v_proj)");
+  EXPECT_TRUE(dew::nn::lora_target_matches(re, "attn.v_proj"));
+  EXPECT_TRUE(dew::nn::lora_target_matches(re, "conv_down"));
+  EXPECT_FALSE(dew::nn::lora_target_matches(re, "attn.v_proj.x"));  // a full match, as re.fullmatch
+  EXPECT_DOUBLE_EQ(dew::nn::lora_scale(LoraOptions().rank(4).alpha(8)), 2.0);
+  EXPECT_DOUBLE_EQ(dew::nn::lora_scale(LoraOptions().rank(4).alpha(8).use_rslora(true)), 4.0);
+}
+
+TEST(Lora, ApplyChoosesTheGoldenTargetsAndFreezesTheBase) {
+  Tiny m = base_model(at::kFloat);
+  const auto r = dew::nn::apply_lora(*m, case_options("list"));
+  EXPECT_EQ(r.targets, (std::vector<std::string>{"conv_in", "proj", "attn.q_proj", "attn.v_proj", "out"}));
+  int64_t trainable = 0;
+  for (const auto& p : m->named_parameters()) {
+    const bool adapter = p.key().find("lora_") != std::string::npos;
+    EXPECT_EQ(p.value().requires_grad(), adapter) << p.key();
+    if (p.value().requires_grad()) trainable += p.value().numel();
+  }
+  EXPECT_EQ(trainable, r.trainable);
+  // conv_in: A [4, 3, 3, 3] + B [8, 4, 1, 1]; proj: [4, 8, 1, 1] + [8, 4, 1, 1]; q/v: [4, 8] + [16, 4];
+  // out: [4, 16] + [4, 4]
+  EXPECT_EQ(r.trainable, (108 + 32) + (32 + 32) + 2 * (32 + 64) + (64 + 16));
+  const auto regex = dew::nn::apply_lora(*base_model(at::kFloat), case_options("regex"));
+  EXPECT_EQ(regex.targets, (std::vector<std::string>{"conv_down", "attn.v_proj"}));
+}
+
+// ---- against peft ----
+
+void check_case(const std::string& c) {
+  const auto& g = golden();
+  const Tensor x = g.at("x"), cot = g.at("g");
+  std::map<at::ScalarType, Tiny> models{{at::kFloat, case_model(c, at::kFloat)},
+                                        {at::kDouble, case_model(c, at::kDouble)}};
+  for (auto& [dt, m] : models) {
+    const Tensor y = m->forward(x.to(dt));
+    (y * cot.to(dt)).sum().backward();
+    if (dt == at::kFloat) expect_golden(c + " y", y, g.at(c + ".y_f32"), g.at(c + ".y_f64"));
+    else expect_close_f64(c + " y (float64)", y, g.at(c + ".y_f64"));
+    for (auto& [name, p] : dew::nn::lora_parameters(*m)) {
+      const std::string k = c + ".grad." + name;
+      ASSERT_TRUE(p.grad().defined()) << name;
+      if (dt == at::kFloat) expect_golden(k, p.grad(), g.at(k + "_f32"), g.at(k + "_f64"));
+      else expect_close_f64(k + " (float64)", p.grad(), g.at(k + "_f64"));
+    }
+    for (const auto& p : m->named_parameters())
+      if (p.key().find("lora_") == std::string::npos) {
+        EXPECT_FALSE(p.value().grad().defined()) << p.key();
+      }
+  }
+  // Merge: the weights peft's merge_adapter gives, the same output; unmerge: the base weights again.
+  Tiny& m64 = models.at(at::kDouble);
+  torch::NoGradGuard no_grad;
+  std::map<std::string, Tensor> before;
+  for (const auto& p : m64->named_parameters()) before[p.key()] = p.value().clone();
+  dew::nn::merge_lora(*m64);
+  for (const auto& name : dew::nn::apply_lora(*base_model(at::kDouble), case_options(c)).targets)
+    expect_close_f64(c + " merged " + name, m64->named_parameters()[name + ".weight"],
+                     g.at(c + ".merged." + name + ".weight_f64"));
+  expect_close_f64(c + " merged y", m64->forward(g.at("x").to(at::kDouble)), g.at(c + ".y_f64"), 1e-12);
+  dew::nn::merge_lora(*m64);  // a second merge is a no-op
+  dew::nn::unmerge_lora(*m64);
+  for (const auto& p : m64->named_parameters()) {
+    const Tensor& b = before.at(p.key());
+    EXPECT_LE((p.value() - b).abs().max().item<double>(), 1e-14 * std::max(1.0, b.abs().max().item<double>()))
+        << p.key();
+  }
+  expect_close_f64(c + " unmerged y", m64->forward(g.at("x").to(at::kDouble)), g.at(c + ".y_f64"));
+}
+
+TEST(Lora, ListTargetsMatchPeftForwardGradientsAndMerge) { check_case("list"); }
+TEST(Lora, RegexTargetsWithRsLoraMatchPeft) { check_case("regex"); }
+
+TEST(Lora, DisabledAdapterGivesTheBaseOutput) {
+  Tiny m = case_model("list", at::kDouble);
+  for (const auto& item : m->named_modules())
+    if (auto* s = dew::nn::lora_state(*item.value())) s->enabled = false;
+  torch::NoGradGuard no_grad;
+  expect_close_f64("base y", m->forward(golden().at("x").to(at::kDouble)), golden().at("list.base_y_f64"));
+}
+
+// ---- initialisation ----
+
+TEST(Lora, InitialisationIsPeftsKaimingUniformAndZero) {
+  torch::manual_seed(3);
+  torch::nn::Linear lin(256, 512);
+  const Tensor x = torch::randn({3, 256});
+  const Tensor y0 = dew::nn::dense(x, lin);
+  dew::nn::attach_lora(lin, LoraOptions().rank(64).alpha(16));
+  const auto* s = dew::nn::lora_state(*lin);
+  ASSERT_NE(s, nullptr);
+  const Tensor a = s->linear_A->weight, b = s->linear_B->weight;
+  ASSERT_EQ(a.sizes(), (at::IntArrayRef{64, 256}));
+  ASSERT_EQ(b.sizes(), (at::IntArrayRef{512, 64}));
+  // kaiming_uniform_(a = sqrt(5)): U(-1 / sqrt(fan_in), 1 / sqrt(fan_in)), std bound / sqrt(3).
+  const double bound = 1.0 / std::sqrt(256.0);
+  EXPECT_LE(a.abs().max().item<double>(), bound);
+  EXPECT_GE(a.abs().max().item<double>(), 0.99 * bound);
+  EXPECT_NEAR(a.std().item<double>(), bound / std::sqrt(3.0), 0.02 * bound);  // 16384 samples: ~0.5% sd
+  EXPECT_NEAR(a.mean().item<double>(), 0.0, 0.02 * bound);
+  EXPECT_EQ(b.abs().max().item<double>(), 0.0);
+  // B = 0: the adapted layer starts equal to the base.
+  EXPECT_EQ((dew::nn::dense(x, lin) - y0).abs().max().item<double>(), 0.0);
+
+  torch::nn::Conv2d cv(torch::nn::Conv2dOptions(16, 32, 3).stride(2).padding(1));
+  dew::nn::attach_lora(cv, LoraOptions().rank(8));
+  const auto* cs = dew::nn::lora_state(*cv);
+  ASSERT_EQ(cs->conv_A->weight.sizes(), (at::IntArrayRef{8, 16, 3, 3}));
+  ASSERT_EQ(cs->conv_B->weight.sizes(), (at::IntArrayRef{32, 8, 1, 1}));
+  EXPECT_LE(cs->conv_A->weight.abs().max().item<double>(), 1.0 / std::sqrt(16.0 * 9));
+}
+
+TEST(Lora, ReducedPrecisionBaseGetsFloat32Adapters) {
+  torch::nn::Linear lin(8, 8);
+  lin->to(at::kBFloat16);
+  dew::nn::attach_lora(lin, LoraOptions().rank(2));
+  EXPECT_EQ(dew::nn::lora_state(*lin)->linear_A->weight.scalar_type(), at::kFloat);
+  EXPECT_EQ(dew::nn::dense(torch::randn({2, 8}).to(at::kBFloat16), lin).scalar_type(), at::kBFloat16);
+}
+
+// ---- bad input ----
+
+TEST(Lora, BadInputIsRefusedNamingTheValue) {
+  const auto err = [](LoraOptions o) { return error_of([&] { dew::nn::apply_lora(*base_model(at::kFloat), o); }); };
+  const std::string none = err(LoraOptions().target_modules({"q_prj"}));
+  EXPECT_NE(none.find("\"q_prj\" matches no Linear or Conv2d"), std::string::npos) << none;
+  EXPECT_NE(none.find("attn.q_proj"), std::string::npos) << none;  // the nearest names
+  EXPECT_NE(err(LoraOptions().target_regex("nothing")).find("matches no"), std::string::npos);
+  EXPECT_NE(err(LoraOptions().target_regex("(")).find("not a valid regular expression"), std::string::npos);
+  EXPECT_NE(err(LoraOptions().rank(0).target_modules({"out"})).find("lora.rank must be > 0, got 0"), std::string::npos);
+  const std::string big = err(LoraOptions().rank(5).target_modules({"out"}));
+  EXPECT_NE(big.find("lora.rank 5 is larger than out (16 -> 4)"), std::string::npos) << big;
+  const std::string kind = err(LoraOptions().target_modules({"attn"}));
+  EXPECT_NE(kind.find("only Linear and Conv2d"), std::string::npos) << kind;
+  EXPECT_NE(err(LoraOptions()).find("both are empty"), std::string::npos);
+  Tiny m = base_model(at::kFloat);
+  dew::nn::apply_lora(*m, LoraOptions().target_modules({"out"}));
+  EXPECT_NE(error_of([&] { dew::nn::attach_lora(m->out, LoraOptions().rank(2), "out"); }).find("already holds"),
+            std::string::npos);
+}
+
+// ---- files ----
+
+TEST(Lora, ReadsTheFolderPeftSavePretrainedWrote) {
+  Tiny m = base_model(at::kFloat);
+  const auto c = dew::nn::load_peft_adapter(*m, golden_dir("peft_adapter"));
+  EXPECT_EQ(c.lora.rank(), 4);
+  EXPECT_DOUBLE_EQ(c.lora.alpha(), 8);
+  for (const auto& [name, p] : dew::nn::lora_parameters(*m))
+    EXPECT_TRUE(torch::equal(p, golden().at("list." + name))) << name;
+  torch::NoGradGuard no_grad;
+  expect_golden("peft folder y", m->forward(golden().at("x")), golden().at("list.y_f32"), golden().at("list.y_f64"));
+}
+
+TEST(Lora, PeftAndDiffusersFilesRoundTrip) {
+  dew::test::TempDir dir("lora_files");
+  for (const std::string c : {"list", "regex"}) {
+    Tiny src = case_model(c, at::kFloat);
+    dew::nn::save_peft_adapter(dir.file("peft_" + c), *src, case_options(c), "tiny-base");
+    dew::nn::save_diffusers_lora(dir.file(c + ".safetensors"), *src, case_options(c));
+    Tiny a = base_model(at::kFloat), b = base_model(at::kFloat);
+    const auto cfg = dew::nn::load_peft_adapter(*a, dir.file("peft_" + c));
+    EXPECT_EQ(cfg.base_model_name_or_path, "tiny-base");
+    const auto r = dew::nn::load_diffusers_lora(*b, dir.file(c + ".safetensors"));
+    EXPECT_EQ(r.targets.size(), dew::nn::apply_lora(*base_model(at::kFloat), case_options(c)).targets.size());
+    torch::NoGradGuard no_grad;
+    const Tensor x = golden().at("x"), want = src->forward(x);
+    EXPECT_TRUE(torch::equal(a->forward(x), want)) << c;
+    EXPECT_TRUE(torch::equal(b->forward(x), want)) << c;  // the scale (rsLoRA too) travels in the metadata
+  }
+  // A file for another base: a shape that does not fit is named.
+  struct OtherImpl : torch::nn::Module {
+    OtherImpl() { out = register_module("out", torch::nn::Linear(32, 4)); }
+    torch::nn::Linear out{nullptr};
+  };
+  auto other = std::make_shared<OtherImpl>();
+  const std::string e = error_of([&] { dew::nn::load_diffusers_lora(*other, dir.file("list.safetensors")); });
+  EXPECT_NE(e.find("which the model does not have"), std::string::npos) << e;
+  Tiny src = base_model(at::kFloat);
+  dew::nn::apply_lora(*src, LoraOptions().rank(4).target_modules({"out"}));
+  dew::nn::save_diffusers_lora(dir.file("out_only.safetensors"), *src, LoraOptions().rank(4).target_modules({"out"}));
+  const std::string shape =
+      error_of([&] { dew::nn::load_diffusers_lora(*std::make_shared<OtherImpl>(), dir.file("out_only.safetensors")); });
+  EXPECT_NE(shape.find("unet.out.lora_A.weight has shape [4, 16] but the model's out.lora_A.weight is [4, 32]"),
+            std::string::npos)
+      << shape;
+  EXPECT_NE(error_of([&] {
+              dew::nn::load_peft_adapter(*std::make_shared<OtherImpl>(), golden_dir("peft_adapter"));
+            }).find("matches no"),
+            std::string::npos);
+}
+
+TEST(Lora, ReadsTheKohyaFileDiffusersConverted) {
+  // diffusers' convert_state_dict_to_kohya writes alpha = rank: scale 1.
+  Tiny m = base_model(at::kFloat);
+  const auto r = dew::nn::load_kohya_lora(*m, golden_dir("kohya_from_diffusers.safetensors"));
+  EXPECT_EQ(r.targets.size(), 5u);
+  for (const auto& [name, p] : dew::nn::lora_parameters(*m))
+    EXPECT_TRUE(torch::equal(p, golden().at("list." + name))) << name;
+  Tiny want = case_model("list", at::kFloat);
+  for (const auto& item : want->named_modules())
+    if (auto* s = dew::nn::lora_state(*item.value())) s->scale = 1.0;
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(m->forward(golden().at("x")), want->forward(golden().at("x"))));
+}
+
+TEST(Lora, KohyaFileRoundTripsTheScale) {
+  dew::test::TempDir dir("lora_kohya");
+  Tiny src = case_model("regex", at::kFloat);  // rsLoRA: scale 3 / sqrt(2), written as alpha = scale * rank
+  dew::nn::save_kohya_lora(dir.file("k.safetensors"), *src);
+  const auto keys = dew::io::load_safetensors(dir.file("k.safetensors"));
+  EXPECT_EQ(keys.count("lora_unet_attn_v_proj.lora_down.weight"), 1u);
+  EXPECT_EQ(keys.count("lora_unet_conv_down.alpha"), 1u);
+  Tiny dst = base_model(at::kFloat);
+  dew::nn::load_kohya_lora(*dst, dir.file("k.safetensors"));
+  torch::NoGradGuard no_grad;
+  const Tensor x = golden().at("x");
+  EXPECT_LE(dew::test::max_diff(dst->forward(x), src->forward(x)), 1e-5);
+  const std::string e = error_of([&] {
+    struct OtherImpl : torch::nn::Module {
+      OtherImpl() { register_module("conv_dn", torch::nn::Conv2d(8, 8, 3)); }
+    };
+    dew::nn::load_kohya_lora(*std::make_shared<OtherImpl>(), dir.file("k.safetensors"));
+  });
+  EXPECT_NE(e.find("names no Linear or Conv2d of the model; nearest: lora_unet_conv_dn"), std::string::npos) << e;
+}
+
+// ---- a family: causal_transformer routes its projections through the adapters ----
+
+TEST(Lora, CausalTransformerProjectionsTakeAdapters) {
+  torch::manual_seed(0);
+  dew::nn::CausalTransformer lm(dew::nn::CausalTransformerOptions()
+                                    .vocab_size(32)
+                                    .emb_features(16)
+                                    .num_layers(2)
+                                    .num_heads(2)
+                                    .mlp_features(32)
+                                    .max_seq_len(16)
+                                    .tie_embeddings(false));
+  const Tensor ids = torch::randint(0, 32, {2, 6});
+  torch::NoGradGuard no_grad;
+  const Tensor base = lm->forward_tokens(ids);
+  const auto r = dew::nn::apply_lora(
+      *lm, LoraOptions().rank(2).alpha(4).target_modules({"q_proj", "v_proj", "down_proj", "lm_head"}));
+  EXPECT_EQ(r.targets.size(), 7u);
+  EXPECT_EQ((lm->forward_tokens(ids) - base).abs().max().item<double>(), 0.0);  // B = 0
+  lm->named_parameters()["lm_head.lora_B.weight"].normal_(0.0, 0.3);            // the head's own path (not nn::dense)
+  EXPECT_GT((lm->forward_tokens(ids) - base).abs().max().item<double>(), 1e-3);
+  for (auto& [name, p] : dew::nn::lora_parameters(*lm)) p.normal_(0.0, 0.3);
+  const Tensor adapted = lm->forward_tokens(ids);
+  EXPECT_GT((adapted - base).abs().max().item<double>(), 1e-3);  // the adapters are on the forward path
+  dew::nn::merge_lora(*lm);
+  // float32 compute: the merged product rounds differently.
+  EXPECT_LE((lm->forward_tokens(ids) - adapted).abs().max().item<double>(),
+            1e-4 * std::max(1.0, adapted.abs().max().item<double>()));
+}
+
+}  // namespace
