@@ -1,0 +1,89 @@
+#include "dew/io/image_decode.h"
+
+#include <climits>
+
+#include "dew/core/error.h"
+
+// The stb_image implementation lives in this translation unit only (one definition per program; the
+// writer and the resizer are in image.cpp). It is third-party C code: silence the warnings the project's
+// -Wall -Wextra would raise in it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wall"
+#pragma GCC diagnostic ignored "-Wextra"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wdouble-promotion"
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_FAILURE_USERMSG  // "Corrupt PNG" rather than "bad zlib header" style codes
+#include <stb_image.h>
+#pragma GCC diagnostic pop
+
+namespace dew {
+namespace io {
+
+namespace {
+
+// stb_image 2.27 (Debian's libstb-dev) trusts the symbol counts of a JPEG Huffman table (DHT): counts
+// summing past 256 index past its 257-entry size list and write past its 256-entry value list (found by
+// fuzz/image_fuzz.cpp; upstream checks the sum since 2.28). We cannot patch the system header, so the
+// file's markers are walked here, as stb walks them, and such a table is refused before stb reads it.
+void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::string& path) {
+  if (n < 2 || b[0] != 0xFF || b[1] != 0xD8) return;  // not a JPEG (SOI)
+  // Past the end stb reads zeros; so does this.
+  auto at = [&](size_t i) -> unsigned { return i < n ? b[i] : 0u; };
+  size_t i = 2;
+  while (i + 1 < n) {
+    const unsigned m = b[i + 1];
+    // Outside a segment: entropy-coded data, fill bytes, stuffed zeros and restart markers are stepped
+    // over one byte at a time (stb also searches byte by byte for the next marker).
+    if (b[i] != 0xFF || m == 0xFF || m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {
+      ++i;
+      continue;
+    }
+    if (m == 0xD9) return;  // EOI
+    const size_t length = (size_t(at(i + 2)) << 8) | at(i + 3);
+    if (m == 0xC4) {
+      // As stb's DHT loop: tables follow one another while the segment's length lasts.
+      long left = long(length) - 2;
+      size_t p = i + 4;
+      while (left > 0) {
+        size_t count = 0;
+        for (size_t k = 1; k <= 16; ++k) count += at(p + k);
+        DEW_CHECK(count <= 256, "cannot decode image \"", path, "\": corrupt JPEG: a Huffman table lists ", count,
+                  " symbols, more than the 256 accepted");
+        p += 17 + count;
+        left -= long(17 + count);
+      }
+    }
+    i += 2 + length;
+  }
+}
+
+}  // namespace
+
+DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t channels, const std::string& path) {
+  DEW_CHECK(channels == 1 || channels == 3 || channels == 4, "load_image(\"", path,
+            "\"): channels must be 1 (grey), 3 (RGB) or 4 (RGBA), got ", channels);
+  DEW_CHECK(size > 0, "cannot decode image \"", path, "\": the file is empty");
+  DEW_CHECK(size <= size_t(INT_MAX), "cannot decode image \"", path, "\": file of ", size,
+            " bytes is larger than the 2 GiB stb accepts");
+  check_jpeg_huffman_tables(bytes, size, path);
+  DecodedImage out;
+  int file_channels = 0;
+  if (!stbi_info_from_memory(bytes, int(size), &out.width, &out.height, &file_channels))
+    fail("cannot decode image \"", path, "\": ", stbi_failure_reason(),
+         " (accepted formats: png, jpg, bmp, gif, tga, psd, pnm)");
+  DEW_CHECK(out.width <= kMaxImageSide && out.height <= kMaxImageSide, "image \"", path, "\" is ", out.width, "x",
+            out.height, ", larger than the accepted ", kMaxImageSide, " pixels per side");
+  out.pixels.reset(stbi_load_from_memory(bytes, int(size), &out.width, &out.height, &file_channels, int(channels)),
+                   [](unsigned char* p) { stbi_image_free(p); });
+  if (!out.pixels) fail("cannot decode image \"", path, "\": ", stbi_failure_reason());
+  out.channels = int(channels);
+  return out;
+}
+
+}  // namespace io
+}  // namespace dew
