@@ -104,6 +104,14 @@ bool bool_at(const json& o, const char* key, bool def, const std::string& where)
   return it->get<bool>();
 }
 
+// The member `key` of object `o`, or null when absent: by reference, where json::value() would copy, and
+// copying a deeply nested value recurses once per level.
+const json& member(const json& o, const char* key) {
+  static const json absent;
+  auto it = o.find(key);
+  return it == o.end() ? absent : *it;
+}
+
 // Sequences of pre-tokenizers / post-processors nest; real files use one level. A bound keeps a hostile
 // file from recursing until the stack overflows.
 constexpr int kMaxNesting = 8;
@@ -147,9 +155,9 @@ class HfBpeTokenizer : public Tokenizer {
     // Longest first, so "<|a|>" wins over "<|a" at the same position.
     std::stable_sort(added_.begin(), added_.end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-    parse_normalizer(j.value("normalizer", json()));
-    parse_pre_tokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer", 0);
-    parse_post_processor(j.value("post_processor", json()), "post_processor", 0);
+    parse_normalizer(member(j, "normalizer"));
+    parse_pre_tokenizer(member(j, "pre_tokenizer"), "pre_tokenizer", 0);
+    parse_post_processor(member(j, "post_processor"), "post_processor", 0);
     find_specials();
   }
 
@@ -304,7 +312,7 @@ class HfBpeTokenizer : public Tokenizer {
       std::string behavior = string_at(p, "behavior", "Isolated", at);
       DEW_CHECK(behavior == "Isolated" && !bool_at(p, "invert", false, at), "hf_bpe: ", where,
                 " Split with behavior \"", behavior, "\" / invert is not supported; accepted: Isolated, invert false");
-      const json pat = p.value("pattern", json());
+      const json& pat = member(p, "pattern");
       PreStep s;
       if (pat.is_object() && pat.contains("Regex"))
         s.regex = std::make_shared<Regex>(string_at(pat, "Regex", "", at + ".pattern"), false, "hf_bpe " + where);
@@ -329,16 +337,17 @@ class HfBpeTokenizer : public Tokenizer {
     const std::string at = "\"" + path_ + "\": " + where;
     std::string type = string_at(p, "type", "", at);
     if (type == "Sequence") {
-      const json processors = p.value("processors", json::array());
-      DEW_CHECK(processors.is_array(), "hf_bpe ", at, ".processors: expected a list, got ",
+      const json& processors = member(p, "processors");
+      DEW_CHECK(processors.is_array() || processors.is_null(), "hf_bpe ", at, ".processors: expected a list, got ",
                 options_detail::describe(processors));
       DEW_CHECK(depth < kMaxNesting, "hf_bpe ", at, ": Sequences nested more than ", kMaxNesting, " deep");
       for (size_t i = 0; i < processors.size(); ++i)
         parse_post_processor(processors[i], where + ".processors[" + std::to_string(i) + "]", depth + 1);
     } else if (type == "TemplateProcessing") {
       // The special tokens before $A in the single-sequence template are what add_special prepends.
-      const json single = p.value("single", json::array());
-      DEW_CHECK(single.is_array(), "hf_bpe ", at, ".single: expected a list, got ", options_detail::describe(single));
+      const json& single = member(p, "single");
+      DEW_CHECK(single.is_array() || single.is_null(), "hf_bpe ", at, ".single: expected a list, got ",
+                options_detail::describe(single));
       for (const auto& piece : single) {
         if (!piece.is_object()) continue;
         if (piece.contains("Sequence")) break;

@@ -76,11 +76,22 @@ DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t chann
   if (!stbi_info_from_memory(bytes, int(size), &out.width, &out.height, &file_channels))
     fail("cannot decode image \"", path, "\": ", stbi_failure_reason(),
          " (accepted formats: png, jpg, bmp, gif, tga, psd, pnm)");
+  // stb 2.27 accepts a PNM header of width or height 0 (found by fuzz/image_fuzz.cpp) and returns an
+  // empty buffer; an image without pixels is refused here rather than passed on as an empty tensor.
+  DEW_CHECK(out.width > 0 && out.height > 0, "cannot decode image \"", path, "\": its header declares ", out.width, "x",
+            out.height, " pixels; an image needs at least one");
   DEW_CHECK(out.width <= kMaxImageSide && out.height <= kMaxImageSide, "image \"", path, "\" is ", out.width, "x",
             out.height, ", larger than the accepted ", kMaxImageSide, " pixels per side");
+  // Sides within bounds can still multiply to 4 GiB of pixels, which stb would allocate on the word of a
+  // 100-byte header; 2^28 pixels (16384 x 16384, 1 GiB as RGBA) is beyond any training image.
+  DEW_CHECK(int64_t(out.width) * out.height <= kMaxImagePixels, "image \"", path, "\" is ", out.width, "x", out.height,
+            ", more than the accepted ", kMaxImagePixels, " pixels");
   out.pixels.reset(stbi_load_from_memory(bytes, int(size), &out.width, &out.height, &file_channels, int(channels)),
                    [](unsigned char* p) { stbi_image_free(p); });
   if (!out.pixels) fail("cannot decode image \"", path, "\": ", stbi_failure_reason());
+  DEW_CHECK(out.width > 0 && out.height > 0 && out.width <= kMaxImageSide && out.height <= kMaxImageSide,
+            "cannot decode image \"", path, "\": the decoder returned ", out.width, "x", out.height,
+            " pixels, not the size its header declared");
   out.channels = int(channels);
   return out;
 }

@@ -12,6 +12,8 @@ namespace io {
 /// Images larger than this per side are refused before any allocation: stb's int arithmetic and the
 /// tensors built from them assume sizes well below 2^31 bytes.
 constexpr int kMaxImageSide = 1 << 15;
+/// And more than this many pixels: a header claiming gigabytes is refused before stb allocates them.
+constexpr int64_t kMaxImagePixels = int64_t(1) << 28;
 
 /// Pixels decoded by stb: interleaved [height, width, channels] uint8, row-major.
 struct DecodedImage {
@@ -22,7 +24,8 @@ struct DecodedImage {
 };
 
 /// Decodes an image file's bytes (png, jpg, bmp, gif, tga, psd, pnm) into `channels` (1, 3 or 4)
-/// channels. Undecodable bytes or a side above 32768 pixels are a dew::Error naming `path` and the reason.
+/// channels. Undecodable bytes, an empty image, a side above kMaxImageSide or more than kMaxImagePixels
+/// pixels are a dew::Error naming `path` and the reason, checked before stb allocates the pixels.
 DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t channels, const std::string& path);
 
 }  // namespace io

@@ -105,6 +105,15 @@ TEST(FuzzRegressions, HfBpeFilesAreRefusedWithAMessage) {
   }
 }
 
+TEST(FuzzRegressions, SentencePieceModelsAreRefusedWithAMessage) {
+  dew::test::TempDir dir("fuzz_sentencepiece");
+  for (const auto& path : regressions("sentencepiece")) {
+    const std::string file = dir.write("tokenizer.model", dew::io::read_file(path, "regression"));
+    const std::string e = error_of([&] { dew::data::load_tokenizer(file); });
+    EXPECT_NE(e.find(file), std::string::npos) << path << ": " << e;
+  }
+}
+
 TEST(FuzzRegressions, IdxFilesAreRefusedWithAMessage) {
   for (const auto& path : regressions("idx"))
     for (int32_t magic : {2051, 2049}) EXPECT_NE(error_of([&] { dew::data::read_idx_bytes(path, magic); }), "") << path;
