@@ -172,24 +172,25 @@ void from_value(const json& j, T& out, const std::string& where) {
     // Range-checked before converting: a number the field cannot hold is refused with the value written,
     // never wrapped (uint64 -> int64) or cast out of range (undefined for a double).
     using Limits = std::numeric_limits<T>;
-    const std::string range =
-        "an integer in [" + std::to_string(Limits::min()) + ", " + std::to_string(Limits::max()) + "]";
+    auto out_of_range = [&] {
+      bad("an integer in [" + std::to_string(Limits::min()) + ", " + std::to_string(Limits::max()) + "]");
+    };
     if (j.is_number_float()) {
       const double d = j.get<double>();
       if (!std::isfinite(d) || std::floor(d) != d) bad("an integer");
       // [min, max] as doubles: min is -2^digits (or 0), max + 1 is 2^digits, both exact.
       const double top = std::ldexp(1.0, Limits::digits);
-      if (d < (Limits::is_signed ? -top : 0.0) || d >= top) bad(range);
+      if (d < (Limits::is_signed ? -top : 0.0) || d >= top) out_of_range();
       out = static_cast<T>(d);
     } else if (j.is_number_unsigned()) {
       const uint64_t u = j.get<uint64_t>();
-      if (u > static_cast<uint64_t>(Limits::max())) bad(range);
+      if (u > static_cast<uint64_t>(Limits::max())) out_of_range();
       out = static_cast<T>(u);
     } else if (j.is_number_integer()) {
       const int64_t v = j.get<int64_t>();
       if (Limits::is_signed ? (v < static_cast<int64_t>(Limits::min()) || v > static_cast<int64_t>(Limits::max()))
                             : (v < 0 || static_cast<uint64_t>(v) > static_cast<uint64_t>(Limits::max())))
-        bad(range);
+        out_of_range();
       out = static_cast<T>(v);
     } else {
       bad("an integer");

@@ -85,10 +85,10 @@ IdxBytes read_idx_bytes(const std::string& path, int32_t magic) {
               "+ bytes of data, more than the 16 GiB accepted; the header is corrupt");
     total *= out.dims[d];
   }
-  // Grow with the data read, doubling from 1 MiB: a truncated file whose header declares gigabytes fails
-  // after reading what it holds, having allocated at most twice that (plus 1 MiB).
+  // Grow with the data read, doubling from 64 KiB: a truncated file whose header declares gigabytes fails
+  // after reading what it holds, having allocated at most twice that (plus 64 KiB).
   for (int64_t done = 0; done < total;) {
-    const int64_t n = std::min(std::max(int64_t(1) << 20, done), total - done);
+    const int64_t n = std::min(std::max(int64_t(1) << 16, done), total - done);
     out.data.resize(size_t(done + n));
     read_exact(f.get(), path, out.data.data() + done, n, "data", done, total);
     done += n;

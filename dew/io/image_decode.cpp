@@ -31,10 +31,13 @@ namespace {
 // fuzz/image_fuzz.cpp; upstream checks the sum since 2.28). We cannot patch the system header, so the
 // file's markers are walked here, as stb walks them, and such a table is refused before stb reads it.
 void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::string& path) {
-  if (n < 2 || b[0] != 0xFF || b[1] != 0xD8) return;  // not a JPEG (SOI)
+  // SOI, after any number of 0xFF fill bytes (stb skips them there too); anything else is not a JPEG.
+  size_t i = 0;
+  while (i < n && b[i] == 0xFF) ++i;
+  if (i == 0 || i >= n || b[i] != 0xD8) return;
+  ++i;
   // Past the end stb reads zeros; so does this.
-  auto at = [&](size_t i) -> unsigned { return i < n ? b[i] : 0u; };
-  size_t i = 2;
+  auto at = [&](size_t k) -> unsigned { return k < n ? b[k] : 0u; };
   while (i + 1 < n) {
     const unsigned m = b[i + 1];
     // Outside a segment: entropy-coded data, fill bytes, stuffed zeros and restart markers are stepped
@@ -76,6 +79,11 @@ DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t chann
   if (!stbi_info_from_memory(bytes, int(size), &out.width, &out.height, &file_channels))
     fail("cannot decode image \"", path, "\": ", stbi_failure_reason(),
          " (accepted formats: png, jpg, bmp, gif, tga, psd, pnm)");
+  // stb 2.27 converts the channels of a 16-bit PNM (maxval > 255) as if it held bytes, then reads past
+  // the converted buffer (found by fuzz/image_fuzz.cpp; upstream fixed it in 2.28): refused before loading.
+  DEW_CHECK(!(size >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '6') &&
+              stbi_is_16_bit_from_memory(bytes, int(size))),
+            "cannot decode image \"", path, "\": 16-bit PNM (maxval above 255) is not supported; accepted: 8-bit PNM");
   // stb 2.27 accepts a PNM header of width or height 0 (found by fuzz/image_fuzz.cpp) and returns an
   // empty buffer; an image without pixels is refused here rather than passed on as an empty tensor.
   DEW_CHECK(out.width > 0 && out.height > 0, "cannot decode image \"", path, "\": its header declares ", out.width, "x",
