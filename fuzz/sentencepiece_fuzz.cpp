@@ -1,8 +1,9 @@
 // libFuzzer target for SentencePiece tokenizer.model files (dew/data/sentencepiece.cpp, through
 // libsentencepiece): the input is written to a file, loaded as `dew tokenize --tokenizer FILE` loads it,
-// and used to encode and decode a few texts. Any input must either be refused with a dew::Error (naming the file and field) or give a
-// tokenizer whose ids lie in [0, vocab_size()) and decode without error; a crash, a sanitizer report,
-// another exception type (a raw library error names neither) or a broken promise is a bug.
+// and used to encode and decode a few texts. Any input must either be refused with a dew::Error naming the
+// file or give a tokenizer whose ids lie in [0, vocab_size()) and decode without error; a crash, a
+// sanitizer report, another exception type (the library's own, which names no file) or a broken promise
+// is a bug.
 #include <unistd.h>
 
 #include <cstddef>

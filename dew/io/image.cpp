@@ -16,7 +16,8 @@
 #include "dew/io/image_decode.h"
 
 // The stb writer and resizer implementations live in this translation unit only (one definition per
-// program; the decoder is in image_decode.cpp). They are third-party C code: silence the warnings the project's -Wall -Wextra would raise in them.
+// program; the decoder is in image_decode.cpp). They are third-party C code: silence the warnings the
+// project's -Wall -Wextra would raise in them.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wall"
 #pragma GCC diagnostic ignored "-Wextra"

@@ -65,6 +65,30 @@ void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::stri
   }
 }
 
+// stb 2.27 reads the width, height and maxval of a PNM header into an int without a bound: ten digits
+// overflow it (undefined behaviour; found by fuzz/image_fuzz.cpp, bounded upstream since 2.28). The
+// header is read here as stb reads it (whitespace, # comments, digits) and a number of more than 9
+// digits is refused before stb parses it.
+void check_pnm_header(const unsigned char* b, size_t n, const std::string& path) {
+  if (n < 2 || b[0] != 'P' || (b[1] != '5' && b[1] != '6')) return;  // the PNM kinds stb reads
+  size_t pos = 2;
+  auto get = [&]() -> char { return pos < n ? char(b[pos++]) : '\0'; };
+  auto at_eof = [&] { return pos >= n; };
+  auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  char c = get();
+  for (const char* field : {"width", "height", "maxval"}) {
+    for (;;) {
+      while (!at_eof() && space(c)) c = get();
+      if (at_eof() || c != '#') break;
+      while (!at_eof() && c != '\n' && c != '\r') c = get();
+    }
+    int digits = 0;
+    for (; !at_eof() && c >= '0' && c <= '9'; c = get()) ++digits;
+    DEW_CHECK(digits <= 9, "cannot decode image \"", path, "\": corrupt PNM header: its ", field, " has ", digits,
+              " digits, more than the 9 accepted");
+  }
+}
+
 }  // namespace
 
 DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t channels, const std::string& path) {
@@ -74,6 +98,7 @@ DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t chann
   DEW_CHECK(size <= size_t(INT_MAX), "cannot decode image \"", path, "\": file of ", size,
             " bytes is larger than the 2 GiB stb accepts");
   check_jpeg_huffman_tables(bytes, size, path);
+  check_pnm_header(bytes, size, path);
   DecodedImage out;
   int file_channels = 0;
   if (!stbi_info_from_memory(bytes, int(size), &out.width, &out.height, &file_channels))
