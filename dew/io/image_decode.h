@@ -12,8 +12,9 @@ namespace io {
 /// Images larger than this per side are refused before any allocation: stb's int arithmetic and the
 /// tensors built from them assume sizes well below 2^31 bytes.
 constexpr int kMaxImageSide = 1 << 15;
-/// And more than this many pixels: a header claiming gigabytes is refused before stb allocates them.
-constexpr int64_t kMaxImagePixels = int64_t(1) << 28;
+/// And more than this many pixels (8192 x 8192; a 48-megapixel photo fits): a header claiming gigabytes
+/// is refused before stb allocates them (stb's GIF decoder needs about 9 bytes per pixel).
+constexpr int64_t kMaxImagePixels = int64_t(1) << 26;
 
 /// Pixels decoded by stb: interleaved [height, width, channels] uint8, row-major.
 struct DecodedImage {
