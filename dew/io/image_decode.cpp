@@ -1,6 +1,7 @@
 #include "dew/io/image_decode.h"
 
 #include <climits>
+#include <cstring>
 
 #include "dew/core/error.h"
 
@@ -89,6 +90,22 @@ void check_pnm_header(const unsigned char* b, size_t n, const std::string& path)
   }
 }
 
+// stb 2.27 sizes its buffer for a PNG's compressed data from each IDAT chunk's declared length before
+// reading it: a 100-byte file declaring a 1 GiB chunk made it reallocate 2 GiB (found by
+// fuzz/image_fuzz.cpp). The chunks are walked here and one longer than the rest of the file is refused.
+void check_png_chunks(const unsigned char* b, size_t n, const std::string& path) {
+  static const unsigned char kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (n < 8 || std::memcmp(b, kSignature, 8) != 0) return;
+  for (size_t pos = 8; pos + 8 <= n;) {
+    const uint64_t length =
+        (uint64_t(b[pos]) << 24) | (uint64_t(b[pos + 1]) << 16) | (uint64_t(b[pos + 2]) << 8) | uint64_t(b[pos + 3]);
+    DEW_CHECK(length <= n - (pos + 8), "cannot decode image \"", path, "\": corrupt PNG: a chunk at byte ", pos,
+              " declares ", length, " bytes, but the file holds only ", n - (pos + 8), " more");
+    if (std::memcmp(b + pos + 4, "IEND", 4) == 0) return;
+    pos += 12 + length;  // length, type, data, CRC
+  }
+}
+
 }  // namespace
 
 DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t channels, const std::string& path) {
@@ -99,6 +116,7 @@ DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t chann
             " bytes is larger than the 2 GiB stb accepts");
   check_jpeg_huffman_tables(bytes, size, path);
   check_pnm_header(bytes, size, path);
+  check_png_chunks(bytes, size, path);
   DecodedImage out;
   int file_channels = 0;
   if (!stbi_info_from_memory(bytes, int(size), &out.width, &out.height, &file_channels))
