@@ -5,6 +5,34 @@
 namespace dew {
 namespace options_detail {
 
+namespace {
+
+// Renders at most `budget` characters of `j`, containers to a few levels: a hostile value can nest
+// arrays hundreds of thousands deep, and json::dump() recurses once per level (a stack overflow).
+void render(const json& j, int depth, size_t budget, std::string& out) {
+  if (out.size() > budget) return;
+  if (!j.is_structured()) {
+    out += j.dump();
+    return;
+  }
+  const bool array = j.is_array();
+  if (depth >= 4) {
+    out += array ? "[...]" : "{...}";
+    return;
+  }
+  out += array ? "[" : "{";
+  bool first = true;
+  for (auto it = j.begin(); it != j.end() && out.size() <= budget; ++it) {
+    if (!first) out += ", ";
+    first = false;
+    if (!array) out += json(it.key()).dump() + ": ";
+    render(*it, depth + 1, budget, out);
+  }
+  out += array ? "]" : "}";
+}
+
+}  // namespace
+
 std::string describe(const json& j) {
   std::string kind = j.is_null()             ? "null"
                      : j.is_boolean()        ? "bool"
@@ -13,7 +41,8 @@ std::string describe(const json& j) {
                      : j.is_string()         ? "string"
                      : j.is_array()          ? "list"
                                              : "object";
-  std::string text = j.dump();
+  std::string text;
+  render(j, 0, 60, text);
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return kind + " " + text;
 }

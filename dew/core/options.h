@@ -34,6 +34,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -168,18 +169,39 @@ void from_value(const json& j, T& out, const std::string& where) {
     if (!j.is_boolean()) bad("bool");
     out = j.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
+    // Range-checked before converting: a number the field cannot hold is refused with the value written,
+    // never wrapped (uint64 -> int64) or cast out of range (undefined for a double).
+    using Limits = std::numeric_limits<T>;
+    auto out_of_range = [&] {
+      bad("an integer in [" + std::to_string(Limits::min()) + ", " + std::to_string(Limits::max()) + "]");
+    };
     if (j.is_number_float()) {
-      double d = j.get<double>();
-      if (std::floor(d) != d) bad("an integer");
+      const double d = j.get<double>();
+      if (!std::isfinite(d) || std::floor(d) != d) bad("an integer");
+      // [min, max] as doubles: min is -2^digits (or 0), max + 1 is 2^digits, both exact.
+      const double top = std::ldexp(1.0, Limits::digits);
+      if (d < (Limits::is_signed ? -top : 0.0) || d >= top) out_of_range();
       out = static_cast<T>(d);
+    } else if (j.is_number_unsigned()) {
+      const uint64_t u = j.get<uint64_t>();
+      if (u > static_cast<uint64_t>(Limits::max())) out_of_range();
+      out = static_cast<T>(u);
     } else if (j.is_number_integer()) {
-      out = j.get<T>();
+      const int64_t v = j.get<int64_t>();
+      if (Limits::is_signed ? (v < static_cast<int64_t>(Limits::min()) || v > static_cast<int64_t>(Limits::max()))
+                            : (v < 0 || static_cast<uint64_t>(v) > static_cast<uint64_t>(Limits::max())))
+        out_of_range();
+      out = static_cast<T>(v);
     } else {
       bad("an integer");
     }
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!j.is_number()) bad("a number");
-    out = j.get<T>();
+    const double d = j.get<double>();
+    // A float field refuses a finite double beyond its range (the conversion would be undefined).
+    if (std::isfinite(d) && std::fabs(d) > static_cast<double>(std::numeric_limits<T>::max()))
+      bad("a number of magnitude at most " + json(static_cast<double>(std::numeric_limits<T>::max())).dump());
+    out = static_cast<T>(d);
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!j.is_string()) bad("a string");
     out = j.get<std::string>();

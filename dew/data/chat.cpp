@@ -299,11 +299,15 @@ Conversation parse_chat_record(const std::string& json_text, const std::string& 
   auto it = j.find("messages");
   DEW_CHECK(it != j.end(), where,
             ": no \"messages\" key (expected {\"messages\": [{\"role\": ..., \"content\": ...}]})");
-  DEW_CHECK(it->is_array(), where, ": \"messages\" must be an array, got ", it->type_name());
-  DEW_CHECK(!it->empty(), where, ": \"messages\" is empty (a conversation needs at least one message)");
+  return parse_chat_messages(*it, where);
+}
+
+Conversation parse_chat_messages(const nlohmann::json& messages, const std::string& where) {
+  DEW_CHECK(messages.is_array(), where, ": \"messages\" must be an array, got ", messages.type_name());
+  DEW_CHECK(!messages.empty(), where, ": \"messages\" is empty (a conversation needs at least one message)");
   Conversation conv;
-  for (size_t i = 0; i < it->size(); ++i) {
-    const json& m = (*it)[i];
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
     DEW_CHECK(m.is_object(), where, ": messages[", i, "] must be an object {\"role\", \"content\"}, got ",
               m.type_name());
     auto r = m.find("role");

@@ -21,6 +21,7 @@
 // chat_template_jinja(ChatTemplate::plain)), rendered by the goldens like the others.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,10 @@ std::vector<Conversation> read_chat_jsonl(const std::string& path);
 /// The conversation of one parsed {"messages": [...]} record (JSON text); errors start with `where`
 /// ("FILE:LINE").
 Conversation parse_chat_record(const std::string& json_text, const std::string& where);
+
+/// The conversation of a "messages" value (a parsed JSON list of {"role", "content"} objects), checked as
+/// parse_chat_record checks it; the prompt / chosen / rejected lists of post-training data use it.
+Conversation parse_chat_messages(const nlohmann::json& messages, const std::string& where);
 
 /// The chat templates Dew renders.
 enum class ChatTemplate {

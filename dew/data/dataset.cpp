@@ -1,17 +1,16 @@
 #include "dew/data/dataset.h"
 
 #include <ATen/ATen.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 
 #include "dew/core/rng.h"
 #include "dew/data/dataset_detail.h"
+#include "dew/data/idx.h"
 #include "dew/io/image.h"
 
 namespace dew {
@@ -63,79 +62,10 @@ at::Tensor to_model_range(const at::Tensor& x) {
 // ---------------------------------------------------------------------------------------------------
 // IDX files
 
-namespace {
-
-struct GzClose {
-  void operator()(gzFile_s* f) const { gzclose(f); }
-};
-using GzFile = std::unique_ptr<gzFile_s, GzClose>;
-
-std::string gz_reason(gzFile f) {
-  int code = 0;
-  const char* msg = gzerror(f, &code);
-  if (code == Z_ERRNO) return std::strerror(errno);
-  return msg && *msg ? msg : "unexpected end of data";
-}
-
-// Reads exactly n bytes or throws naming the file and how far it got.
-void read_exact(gzFile f, const std::string& path, void* dst, int64_t n, const char* what) {
-  auto* p = static_cast<unsigned char*>(dst);
-  int64_t done = 0;
-  while (done < n) {
-    const unsigned chunk = unsigned(std::min<int64_t>(n - done, int64_t(1) << 30));  // gzread takes an unsigned
-    const int r = gzread(f, p + done, chunk);
-    if (r < 0) fail(path, ": corrupt gzip data while reading the ", what, ": ", gz_reason(f));
-    if (r == 0) {
-      fail(path, ": truncated: the ", what, " needs ", n, " bytes, the file holds only ", done,
-           (gzeof(f) ? "" : std::string(" (") + gz_reason(f) + ")"));
-    }
-    done += r;
-  }
-}
-
-uint32_t big_endian(const unsigned char* b) {
-  return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | uint32_t(b[3]);
-}
-
-}  // namespace
-
 at::Tensor read_idx(const std::string& path, int32_t magic) {
-  // IDX magic: two zero bytes, the element type (0x08 = unsigned byte) and the number of dimensions.
-  const int32_t expected_type = (magic >> 8) & 0xff, ndim = magic & 0xff;
-  DEW_CHECK((magic >> 16) == 0 && expected_type == 0x08 && ndim >= 1 && ndim <= 4, "read_idx(\"", path,
-            "\"): expected magic must describe unsigned bytes with 1-4 dimensions "
-            "(0x0801-0x0804), got ",
-            magic);
-  errno = 0;
-  GzFile f(gzopen(path.c_str(), "rb"));
-  if (!f) fail(path, ": cannot open: ", errno ? std::strerror(errno) : "out of memory");
-  gzbuffer(f.get(), 1 << 18);  // fewer, larger reads of the compressed file
-
-  unsigned char head[4];
-  read_exact(f.get(), path, head, 4, "magic number");
-  const uint32_t got = big_endian(head);
-  if (got != uint32_t(magic)) {
-    fail(path, ": bad magic number ", got, ", expected ", magic, " (IDX unsigned bytes, ", ndim,
-         ndim == 1 ? " dimension" : " dimensions", "); not an IDX file of this kind, or corrupt");
-  }
-  std::vector<int64_t> dims(size_t(ndim), 0);
-  int64_t total = 1;
-  for (int32_t d = 0; d < ndim; ++d) {
-    unsigned char b[4];
-    read_exact(f.get(), path, b, 4, "header");
-    dims[d] = int64_t(big_endian(b));
-    DEW_CHECK(dims[d] > 0, path, ": dimension ", d, " is 0; an IDX file must hold at least one item");
-    total *= dims[d];
-    // 16 GiB is far above any real IDX file; larger sizes mean a corrupt header, not data to allocate.
-    DEW_CHECK(total <= (int64_t(1) << 34), path, ": header declares ", total,
-              "+ bytes of data, more than the 16 GiB accepted; the header is corrupt");
-  }
-  auto out = at::empty(dims, at::TensorOptions().dtype(at::kByte));
-  read_exact(f.get(), path, out.data_ptr<uint8_t>(), total, "data");
-  unsigned char extra;
-  const int r = gzread(f.get(), &extra, 1);
-  if (r < 0) fail(path, ": corrupt gzip data after the items: ", gz_reason(f.get()));
-  DEW_CHECK(r == 0, path, ": trailing bytes after the ", dims[0], " items the header declares; the file is corrupt");
+  IdxBytes idx = read_idx_bytes(path, magic);
+  auto out = at::empty(idx.dims, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(out.data_ptr<uint8_t>(), idx.data.data(), idx.data.size());
   return out;
 }
 

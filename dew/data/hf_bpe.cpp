@@ -82,6 +82,40 @@ struct AddedToken {
   bool special, lstrip, rstrip;
 };
 
+// Typed reads of tokenizer.json fields: a field of the wrong type is a dew::Error naming the file and the
+// field, never nlohmann's type_error (which names neither). `where` is "FILE: section".
+const json& object_at(const json& o, const std::string& where) {
+  DEW_CHECK(o.is_object(), "hf_bpe ", where, ": expected an object, got ", options_detail::describe(o));
+  return o;
+}
+
+std::string string_at(const json& o, const char* key, const std::string& def, const std::string& where) {
+  auto it = object_at(o, where).find(key);
+  if (it == o.end() || it->is_null()) return def;
+  DEW_CHECK(it->is_string(), "hf_bpe ", where, ".", key, ": expected a string, got ", options_detail::describe(*it));
+  return it->get<std::string>();
+}
+
+bool bool_at(const json& o, const char* key, bool def, const std::string& where) {
+  auto it = object_at(o, where).find(key);
+  if (it == o.end() || it->is_null()) return def;
+  DEW_CHECK(it->is_boolean(), "hf_bpe ", where, ".", key, ": expected true or false, got ",
+            options_detail::describe(*it));
+  return it->get<bool>();
+}
+
+// The member `key` of object `o`, or null when absent: by reference, where json::value() would copy, and
+// copying a deeply nested value recurses once per level.
+const json& member(const json& o, const char* key) {
+  static const json absent;
+  auto it = o.find(key);
+  return it == o.end() ? absent : *it;
+}
+
+// Sequences of pre-tokenizers / post-processors nest; real files use one level. A bound keeps a hostile
+// file from recursing until the stack overflows.
+constexpr int kMaxNesting = 8;
+
 class HfBpeTokenizer : public Tokenizer {
  public:
   explicit HfBpeTokenizer(const HfBpeOptions& o) : path_(o.path) {
@@ -91,19 +125,28 @@ class HfBpeTokenizer : public Tokenizer {
     DEW_CHECK(!j.is_discarded() && j.is_object(), "hf_bpe: \"", o.path, "\" is not a JSON object");
     DEW_CHECK(j.contains("model") && j["model"].is_object(), "hf_bpe: \"", o.path, "\" has no \"model\" object");
     const json& m = j["model"];
-    std::string type = m.value("type", "BPE");
+    const std::string file = "\"" + o.path + "\"";
+    std::string type = string_at(m, "type", "BPE", file + ": model");
     DEW_CHECK(type == "BPE", "hf_bpe: model.type \"", type, "\" in \"", o.path, "\" is not supported; accepted: BPE");
     DEW_CHECK(m.contains("vocab") && m["vocab"].is_object(), "hf_bpe: model.vocab must be an object of piece -> id");
+    // Ids must be contiguous (checked in find_specials), so none can reach the number of entries: bounding
+    // them first keeps a 100-byte file from sizing the piece table to 2^31 entries.
+    max_entries_ = m["vocab"].size();
+    if (j.contains("added_tokens") && j["added_tokens"].is_array()) max_entries_ += j["added_tokens"].size();
     for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) add_piece(it.key(), it.value(), "model.vocab");
     parse_merges(m);
-    ignore_merges_ = m.value("ignore_merges", false);
+    ignore_merges_ = bool_at(m, "ignore_merges", false, file + ": model");
     if (m.contains("unk_token") && m["unk_token"].is_string()) unk_ = piece_to_id(m["unk_token"].get<std::string>());
     if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const auto& t : j["added_tokens"]) {
+      for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+        const json& t = j["added_tokens"][i];
+        const std::string where = file + ": added_tokens[" + std::to_string(i) + "]";
         DEW_CHECK(t.is_object() && t.contains("id") && t.contains("content"),
-                  "hf_bpe: each added_tokens entry needs \"id\" and \"content\", got ", t.dump());
-        AddedToken a{t["id"].get<int64_t>(), t["content"].get<std::string>(), t.value("special", false),
-                     t.value("lstrip", false), t.value("rstrip", false)};
+                  "hf_bpe: each added_tokens entry needs \"id\" and \"content\", got ", options_detail::describe(t));
+        DEW_CHECK(t["id"].is_number_integer(), "hf_bpe ", where, ".id: expected an integer, got ",
+                  options_detail::describe(t["id"]));
+        AddedToken a{t["id"].get<int64_t>(), string_at(t, "content", "", where), bool_at(t, "special", false, where),
+                     bool_at(t, "lstrip", false, where), bool_at(t, "rstrip", false, where)};
         DEW_CHECK(!a.content.empty(), "hf_bpe: added token ", a.id, " has empty content");
         add_piece(a.content, a.id, "added_tokens");
         added_.push_back(a);
@@ -112,9 +155,9 @@ class HfBpeTokenizer : public Tokenizer {
     // Longest first, so "<|a|>" wins over "<|a" at the same position.
     std::stable_sort(added_.begin(), added_.end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
-    parse_normalizer(j.value("normalizer", json()));
-    parse_pre_tokenizer(j.value("pre_tokenizer", json()), "pre_tokenizer");
-    parse_post_processor(j.value("post_processor", json()));
+    parse_normalizer(member(j, "normalizer"));
+    parse_pre_tokenizer(member(j, "pre_tokenizer"), "pre_tokenizer", 0);
+    parse_post_processor(member(j, "post_processor"), "post_processor", 0);
     find_specials();
   }
 
@@ -224,9 +267,10 @@ class HfBpeTokenizer : public Tokenizer {
 
   void add_piece(const std::string& piece, const json& id_value, const char* where) {
     DEW_CHECK(id_value.is_number_integer() && id_value.get<int64_t>() >= 0, "hf_bpe: ", where, " \"", piece,
-              "\" needs a non-negative integer id, got ", id_value.dump());
+              "\" needs a non-negative integer id, got ", options_detail::describe(id_value));
     int64_t id = id_value.get<int64_t>();
-    DEW_CHECK(id < (int64_t(1) << 31), "hf_bpe: ", where, " id ", id, " is too large");
+    DEW_CHECK(static_cast<uint64_t>(id) < max_entries_, "hf_bpe: ", where, " \"", piece, "\" has id ", id,
+              ", but the file lists only ", max_entries_, " entries (ids must be contiguous from 0)");
     if (static_cast<size_t>(id) >= pieces_.size()) pieces_.resize(id + 1);
     pieces_[id] = piece;
     ids_[piece] = id;
@@ -246,7 +290,7 @@ class HfBpeTokenizer : public Tokenizer {
 
   void parse_normalizer(const json& n) {
     if (n.is_null()) return;
-    std::string type = n.value("type", "");
+    std::string type = string_at(n, "type", "", "\"" + path_ + "\": normalizer");
     // Byte-level files of Qwen2 ask for NFC; we take text as already NFC (true of ASCII and of nearly
     // all UTF-8 in the wild) rather than carry Unicode tables.
     if (type == "NFC") return;
@@ -254,31 +298,33 @@ class HfBpeTokenizer : public Tokenizer {
     fail("hf_bpe: normalizer \"", type, "\" in \"", path_, "\" is not supported; accepted: null, NFC");
   }
 
-  void parse_pre_tokenizer(const json& p, const std::string& where) {
+  void parse_pre_tokenizer(const json& p, const std::string& where, int depth) {
     if (p.is_null()) return;
-    std::string type = p.value("type", "");
+    const std::string at = "\"" + path_ + "\": " + where;
+    std::string type = string_at(p, "type", "", at);
     if (type == "Sequence") {
       DEW_CHECK(p.contains("pretokenizers") && p["pretokenizers"].is_array(), "hf_bpe: ", where,
                 " needs \"pretokenizers\"");
+      DEW_CHECK(depth < kMaxNesting, "hf_bpe ", at, ": Sequences nested more than ", kMaxNesting, " deep");
       for (size_t i = 0; i < p["pretokenizers"].size(); ++i)
-        parse_pre_tokenizer(p["pretokenizers"][i], where + ".pretokenizers[" + std::to_string(i) + "]");
+        parse_pre_tokenizer(p["pretokenizers"][i], where + ".pretokenizers[" + std::to_string(i) + "]", depth + 1);
     } else if (type == "Split") {
-      std::string behavior = p.value("behavior", "Isolated");
-      DEW_CHECK(behavior == "Isolated" && !p.value("invert", false), "hf_bpe: ", where, " Split with behavior \"",
-                behavior, "\" / invert is not supported; accepted: Isolated, invert false");
-      const json& pat = p.value("pattern", json());
+      std::string behavior = string_at(p, "behavior", "Isolated", at);
+      DEW_CHECK(behavior == "Isolated" && !bool_at(p, "invert", false, at), "hf_bpe: ", where,
+                " Split with behavior \"", behavior, "\" / invert is not supported; accepted: Isolated, invert false");
+      const json& pat = member(p, "pattern");
       PreStep s;
-      if (pat.contains("Regex"))
-        s.regex = std::make_shared<Regex>(pat["Regex"].get<std::string>(), false, "hf_bpe " + where);
-      else if (pat.contains("String"))
-        s.regex = std::make_shared<Regex>(pat["String"].get<std::string>(), true, "hf_bpe " + where);
-      else fail("hf_bpe: ", where, ".pattern must hold \"Regex\" or \"String\", got ", pat.dump());
+      if (pat.is_object() && pat.contains("Regex"))
+        s.regex = std::make_shared<Regex>(string_at(pat, "Regex", "", at + ".pattern"), false, "hf_bpe " + where);
+      else if (pat.is_object() && pat.contains("String"))
+        s.regex = std::make_shared<Regex>(string_at(pat, "String", "", at + ".pattern"), true, "hf_bpe " + where);
+      else fail("hf_bpe: ", where, ".pattern must hold \"Regex\" or \"String\", got ", options_detail::describe(pat));
       steps_.push_back(s);
     } else if (type == "ByteLevel") {
       PreStep s;
       s.byte_level = true;
-      s.add_prefix_space = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true)) s.regex = std::make_shared<Regex>(kGpt2Pattern, false, "hf_bpe " + where);
+      s.add_prefix_space = bool_at(p, "add_prefix_space", false, at);
+      if (bool_at(p, "use_regex", true, at)) s.regex = std::make_shared<Regex>(kGpt2Pattern, false, "hf_bpe " + where);
       steps_.push_back(s);
       byte_level_ = true;
     } else {
@@ -286,17 +332,27 @@ class HfBpeTokenizer : public Tokenizer {
     }
   }
 
-  void parse_post_processor(const json& p) {
+  void parse_post_processor(const json& p, const std::string& where, int depth) {
     if (p.is_null()) return;
-    std::string type = p.value("type", "");
+    const std::string at = "\"" + path_ + "\": " + where;
+    std::string type = string_at(p, "type", "", at);
     if (type == "Sequence") {
-      for (const auto& q : p.value("processors", json::array())) parse_post_processor(q);
+      const json& processors = member(p, "processors");
+      DEW_CHECK(processors.is_array() || processors.is_null(), "hf_bpe ", at, ".processors: expected a list, got ",
+                options_detail::describe(processors));
+      DEW_CHECK(depth < kMaxNesting, "hf_bpe ", at, ": Sequences nested more than ", kMaxNesting, " deep");
+      for (size_t i = 0; i < processors.size(); ++i)
+        parse_post_processor(processors[i], where + ".processors[" + std::to_string(i) + "]", depth + 1);
     } else if (type == "TemplateProcessing") {
       // The special tokens before $A in the single-sequence template are what add_special prepends.
-      for (const auto& piece : p.value("single", json::array())) {
+      const json& single = member(p, "single");
+      DEW_CHECK(single.is_array() || single.is_null(), "hf_bpe ", at, ".single: expected a list, got ",
+                options_detail::describe(single));
+      for (const auto& piece : single) {
+        if (!piece.is_object()) continue;
         if (piece.contains("Sequence")) break;
         if (piece.contains("SpecialToken")) {
-          std::string id = piece["SpecialToken"].value("id", "");
+          std::string id = string_at(piece["SpecialToken"], "id", "", at + ".single.SpecialToken");
           int64_t tid = piece_to_id(id);
           DEW_CHECK(tid >= 0, "hf_bpe: post_processor special token \"", id, "\" is not in the vocabulary");
           prefix_.push_back(tid);
@@ -394,6 +450,7 @@ class HfBpeTokenizer : public Tokenizer {
     }
   }
 
+  size_t max_entries_ = 0;  // model.vocab + added_tokens: every id is below it
   std::string path_, raw_;
   std::vector<std::string> pieces_;
   std::unordered_map<std::string, int64_t> ids_;

@@ -14,16 +14,14 @@ namespace dew::data {
 
 namespace {
 
-std::string brief(const json& j) {
-  std::string s = j.dump();
-  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
-}
+// Bounded: a JSONL line can nest lists hundreds of thousands deep, and json::dump() recurses per level.
+std::string brief(const json& j) { return options_detail::describe(j); }
 
 // The messages of a "prompt" value: every element {"role", "content"} as chat files have them.
 Conversation messages_of(const json& value, const std::string& where, const std::string& field) {
   DEW_CHECK(value.is_array() && !value.empty(), where, ": \"", field,
             "\" must be a text or a non-empty list of {\"role\", \"content\"} messages, got ", brief(value));
-  return parse_chat_record(json{{"messages", value}}.dump(), where);
+  return parse_chat_messages(value, where);  // not re-rendered as text: a deep value would recurse
 }
 
 int64_t pad_of(const Tokenizer& tok) {

@@ -28,7 +28,14 @@ class SentencePieceTokenizer : public Tokenizer {
     DEW_CHECK(!o.path.empty(), "sentencepiece: field \"path\" is required (a tokenizer.model file)");
     // The bytes are kept for save(), so the file is read once and parsed from memory.
     raw_ = io::read_file(o.path, "sentencepiece");
-    const auto status = sp_.LoadFromSerializedProto(raw_);
+    sentencepiece::util::Status status;
+    try {
+      status = sp_.LoadFromSerializedProto(raw_);
+    } catch (const std::exception& e) {
+      // The library reports most bad models by status, but some by throwing: its trie builder (darts)
+      // throws on an empty piece (found by fuzz/sentencepiece_fuzz.cpp). Either way the file is named.
+      fail("sentencepiece \"", path_, "\": cannot load (corrupt SentencePiece model: ", e.what(), ")");
+    }
     DEW_CHECK(status.ok(), "sentencepiece \"", path_,
               "\": cannot load (truncated or not a SentencePiece model: ", message(status), ")");
   }

@@ -74,7 +74,7 @@ std::pair<std::string, std::string> BpeMerges::parse(const nlohmann::json& e, in
     return {s.substr(0, sp), s.substr(sp + 1)};
   }
   DEW_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(), who, ": merge ", rank,
-            " must be \"a b\" or [\"a\", \"b\"], got ", e.dump());
+            " must be \"a b\" or [\"a\", \"b\"], got ", options_detail::describe(e));
   return {e[0].get<std::string>(), e[1].get<std::string>()};
 }
 

@@ -13,9 +13,11 @@
 #include <vector>
 
 #include "dew/core/error.h"
+#include "dew/io/image_decode.h"
 
-// The stb implementations live in this translation unit only (one definition per program). They are
-// third-party C code: silence the warnings the project's -Wall -Wextra would raise in them.
+// The stb writer and resizer implementations live in this translation unit only (one definition per
+// program; the decoder is in image_decode.cpp). They are third-party C code: silence the warnings the
+// project's -Wall -Wextra would raise in them.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wall"
 #pragma GCC diagnostic ignored "-Wextra"
@@ -25,11 +27,8 @@
 #pragma GCC diagnostic ignored "-Wunused-but-set-variable"
 #pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
-#define STB_IMAGE_IMPLEMENTATION
-#define STBI_FAILURE_USERMSG  // "Corrupt PNG" rather than "bad zlib header" style codes
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #define STB_IMAGE_RESIZE_IMPLEMENTATION
-#include <stb_image.h>
 #include <stb_image_resize.h>
 #include <stb_image_write.h>
 #pragma GCC diagnostic pop
@@ -39,9 +38,7 @@ namespace io {
 
 namespace {
 
-// Images larger than this per side are refused before any allocation: stb's int arithmetic and the
-// tensors we build from them assume sizes well below 2^31 bytes.
-constexpr int64_t kMaxSide = 1 << 15;
+constexpr int64_t kMaxSide = kMaxImageSide;
 
 void check_channels(int64_t c, const std::string& where) {
   DEW_CHECK(c == 1 || c == 3 || c == 4, where, ": channels must be 1 (grey), 3 (RGB) or 4 (RGBA), got ", c);
@@ -63,10 +60,6 @@ std::vector<unsigned char> read_file(const std::string& path) {
   if (in.bad()) fail("cannot read image \"", path, "\": ", std::strerror(errno));
   return bytes;
 }
-
-struct StbFree {
-  void operator()(unsigned char* p) const { stbi_image_free(p); }
-};
 
 }  // namespace
 
@@ -133,19 +126,8 @@ at::Tensor load_image(const std::string& path, int64_t channels) {
   check_channels(channels, "load_image(\"" + path + "\")");
   // Read the bytes ourselves so a missing file and an undecodable one give different messages.
   auto bytes = read_file(path);
-  DEW_CHECK(!bytes.empty(), "cannot decode image \"", path, "\": the file is empty");
-  DEW_CHECK(bytes.size() <= size_t(INT32_MAX), "cannot decode image \"", path, "\": file of ", bytes.size(),
-            " bytes is larger than the 2 GiB stb accepts");
-  int w = 0, h = 0, file_channels = 0;
-  if (!stbi_info_from_memory(bytes.data(), int(bytes.size()), &w, &h, &file_channels))
-    fail("cannot decode image \"", path, "\": ", stbi_failure_reason(),
-         " (accepted formats: png, jpg, bmp, gif, tga, psd, pnm)");
-  DEW_CHECK(w <= kMaxSide && h <= kMaxSide, "image \"", path, "\" is ", w, "x", h, ", larger than the accepted ",
-            kMaxSide, " pixels per side");
-  std::unique_ptr<unsigned char, StbFree> pixels(
-      stbi_load_from_memory(bytes.data(), int(bytes.size()), &w, &h, &file_channels, int(channels)));
-  if (!pixels) fail("cannot decode image \"", path, "\": ", stbi_failure_reason());
-  auto hwc = at::from_blob(pixels.get(), {h, w, channels}, at::TensorOptions().dtype(at::kByte));
+  DecodedImage img = decode_image(bytes.data(), bytes.size(), channels, path);
+  auto hwc = at::from_blob(img.pixels.get(), {img.height, img.width, channels}, at::TensorOptions().dtype(at::kByte));
   // clone, not contiguous(): for one channel the permuted view is already contiguous and would keep
   // pointing into stb's buffer, which is freed on return.
   return hwc.permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);

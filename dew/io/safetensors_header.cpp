@@ -2,13 +2,17 @@
 
 #include <algorithm>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "dew/core/error.h"
-#include "dew/core/options.h"
 
 namespace dew {
 namespace io {
 namespace {
+
+// nlohmann directly, not dew/core/options.h: this file stays free of LibTorch headers so that
+// scripts/fuzz can build it alone.
+using json = nlohmann::json;
 
 struct DtypeInfo {
   Dtype dtype;

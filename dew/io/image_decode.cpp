@@ -1,0 +1,152 @@
+#include "dew/io/image_decode.h"
+
+#include <climits>
+#include <cstring>
+
+#include "dew/core/error.h"
+
+// The stb_image implementation lives in this translation unit only (one definition per program; the
+// writer and the resizer are in image.cpp). It is third-party C code: silence the warnings the project's
+// -Wall -Wextra would raise in it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wall"
+#pragma GCC diagnostic ignored "-Wextra"
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#pragma GCC diagnostic ignored "-Wunused-function"
+#pragma GCC diagnostic ignored "-Wunused-but-set-variable"
+#pragma GCC diagnostic ignored "-Wimplicit-fallthrough"
+#pragma GCC diagnostic ignored "-Wdouble-promotion"
+#define STB_IMAGE_IMPLEMENTATION
+#define STBI_FAILURE_USERMSG  // "Corrupt PNG" rather than "bad zlib header" style codes
+#include <stb_image.h>
+#pragma GCC diagnostic pop
+
+namespace dew {
+namespace io {
+
+namespace {
+
+// stb_image 2.27 (Debian's libstb-dev) trusts the symbol counts of a JPEG Huffman table (DHT): counts
+// summing past 256 index past its 257-entry size list and write past its 256-entry value list (found by
+// fuzz/image_fuzz.cpp; upstream checks the sum since 2.28). We cannot patch the system header, so the
+// file's markers are walked here, as stb walks them, and such a table is refused before stb reads it.
+void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::string& path) {
+  // SOI, after any number of 0xFF fill bytes (stb skips them there too); anything else is not a JPEG.
+  size_t i = 0;
+  while (i < n && b[i] == 0xFF) ++i;
+  if (i == 0 || i >= n || b[i] != 0xD8) return;
+  ++i;
+  // Past the end stb reads zeros; so does this.
+  auto at = [&](size_t k) -> unsigned { return k < n ? b[k] : 0u; };
+  while (i + 1 < n) {
+    const unsigned m = b[i + 1];
+    // Outside a segment: entropy-coded data, fill bytes, stuffed zeros and restart markers are stepped
+    // over one byte at a time (stb also searches byte by byte for the next marker).
+    if (b[i] != 0xFF || m == 0xFF || m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {
+      ++i;
+      continue;
+    }
+    if (m == 0xD9) return;  // EOI
+    const size_t length = (size_t(at(i + 2)) << 8) | at(i + 3);
+    if (m == 0xC4) {
+      // As stb's DHT loop: tables follow one another while the segment's length lasts.
+      long left = long(length) - 2;
+      size_t p = i + 4;
+      while (left > 0) {
+        size_t count = 0;
+        for (size_t k = 1; k <= 16; ++k) count += at(p + k);
+        DEW_CHECK(count <= 256, "cannot decode image \"", path, "\": corrupt JPEG: a Huffman table lists ", count,
+                  " symbols, more than the 256 accepted");
+        p += 17 + count;
+        left -= long(17 + count);
+      }
+    }
+    i += 2 + length;
+  }
+}
+
+// stb 2.27 reads the width, height and maxval of a PNM header into an int without a bound: ten digits
+// overflow it (undefined behaviour; found by fuzz/image_fuzz.cpp, bounded upstream since 2.28). The
+// header is read here as stb reads it (whitespace, # comments, digits) and a number of more than 9
+// digits is refused before stb parses it.
+void check_pnm_header(const unsigned char* b, size_t n, const std::string& path) {
+  if (n < 2 || b[0] != 'P' || (b[1] != '5' && b[1] != '6')) return;  // the PNM kinds stb reads
+  size_t pos = 2;
+  auto get = [&]() -> char { return pos < n ? char(b[pos++]) : '\0'; };
+  auto at_eof = [&] { return pos >= n; };
+  auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  char c = get();
+  for (const char* field : {"width", "height", "maxval"}) {
+    for (;;) {
+      while (!at_eof() && space(c)) c = get();
+      if (at_eof() || c != '#') break;
+      while (!at_eof() && c != '\n' && c != '\r') c = get();
+    }
+    int digits = 0;
+    for (; !at_eof() && c >= '0' && c <= '9'; c = get()) ++digits;
+    DEW_CHECK(digits <= 9, "cannot decode image \"", path, "\": corrupt PNM header: its ", field, " has ", digits,
+              " digits, more than the 9 accepted");
+  }
+}
+
+// stb 2.27 sizes its buffer for a PNG's compressed data from each IDAT chunk's declared length before
+// reading it: a 100-byte file declaring a 1 GiB chunk made it reallocate 2 GiB (found by
+// fuzz/image_fuzz.cpp). The chunks are walked here and one longer than the rest of the file is refused.
+void check_png_chunks(const unsigned char* b, size_t n, const std::string& path) {
+  static const unsigned char kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (n < 8 || std::memcmp(b, kSignature, 8) != 0) return;
+  for (size_t pos = 8; pos + 8 <= n;) {
+    const uint64_t length =
+        (uint64_t(b[pos]) << 24) | (uint64_t(b[pos + 1]) << 16) | (uint64_t(b[pos + 2]) << 8) | uint64_t(b[pos + 3]);
+    DEW_CHECK(length <= n - (pos + 8), "cannot decode image \"", path, "\": corrupt PNG: a chunk at byte ", pos,
+              " declares ", length, " bytes, but the file holds only ", n - (pos + 8), " more");
+    if (std::memcmp(b + pos + 4, "IEND", 4) == 0) return;
+    pos += 12 + length;  // length, type, data, CRC
+  }
+}
+
+}  // namespace
+
+DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t channels, const std::string& path) {
+  DEW_CHECK(channels == 1 || channels == 3 || channels == 4, "load_image(\"", path,
+            "\"): channels must be 1 (grey), 3 (RGB) or 4 (RGBA), got ", channels);
+  DEW_CHECK(size > 0, "cannot decode image \"", path, "\": the file is empty");
+  DEW_CHECK(size <= size_t(INT_MAX), "cannot decode image \"", path, "\": file of ", size,
+            " bytes is larger than the 2 GiB stb accepts");
+  check_jpeg_huffman_tables(bytes, size, path);
+  check_pnm_header(bytes, size, path);
+  check_png_chunks(bytes, size, path);
+  DecodedImage out;
+  int file_channels = 0;
+  if (!stbi_info_from_memory(bytes, int(size), &out.width, &out.height, &file_channels))
+    fail("cannot decode image \"", path, "\": ", stbi_failure_reason(),
+         " (accepted formats: png, jpg, bmp, gif, tga, psd, pnm)");
+  // stb 2.27 converts the channels of a 16-bit PNM (maxval > 255) as if it held bytes, then reads past
+  // the converted buffer (found by fuzz/image_fuzz.cpp; upstream fixed it in 2.28): refused before loading.
+  DEW_CHECK(!(size >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '6') &&
+              stbi_is_16_bit_from_memory(bytes, int(size))),
+            "cannot decode image \"", path, "\": 16-bit PNM (maxval above 255) is not supported; accepted: 8-bit PNM");
+  // stb 2.27 accepts a PNM header of width or height 0 (found by fuzz/image_fuzz.cpp) and returns an
+  // empty buffer; an image without pixels is refused here rather than passed on as an empty tensor.
+  DEW_CHECK(out.width > 0 && out.height > 0, "cannot decode image \"", path, "\": its header declares ", out.width, "x",
+            out.height, " pixels; an image needs at least one");
+  DEW_CHECK(out.width <= kMaxImageSide && out.height <= kMaxImageSide, "image \"", path, "\" is ", out.width, "x",
+            out.height, ", larger than the accepted ", kMaxImageSide, " pixels per side");
+  // Sides within bounds can still multiply to 4 GiB of pixels, which stb would allocate on the word of a
+  // 100-byte header. At 2^28 pixels a 10-byte GIF header still made stb's GIF decoder hold 2.3 GB (found
+  // by fuzz/image_fuzz.cpp); 2^26 keeps any decoder under about 600 MB.
+  DEW_CHECK(int64_t(out.width) * out.height <= kMaxImagePixels, "image \"", path, "\" is ", out.width, "x", out.height,
+            ", more than the accepted ", kMaxImagePixels, " pixels");
+  out.pixels.reset(stbi_load_from_memory(bytes, int(size), &out.width, &out.height, &file_channels, int(channels)),
+                   [](unsigned char* p) { stbi_image_free(p); });
+  if (!out.pixels) fail("cannot decode image \"", path, "\": ", stbi_failure_reason());
+  DEW_CHECK(out.width > 0 && out.height > 0 && out.width <= kMaxImageSide && out.height <= kMaxImageSide,
+            "cannot decode image \"", path, "\": the decoder returned ", out.width, "x", out.height,
+            " pixels, not the size its header declared");
+  out.channels = int(channels);
+  return out;
+}
+
+}  // namespace io
+}  // namespace dew

@@ -1,0 +1,157 @@
+// Replays the fuzzers' fixed findings (fuzz/regressions/<target>/, docs/reliability.md) through the
+// library's own entry points: each input must be refused with a dew::Error, never crash or throw another
+// type. New regression inputs committed there are picked up without editing this file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dew/core/options.h"
+#include "dew/data/chat.h"
+#include "dew/data/idx.h"
+#include "dew/data/post_training_data.h"
+#include "dew/data/tokenizer.h"
+#include "dew/io/files.h"
+#include "dew/io/image_decode.h"
+#include "tests/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using dew::json;
+using dew::test::error_of;
+
+// The committed inputs of one fuzz target, sorted (an absent folder: none).
+std::vector<std::string> regressions(const std::string& target) {
+  std::vector<std::string> out;
+  const fs::path dir = fs::path(DEW_SOURCE_DIR) / "fuzz" / "regressions" / target;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_regular_file()) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+struct Numbers {
+  int64_t steps = 10;
+  int32_t heads = 4;
+  uint64_t seed = 0;
+  float scale = 1.0f;
+  template <class V>
+  void visit(V& v) {
+    v("steps", steps, "int64");
+    v("heads", heads, "int32");
+    v("seed", seed, "uint64");
+    v("scale", scale, "float");
+  }
+};
+
+TEST(FuzzRegressions, OptionsRefuseNumbersTheFieldCannotHold) {
+  for (const auto& path : regressions("options")) {
+    const json j = json::parse(dew::io::read_file(path, "regression"), nullptr, false);
+    if (j.is_discarded()) continue;  // the JSON layer refuses it already
+    EXPECT_NE(error_of([&] { dew::from_json<Numbers>(j, "fuzz"); }), "") << path;
+  }
+  // The error quotes the number as written, not a wrapped or truncated one.
+  const std::string big = error_of([] { dew::from_json<Numbers>(json::parse(R"({"steps": 1e30})"), "m"); });
+  EXPECT_NE(big.find("m.steps"), std::string::npos) << big;
+  EXPECT_NE(big.find("1e+30"), std::string::npos) << big;
+  const std::string wrap =
+      error_of([] { dew::from_json<Numbers>(json::parse(R"({"steps": 18446744073709551615})"), "m"); });
+  EXPECT_NE(wrap.find("18446744073709551615"), std::string::npos) << wrap;
+  EXPECT_NE(error_of([] { dew::from_json<Numbers>(json::parse(R"({"heads": 2147483648})"), ""); }), "");
+  EXPECT_NE(error_of([] { dew::from_json<Numbers>(json::parse(R"({"seed": -1})"), ""); }), "");
+  EXPECT_NE(error_of([] { dew::from_json<Numbers>(json::parse(R"({"scale": 1e39})"), ""); }), "");
+  // The limits themselves are accepted.
+  const auto ok = dew::from_json<Numbers>(
+      json::parse(R"({"steps": -9223372036854775808, "heads": 2147483647, "seed": 18446744073709551615})"), "");
+  EXPECT_EQ(ok.steps, std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(ok.heads, std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(ok.seed, std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(dew::from_json<Numbers>(json::parse(R"({"steps": 3e3})"), "").steps, 3000);
+}
+
+TEST(FuzzRegressions, DeeplyNestedValueIsQuotedWithoutRecursingToTheEnd) {
+  // 200000 nested lists: quoting the bad value in the error used to recurse once per level.
+  std::string text(200000, '[');
+  text += std::string(200000, ']');
+  json holder = json::object();
+  holder["steps"] = json::parse(text);  // moved in: a copy would itself recurse once per level
+  const std::string e = error_of([&] { dew::from_json<Numbers>(holder, ""); });
+  EXPECT_NE(e.find("steps"), std::string::npos) << e.substr(0, 200);
+  EXPECT_LT(e.size(), 400u);
+}
+
+TEST(FuzzRegressions, DeeplyNestedPromptIsRefusedWithoutRecursingToTheEnd) {
+  // A prompt list nested 200000 deep: it used to be copied and re-rendered as text (both recursive).
+  dew::test::TempDir dir("fuzz_prompt");
+  const std::string line =
+      R"({"prompt": )" + std::string(200000, '[') + std::string(200000, ']') + R"(, "answer": "1"})";
+  const std::string file = dir.write("p.jsonl", line + "\n");
+  const dew::data::ChatFormat fmt{dew::data::load_tokenizer("byte"), dew::data::ChatTemplate::plain, {}};
+  const std::string e = error_of([&] { dew::data::read_prompts(file, fmt, 100); });
+  EXPECT_NE(e.find("p.jsonl:1"), std::string::npos) << e.substr(0, 300);
+}
+
+TEST(FuzzRegressions, HfBpeFilesAreRefusedWithAMessage) {
+  dew::test::TempDir dir("fuzz_hf_bpe");
+  for (const auto& path : regressions("hf_bpe")) {
+    // Copied as tokenizer.json: the name the loader recognises.
+    const std::string file = dir.write("tokenizer.json", dew::io::read_file(path, "regression"));
+    EXPECT_NE(error_of([&] { dew::data::load_tokenizer(file); }), "") << path;
+  }
+}
+
+TEST(FuzzRegressions, SentencePieceModelsAreRefusedWithAMessage) {
+  dew::test::TempDir dir("fuzz_sentencepiece");
+  for (const auto& path : regressions("sentencepiece")) {
+    const std::string file = dir.write("tokenizer.model", dew::io::read_file(path, "regression"));
+    const std::string e = error_of([&] { dew::data::load_tokenizer(file); });
+    EXPECT_NE(e.find(file), std::string::npos) << path << ": " << e;
+  }
+}
+
+TEST(FuzzRegressions, IdxFilesAreRefusedWithAMessage) {
+  for (const auto& path : regressions("idx"))
+    for (int32_t magic : {2051, 2049}) EXPECT_NE(error_of([&] { dew::data::read_idx_bytes(path, magic); }), "") << path;
+}
+
+TEST(FuzzRegressions, ImagesAreRefusedOrDecodedWhole) {
+  // Most are refused; one (an empty IDAT chunk, a legal PNG) only tripped a sanitizer inside stb.
+  for (const auto& path : regressions("image")) {
+    const std::string bytes = dew::io::read_file(path, "regression");
+    try {
+      const auto img =
+          dew::io::decode_image(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), 3, path);
+      EXPECT_TRUE(img.width > 0 && img.height > 0 && img.pixels) << path;
+    } catch (const dew::Error&) {}
+  }
+  for (const char* name : {"jpeg_huffman_counts_over_256.jpg", "jpeg_fill_before_soi_huffman_over_256.jpg",
+                           "pnm_zero_width.ppm", "pnm_16bit_channel_conversion.pgm", "pnm_maxval_many_digits.pgm",
+                           "gif_254_megapixels.gif", "png_idat_declares_gigabytes.png"}) {
+    const std::string path = std::string(DEW_SOURCE_DIR) + "/fuzz/regressions/image/" + name;
+    const std::string bytes = dew::io::read_file(path, "regression");
+    EXPECT_NE(error_of([&] {
+                dew::io::decode_image(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), 3, path);
+              }),
+              "")
+        << path;
+  }
+}
+
+TEST(FuzzRegressions, ChatLinesAreRefusedWithAMessage) {
+  for (const auto& path : regressions("chat")) {
+    const std::string line = dew::io::read_file(path, "regression");
+    EXPECT_NE(error_of([&] {
+                const auto conv = dew::data::parse_chat_record(line, path);
+                for (auto t : dew::data::chat_templates()) dew::data::render_chat(conv, t);
+              }),
+              "")
+        << path;
+  }
+}
+
+}  // namespace
