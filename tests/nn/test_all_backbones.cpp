@@ -229,7 +229,9 @@ TEST(AllBackbones, TheRecordRebuildsTheSameModel) {
     const json rec = m->config();
     // every field given, as given (nested objects, e.g. unet_2d_condition's stages, gain their defaults)
     for (auto it = t.fields.begin(); it != t.fields.end(); ++it)
-      if (it.value().dump().find('{') == std::string::npos) EXPECT_EQ(rec["fields"][it.key()], it.value()) << it.key();
+      if (it.value().dump().find('{') == std::string::npos) {
+        EXPECT_EQ(rec["fields"][it.key()], it.value()) << it.key();
+      }
     EXPECT_EQ(rec["architecture"], t.arch);
     EXPECT_EQ(rec["fields"].size(), dew::models::registry().info(t.arch).fields.size());
     auto again = dew::models::build(json::parse(rec.dump()));

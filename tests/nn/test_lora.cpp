@@ -23,22 +23,22 @@ using dew::test::error_of;
 using dew::test::expect_close_f64;
 using dew::test::expect_golden;
 
-// The golden script's Tiny model, its layers called through nn::conv / nn::dense as the families do.
-struct TinyAttnImpl : torch::nn::Module {
-  TinyAttnImpl() {
+// The golden script's LoraTiny model, its layers called through nn::conv / nn::dense as the families do.
+struct LoraTinyAttnImpl : torch::nn::Module {
+  LoraTinyAttnImpl() {
     q_proj = register_module("q_proj", torch::nn::Linear(8, 16));
     v_proj = register_module("v_proj", torch::nn::Linear(torch::nn::LinearOptions(8, 16).bias(false)));
   }
   torch::nn::Linear q_proj{nullptr}, v_proj{nullptr};
 };
-TORCH_MODULE(TinyAttn);
+TORCH_MODULE(LoraTinyAttn);
 
-struct TinyImpl : torch::nn::Module {
-  TinyImpl() {
+struct LoraTinyImpl : torch::nn::Module {
+  LoraTinyImpl() {
     conv_in = register_module("conv_in", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)));
     conv_down = register_module("conv_down", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3).stride(2).padding(1)));
     proj = register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 1)));
-    attn = register_module("attn", TinyAttn());
+    attn = register_module("attn", LoraTinyAttn());
     out = register_module("out", torch::nn::Linear(16, 4));
   }
   Tensor forward(const Tensor& x) {  // [B, 3, 8, 8] -> [B, 16, 4]
@@ -50,12 +50,12 @@ struct TinyImpl : torch::nn::Module {
     return dew::nn::dense(t, out);
   }
   torch::nn::Conv2d conv_in{nullptr}, conv_down{nullptr}, proj{nullptr};
-  TinyAttn attn{nullptr};
+  LoraTinyAttn attn{nullptr};
   torch::nn::Linear out{nullptr};
 };
-TORCH_MODULE(Tiny);
+TORCH_MODULE(LoraTiny);
 
-const std::map<std::string, Tensor>& golden() {
+const std::map<std::string, Tensor>& lora_golden() {
   static const auto g = dew::test::golden("lora/lora.safetensors");
   return g;
 }
@@ -63,10 +63,10 @@ const std::map<std::string, Tensor>& golden() {
 std::string golden_dir(const std::string& name) { return std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/" + name; }
 
 // The base model of the golden file in `dt`.
-Tiny base_model(at::ScalarType dt) {
-  Tiny m;
+LoraTiny base_model(at::ScalarType dt) {
+  LoraTiny m;
   torch::NoGradGuard no_grad;
-  for (auto& p : m->named_parameters()) p.value().copy_(golden().at("w." + p.key()));
+  for (auto& p : m->named_parameters()) p.value().copy_(lora_golden().at("w." + p.key()));
   m->to(dt);
   return m;
 }
@@ -77,11 +77,11 @@ LoraOptions case_options(const std::string& c) {
 }
 
 // The golden case's adapted model in `dt`: apply_lora with the case's config, then its adapter weights.
-Tiny case_model(const std::string& c, at::ScalarType dt) {
-  Tiny m = base_model(dt);
+LoraTiny case_model(const std::string& c, at::ScalarType dt) {
+  LoraTiny m = base_model(dt);
   dew::nn::apply_lora(*m, case_options(c));
   torch::NoGradGuard no_grad;
-  for (auto& [name, p] : dew::nn::lora_parameters(*m)) p.copy_(golden().at(c + "." + name));
+  for (auto& [name, p] : dew::nn::lora_parameters(*m)) p.copy_(lora_golden().at(c + "." + name));
   return m;
 }
 
@@ -104,7 +104,7 @@ TEST(Lora, TargetMatchingFollowsPeft) {
 }
 
 TEST(Lora, ApplyChoosesTheGoldenTargetsAndFreezesTheBase) {
-  Tiny m = base_model(at::kFloat);
+  LoraTiny m = base_model(at::kFloat);
   const auto r = dew::nn::apply_lora(*m, case_options("list"));
   EXPECT_EQ(r.targets, (std::vector<std::string>{"conv_in", "proj", "attn.q_proj", "attn.v_proj", "out"}));
   int64_t trainable = 0;
@@ -124,10 +124,10 @@ TEST(Lora, ApplyChoosesTheGoldenTargetsAndFreezesTheBase) {
 // ---- against peft ----
 
 void check_case(const std::string& c) {
-  const auto& g = golden();
+  const auto& g = lora_golden();
   const Tensor x = g.at("x"), cot = g.at("g");
-  std::map<at::ScalarType, Tiny> models{{at::kFloat, case_model(c, at::kFloat)},
-                                        {at::kDouble, case_model(c, at::kDouble)}};
+  std::map<at::ScalarType, LoraTiny> models{{at::kFloat, case_model(c, at::kFloat)},
+                                            {at::kDouble, case_model(c, at::kDouble)}};
   for (auto& [dt, m] : models) {
     const Tensor y = m->forward(x.to(dt));
     (y * cot.to(dt)).sum().backward();
@@ -145,7 +145,7 @@ void check_case(const std::string& c) {
       }
   }
   // Merge: the weights peft's merge_adapter gives, the same output; unmerge: the base weights again.
-  Tiny& m64 = models.at(at::kDouble);
+  LoraTiny& m64 = models.at(at::kDouble);
   torch::NoGradGuard no_grad;
   std::map<std::string, Tensor> before;
   for (const auto& p : m64->named_parameters()) before[p.key()] = p.value().clone();
@@ -168,11 +168,11 @@ TEST(Lora, ListTargetsMatchPeftForwardGradientsAndMerge) { check_case("list"); }
 TEST(Lora, RegexTargetsWithRsLoraMatchPeft) { check_case("regex"); }
 
 TEST(Lora, DisabledAdapterGivesTheBaseOutput) {
-  Tiny m = case_model("list", at::kDouble);
+  LoraTiny m = case_model("list", at::kDouble);
   for (const auto& item : m->named_modules())
     if (auto* s = dew::nn::lora_state(*item.value())) s->enabled = false;
   torch::NoGradGuard no_grad;
-  expect_close_f64("base y", m->forward(golden().at("x").to(at::kDouble)), golden().at("list.base_y_f64"));
+  expect_close_f64("base y", m->forward(lora_golden().at("x").to(at::kDouble)), lora_golden().at("list.base_y_f64"));
 }
 
 // ---- initialisation ----
@@ -229,8 +229,8 @@ TEST(Lora, BadInputIsRefusedNamingTheValue) {
   const std::string kind = err(LoraOptions().target_modules({"attn"}));
   EXPECT_NE(kind.find("only Linear and Conv2d"), std::string::npos) << kind;
   EXPECT_NE(err(LoraOptions()).find("both are empty"), std::string::npos);
-  Tiny m = base_model(at::kFloat);
-  dew::nn::apply_lora(*m, LoraOptions().target_modules({"out"}));
+  LoraTiny m = base_model(at::kFloat);
+  dew::nn::apply_lora(*m, LoraOptions().rank(2).target_modules({"out"}));
   EXPECT_NE(error_of([&] { dew::nn::attach_lora(m->out, LoraOptions().rank(2), "out"); }).find("already holds"),
             std::string::npos);
 }
@@ -238,29 +238,30 @@ TEST(Lora, BadInputIsRefusedNamingTheValue) {
 // ---- files ----
 
 TEST(Lora, ReadsTheFolderPeftSavePretrainedWrote) {
-  Tiny m = base_model(at::kFloat);
+  LoraTiny m = base_model(at::kFloat);
   const auto c = dew::nn::load_peft_adapter(*m, golden_dir("peft_adapter"));
   EXPECT_EQ(c.lora.rank(), 4);
   EXPECT_DOUBLE_EQ(c.lora.alpha(), 8);
   for (const auto& [name, p] : dew::nn::lora_parameters(*m))
-    EXPECT_TRUE(torch::equal(p, golden().at("list." + name))) << name;
+    EXPECT_TRUE(torch::equal(p, lora_golden().at("list." + name))) << name;
   torch::NoGradGuard no_grad;
-  expect_golden("peft folder y", m->forward(golden().at("x")), golden().at("list.y_f32"), golden().at("list.y_f64"));
+  expect_golden("peft folder y", m->forward(lora_golden().at("x")), lora_golden().at("list.y_f32"),
+                lora_golden().at("list.y_f64"));
 }
 
 TEST(Lora, PeftAndDiffusersFilesRoundTrip) {
   dew::test::TempDir dir("lora_files");
   for (const std::string c : {"list", "regex"}) {
-    Tiny src = case_model(c, at::kFloat);
+    LoraTiny src = case_model(c, at::kFloat);
     dew::nn::save_peft_adapter(dir.file("peft_" + c), *src, case_options(c), "tiny-base");
     dew::nn::save_diffusers_lora(dir.file(c + ".safetensors"), *src, case_options(c));
-    Tiny a = base_model(at::kFloat), b = base_model(at::kFloat);
+    LoraTiny a = base_model(at::kFloat), b = base_model(at::kFloat);
     const auto cfg = dew::nn::load_peft_adapter(*a, dir.file("peft_" + c));
     EXPECT_EQ(cfg.base_model_name_or_path, "tiny-base");
     const auto r = dew::nn::load_diffusers_lora(*b, dir.file(c + ".safetensors"));
     EXPECT_EQ(r.targets.size(), dew::nn::apply_lora(*base_model(at::kFloat), case_options(c)).targets.size());
     torch::NoGradGuard no_grad;
-    const Tensor x = golden().at("x"), want = src->forward(x);
+    const Tensor x = lora_golden().at("x"), want = src->forward(x);
     EXPECT_TRUE(torch::equal(a->forward(x), want)) << c;
     EXPECT_TRUE(torch::equal(b->forward(x), want)) << c;  // the scale (rsLoRA too) travels in the metadata
   }
@@ -272,7 +273,7 @@ TEST(Lora, PeftAndDiffusersFilesRoundTrip) {
   auto other = std::make_shared<OtherImpl>();
   const std::string e = error_of([&] { dew::nn::load_diffusers_lora(*other, dir.file("list.safetensors")); });
   EXPECT_NE(e.find("which the model does not have"), std::string::npos) << e;
-  Tiny src = base_model(at::kFloat);
+  LoraTiny src = base_model(at::kFloat);
   dew::nn::apply_lora(*src, LoraOptions().rank(4).target_modules({"out"}));
   dew::nn::save_diffusers_lora(dir.file("out_only.safetensors"), *src, LoraOptions().rank(4).target_modules({"out"}));
   const std::string shape =
@@ -288,29 +289,29 @@ TEST(Lora, PeftAndDiffusersFilesRoundTrip) {
 
 TEST(Lora, ReadsTheKohyaFileDiffusersConverted) {
   // diffusers' convert_state_dict_to_kohya writes alpha = rank: scale 1.
-  Tiny m = base_model(at::kFloat);
+  LoraTiny m = base_model(at::kFloat);
   const auto r = dew::nn::load_kohya_lora(*m, golden_dir("kohya_from_diffusers.safetensors"));
   EXPECT_EQ(r.targets.size(), 5u);
   for (const auto& [name, p] : dew::nn::lora_parameters(*m))
-    EXPECT_TRUE(torch::equal(p, golden().at("list." + name))) << name;
-  Tiny want = case_model("list", at::kFloat);
+    EXPECT_TRUE(torch::equal(p, lora_golden().at("list." + name))) << name;
+  LoraTiny want = case_model("list", at::kFloat);
   for (const auto& item : want->named_modules())
     if (auto* s = dew::nn::lora_state(*item.value())) s->scale = 1.0;
   torch::NoGradGuard no_grad;
-  EXPECT_TRUE(torch::equal(m->forward(golden().at("x")), want->forward(golden().at("x"))));
+  EXPECT_TRUE(torch::equal(m->forward(lora_golden().at("x")), want->forward(lora_golden().at("x"))));
 }
 
 TEST(Lora, KohyaFileRoundTripsTheScale) {
   dew::test::TempDir dir("lora_kohya");
-  Tiny src = case_model("regex", at::kFloat);  // rsLoRA: scale 3 / sqrt(2), written as alpha = scale * rank
+  LoraTiny src = case_model("regex", at::kFloat);  // rsLoRA: scale 3 / sqrt(2), written as alpha = scale * rank
   dew::nn::save_kohya_lora(dir.file("k.safetensors"), *src);
   const auto keys = dew::io::load_safetensors(dir.file("k.safetensors"));
   EXPECT_EQ(keys.count("lora_unet_attn_v_proj.lora_down.weight"), 1u);
   EXPECT_EQ(keys.count("lora_unet_conv_down.alpha"), 1u);
-  Tiny dst = base_model(at::kFloat);
+  LoraTiny dst = base_model(at::kFloat);
   dew::nn::load_kohya_lora(*dst, dir.file("k.safetensors"));
   torch::NoGradGuard no_grad;
-  const Tensor x = golden().at("x");
+  const Tensor x = lora_golden().at("x");
   EXPECT_LE(dew::test::max_diff(dst->forward(x), src->forward(x)), 1e-5);
   const std::string e = error_of([&] {
     struct OtherImpl : torch::nn::Module {
