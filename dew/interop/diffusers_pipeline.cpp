@@ -1,5 +1,7 @@
 #include "dew/interop/diffusers_pipeline.h"
 
+#include "dew/interop/pipeline_folder.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -19,9 +21,9 @@ namespace dew::interop {
 
 using at::Tensor;
 
-namespace {
+namespace detail {
 
-json read_json(const fs::path& path) {
+json read_pipeline_json(const fs::path& path) {
   DEW_CHECK(fs::is_regular_file(path), path.string(), ": missing");
   std::ifstream in(path);
   try {
@@ -31,8 +33,7 @@ json read_json(const fs::path& path) {
   }
 }
 
-// model_index.json's entry for a component: ["library", "Class"], or null when the pipeline has none.
-std::string component_class(const json& index, const std::string& name, const fs::path& file) {
+std::string index_component(const json& index, const std::string& name, const fs::path& file) {
   DEW_CHECK(index.contains(name), file.string(), ": no \"", name, "\" component");
   const json& e = index[name];
   if (e.is_null()) return "";
@@ -40,23 +41,22 @@ std::string component_class(const json& index, const std::string& name, const fs
   return e[1].is_null() ? "" : e[1].get<std::string>();
 }
 
-void expect_class(const json& index, const std::string& name, const std::vector<std::string>& accepted,
-                  const fs::path& file) {
-  const std::string c = component_class(index, name, file);
+std::string expect_component(const json& index, const std::string& name, const std::vector<std::string>& accepted,
+                             const fs::path& file) {
+  const std::string c = index_component(index, name, file);
   std::string list;
   for (const auto& a : accepted) {
-    if (c == a) return;
-    list += (list.empty() ? "" : ", ") + a;
+    if (c == a) return c;
+    list += (list.empty() ? "" : ", ") + (a.empty() ? std::string("null") : a);
   }
   fail(file.string(), ": ", name, " is \"", c, "\"; accepted: ", list);
 }
 
-// A transformers CLIP text tower folder + its tokenizer folder.
-nn::ClipText load_text_encoder(const fs::path& folder, const fs::path& tokenizer, bool projection) {
-  const json config = read_json(folder / "config.json");
+nn::ClipText load_clip_component(const fs::path& folder, const fs::path& tokenizer, bool projection) {
+  const json config = read_pipeline_json(folder / "config.json");
   nn::ClipTextOptions o = nn::clip_text_options_from_hf(config);
   DEW_CHECK(!projection || o.projection_dim() > 0, (folder / "config.json").string(),
-            ": SDXL's text_encoder_2 must be a CLIPTextModelWithProjection (architectures)");
+            ": expected a CLIPTextModelWithProjection (a text_projection, projection_dim > 0)");
   DEW_CHECK(fs::is_directory(tokenizer), tokenizer.string(), ": missing (the CLIP tokenizer folder)");
   o.weights(folder.string()).tokenizer(tokenizer.string());
   nn::ClipText encoder(o);
@@ -64,13 +64,18 @@ nn::ClipText load_text_encoder(const fs::path& folder, const fs::path& tokenizer
   return encoder;
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::expect_component;
+using detail::index_component;
+using detail::load_clip_component;
+using detail::read_pipeline_json;
 
 TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
   const fs::path root(dir);
   DEW_CHECK(fs::is_directory(root), dir, ": not a folder (expected a diffusers pipeline folder with model_index.json)");
   const fs::path index_file = root / "model_index.json";
-  const json index = read_json(index_file);
+  const json index = read_pipeline_json(index_file);
   TextToImagePipeline p;
   p.dir_ = dir;
   DEW_CHECK(index.contains("_class_name") && index["_class_name"].is_string(), index_file.string(),
@@ -79,16 +84,16 @@ TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
   DEW_CHECK(p.class_name_ == "StableDiffusionPipeline" || p.class_name_ == "StableDiffusionXLPipeline",
             index_file.string(), ": pipeline class \"", p.class_name_,
             "\" is not supported (accepted: StableDiffusionPipeline, StableDiffusionXLPipeline)");
-  expect_class(index, "unet", {"UNet2DConditionModel"}, index_file);
-  expect_class(index, "vae", {"AutoencoderKL"}, index_file);
-  expect_class(index, "text_encoder", {"CLIPTextModel"}, index_file);
-  expect_class(index, "tokenizer", {"CLIPTokenizer", "CLIPTokenizerFast"}, index_file);
+  expect_component(index, "unet", {"UNet2DConditionModel"}, index_file);
+  expect_component(index, "vae", {"AutoencoderKL"}, index_file);
+  expect_component(index, "text_encoder", {"CLIPTextModel"}, index_file);
+  expect_component(index, "tokenizer", {"CLIPTokenizer", "CLIPTokenizerFast"}, index_file);
   if (p.sdxl()) {
-    expect_class(index, "text_encoder_2", {"CLIPTextModelWithProjection"}, index_file);
-    expect_class(index, "tokenizer_2", {"CLIPTokenizer", "CLIPTokenizerFast"}, index_file);
+    expect_component(index, "text_encoder_2", {"CLIPTextModelWithProjection"}, index_file);
+    expect_component(index, "tokenizer_2", {"CLIPTokenizer", "CLIPTokenizerFast"}, index_file);
     p.force_zeros_for_empty_prompt_ = index.value("force_zeros_for_empty_prompt", true);
   }
-  const std::string scheduler_class = component_class(index, "scheduler", index_file);
+  const std::string scheduler_class = index_component(index, "scheduler", index_file);
   const auto& accepted = sampling::scheduler_classes();
   DEW_CHECK(std::find(accepted.begin(), accepted.end(), scheduler_class) != accepted.end(), index_file.string(),
             ": scheduler \"", scheduler_class, "\" is not supported");
@@ -100,14 +105,14 @@ TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
   p.scheduler_config_ = sampling::read_scheduler_config(scheduler_file.string());
   p.unet_ = load_diffusers_folder((root / "unet").string());
   p.vae_ = load_diffusers_folder((root / "vae").string());
-  p.text_encoder_ = load_text_encoder(root / "text_encoder", root / "tokenizer", false);
-  if (p.sdxl()) p.text_encoder_2_ = load_text_encoder(root / "text_encoder_2", root / "tokenizer_2", true);
+  p.text_encoder_ = load_clip_component(root / "text_encoder", root / "tokenizer", false);
+  if (p.sdxl()) p.text_encoder_2_ = load_clip_component(root / "text_encoder_2", root / "tokenizer_2", true);
 
   // The components must fit each other.
   const auto u = from_json<nn::UNet2DConditionOptions>(p.unet_.fields);
   const auto v = from_json<nn::AutoencoderKLOptions>(p.vae_.fields);
   p.vae_scale_factor_ = int64_t{1} << (v.block_out_channels().size() - 1);
-  const json unet_config = read_json(root / "unet" / "config.json");
+  const json unet_config = read_pipeline_json(root / "unet" / "config.json");
   p.default_size_ = unet_config.value("sample_size", int64_t(64)) * p.vae_scale_factor_;
   DEW_CHECK(u.in_channels() == v.latent_channels() && u.output_channels() == v.latent_channels(), dir,
             ": the unet takes ", u.in_channels(), " and predicts ", u.output_channels(),

@@ -1,5 +1,7 @@
 #include "dew/interop/flow_pipeline.h"
 
+#include "dew/interop/pipeline_folder.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -23,48 +25,9 @@ using at::Tensor;
 
 namespace {
 
-json read_pipeline_json(const fs::path& path) {
-  DEW_CHECK(fs::is_regular_file(path), path.string(), ": missing");
-  std::ifstream in(path);
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail(path.string(), ": not valid JSON (", e.what(), ")");
-  }
-}
-
-// model_index.json's entry for a component: ["library", "Class"]; "" when the pipeline has none (null).
-std::string index_component(const json& index, const std::string& name, const fs::path& file) {
-  DEW_CHECK(index.contains(name), file.string(), ": no \"", name, "\" component");
-  const json& e = index[name];
-  if (e.is_null()) return "";
-  DEW_CHECK(e.is_array() && e.size() == 2, file.string(), ": \"", name, "\" must be [library, class], got ", e.dump());
-  return e[1].is_null() ? "" : e[1].get<std::string>();
-}
-
-// The component's class, which must be one of `accepted` ("" in accepted: the component may be null).
-std::string expect_component(const json& index, const std::string& name, const std::vector<std::string>& accepted,
-                             const fs::path& file) {
-  const std::string c = index_component(index, name, file);
-  std::string list;
-  for (const auto& a : accepted) {
-    if (c == a) return c;
-    list += (list.empty() ? "" : ", ") + (a.empty() ? std::string("null") : a);
-  }
-  fail(file.string(), ": ", name, " is \"", c, "\"; accepted: ", list);
-}
-
-nn::ClipText load_clip(const fs::path& folder, const fs::path& tokenizer, bool projection) {
-  const json config = read_pipeline_json(folder / "config.json");
-  nn::ClipTextOptions o = nn::clip_text_options_from_hf(config);
-  DEW_CHECK(!projection || o.projection_dim() > 0, (folder / "config.json").string(),
-            ": expected a CLIPTextModelWithProjection (a text_projection, projection_dim > 0)");
-  DEW_CHECK(fs::is_directory(tokenizer), tokenizer.string(), ": missing (the CLIP tokenizer folder)");
-  o.weights(folder.string()).tokenizer(tokenizer.string());
-  nn::ClipText encoder(o);
-  encoder->eval();
-  return encoder;
-}
+using detail::expect_component;
+using detail::index_component;
+using detail::read_pipeline_json;
 
 nn::T5Encoder load_t5(const fs::path& folder, const fs::path& tokenizer) {
   const json config = read_pipeline_json(folder / "config.json");
@@ -148,11 +111,11 @@ FlowPipeline FlowPipeline::load(const std::string& dir) {
 
   p.transformer_ = load_diffusers_folder((root / "transformer").string());
   p.vae_ = load_diffusers_folder((root / "vae").string());
-  p.clip_ = load_clip(root / "text_encoder", root / "tokenizer", !p.flux());
+  p.clip_ = detail::load_clip_component(root / "text_encoder", root / "tokenizer", !p.flux());
   if (p.flux()) {
     p.t5_ = load_t5(root / "text_encoder_2", root / "tokenizer_2");
   } else {
-    p.clip_2_ = load_clip(root / "text_encoder_2", root / "tokenizer_2", true);
+    p.clip_2_ = detail::load_clip_component(root / "text_encoder_2", root / "tokenizer_2", true);
     if (has_t5) p.t5_ = load_t5(root / "text_encoder_3", root / "tokenizer_3");
   }
 

@@ -1,0 +1,26 @@
+// Reading a diffusers pipeline folder's pieces, shared by the UNet pipelines (diffusers_pipeline.cpp) and the
+// flow pipelines (flow_pipeline.cpp): model_index.json's components and a CLIP text tower with its tokenizer.
+#pragma once
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dew/core/options.h"
+#include "dew/nn/clip_text.h"
+
+namespace dew::interop::detail {
+
+/// A JSON file of the folder; a missing or malformed one is a dew::Error naming it.
+json read_pipeline_json(const std::filesystem::path& path);
+/// model_index.json's entry for a component (["library", "Class"]): the class, "" when the entry is null.
+std::string index_component(const json& index, const std::string& name, const std::filesystem::path& file);
+/// The component's class, which must be one of `accepted` ("" in accepted: the component may be null);
+/// otherwise a dew::Error naming the file, the component and the accepted classes.
+std::string expect_component(const json& index, const std::string& name, const std::vector<std::string>& accepted,
+                             const std::filesystem::path& file);
+/// A transformers CLIP text tower folder and its tokenizer folder, in eval mode; `projection`: it must be a
+/// CLIPTextModelWithProjection.
+nn::ClipText load_clip_component(const std::filesystem::path& folder, const std::filesystem::path& tokenizer,
+                                 bool projection);
+
+}  // namespace dew::interop::detail
