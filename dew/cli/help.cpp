@@ -50,6 +50,8 @@ const char* sample_usage() {
          "  --steps (30; SD3 / Flux 28), --guidance (7.5; SDXL 5, SD3 7, Flux dev 3.5; schnell takes none),\n"
          "  --seed 0, --size HxW, --count 1, --nrow 4, --eta 0 (DDIM)\n"
          "  --max-sequence-length N   T5 tokens (SD3 256, Flux 512)\n"
+         "  --weights-dtype float32|bfloat16|float16   matrix weights held in that dtype, matmuls and\n"
+         "                       convolutions computed in it (float32 accumulation), the rest in float32\n"
          "  --scheduler CLASS    another diffusers scheduler class on the folder's config (SD / SDXL)\n"
          "  --latents F          start from the tensor \"latents\" of a safetensors file; --threads N\n";
 }

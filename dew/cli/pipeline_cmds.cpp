@@ -12,20 +12,27 @@
 #include "dew/interop/flow_pipeline.h"
 #include "dew/io/image.h"
 #include "dew/io/safetensors.h"
+#include "dew/nn/blocks.h"
 
 namespace fs = std::filesystem;
 
 namespace dew::cli {
 
 int cmd_sample_pipeline(const std::vector<std::string>& args) {
-  auto f = parse_flags(
-      args, {"pipeline", "prompt", "negative-prompt", "prompt-2", "negative-prompt-2", "steps", "guidance", "seed",
-             "size", "count", "scheduler", "eta", "latents", "threads", "out", "nrow", "max-sequence-length"});
+  auto f = parse_flags(args, {"pipeline", "prompt", "negative-prompt", "prompt-2", "negative-prompt-2", "steps",
+                              "guidance", "seed", "size", "count", "scheduler", "eta", "latents", "threads", "out",
+                              "nrow", "max-sequence-length", "weights-dtype"});
   DEW_CHECK(f.positional.empty(), "sample --pipeline: unexpected argument \"",
             f.positional.empty() ? "" : f.positional[0], "\" (the folder goes after --pipeline)");
   DEW_CHECK(f.has("prompt"), "sample --pipeline: --prompt TEXT is required");
   DEW_CHECK(f.has("out"), "sample --pipeline: --out FILE.png is required");
   const std::string out = f.get("out", "");
+  const at::ScalarType weights_dtype = nn::parse_compute_dtype(f.get("weights-dtype", "float32"), "--weights-dtype");
+  auto hold_weights = [&](auto& pipe) {
+    if (weights_dtype == at::kFloat) return;
+    const int64_t bytes = pipe.hold_weights_in(weights_dtype);
+    std::cout << "weights held in " << f.get("weights-dtype", "") << ": " << (bytes >> 20) << " MiB\n";
+  };
   DEW_CHECK(fs::path(out).extension() == ".png", "--out: expected a .png file, got \"", out, "\"");
 
   interop::PipelineRequest r;
@@ -73,6 +80,7 @@ int cmd_sample_pipeline(const std::vector<std::string>& args) {
     DEW_CHECK(!f.has("scheduler"), "--scheduler: SD3 and Flux folders run their FlowMatchEulerDiscreteScheduler");
     DEW_CHECK(r.eta == 0.0, "--eta: only DDIMScheduler takes eta");
     auto pipe = interop::FlowPipeline::load(dir);
+    hold_weights(pipe);
     if (!f.has("steps")) r.steps = 28;
     // FLUX.1 schnell has no guidance embedding: guidance 0 (unused), as its model card runs it
     r.guidance = f.get_double("guidance", pipe.flux() && !pipe.guidance_embeds() ? 0.0 : pipe.default_guidance());
@@ -90,6 +98,7 @@ int cmd_sample_pipeline(const std::vector<std::string>& args) {
   DEW_CHECK(!f.has("max-sequence-length"), "--max-sequence-length: only SD3 and Flux folders take it (T5)");
   set_threads(f.get_int("threads", 0), workload_of("unet_2d_condition"));
   auto pipe = interop::TextToImagePipeline::load(dir);
+  hold_weights(pipe);
   r.guidance = f.get_double("guidance", pipe.sdxl() ? 5.0 : 7.5);
   if (f.has("scheduler")) {
     json cfg = pipe.scheduler_config();

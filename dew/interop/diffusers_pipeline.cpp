@@ -1,6 +1,7 @@
 #include "dew/interop/diffusers_pipeline.h"
 
 #include "dew/interop/pipeline_folder.h"
+#include "dew/nn/weights_dtype.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -167,6 +168,7 @@ void TextToImagePipeline::check(const PipelineRequest& r) const {
 PromptEmbeddings TextToImagePipeline::encode(const PipelineRequest& r) {
   check(r);
   torch::NoGradGuard no_grad;
+  nn::InferenceAutocast autocast(weights_dtype_);
   const std::vector<std::string> pos(size_t(r.count), r.prompt), neg(size_t(r.count), r.negative_prompt);
   PromptEmbeddings e;
   if (!sdxl()) {
@@ -199,9 +201,20 @@ PromptEmbeddings TextToImagePipeline::encode(const PipelineRequest& r) {
 
 PipelineResult TextToImagePipeline::run(const PipelineRequest& r) { return run(r, encode(r)); }
 
+int64_t TextToImagePipeline::hold_weights_in(at::ScalarType dtype) {
+  weights_dtype_ = dtype;
+  int64_t bytes = 0;
+  bytes += nn::hold_weights_in(*unet_.module, dtype);
+  bytes += nn::hold_weights_in(*vae_.module, dtype);
+  if (text_encoder_) bytes += nn::hold_weights_in(*text_encoder_, dtype);
+  if (text_encoder_2_) bytes += nn::hold_weights_in(*text_encoder_2_, dtype);
+  return bytes;
+}
+
 PipelineResult TextToImagePipeline::run(const PipelineRequest& r, const PromptEmbeddings& e) {
   check(r);
   torch::NoGradGuard no_grad;
+  nn::InferenceAutocast autocast(weights_dtype_);
   const auto u = from_json<nn::UNet2DConditionOptions>(unet_.fields);
   const int64_t h = r.height > 0 ? r.height : default_size_, w = r.width > 0 ? r.width : default_size_;
   const std::vector<int64_t> shape{r.count, u.in_channels(), h / vae_scale_factor_, w / vae_scale_factor_};

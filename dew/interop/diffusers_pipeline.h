@@ -78,6 +78,9 @@ class TextToImagePipeline {
   /// Refuses a bad request before any work (steps < 1, count < 1, sizes not multiples of the VAE's
   /// factor, latents of the wrong shape).
   void check(const PipelineRequest& request) const;
+  /// `--weights-dtype`: every component's matrix weights held in `dtype` (nn::hold_weights_in); encode and
+  /// run then compute under nn::InferenceAutocast(dtype). Returns the bytes the components' parameters hold.
+  int64_t hold_weights_in(at::ScalarType dtype);
   /// Runs the request with the embeddings of encode().
   PipelineResult run(const PipelineRequest& request);
   /// The same with given embeddings (the golden tests feed the reference's own).
@@ -87,6 +90,7 @@ class TextToImagePipeline {
   std::string dir_, class_name_;
   DiffusersModel unet_, vae_;
   nn::ClipText text_encoder_{nullptr}, text_encoder_2_{nullptr};
+  at::ScalarType weights_dtype_ = at::kFloat;
   sampling::SchedulerPtr scheduler_;
   json scheduler_config_;
   int64_t default_size_ = 512, vae_scale_factor_ = 8;

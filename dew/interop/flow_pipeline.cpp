@@ -1,6 +1,7 @@
 #include "dew/interop/flow_pipeline.h"
 
 #include "dew/interop/pipeline_folder.h"
+#include "dew/nn/weights_dtype.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -213,6 +214,7 @@ PromptEmbeddings FlowPipeline::encode(const PipelineRequest& r, int64_t max_sequ
   check(r);
   DEW_CHECK(max_sequence_length >= 1, "--max-sequence-length: must be >= 1, got ", max_sequence_length);
   torch::NoGradGuard no_grad;
+  nn::InferenceAutocast autocast(weights_dtype_);
   PromptEmbeddings e;
   const auto B = size_t(r.count);
   auto t5_states = [&](const std::vector<std::string>& texts) {
@@ -244,6 +246,17 @@ PromptEmbeddings FlowPipeline::encode(const PipelineRequest& r, int64_t max_sequ
   return e;
 }
 
+int64_t FlowPipeline::hold_weights_in(at::ScalarType dtype) {
+  weights_dtype_ = dtype;
+  int64_t bytes = 0;
+  bytes += nn::hold_weights_in(*transformer_.module, dtype);
+  bytes += nn::hold_weights_in(*vae_.module, dtype);
+  if (clip_) bytes += nn::hold_weights_in(*clip_, dtype);
+  if (clip_2_) bytes += nn::hold_weights_in(*clip_2_, dtype);
+  if (t5_) bytes += nn::hold_weights_in(*t5_, dtype);
+  return bytes;
+}
+
 PipelineResult FlowPipeline::run(const PipelineRequest& r, int64_t max_sequence_length) {
   return run(r, encode(r, max_sequence_length));
 }
@@ -251,6 +264,7 @@ PipelineResult FlowPipeline::run(const PipelineRequest& r, int64_t max_sequence_
 PipelineResult FlowPipeline::run(const PipelineRequest& r, const PromptEmbeddings& e) {
   check(r);
   torch::NoGradGuard no_grad;
+  nn::InferenceAutocast autocast(weights_dtype_);
   const auto [h, w] = size_of(r);
   const int64_t lh = h / vae_scale_factor_, lw = w / vae_scale_factor_;
   const bool cfg = !flux() && r.guidance > 1.0;

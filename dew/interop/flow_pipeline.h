@@ -63,6 +63,9 @@ class FlowPipeline {
   /// factor x the patch size (Flux: x 2, its packing), latents of the wrong shape (Flux: packed
   /// [count, (h/2)(w/2), 4 C] as FluxPipeline draws them, or unpacked [count, C, h, w]).
   void check(const PipelineRequest& request) const;
+  /// `--weights-dtype`: every component's matrix weights held in `dtype` (nn::hold_weights_in); encode and
+  /// run then compute under nn::InferenceAutocast(dtype). Returns the bytes the components' parameters hold.
+  int64_t hold_weights_in(at::ScalarType dtype);
   PipelineResult run(const PipelineRequest& request, int64_t max_sequence_length);
   /// The same with given embeddings (the golden tests feed the reference's own).
   PipelineResult run(const PipelineRequest& request, const PromptEmbeddings& embeddings);
@@ -73,6 +76,7 @@ class FlowPipeline {
   DiffusersModel transformer_, vae_;
   nn::ClipText clip_{nullptr}, clip_2_{nullptr};
   nn::T5Encoder t5_{nullptr};
+  at::ScalarType weights_dtype_ = at::kFloat;
   std::unique_ptr<sampling::FlowMatchEulerScheduler> scheduler_;
   int64_t default_size_ = 1024, vae_scale_factor_ = 8, patch_ = 2, latent_channels_ = 16, context_features_ = 0;
   bool guidance_embeds_ = false;

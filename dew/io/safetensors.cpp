@@ -195,6 +195,17 @@ at::Tensor SafetensorsFile::tensor(const std::string& name, bool copy) const {
   return out;
 }
 
+void SafetensorsFile::release(const std::string& name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end() || !mapping_->data) return;
+  const TensorEntry& e = header_.tensors[it->second];
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(mapping_->data + header_.data_start + e.begin) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(mapping_->data + header_.data_start + e.end);
+  // Advice only: a failure leaves the pages resident, which is what happened before.
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 std::map<std::string, std::string> SafetensorsFile::metadata() const { return header_.metadata; }
 
 std::map<std::string, at::Tensor> load_safetensors(const std::string& path) {

@@ -51,6 +51,11 @@ class SafetensorsFile {
   /// An unknown name is a dew::Error listing available names.
   at::Tensor tensor(const std::string& name, bool copy = true) const;
 
+  /// Hands the pages holding `name`'s bytes back to the kernel once they have been copied elsewhere, so a
+  /// load through the mapping does not keep the whole file resident (the pages are read again if asked
+  /// for). In-place writes to a zero-copy view of `name` are lost: call it only when no such view is kept.
+  void release(const std::string& name) const;
+
   /// The "__metadata__" string map (empty when the file has none).
   std::map<std::string, std::string> metadata() const;
 

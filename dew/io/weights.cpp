@@ -145,6 +145,11 @@ at::Tensor WeightSource::tensor(const std::string& name) const {
   return e.file == Impl::kMemory ? impl_->tensors.at(name) : impl_->files[e.file].tensor(name, /*copy=*/false);
 }
 
+void WeightSource::release(const std::string& name) const {
+  const auto& e = impl_->entry(name);
+  if (e.file != Impl::kMemory) impl_->files[e.file].release(name);
+}
+
 // ---- key maps ----
 
 struct KeyMap::Rule {
@@ -331,6 +336,8 @@ LoadReport load_weights(torch::nn::Module& module, const WeightSource& source, c
     } else {
       dst.copy_(t);
     }
+    t = at::Tensor();  // the zero-copy view goes before its pages do
+    source.release(c.source_name);
     report.loaded.push_back(c.target.name);
   }
   std::sort(report.loaded.begin(), report.loaded.end());

@@ -41,6 +41,9 @@ class WeightSource {
   at::ScalarType dtype(const std::string& name) const;
   /// The tensor (a view of the mapping where its bytes are aligned, else a copy).
   at::Tensor tensor(const std::string& name) const;
+  /// After `tensor(name)` has been copied into a module: lets the file's pages go (SafetensorsFile::release),
+  /// so loading a folder keeps about one model resident, not the model plus the files. No-op in memory.
+  void release(const std::string& name) const;
 
  private:
   struct Impl;

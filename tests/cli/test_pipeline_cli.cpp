@@ -52,6 +52,7 @@ TEST(PipelineCli, BadInputExitsTwoWithOneLine) {
                                   "sample --pipeline " + kPipe + " --prompt cat --scheduler NoSuchScheduler" + out,
                                   "sample --pipeline " + kPipe + " --prompt cat --steps 0" + out,
                                   "sample --pipeline " + kPipe + " --prompt cat --out " + dir.file("x.jpg"),
+                                  "sample --pipeline " + kPipe + " --prompt cat --weights-dtype int8" + out,
                                   "sample --pipeline " + kPipe + out}) {
     SCOPED_TRACE(args);
     const auto r = run_dew(args);
@@ -99,4 +100,24 @@ TEST(PipelineCli, SD3AndFluxWriteDiffusersImageForTheSameLatents) {
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
   }
+}
+
+// --weights-dtype bfloat16 through the CLI: the bytes held are reported and the image stays within bf16's reach of
+// diffusers' float64 image (tests/interop/test_flow_pipeline.cpp holds it to diffusers' own bf16 error).
+TEST(PipelineCli, WeightsDtypeBFloat16) {
+  dew::test::TempDir dir("pipeline_cli_bf16");
+  const std::string folder = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd3/pipeline";
+  const auto io = dew::test::golden("sd3/pipeline/pipeline_io.safetensors");
+  const std::string latents = dir.file("latents.safetensors"), png = dir.file("out.png");
+  dew::io::save_safetensors(latents, {{"latents", io.at("latents")}});
+  const auto r = run_dew("sample --pipeline " + folder + " " + kPrompt +
+                         " --guidance 5 --steps 4 --size 16x16 --max-sequence-length 16 --weights-dtype bfloat16 "
+                         "--latents " +
+                         latents + " --out " + png);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("weights held in bfloat16"), std::string::npos) << r.output;
+  const at::Tensor ours = dew::io::load_image(png, 3).to(at::kDouble) / 255;
+  const double rms = (ours - io.at("image_f64")[0]).pow(2).mean().sqrt().item<double>();
+  std::printf("  sd3 --weights-dtype bfloat16: image rms against diffusers' float64 %.4f\n", rms);
+  EXPECT_LT(rms, 0.06);  // diffusers' own bf16 pipeline: 0.028 (tests/golden/pipeline_bf16_reference.py)
 }

@@ -76,6 +76,23 @@ TEST(FlowPipeline, SD3MatchesDiffusers) {
   expect_golden("sd3 image", res.images, io.at("image_f32"), io.at("image_f64"));
 }
 
+// --weights-dtype bfloat16 against diffusers' own bf16 pipeline (tests/golden/pipeline_bf16_reference.py:
+// from_pretrained(torch_dtype=bfloat16)): the matrix weights held in bf16, about half the bytes, and dew's error
+// against the float64 pipeline at most twice diffusers' bf16 error.
+TEST(FlowPipeline, BFloat16WeightsAgainstDiffusersBFloat16) {
+  for (bool flux : {false, true}) {
+    const std::string dir = flux ? kFlux : kSD3, tag = flux ? "flux bf16 " : "sd3 bf16 ";
+    const auto io = flow_io(dir), bf16 = dew::io::load_safetensors(dir + "/pipeline_bf16.safetensors");
+    auto pipe = dew::interop::FlowPipeline::load(dir);
+    const int64_t f32_bytes = pipe.hold_weights_in(at::kFloat), bytes = pipe.hold_weights_in(at::kBFloat16);
+    std::printf("  %sweights: %lld bytes (float32 %lld)\n", tag.c_str(), (long long)bytes, (long long)f32_bytes);
+    EXPECT_LT(double(bytes), 0.6 * double(f32_bytes));
+    const auto res = pipe.run(flow_request(io, flux), kMaxSeq);
+    expect_golden(tag + "final latents", res.latents, bf16.at("final_latents_bf16"), io.at("final_latents_f64"));
+    expect_golden(tag + "image", res.images, bf16.at("image_bf16"), io.at("image_f64"));
+  }
+}
+
 TEST(FlowPipeline, FluxSchnellTokensAndPromptEmbeddingsMatchDiffusers) {
   auto io = flow_io(kFlux);
   auto pipe = dew::interop::FlowPipeline::load(kFlux);

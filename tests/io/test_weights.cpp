@@ -156,3 +156,62 @@ TEST(Weights, ShardedIndexFoldersAndKeptDtypes) {
       error_of([&] { io::WeightSource::open(empty.path.string()); }).find("holds none of model.safetensors.index.json"),
       std::string::npos);
 }
+
+namespace weights_rss {
+
+// This process's resident set and its high-water mark, in bytes (/proc/self/status).
+int64_t status_kb(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  return -1;
+}
+
+// Resets VmHWM to the current RSS (Linux >= 4.0); false where the kernel refuses.
+bool reset_peak() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return out.good();
+}
+
+struct Big : torch::nn::Module {
+  explicit Big(int n) {
+    for (int i = 0; i < n; ++i) register_parameter("w" + std::to_string(i), at::zeros({1024, 1024}));
+  }
+};
+
+}  // namespace weights_rss
+
+// issue 39 item 5: loading a sharded folder through the memory map keeps about one model resident, not
+// the model plus the mapped files: each tensor's file pages are let go once copied. 256 MiB in 4 shards.
+TEST(Weights, LoadingAShardedFolderPeaksNearTheResidentWeights) {
+  using namespace weights_rss;
+  dew::test::TempDir dir("weights_rss");
+  constexpr int kTensors = 64, kShards = 4;
+  json weight_map = json::object();
+  {
+    std::vector<std::map<std::string, at::Tensor>> shards(kShards);
+    for (int i = 0; i < kTensors; ++i) {
+      const std::string name = "w" + std::to_string(i), file = "shard-" + std::to_string(i % kShards) + ".safetensors";
+      shards[i % kShards][name] = at::full({1024, 1024}, float(i) + 0.5f);
+      weight_map[name] = file;
+    }
+    for (int s = 0; s < kShards; ++s)
+      io::save_safetensors(dir.file("shard-" + std::to_string(s) + ".safetensors"), shards[s]);
+  }
+  std::ofstream(dir.file("model.safetensors.index.json")) << json{{"weight_map", weight_map}}.dump();
+  Big m(kTensors);  // resident: zeros are written
+  const double weights = double(kTensors) * 1024 * 1024 * sizeof(float);
+  if (!reset_peak()) GTEST_SKIP() << "/proc/self/clear_refs cannot reset the peak RSS on this kernel";
+  const int64_t start = status_kb("VmRSS");
+  io::load_weights(m, io::WeightSource::open(dir.path.string()));
+  // Peak RSS during the load over the resident weights: 1 + what the load added at its worst.
+  const double ratio = 1.0 + double(status_kb("VmHWM") - start) / weights;
+  std::printf("peak RSS while loading %.0f MiB of weights from %d shards: %.3fx the weights\n", weights / (1 << 20),
+              kShards, ratio);
+  EXPECT_LE(ratio, 1.1);
+  for (int i : {0, 37, 63})
+    EXPECT_EQ(m.named_parameters()["w" + std::to_string(i)][5][7].item<float>(), float(i) + 0.5f) << i;
+}
