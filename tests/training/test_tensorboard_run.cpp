@@ -1,0 +1,168 @@
+// Every run's TensorBoard files, read by the installed TensorBoard (tests/training/tb_read.py, its
+// EventAccumulator): a tiny diffusion run is killed with SIGKILL mid-training and resumed; then every
+// numeric field of every metrics.jsonl line is one TensorBoard scalar at its step (equal in float32), no
+// (tag, step) is there twice or missing, the sample grid of the final validation is an image of the PNG's
+// size, and the recipe is a text at each start's step. A DEW_PYTHON without tensorboard fails the test
+// (scripts/setup installs it). --tensorboard off writes no files.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "dew/io/files.h"
+#include "dew/io/tensorboard.h"
+#include "dew/training/checkpoint.h"
+#include "tests/test_util.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace tb_run_test {
+
+const std::string kTrain =
+    "train diffusion --data '{\"name\":\"gaussian_blobs\",\"count\":64,\"size\":8,\"classes\":3}'"
+    " --model.architecture simple_dit"
+    " --model.fields '{\"patch_size\":2,\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"
+    " --loader.batch_size 8 --trainer.log_every 1 --trainer.val_every 0 --trainer.time_limit_minutes 0"
+    " --objective.steps 2 --objective.preview_per_class 1 --trainer.checkpoint_every 2";
+
+// Starts `dew ARGS` with its output in `log`; the PID is dew's own (the shell execs it).
+pid_t spawn(const std::string& args, const std::string& log) {
+  const std::string cmd = "exec " + std::string(DEW_BINARY) + " " + args + " >" + log + " 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  return pid;
+}
+
+// Waits (bounded) until metrics.jsonl holds `lines` lines.
+bool wait_for_lines(const std::string& run, pid_t pid, size_t lines) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return false;
+    if (dew::test::count_lines(dew::test::read_bytes(run + "/metrics.jsonl")) >= lines) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// What TensorBoard reads from RUN/tensorboard (tb_read.py's JSON), or a failure with the script's output.
+nlohmann::json read_with_tensorboard(const std::string& dir, std::string& output) {
+  const std::string cmd =
+      std::string(DEW_PYTHON) + " " + DEW_SOURCE_DIR + "/tests/training/tb_read.py " + dir + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return nullptr;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), p)) output += buf.data();
+  const int status = pclose(p);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return nullptr;
+  const size_t last = output.rfind("\n{");
+  try {
+    return nlohmann::json::parse(last == std::string::npos ? output : output.substr(last + 1));
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+}  // namespace tb_run_test
+
+TEST(TensorBoardRun, AKilledAndResumedRunsEventsEqualMetricsJsonlInTensorBoardsReader) {
+  dew::test::TempDir tmp("tensorboard_run");
+  const std::string run = tmp.file("run");
+  const std::string cmd = tb_run_test::kTrain + " --run " + run;
+  const pid_t pid = tb_run_test::spawn(cmd + " --trainer.steps 1000000", tmp.file("first.log"));
+  const bool trained = tb_run_test::wait_for_lines(run, pid, 5);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(trained) << dew::test::read_bytes(tmp.file("first.log"));
+  const auto steps = dew::training::list_checkpoints(run);
+  const int64_t resumed_from = steps.empty() ? 0 : steps.back();
+  const int64_t end = resumed_from + 3;
+  const auto again = dew::test::run_dew(cmd + " --trainer.steps " + std::to_string(end));
+  ASSERT_EQ(again.code, 0) << again.output;
+
+  // metrics.jsonl: the scalars TensorBoard must show, (tag, step) -> value.
+  std::map<std::pair<std::string, int64_t>, double> expected;
+  std::ifstream metrics(run + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    const int64_t step = j["step"].get<int64_t>();
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (!it->is_number() || it.key() == "step" || it.key() == "time") continue;
+      EXPECT_TRUE(expected.emplace(std::make_pair(it.key(), step), it->get<double>()).second)
+          << it.key() << " twice at step " << step << " in metrics.jsonl";
+    }
+  }
+  ASSERT_TRUE(expected.count({"train/loss", end})) << "metrics.jsonl has no train/loss at step " << end;
+  ASSERT_TRUE(expected.count({"val/sample_std", end}));
+
+  std::string output;
+  const auto tb = tb_run_test::read_with_tensorboard(run + "/tensorboard", output);
+  ASSERT_TRUE(tb.is_object()) << "tb_read.py with " << DEW_PYTHON << " failed (is tensorboard installed? "
+                              << "scripts/setup installs it):\n"
+                              << output;
+  std::map<std::pair<std::string, int64_t>, int> seen;
+  for (const auto& s : tb["scalars"]) {
+    const auto key = std::make_pair(s[0].get<std::string>(), s[1].get<int64_t>());
+    ++seen[key];
+    auto it = expected.find(key);
+    if (it == expected.end()) {
+      ADD_FAILURE() << "TensorBoard has " << key.first << " at step " << key.second << ", metrics.jsonl does not";
+      continue;
+    }
+    EXPECT_EQ(s[2].get<double>(), double(float(it->second))) << key.first << " at step " << key.second;
+  }
+  for (const auto& [key, value] : expected)
+    EXPECT_EQ(seen[key], 1) << key.first << " at step " << key.second << " is in TensorBoard " << seen[key]
+                            << " times (metrics.jsonl: " << value << ")";
+
+  // The final validation's grid, with the PNG's size.
+  const auto png =
+      dew::io::tb::png_header(dew::test::read_bytes(run + "/samples/step_" + std::to_string(end) + ".png"));
+  ASSERT_EQ(tb["images"].size(), 1u) << tb["images"].dump();
+  EXPECT_EQ(tb["images"][0][0], "samples");
+  EXPECT_EQ(tb["images"][0][1].get<int64_t>(), end);
+  EXPECT_EQ(tb["images"][0][2].get<int64_t>(), png.width);
+  EXPECT_EQ(tb["images"][0][3].get<int64_t>(), png.height);
+  EXPECT_GT(tb["images"][0][4].get<int64_t>(), 0);
+
+  // The recipe once per start: at step 0 and at the step resumed from (once when both are 0).
+  std::vector<int64_t> recipe_steps;
+  for (const auto& t : tb["texts"])
+    if (t[0] == "recipe") {
+      recipe_steps.push_back(t[1].get<int64_t>());
+      EXPECT_NE(t[2].get<std::string>().find("simple_dit"), std::string::npos) << t[2];
+    }
+  std::sort(recipe_steps.begin(), recipe_steps.end());
+  const std::vector<int64_t> starts =
+      resumed_from == 0 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, resumed_from};
+  EXPECT_EQ(recipe_steps, starts);
+}
+
+TEST(TensorBoardRun, OffWritesNoEventFilesAndABadValueIsRefusedByName) {
+  dew::test::TempDir tmp("tensorboard_off");
+  const std::string run = tmp.file("run");
+  const auto off = dew::test::run_dew(tb_run_test::kTrain + " --trainer.steps 2 --tensorboard off --run " + run);
+  ASSERT_EQ(off.code, 0) << off.output;
+  EXPECT_TRUE(fs::exists(run + "/metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(run + "/tensorboard"));
+  const auto bad =
+      dew::test::run_dew(tb_run_test::kTrain + " --trainer.steps 2 --tensorboard maybe --run " + tmp.file("bad"));
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("trainer.tensorboard"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("maybe"), std::string::npos) << bad.output;
+}
