@@ -3,7 +3,9 @@
 // numeric field of every metrics.jsonl line is one TensorBoard scalar at its step (equal in float32), no
 // (tag, step) is there twice or missing, the sample grid of the final validation is an image of the PNG's
 // size, and the recipe is a text at each start's step. A DEW_PYTHON without tensorboard fails the test
-// (scripts/setup installs it). --tensorboard off writes no files.
+// (scripts/setup installs it). --tensorboard off writes no files. The browser check
+// (tests/training/tb_browser_check.py): TensorBoard served over a run, its scalars page in headless Chromium,
+// the loss chart found on the screenshot.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -58,10 +61,12 @@ bool wait_for_lines(const std::string& run, pid_t pid, size_t lines) {
   return false;
 }
 
-// What TensorBoard reads from RUN/tensorboard (tb_read.py's JSON), or a failure with the script's output.
-nlohmann::json read_with_tensorboard(const std::string& dir, std::string& output) {
-  const std::string cmd =
-      std::string(DEW_PYTHON) + " " + DEW_SOURCE_DIR + "/tests/training/tb_read.py " + dir + " 2>&1";
+// The last JSON object a tests/training script printed (ARGS after the script's name), or null when it
+// failed; `output` gets everything it printed.
+nlohmann::json run_script(const std::string& script, const std::string& args, std::string& output) {
+  // timeout: a hung server or browser fails the test instead of holding CTest (the script kills both itself).
+  const std::string cmd = "timeout -k 10 300 " + std::string(DEW_PYTHON) + " " + DEW_SOURCE_DIR + "/tests/training/" +
+                          script + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return nullptr;
   std::array<char, 4096> buf{};
@@ -111,7 +116,7 @@ TEST(TensorBoardRun, AKilledAndResumedRunsEventsEqualMetricsJsonlInTensorBoardsR
   ASSERT_TRUE(expected.count({"val/sample_std", end}));
 
   std::string output;
-  const auto tb = tb_run_test::read_with_tensorboard(run + "/tensorboard", output);
+  const auto tb = tb_run_test::run_script("tb_read.py", run + "/tensorboard", output);
   ASSERT_TRUE(tb.is_object()) << "tb_read.py with " << DEW_PYTHON << " failed (is tensorboard installed? "
                               << "scripts/setup installs it):\n"
                               << output;
@@ -165,4 +170,19 @@ TEST(TensorBoardRun, OffWritesNoEventFilesAndABadValueIsRefusedByName) {
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.output.find("trainer.tensorboard"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("maybe"), std::string::npos) << bad.output;
+}
+
+TEST(TensorBoardRun, TheLossChartIsDrawnOnTheScalarsPageInHeadlessChromium) {
+  dew::test::TempDir tmp("tensorboard_browser");
+  const std::string run = tmp.file("run");
+  const auto trained = dew::test::run_dew(tb_run_test::kTrain + " --trainer.steps 6 --run " + run);
+  ASSERT_EQ(trained.code, 0) << trained.output;
+  std::string output;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = tb_run_test::run_script("tb_browser_check.py", run + "/tensorboard " + tmp.file("browser"), output);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.is_object()) << output;
+  EXPECT_EQ(r["points"].get<int64_t>(), 6) << output;
+  EXPECT_GE(r["line_pixels"].get<int64_t>(), 100) << output;
+  std::printf("browser check: %.1f s (%s)\n", secs, r.dump().c_str());
 }
