@@ -7,14 +7,16 @@ train/loss by default; OUTDIR receives screenshot.png and the logs)
 
 Found means: (1) TensorBoard's HTTP data API lists TAG (/data/plugin/scalars/tags) and returns its points
 (/data/plugin/scalars/scalars); (2) the screenshot of /#scalars, taken after Chromium's virtual time budget
-let the page render, is 1400 x 1000 and holds a chart line: at least 100 pixels of the first run's line
-colour (#ff7043) right of the sidebar and below the header (a page without the chart has none; Chromium's
---dump-dom cannot show the chart's card, which lives in shadow roots). Prints one JSON line with the
+let the page render, is 1400 x 1000 and holds TAG's chart line: the page is opened with the tag filter
+^TAG$, so the first card is TAG's chart; at least 100 pixels of the first run's line colour (#ff7043) lie
+in that card (a page without the chart has none there; Chromium's --dump-dom cannot show the card, which
+lives in shadow roots). Prints one JSON line with the
 timings; exits non-zero with the reason otherwise. The server and the browser run in their own process
 groups and are killed in every case, so nothing is left behind.
 """
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -60,8 +62,11 @@ def line_pixels(path):
     w, h = img.size
     px = img.load()
     count = 0
-    for y in range(160, h):  # below the header and the tag filter
-        for x in range(340, w):  # right of the sidebar (its checkboxes share the orange)
+    # The first card: the page opens with the tag filter ^TAG$, whose "Tags matching" card comes first,
+    # right of the sidebar (whose checkboxes share the orange) and below the header and the filter box; the
+    # next card (another tag's chart) starts below y = 470.
+    for y in range(160, min(h, 470)):
+        for x in range(340, min(w, 800)):
             r, g, b = px[x, y]
             if abs(r - LINE_RGB[0]) <= 8 and abs(g - LINE_RGB[1]) <= 16 and abs(b - LINE_RGB[2]) <= 16:
                 count += 1
@@ -108,10 +113,11 @@ def main():
             sys.exit(f"tb_browser_check: no points for {tag}")
 
         shot = os.path.join(outdir, "screenshot.png")
+        page = base + "/#scalars&tagFilter=" + urllib.parse.quote("^" + re.escape(tag) + "$", safe="")
         with open(os.path.join(outdir, "chromium.log"), "w") as log:
             browser = subprocess.Popen(
                 [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
-                 "--virtual-time-budget=15000", "--screenshot=" + shot, base + "/#scalars"],
+                 "--virtual-time-budget=15000", "--screenshot=" + shot, page],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 browser.wait(timeout=90)
@@ -126,7 +132,7 @@ def main():
                   "total_s": round(time.monotonic() - t0, 1)}
         print(json.dumps(result))
         if size != (1400, 1000) or pixels < 100:
-            sys.exit(f"tb_browser_check: no loss chart on the screenshot ({pixels} pixels of the line colour)")
+            sys.exit(f"tb_browser_check: no chart of {tag} on the screenshot ({pixels} pixels of the line colour in its card)")
     finally:
         kill_group(browser)
         kill_group(server)
