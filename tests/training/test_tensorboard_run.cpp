@@ -186,3 +186,35 @@ TEST(TensorBoardRun, TheLossChartIsDrawnOnTheScalarsPageInHeadlessChromium) {
   EXPECT_GE(r["line_pixels"].get<int64_t>(), 100) << output;
   std::printf("browser check: %.1f s (%s)\n", secs, r.dump().c_str());
 }
+
+TEST(TensorBoardRun, AnAutoencodersReconstructionsAndItsEvalRowsAreInTensorBoard) {
+  dew::test::TempDir tmp("tensorboard_eval");
+  const std::string run = tmp.file("run");
+  const auto trained = dew::test::run_dew(
+      "train autoencoder --run " + run +
+      " --data '{\"name\":\"gaussian_blobs\",\"count\":48,\"size\":16,\"classes\":3}'"
+      " --test_data '{\"name\":\"gaussian_blobs\",\"count\":24,\"size\":16,\"classes\":3,\"seed\":1}'"
+      " --model.fields '{\"block_out_channels\":[8,16],\"layers_per_block\":1,\"latent_channels\":2,\"norm_groups\":4}'"
+      " --loader.batch_size 8 --trainer.log_every 1 --trainer.val_every 0 --trainer.steps 3");
+  ASSERT_EQ(trained.code, 0) << trained.output;
+  const auto eval = dew::test::run_dew("eval " + run);
+  ASSERT_EQ(eval.code, 0) << eval.output;
+  const auto row = nlohmann::json::parse(dew::test::read_bytes(run + "/eval.jsonl"));
+  std::string output;
+  const auto tb = tb_run_test::run_script("tb_read.py", run + "/tensorboard", output);
+  ASSERT_TRUE(tb.is_object()) << output;
+  std::map<std::string, std::pair<int64_t, double>> scalars;
+  for (const auto& s : tb["scalars"]) scalars[s[0].get<std::string>()] = {s[1].get<int64_t>(), s[2].get<double>()};
+  for (const char* name : {"psnr", "ssim", "l1", "kl", "images"}) {
+    const std::string tag = std::string("eval/ema/") + name;
+    ASSERT_TRUE(scalars.count(tag)) << tag << " missing: " << tb["tags"].dump();
+    EXPECT_EQ(scalars[tag].first, 3) << tag;
+    EXPECT_EQ(scalars[tag].second, double(float(row[name].get<double>()))) << tag;
+  }
+  bool eval_text = false, grid = false;
+  for (const auto& t : tb["texts"])
+    if (t[0] == "eval" && t[1] == 3) eval_text = t[2].get<std::string>().find("dew eval") != std::string::npos;
+  for (const auto& i : tb["images"]) grid = grid || (i[0] == "samples" && i[1] == 3);
+  EXPECT_TRUE(eval_text) << tb["texts"].dump();
+  EXPECT_TRUE(grid) << "the reconstructions of the final validation: " << tb["images"].dump();
+}
