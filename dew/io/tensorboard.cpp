@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // The byte-at-a-time table of the reflected Castagnoli polynomial.
-const std::array<uint32_t, 256>& crc32c_table() {
+const std::array<uint32_t, 256>& crc32c_byte_table() {
   static const std::array<uint32_t, 256> table = [] {
     std::array<uint32_t, 256> t{};
     for (uint32_t i = 0; i < 256; ++i) {
@@ -32,11 +32,11 @@ const std::array<uint32_t, 256>& crc32c_table() {
   return table;
 }
 
-void put_le(std::string& out, uint64_t x, int bytes) {
+void pb_put_le(std::string& out, uint64_t x, int bytes) {
   for (int i = 0; i < bytes; ++i) out += char((x >> (8 * i)) & 0xff);
 }
 
-uint64_t get_le(const char* p, int bytes) {
+uint64_t pb_get_le(const char* p, int bytes) {
   uint64_t x = 0;
   for (int i = 0; i < bytes; ++i) x |= uint64_t(uint8_t(p[i])) << (8 * i);
   return x;
@@ -44,43 +44,43 @@ uint64_t get_le(const char* p, int bytes) {
 
 // Protocol buffer wire format: a field key is (number << 3) | wire type; 0 varint, 1 fixed64, 2
 // length-delimited, 5 fixed32.
-void put_varint(std::string& out, uint64_t x) {
+void pb_put_varint(std::string& out, uint64_t x) {
   while (x >= 0x80) {
     out += char((x & 0x7f) | 0x80);
     x >>= 7;
   }
   out += char(x);
 }
-void put_key(std::string& out, int field, int wire) { put_varint(out, uint64_t(field) << 3 | uint64_t(wire)); }
-void put_bytes(std::string& out, int field, const std::string& bytes) {
-  put_key(out, field, 2);
-  put_varint(out, bytes.size());
+void pb_put_key(std::string& out, int field, int wire) { pb_put_varint(out, uint64_t(field) << 3 | uint64_t(wire)); }
+void pb_put_bytes(std::string& out, int field, const std::string& bytes) {
+  pb_put_key(out, field, 2);
+  pb_put_varint(out, bytes.size());
   out += bytes;
 }
-void put_uint(std::string& out, int field, uint64_t x) {
-  put_key(out, field, 0);
-  put_varint(out, x);
+void pb_put_uint(std::string& out, int field, uint64_t x) {
+  pb_put_key(out, field, 0);
+  pb_put_varint(out, x);
 }
 
 // Event{wall_time = 1 (double), step = 2 (int64), summary = 5} around one Summary.Value.
 std::string event_with_value(double wall_time, int64_t step, const std::string& value) {
   std::string summary, ev;
-  put_bytes(summary, 1, value);  // Summary.value
+  pb_put_bytes(summary, 1, value);  // Summary.value
   uint64_t bits;
   std::memcpy(&bits, &wall_time, 8);
-  put_key(ev, 1, 1);
-  put_le(ev, bits, 8);
-  put_uint(ev, 2, uint64_t(step));
-  put_bytes(ev, 5, summary);
+  pb_put_key(ev, 1, 1);
+  pb_put_le(ev, bits, 8);
+  pb_put_uint(ev, 2, uint64_t(step));
+  pb_put_bytes(ev, 5, summary);
   return ev;
 }
 
 // A cursor over one message's bytes; malformed input is a dew::Error.
-struct WireReader {
+struct PbReader {
   const std::string& s;
   size_t pos = 0;
   size_t end;
-  WireReader(const std::string& bytes, size_t begin, size_t stop) : s(bytes), pos(begin), end(stop) {}
+  PbReader(const std::string& bytes, size_t begin, size_t stop) : s(bytes), pos(begin), end(stop) {}
   bool done() const { return pos >= end; }
   uint64_t varint() {
     uint64_t x = 0;
@@ -121,17 +121,17 @@ struct WireReader {
   }
 };
 
-std::string hostname() {
+std::string event_host_name() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return "localhost";
   return buf;
 }
 
-double now_seconds() {
+double event_wall_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-constexpr const char* kPrefix = "events.out.tfevents.";
+constexpr const char* kEventFilePrefix = "events.out.tfevents.";
 // The temporary name truncate_event_files rewrites through: without "tfevents", so TensorBoard never reads
 // a half-written copy (or a complete one left by a kill before the rename).
 constexpr const char* kRewriteTmp = "tb_rewrite.tmp";
@@ -139,7 +139,7 @@ constexpr const char* kRewriteTmp = "tb_rewrite.tmp";
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  const auto& t = crc32c_table();
+  const auto& t = crc32c_byte_table();
   const auto* p = static_cast<const uint8_t*>(data);
   crc = ~crc;
   for (size_t i = 0; i < n; ++i) crc = t[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
@@ -153,11 +153,11 @@ uint32_t masked_crc32c(const void* data, size_t n) {
 
 std::string tfrecord(const std::string& payload) {
   std::string out;
-  put_le(out, payload.size(), 8);
+  pb_put_le(out, payload.size(), 8);
   const uint32_t len_crc = masked_crc32c(out.data(), 8);
-  put_le(out, len_crc, 4);
+  pb_put_le(out, len_crc, 4);
   out += payload;
-  put_le(out, masked_crc32c(payload.data(), payload.size()), 4);
+  pb_put_le(out, masked_crc32c(payload.data(), payload.size()), 4);
   return out;
 }
 
@@ -167,17 +167,17 @@ std::vector<std::string> read_tfrecords(const std::string& bytes, bool* clean) {
   bool ok = true;
   while (pos < bytes.size()) {
     if (bytes.size() - pos < 12 ||
-        uint32_t(get_le(bytes.data() + pos + 8, 4)) != masked_crc32c(bytes.data() + pos, 8)) {
+        uint32_t(pb_get_le(bytes.data() + pos + 8, 4)) != masked_crc32c(bytes.data() + pos, 8)) {
       ok = false;
       break;
     }
-    const uint64_t n = get_le(bytes.data() + pos, 8);
+    const uint64_t n = pb_get_le(bytes.data() + pos, 8);
     if (n > bytes.size() - pos - 12 || bytes.size() - pos - 12 - n < 4) {
       ok = false;
       break;
     }
     const char* data = bytes.data() + pos + 12;
-    if (uint32_t(get_le(data + n, 4)) != masked_crc32c(data, size_t(n))) {
+    if (uint32_t(pb_get_le(data + n, 4)) != masked_crc32c(data, size_t(n))) {
       ok = false;
       break;
     }
@@ -194,19 +194,19 @@ std::string file_version_event(double wall_time) {
   std::string ev;
   uint64_t bits;
   std::memcpy(&bits, &wall_time, 8);
-  put_key(ev, 1, 1);
-  put_le(ev, bits, 8);
-  put_bytes(ev, 3, "brain.Event:2");
+  pb_put_key(ev, 1, 1);
+  pb_put_le(ev, bits, 8);
+  pb_put_bytes(ev, 3, "brain.Event:2");
   return ev;
 }
 
 std::string scalar_event(double wall_time, int64_t step, const std::string& tag, float value) {
   std::string v;
-  put_bytes(v, 1, tag);  // Value.tag
+  pb_put_bytes(v, 1, tag);  // Value.tag
   uint32_t bits;
   std::memcpy(&bits, &value, 4);
-  put_key(v, 2, 5);  // Value.simple_value (float)
-  put_le(v, bits, 4);
+  pb_put_key(v, 2, 5);  // Value.simple_value (float)
+  pb_put_le(v, bits, 4);
   return event_with_value(wall_time, step, v);
 }
 
@@ -231,46 +231,46 @@ PngHeader png_header(const std::string& png) {
 std::string image_event(double wall_time, int64_t step, const std::string& tag, const std::string& png) {
   const PngHeader h = png_header(png);
   std::string image, v;
-  put_uint(image, 1, uint64_t(h.height));    // Image.height
-  put_uint(image, 2, uint64_t(h.width));     // Image.width
-  put_uint(image, 3, uint64_t(h.channels));  // Image.colorspace: 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA
-  put_bytes(image, 4, png);                  // Image.encoded_image_string
-  put_bytes(v, 1, tag);
-  put_bytes(v, 4, image);  // Value.image
+  pb_put_uint(image, 1, uint64_t(h.height));    // Image.height
+  pb_put_uint(image, 2, uint64_t(h.width));     // Image.width
+  pb_put_uint(image, 3, uint64_t(h.channels));  // Image.colorspace: 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA
+  pb_put_bytes(image, 4, png);                  // Image.encoded_image_string
+  pb_put_bytes(v, 1, tag);
+  pb_put_bytes(v, 4, image);  // Value.image
   return event_with_value(wall_time, step, v);
 }
 
 std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text) {
   std::string plugin, metadata, tensor, v;
-  put_bytes(plugin, 1, "text");    // PluginData.plugin_name (content empty: TextPluginData version 0)
-  put_bytes(metadata, 1, plugin);  // SummaryMetadata.plugin_data
-  put_uint(tensor, 1, 7);          // TensorProto.dtype = DT_STRING
-  put_bytes(tensor, 2, "");        // TensorProto.tensor_shape: no dims, a scalar
-  put_bytes(tensor, 8, text);      // TensorProto.string_val
-  put_bytes(v, 1, tag);
-  put_bytes(v, 8, tensor);    // Value.tensor
-  put_bytes(v, 9, metadata);  // Value.metadata
+  pb_put_bytes(plugin, 1, "text");    // PluginData.plugin_name (content empty: TextPluginData version 0)
+  pb_put_bytes(metadata, 1, plugin);  // SummaryMetadata.plugin_data
+  pb_put_uint(tensor, 1, 7);          // TensorProto.dtype = DT_STRING
+  pb_put_bytes(tensor, 2, "");        // TensorProto.tensor_shape: no dims, a scalar
+  pb_put_bytes(tensor, 8, text);      // TensorProto.string_val
+  pb_put_bytes(v, 1, tag);
+  pb_put_bytes(v, 8, tensor);    // Value.tensor
+  pb_put_bytes(v, 9, metadata);  // Value.metadata
   return event_with_value(wall_time, step, v);
 }
 
 EventInfo parse_event(const std::string& payload) {
   EventInfo info;
-  WireReader ev(payload, 0, payload.size());
+  PbReader ev(payload, 0, payload.size());
   int wire;
   size_t b, e;
   while (!ev.done()) {
     const int f = ev.field(wire, b, e);
     if (f == 2 && wire == 0) {
-      WireReader r(payload, b, e);
+      PbReader r(payload, b, e);
       info.step = int64_t(r.varint());
     } else if (f == 3 && wire == 2) {
       info.file_version = true;
     } else if (f == 5 && wire == 2) {
-      WireReader summary(payload, b, e);
+      PbReader summary(payload, b, e);
       while (!summary.done()) {
         size_t vb, ve;
         if (summary.field(wire, vb, ve) != 1 || wire != 2) continue;
-        WireReader value(payload, vb, ve);
+        PbReader value(payload, vb, ve);
         while (!value.done()) {
           size_t tb, te;
           if (value.field(wire, tb, te) == 1 && wire == 2) info.tags.push_back(payload.substr(tb, te - tb));
@@ -288,11 +288,11 @@ bool is_event_file(const std::string& name) { return name.find("tfevents") != st
 EventWriter::EventWriter(const std::string& dir) {
   fs::create_directories(dir);
   // The newest start's time in the names present: this file's name must sort after every one of them.
-  int64_t t = int64_t(now_seconds());
+  int64_t t = int64_t(event_wall_time());
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind(kPrefix, 0) != 0) continue;
-    const std::string rest = name.substr(std::strlen(kPrefix));
+    if (name.rfind(kEventFilePrefix, 0) != 0) continue;
+    const std::string rest = name.substr(std::strlen(kEventFilePrefix));
     const size_t dot = rest.find('.');
     try {
       t = std::max(t, int64_t(std::stoll(rest.substr(0, dot))) + 1);
@@ -301,12 +301,12 @@ EventWriter::EventWriter(const std::string& dir) {
     }
   }
   static std::atomic<int64_t> counter{0};
-  path_ = (fs::path(dir) / (kPrefix + std::to_string(t) + "." + hostname() + "." + std::to_string(getpid()) + "." +
-                            std::to_string(counter++)))
+  path_ = (fs::path(dir) / (kEventFilePrefix + std::to_string(t) + "." + event_host_name() + "." +
+                            std::to_string(getpid()) + "." + std::to_string(counter++)))
               .string();
   out_.open(path_, std::ios::binary | std::ios::app);
   DEW_CHECK(out_.good(), "TensorBoard: cannot create the event file ", path_, ": ", std::strerror(errno));
-  write(tb::file_version_event(now_seconds()));
+  write(tb::file_version_event(event_wall_time()));
 }
 
 void EventWriter::write(const std::string& event) {
@@ -317,15 +317,15 @@ void EventWriter::write(const std::string& event) {
 }
 
 void EventWriter::add_scalar(const std::string& tag, int64_t step, double value) {
-  write(tb::scalar_event(now_seconds(), step, tag, float(value)));
+  write(tb::scalar_event(event_wall_time(), step, tag, float(value)));
 }
 
 void EventWriter::add_image_png(const std::string& tag, int64_t step, const std::string& png) {
-  write(tb::image_event(now_seconds(), step, tag, png));
+  write(tb::image_event(event_wall_time(), step, tag, png));
 }
 
 void EventWriter::add_text(const std::string& tag, int64_t step, const std::string& markdown) {
-  write(tb::text_event(now_seconds(), step, tag, markdown));
+  write(tb::text_event(event_wall_time(), step, tag, markdown));
 }
 
 void truncate_event_files(const std::string& dir, int64_t step, const std::set<std::string>& redo_at_step) {

@@ -77,7 +77,7 @@ std::string format_metric(double x) {
 }
 
 // Markdown of a preformatted text for TensorBoard's text dashboard: indented four spaces, a code block.
-std::string code_block(const std::string& text) {
+std::string tensorboard_code_block(const std::string& text) {
   std::string out = "    ";
   for (char c : text) out += c == '\n' ? std::string("\n    ") : std::string(1, c);
   return out;
@@ -269,7 +269,7 @@ TrainResult Trainer::fit() {
   if (to_.tensorboard == "on") {
     tb = std::make_unique<io::EventWriter>(RunDir(run_dir_).tensorboard());
     if (fs::exists(RunDir(run_dir_).record()))
-      tb->add_text("recipe", step_, code_block(read_run_json(run_dir_).dump(2)));
+      tb->add_text("recipe", step_, tensorboard_code_block(read_run_json(run_dir_).dump(2)));
   }
   // One metrics line: metrics.jsonl, then TensorBoard (step is the x axis, time TensorBoard's wall time).
   auto log_line = [&](const json& line) {
@@ -283,7 +283,7 @@ TrainResult Trainer::fit() {
     if (!tb) return;
     const std::string png = RunDir(run_dir_).sample(step_, ".png"), txt = RunDir(run_dir_).sample(step_, ".txt");
     if (fs::exists(png)) tb->add_image_png("samples", step_, io::read_file(png, "sample grid"));
-    if (fs::exists(txt)) tb->add_text("samples", step_, code_block(io::read_file(txt, "samples")));
+    if (fs::exists(txt)) tb->add_text("samples", step_, tensorboard_code_block(io::read_file(txt, "samples")));
   };
   const auto t0 = std::chrono::steady_clock::now();
   // What ends the run: the step count, or the time limit if it comes first.
