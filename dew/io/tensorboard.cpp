@@ -70,7 +70,7 @@ std::string event_with_value(double wall_time, int64_t step, const std::string& 
   std::memcpy(&bits, &wall_time, 8);
   pb_put_key(ev, 1, 1);
   pb_put_le(ev, bits, 8);
-  pb_put_uint(ev, 2, uint64_t(step));
+  if (step != 0) pb_put_uint(ev, 2, uint64_t(step));  // proto3 leaves a zero out, as protobuf does
   pb_put_bytes(ev, 5, summary);
   return ev;
 }
