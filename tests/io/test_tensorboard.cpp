@@ -68,6 +68,11 @@ TEST(TensorBoard, RecordsMatchTensorBoardsOwnWriterByteForByte) {
       tfrecord(tb::scalar_event(1.5, 300, "train/loss", 0.25f)),
       tb_io_test::from_hex("2100000000000000017becf609000000000000f83f10ac022a130a110a0a747261696e2f6c6f7373150000"
                            "803e6557981f"));
+  // height 2, width 3, colorspace 3 (RGB) from the PNG's header.
+  EXPECT_EQ(
+      tfrecord(tb::image_event(4.0, 9, "samples", tb_io_test::tiny_png_header())),
+      tb_io_test::from_hex("440000000000000043592e9a09000000000000104010092a370a350a0773616d706c6573222a080210031803"
+                           "222289504e470d0a1a0a0000000d49484452000000030000000208020000000000000000f56ab6df"));
   EXPECT_EQ(tfrecord(tb::text_event(3.0, 7, "recipe", "hi")),
             tb_io_test::from_hex("2b00000000000000861bc34b09000000000000084010072a1e0a1c0a06726563697065420808071200420"
                                  "268694a080a060a04746578741448b80e"));
