@@ -273,8 +273,9 @@ EventInfo parse_event(const std::string& payload) {
         if (summary.field(wire, vb, ve) != 1 || wire != 2) continue;
         PbReader value(payload, vb, ve);
         while (!value.done()) {
-          size_t tb, te;
-          if (value.field(wire, tb, te) == 1 && wire == 2) info.tags.push_back(payload.substr(tb, te - tb));
+          size_t tag_begin, tag_end;
+          if (value.field(wire, tag_begin, tag_end) == 1 && wire == 2)
+            info.tags.push_back(payload.substr(tag_begin, tag_end - tag_begin));
         }
       }
     }
