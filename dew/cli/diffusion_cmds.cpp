@@ -44,7 +44,12 @@ int cmd_train(const std::vector<std::string>& args) {
   if (parsed.help) {
     std::cout << "usage: dew train " << kind.name << " [--config run.json] [--a.b value ...]\n"
               << kind.doc << "\n\nfields and defaults:\n"
-              << format_tree(defaults) << "\n"
+              << format_tree(defaults)
+              << (defaults.contains("trainer")
+                      ? "  --tensorboard off   short for --trainer.tensorboard off: no TensorBoard "
+                        "event files (RUN/tensorboard, docs/tensorboard.md)\n"
+                      : "")
+              << "\n"
               << kind.help(defaults);
     return 0;
   }

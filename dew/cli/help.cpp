@@ -19,6 +19,7 @@ std::string train_usage() {
       "usage: dew train KIND [--config run.json] [--a.b value ...]\n"
       "Trains a run of KIND into --run DIR (resuming it when DIR holds one). Every recipe field is a flag\n"
       "(--trainer.steps 500, --model.architecture unet); `dew train KIND --help` lists them with their defaults.\n"
+      "Every run writes TensorBoard event files into DIR/tensorboard (--tensorboard off: none).\n"
       "\nkinds:\n";
   for (const auto& k : runs::run_kinds())
     out += "  " + k + std::string(k.size() < 12 ? 12 - k.size() : 1, ' ') + runs::run_kind(k).doc + "\n";

@@ -1,9 +1,11 @@
 #include "dew/cli/recipe.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 
 #include "dew/core/device.h"
+#include "dew/io/tensorboard.h"
 #include "dew/runs/run.h"
 #include "dew/training/run_dir.h"
 
@@ -101,6 +103,9 @@ RecipeArgs parse_recipe_args(const json& defaults, const std::vector<std::string
       }
       // Recipe keys are snake_case; --reward-command reads as --reward_command.
       std::replace(key.begin(), key.end(), '-', '_');
+      // --tensorboard off is trainer.tensorboard (docs/tensorboard.md).
+      if (key == "tensorboard" && !out.recipe.contains("tensorboard") && out.recipe.contains("trainer"))
+        key = "trainer.tensorboard";
       overrides.emplace_back(key, value);
     } else {
       out.positional.push_back(a);
@@ -197,6 +202,20 @@ std::string append_eval_row(const std::string& run_dir, json row, const std::vec
   std::ofstream log(path, std::ios::app);
   log << row.dump() << "\n";
   DEW_CHECK(log.good(), "eval: cannot append to ", path);
+  // TensorBoard, where training wrote it (trainer.tensorboard on): every number as the scalar
+  // eval/[string fields/]NAME at the evaluated step (the string fields, e.g. weights and solver, tell rows
+  // apart), and the row with its command as text.
+  const std::string tb_dir = training::RunDir(run_dir).tensorboard();
+  if (std::filesystem::is_directory(tb_dir)) {
+    const int64_t step = row.value("step", int64_t(0));
+    std::string qualifier;
+    for (auto it = row.begin(); it != row.end(); ++it)
+      if (it->is_string() && it.key() != "command") qualifier += it->get<std::string>() + "/";
+    io::EventWriter tb(tb_dir);
+    for (auto it = row.begin(); it != row.end(); ++it)
+      if (it->is_number() && it.key() != "step") tb.add_scalar("eval/" + qualifier + it.key(), step, it->get<double>());
+    tb.add_text("eval", step, "    " + row.dump());
+  }
   return path;
 }
 

@@ -17,6 +17,7 @@ std::string RunDir::sample(int64_t step, const std::string& ext) const {
   return (fs::path(samples()) / ("step_" + std::to_string(step) + ext)).string();
 }
 
+std::string RunDir::tensorboard() const { return (fs::path(path_) / "tensorboard").string(); }
 std::string RunDir::eval_log() const { return (fs::path(path_) / "eval.jsonl").string(); }
 std::string RunDir::eval_dir() const { return (fs::path(path_) / "eval").string(); }
 

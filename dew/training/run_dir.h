@@ -7,6 +7,7 @@
 //   RUN/checkpoints/step_N/           model, ema, optimizer (+ objective) .safetensors and state.json
 //   RUN/samples/step_N.EXT            previews the objectives write during training (png, txt)
 //   RUN/eval.jsonl, RUN/eval/         what `dew eval` measured, one row per command
+//   RUN/tensorboard/                  TensorBoard event files: one per start of train or eval (docs/tensorboard.md)
 //   RUN/writer.lock                   held by the one command writing the run (train, eval), with its PID
 //
 //   dew::training::RunDir run("runs/fashion");
@@ -42,6 +43,8 @@ class RunDir {
   std::string eval_log() const;
   /// RUN/eval: files `dew eval` writes beside its rows (JEPA's probes).
   std::string eval_dir() const;
+  /// RUN/tensorboard: the TensorBoard event files of every start (`tensorboard --logdir RUN/tensorboard`).
+  std::string tensorboard() const;
   /// RUN/writer.lock: the lock of the one command that writes the run (lock_for_writing).
   std::string lock() const;
   /// Takes the run's writer lock for the caller's lifetime: a second train or eval of the same run gets a

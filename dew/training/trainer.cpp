@@ -12,6 +12,7 @@
 #include "dew/core/log.h"
 #include "dew/core/rng.h"
 #include "dew/io/files.h"
+#include "dew/io/tensorboard.h"
 #include "dew/io/weights.h"
 #include "dew/training/run_dir.h"
 
@@ -75,6 +76,13 @@ std::string format_metric(double x) {
   return buf;
 }
 
+// Markdown of a preformatted text for TensorBoard's text dashboard: indented four spaces, a code block.
+std::string tensorboard_code_block(const std::string& text) {
+  std::string out = "    ";
+  for (char c : text) out += c == '\n' ? std::string("\n    ") : std::string(1, c);
+  return out;
+}
+
 std::string format_duration(double s) {
   char buf[32];
   if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
@@ -102,7 +110,10 @@ void check_autocast(const std::string& mode, const c10::Device& device) {
             device.str(), "; accepted on the CPU: auto, off, bfloat16");
 }
 
-void truncate_metrics(const std::string& run_dir, int64_t step) { io::truncate_jsonl(RunDir(run_dir).metrics(), step); }
+void truncate_metrics(const std::string& run_dir, int64_t step) {
+  io::truncate_jsonl(RunDir(run_dir).metrics(), step);
+  io::truncate_event_files(RunDir(run_dir).tensorboard(), step, {"recipe"});
+}
 
 TensorMap module_state(torch::nn::Module& m) {
   TensorMap out;
@@ -251,6 +262,29 @@ TrainResult Trainer::fit() {
   TrainResult res;
   SignalScope signals;
   std::ofstream metrics(RunDir(run_dir_).metrics(), std::ios::app);
+  // TensorBoard follows metrics.jsonl (truncated with it above): one event file per start, the recipe (run.json)
+  // as text at the start's step, every numeric field of every metrics line as a scalar, the preview the
+  // validation wrote as an image (png) or text (txt).
+  std::unique_ptr<io::EventWriter> tb;
+  if (to_.tensorboard == "on") {
+    tb = std::make_unique<io::EventWriter>(RunDir(run_dir_).tensorboard());
+    if (fs::exists(RunDir(run_dir_).record()))
+      tb->add_text("recipe", step_, tensorboard_code_block(read_run_json(run_dir_).dump(2)));
+  }
+  // One metrics line: metrics.jsonl, then TensorBoard (step is the x axis, time TensorBoard's wall time).
+  auto log_line = [&](const json& line) {
+    metrics << line.dump() << "\n" << std::flush;
+    if (!tb) return;
+    for (auto it = line.begin(); it != line.end(); ++it)
+      if (it->is_number() && it.key() != "step" && it.key() != "time")
+        tb->add_scalar(it.key(), step_, it->get<double>());
+  };
+  auto log_preview = [&] {
+    if (!tb) return;
+    const std::string png = RunDir(run_dir_).sample(step_, ".png"), txt = RunDir(run_dir_).sample(step_, ".txt");
+    if (fs::exists(png)) tb->add_image_png("samples", step_, io::read_file(png, "sample grid"));
+    if (fs::exists(txt)) tb->add_text("samples", step_, tensorboard_code_block(io::read_file(txt, "samples")));
+  };
   const auto t0 = std::chrono::steady_clock::now();
   // What ends the run: the step count, or the time limit if it comes first.
   if (to_.time_limit_minutes > 0)
@@ -285,7 +319,8 @@ TrainResult Trainer::fit() {
       for (auto& [k, x] : v) text += (text.empty() ? "" : ", ") + k + " " + format_metric(x);
       std::fprintf(stderr, "step %lld/%lld  validation: %s\n", (long long)step_, (long long)to_.steps, text.c_str());
     }
-    metrics << line.dump() << "\n" << std::flush;
+    log_line(line);
+    log_preview();
     if (!to_.best_metric.empty() && v.count(to_.best_metric)) {
       double x = v[to_.best_metric];
       bool better =
@@ -316,7 +351,7 @@ TrainResult Trainer::fit() {
                    {"samples_per_s", rate},
                    {"train/bad_loss_steps", bad_total_}};
       for (auto& [name, x] : window_metrics) line["train/" + name] = x / window_steps;
-      metrics << line.dump() << "\n" << std::flush;
+      log_line(line);
       std::string extra;
       for (const auto& name : shown)
         if (window_metrics.count(name)) extra += "  " + name + " " + format_metric(window_metrics[name] / window_steps);

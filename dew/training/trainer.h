@@ -21,6 +21,7 @@ struct TrainerOptions {
   std::string best_metric;
   bool best_mode_max = false;
   std::string autocast = "auto";
+  std::string tensorboard = "on";
   template <class V>
   void visit(V& v) {
     v("steps", steps, "optimizer steps in the run");
@@ -35,6 +36,8 @@ struct TrainerOptions {
     v("best_mode_max", best_mode_max, "larger best_metric is better");
     v.choice("autocast", autocast, {"auto", "off", "bfloat16", "float16"},
              "mixed precision of the forward (auto = bfloat16 on CUDA, fp32 on the CPU; float16 on CUDA only)");
+    v.choice("tensorboard", tensorboard, {"on", "off"},
+             "TensorBoard event files in RUN/tensorboard (metrics, sample grids, the recipe); the flag --tensorboard");
   }
 };
 
@@ -111,7 +114,8 @@ class Trainer {
 };
 
 /// Keeps the lines of RUN/metrics.jsonl whose step is at most `step` (a resumed run rewrites what came after
-/// its checkpoint; a fresh run, step 0, starts an empty file).
+/// its checkpoint; a fresh run, step 0, starts an empty file), and cuts the event files of RUN/tensorboard
+/// back to the same step (io::truncate_event_files; the "recipe" text at `step` is logged again by the start).
 void truncate_metrics(const std::string& run_dir, int64_t step);
 
 /// Model state of a module: parameters and buffers by path (what model.safetensors holds).
