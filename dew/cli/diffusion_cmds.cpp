@@ -11,6 +11,7 @@
 #include "dew/cli/recipe.h"
 #include "dew/core/device.h"
 #include "dew/core/threads.h"
+#include "dew/metrics/clip_score.h"
 #include "dew/metrics/fashion_classifier.h"
 #include "dew/metrics/metrics.h"
 #include "dew/nn/backbones/causal_transformer.h"
@@ -28,6 +29,15 @@ std::string kind_list() {
   std::string out;
   for (const auto& k : runs::run_kinds()) out += (out.empty() ? "" : ", ") + k;
   return out;
+}
+
+// --clip DIR: the CLIP scorer (a transformers CLIPModel folder) for a caption-conditioned run, loaded before any
+// sampling; null without the flag.
+std::unique_ptr<metrics::ClipScorer> clip_scorer_from_flags(const Flags& f, const runs::DiffusionRun& run) {
+  if (!f.has("clip")) return nullptr;
+  DEW_CHECK(run.text != nullptr, "--clip: ", run.dir,
+            " is class-conditional; CLIP score needs a caption-conditioned (text) run");
+  return std::make_unique<metrics::ClipScorer>(f.get("clip", ""));
 }
 
 }  // namespace
@@ -170,7 +180,7 @@ int cmd_eval(const std::vector<std::string>& args) {
     if (std::find(lm.begin(), lm.end(), kind) != lm.end()) return cmd_eval_policy(args);
   }
   auto f = parse_flags(
-      args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step", "device"},
+      args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step", "device", "clip"},
       {"classifier"});
   DEW_CHECK(f.has("classifier") || f.positional.size() == 1, "eval: expected one RUN directory (or --classifier), got ",
             f.positional.size(), " arguments");
@@ -220,6 +230,7 @@ int cmd_eval(const std::vector<std::string>& args) {
             << "\n";
   if (!run) return 0;
   const std::string dir = run->dir;
+  const auto clip = clip_scorer_from_flags(f, *run);
   const std::string weights = f.get("weights", "ema");
   set_threads(f.get_int("threads", 0), workload_of(run->model->config().value("architecture", "")));
   auto test = data::load_fashion_mnist("test");
@@ -241,6 +252,11 @@ int cmd_eval(const std::vector<std::string>& args) {
                  {"steps", g.steps},  {"guidance", g.guidance.scale}, {"samples", count},
                  {"accuracy", acc},   {"frechet_distance", fd},       {"classifier_test_accuracy", clf.test_accuracy},
                  {"seconds", secs}};
+    if (clip) {
+      // torchmetrics' CLIPScore of each sample against the caption it was drawn for
+      line["clip_score"] = clip->score(images, run->text->captions(g.labels));
+      std::cout << "CLIP score (torchmetrics CLIPScore, " << f.get("clip", "") << "): " << line["clip_score"] << "\n";
+    }
     append_eval_row(dir, line, args);
   }
   std::cout << "rows appended to " << training::RunDir(dir).eval_log() << "\n";
