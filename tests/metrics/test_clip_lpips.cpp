@@ -44,44 +44,42 @@ fs::path clip_scratch(const std::string& name) {
 
 }  // namespace clipl_test
 
-using namespace clipl_test;
-
 TEST(ClipScore, PreprocessingMatchesClipImageProcessor) {
-  const auto g = clip_io();
-  const auto p = dew::metrics::read_clip_image_processing(clip_folder());
+  const auto g = clipl_test::clip_io();
+  const auto p = dew::metrics::read_clip_image_processing(clipl_test::clip_folder());
   EXPECT_EQ(p.shortest_edge, 32);
-  const Tensor ours = clip_pixels(g, p);
+  const at::Tensor ours = clipl_test::clip_pixels(g, p);
   const double d = dew::test::max_diff(ours, g.at("pixel_values"));
   std::printf("  pixel_values max |diff| %.3e\n", d);
   EXPECT_LE(d, 1e-5);  // same ATen bicubic-antialias kernel on uint8; float32 normalisation
 }
 
 TEST(ClipScore, MatchesTorchmetricsOnATinyClip) {
-  const auto g = clip_io();
-  dew::metrics::ClipScorer clip(clip_folder());
-  const auto prompts = clip_prompts();
-  const Tensor pixels = clip_pixels(g, clip.processing);
+  const auto g = clipl_test::clip_io();
+  dew::metrics::ClipScorer clip(clipl_test::clip_folder());
+  const auto prompts = clipl_test::clip_prompts();
+  const at::Tensor pixels = clipl_test::clip_pixels(g, clip.processing);
   torch::NoGradGuard no_grad;
-  const Tensor img = clip.vision->forward(pixels).image_embeds;
-  const Tensor txt = clip.text_embeds(prompts);
+  const at::Tensor img = clip.vision->forward(pixels).image_embeds;
+  const at::Tensor txt = clip.text_embeds(prompts);
   dew::test::expect_golden("image_embeds", img, g.at("image_embeds_f32"), g.at("image_embeds_f64"));
   dew::test::expect_golden("text_embeds", txt, g.at("text_embeds_f32"), g.at("text_embeds_f64"));
-  const Tensor in = img / img.norm(2, -1, true), tn = txt / txt.norm(2, -1, true);
-  const Tensor scores = 100.0 * (in * tn).sum(-1);
+  const at::Tensor in = img / img.norm(2, -1, true), tn = txt / txt.norm(2, -1, true);
+  const at::Tensor scores = 100.0 * (in * tn).sum(-1);
   dew::test::expect_golden("scores", scores, g.at("scores_f32"), g.at("scores_f64"));
   const double s = dew::metrics::clip_score_from_scores(scores);
   dew::test::expect_golden("score", at::full({1}, s, at::kDouble), g.at("score_f32"), g.at("score_f64"));
   // The whole path on the three same-sized images (score() preprocesses one batch).
-  const Tensor three = at::stack({g.at("image0"), g.at("image1"), g.at("image2")});
-  const Tensor s3 = clip.scores(three, {prompts[0], prompts[1], prompts[2]});
+  const at::Tensor three = at::stack({g.at("image0"), g.at("image1"), g.at("image2")});
+  const at::Tensor s3 = clip.scores(three, {prompts[0], prompts[1], prompts[2]});
   dew::test::expect_golden("scores (first three)", s3, g.at("scores_f32").narrow(0, 0, 3),
                            g.at("scores_f64").narrow(0, 0, 3));
   // Float64: both towers moved to float64 on the same pixel values and ids.
   clip.vision->to(at::kDouble);
   clip.text->to(at::kDouble);
-  const Tensor img64 = clip.vision->forward(pixels.to(at::kDouble)).image_embeds;
+  const at::Tensor img64 = clip.vision->forward(pixels.to(at::kDouble)).image_embeds;
   auto [ids, mask] = clip.text->tokenize(prompts);
-  const Tensor txt64 = clip.text->forward_outputs(ids, mask).text_embeds;
+  const at::Tensor txt64 = clip.text->forward_outputs(ids, mask).text_embeds;
   dew::test::expect_close_f64("image_embeds", img64, g.at("image_embeds_f64"), 1e-9);
   dew::test::expect_close_f64("text_embeds", txt64, g.at("text_embeds_f64"), 1e-9);
 }
@@ -95,30 +93,30 @@ TEST(ClipScore, RefusesBadInputByName) {
   using dew::test::error_of;
   // a text-only CLIP folder: no vision_config
   {
-    const fs::path dir = clip_scratch("novision");
+    const std::filesystem::path dir = clipl_test::clip_scratch("novision");
     auto c = dew::test::read_json((dir / "config.json").string());
     c.erase("vision_config");
     std::ofstream(dir / "config.json") << c.dump();
     const std::string e = error_of([&] { dew::metrics::ClipScorer s(dir.string()); });
     EXPECT_NE(e.find("vision_config"), std::string::npos) << e;
-    fs::remove_all(dir);
+    std::filesystem::remove_all(dir);
   }
   // a checkpoint without visual_projection
   {
-    const fs::path dir = clip_scratch("noproj");
+    const std::filesystem::path dir = clipl_test::clip_scratch("noproj");
     auto t = dew::io::load_safetensors((dir / "model.safetensors").string());
     t.erase("visual_projection.weight");
     dew::io::save_safetensors((dir / "model.safetensors").string(), t);
     const std::string e = error_of([&] { dew::metrics::ClipScorer s(dir.string()); });
     EXPECT_NE(e.find("visual_projection.weight"), std::string::npos) << e;
-    fs::remove_all(dir);
+    std::filesystem::remove_all(dir);
   }
   // images with 4 channels
-  const auto p = dew::metrics::read_clip_image_processing(clip_folder());
+  const auto p = dew::metrics::read_clip_image_processing(clipl_test::clip_folder());
   const std::string e = error_of([&] { dew::metrics::clip_preprocess(at::zeros({2, 4, 32, 32}, at::kByte), p); });
   EXPECT_NE(e.find("channels"), std::string::npos) << e;
   // images and prompts of different counts
-  dew::metrics::ClipScorer clip(clip_folder());
+  dew::metrics::ClipScorer clip(clipl_test::clip_folder());
   const std::string e2 = error_of([&] { clip.scores(at::zeros({2, 3, 32, 32}, at::kByte), {"a"}); });
   EXPECT_NE(e2.find("2 images but 1 texts"), std::string::npos) << e2;
 }
@@ -129,10 +127,10 @@ TEST(Lpips, MatchesTheLpipsPackageOnClosedFormWeights) {
     auto lp = dew::metrics::Lpips(dew::metrics::LpipsOptions().net(net));
     lp->eval();
     torch::NoGradGuard no_grad;
-    const Tensor d = lp->forward(g.at("in0"), g.at("in1"));
+    const at::Tensor d = lp->forward(g.at("in0"), g.at("in1"));
     dew::test::expect_golden("lpips " + net, d, g.at("d_f32"), g.at("d_f64"));
     lp->to(at::kDouble);
-    const Tensor d64 = lp->forward(g.at("in0").to(at::kDouble), g.at("in1").to(at::kDouble));
+    const at::Tensor d64 = lp->forward(g.at("in0").to(at::kDouble), g.at("in1").to(at::kDouble));
     // the float64 reference's inputs are the float32 ones widened, its weights the closed form cast to float32
     dew::test::expect_close_f64("lpips " + net, d64, g.at("d_f64"), 1e-9);
   }
@@ -140,24 +138,25 @@ TEST(Lpips, MatchesTheLpipsPackageOnClosedFormWeights) {
 
 TEST(Lpips, LoadsFilesAndRefusesBadOnesByName) {
   using dew::test::error_of;
-  const fs::path dir = fs::temp_directory_path() / ("dew_clipl_lpips_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("dew_clipl_lpips_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
   auto ref = dew::metrics::Lpips(dew::metrics::LpipsOptions().net("alex"));
-  std::map<std::string, Tensor> backbone, lin;
+  std::map<std::string, at::Tensor> backbone, lin;
   for (const auto& p : ref->named_parameters())
     (p.key().rfind("lin", 0) == 0 ? lin : backbone)[p.key()] = p.value().detach().clone();
   // an lpips.LPIPS state names the backbone net.sliceK.N.*
-  std::map<std::string, Tensor> lpips_state = lin;
+  std::map<std::string, at::Tensor> lpips_state = lin;
   lpips_state["net.slice1.0.weight"] = backbone.at("features.0.weight");
   const std::string bb = (dir / "alexnet.safetensors").string(), lw = (dir / "alex.safetensors").string();
   dew::io::save_safetensors(bb, backbone);
   dew::io::save_safetensors(lw, lin);
   auto loaded = dew::metrics::Lpips(dew::metrics::LpipsOptions().net("alex").weights(lw).backbone(bb));
-  const Tensor x = at::rand({1, 3, 32, 32}) * 2 - 1, y = at::rand({1, 3, 32, 32}) * 2 - 1;
+  const at::Tensor x = at::rand({1, 3, 32, 32}) * 2 - 1, y = at::rand({1, 3, 32, 32}) * 2 - 1;
   EXPECT_TRUE(loaded->forward(x, y).equal(ref->forward(x, y)));
   // grayscale is repeated to 3 channels
-  const Tensor gx = x.narrow(1, 0, 1), gy = y.narrow(1, 0, 1);
+  const at::Tensor gx = x.narrow(1, 0, 1), gy = y.narrow(1, 0, 1);
   EXPECT_TRUE(loaded->forward(gx, gy).equal(ref->forward(gx.repeat({1, 3, 1, 1}), gy.repeat({1, 3, 1, 1}))));
 
   // the backbone missing: names the absent parameters
@@ -165,7 +164,7 @@ TEST(Lpips, LoadsFilesAndRefusesBadOnesByName) {
   EXPECT_NE(e.find("features.0.weight"), std::string::npos) << e;
   // a wrong shape: the vgg lin layers given to alex
   auto vgg = dew::metrics::Lpips(dew::metrics::LpipsOptions().net("vgg"));
-  std::map<std::string, Tensor> vlin;
+  std::map<std::string, at::Tensor> vlin;
   for (const auto& p : vgg->named_parameters())
     if (p.key().rfind("lin", 0) == 0) vlin[p.key()] = p.value().detach().clone();
   const std::string vw = (dir / "vgg_lin.safetensors").string();
@@ -173,7 +172,7 @@ TEST(Lpips, LoadsFilesAndRefusesBadOnesByName) {
   e = error_of([&] { dew::metrics::Lpips(dew::metrics::LpipsOptions().net("alex").weights(vw).backbone(bb)); });
   EXPECT_NE(e.find("lin1.model.1.weight"), std::string::npos) << e;
   // a wrong name
-  std::map<std::string, Tensor> bad = lin;
+  std::map<std::string, at::Tensor> bad = lin;
   bad["lin9.model.1.weight"] = bad.at("lin0.model.1.weight");
   const std::string bw = (dir / "bad.safetensors").string();
   dew::io::save_safetensors(bw, bad);
@@ -184,5 +183,5 @@ TEST(Lpips, LoadsFilesAndRefusesBadOnesByName) {
   EXPECT_NE(e.find("squeeze"), std::string::npos) << e;
   e = error_of([&] { ref->forward(at::zeros({1, 4, 32, 32}), at::zeros({1, 4, 32, 32})); });
   EXPECT_NE(e.find("in0"), std::string::npos) << e;
-  fs::remove_all(dir);
+  std::filesystem::remove_all(dir);
 }
