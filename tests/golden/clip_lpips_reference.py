@@ -8,7 +8,8 @@ clip_score/ (torchmetrics 1.9.0 with transformers 5: get_*_features return an ou
 the projected embedding; CLIPScore gets a wrapper returning that tensor): a tiny CLIPModel (CLIPConfig with 2-layer text and vision towers, image_size 32, patch 8, projection 12)
 built under torch.manual_seed (the first even seed giving a mean score > 10), every parameter moved off its initialisation (p += 0.2 randn), saved with
 save_pretrained together with a CLIPProcessor (the tiny BPE tokenizer of tests/golden/sd/pipeline/tokenizer and a
-CLIPImageProcessor resizing the shortest side to 32 and center-cropping 32 x 32). io.safetensors holds the uint8
+CLIPImageProcessor resizing the shortest side to 32 and center-cropping 32 x 32). golden.safetensors (not
+io.safetensors: the folder is no reference-parity case of tests/nn/test_reference_parity.cpp) holds the uint8
 images (three of 40 x 48, one of 32 x 32, one of 56 x 40), the processor's pixel_values (float32), the text ids and
 mask the processor gives, and image_embeds / text_embeds / scores (100 cos per pair) / score (torchmetrics'
 CLIPScore, max(mean, 0)) as NAME_f32 (torchmetrics + transformers in float32; the f32 score is CLIPScore's own
@@ -16,14 +17,15 @@ output) and NAME_f64 (the same model as a float64 deep copy on the same pixel_va
 prompts.
 
 lpips/: lpips.LPIPS(net=alex|vgg, pretrained=False, pnet_rand=True) whose every parameter is then set by a closed
-form rule (so no weights are committed; tests/metrics/test_clip_lpips.cpp computes the same tensors):
-    parameter k (0-based, in the order of LPIPS_KEYS below), flat index i, fan_in f (product of dims 1..):
+form rule (so no weights are committed; dew::metrics::lpips_closed_form_init computes the same
+tensors):
+    parameter k (0-based, in named_parameters() order, listed in lpips/README.md), flat index i, fan_in f (product of dims 1..):
     u = ((i * 2654435761 + (k + 1) * 40503) mod 2^32) / 2^32      (exact integers)
     conv weights:      (2u - 1) * sqrt(6 / f)
     conv biases:       (2u - 1) * 0.1
     lin weights:       u * 0.1  (non-negative, as trained LPIPS weights are)
-computed in float64 and cast to float32. io.safetensors: in0, in1 in [-1, 1] ([3, 3, 64, 64] for alex, [2, 3, 32, 32]
-for vgg) and the distances [N] as d_f32 / d_f64 (the model as a float64 copy on the float64 inputs).
+computed in float64 and cast to float32. alex.safetensors / vgg.safetensors: in0, in1 in [-1, 1] ([3, 3, 64, 64] for alex, [2, 3, 32, 32]
+for vgg) and the distances [N] as d_f32 / d_f64 (the model as a float64 copy; the inputs are float32 values).
 """
 import copy
 import json
@@ -157,7 +159,7 @@ def clip_case():
                "score_f64": score_f64.reshape(1)}
     for k, im in enumerate(images):
         tensors[f"image{k}"] = im
-    write_st(os.path.join(out, "io.safetensors"), tensors, META)
+    write_st(os.path.join(out, "golden.safetensors"), tensors, META)
     with open(os.path.join(out, "prompts.json"), "w") as f:
         json.dump({"prompts": PROMPTS, "images": [f"image{k}" for k in range(len(images))], "versions": VERSIONS},
                   f, indent=1)

@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 std::string clip_folder() { return std::string(DEW_SOURCE_DIR) + "/tests/golden/clip_score"; }
 
-std::map<std::string, Tensor> clip_io() { return dew::test::golden("clip_score/io.safetensors"); }
+std::map<std::string, Tensor> clip_io() { return dew::test::golden("clip_score/golden.safetensors"); }
 
 std::vector<std::string> clip_prompts() {
   return dew::test::read_json(clip_folder() + "/prompts.json")["prompts"].get<std::vector<std::string>>();
