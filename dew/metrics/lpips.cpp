@@ -155,7 +155,7 @@ io::KeyMap lpips_key_map() {
   io::KeyMap map;
   map.regex(R"(^net\.slice[0-9]+\.([0-9]+)\.(weight|bias)$)", "features.$1.$2");  // a whole lpips.LPIPS state
   map.skip(R"(classifier\..*)");  // a whole torchvision alexnet / vgg16 state: its classifier head is unused
-  map.allow_missing(".*");  // each file holds a part; the constructor checks that together they hold everything
+  map.allow_missing(".*");        // each file holds a part; the constructor checks that together they hold everything
   return map;
 }
 
