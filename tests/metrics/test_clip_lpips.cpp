@@ -42,6 +42,20 @@ fs::path clip_scratch(const std::string& name) {
   return dir;
 }
 
+// lpips.LPIPS(net) on the closed-form weights against the package's distances, in float32 and float64.
+void lpips_golden_case(const std::string& net) {
+  const auto g = dew::test::golden("lpips/" + net + ".safetensors");
+  auto lp = dew::metrics::Lpips(dew::metrics::LpipsOptions().net(net));
+  lp->eval();
+  torch::NoGradGuard no_grad;
+  const Tensor d = lp->forward(g.at("in0"), g.at("in1"));
+  dew::test::expect_golden("lpips " + net, d, g.at("d_f32"), g.at("d_f64"));
+  lp->to(at::kDouble);
+  const Tensor d64 = lp->forward(g.at("in0").to(at::kDouble), g.at("in1").to(at::kDouble));
+  // the reference's float64 run: the closed-form weights cast to float32 and back, the stored float32 inputs
+  dew::test::expect_close_f64("lpips " + net, d64, g.at("d_f64"), 1e-9);
+}
+
 }  // namespace clipl_test
 
 TEST(ClipScore, PreprocessingMatchesClipImageProcessor) {
@@ -121,20 +135,9 @@ TEST(ClipScore, RefusesBadInputByName) {
   EXPECT_NE(e2.find("2 images but 1 texts"), std::string::npos) << e2;
 }
 
-TEST(Lpips, MatchesTheLpipsPackageOnClosedFormWeights) {
-  for (const std::string net : {"alex", "vgg"}) {
-    const auto g = dew::test::golden("lpips/" + net + ".safetensors");
-    auto lp = dew::metrics::Lpips(dew::metrics::LpipsOptions().net(net));
-    lp->eval();
-    torch::NoGradGuard no_grad;
-    const at::Tensor d = lp->forward(g.at("in0"), g.at("in1"));
-    dew::test::expect_golden("lpips " + net, d, g.at("d_f32"), g.at("d_f64"));
-    lp->to(at::kDouble);
-    const at::Tensor d64 = lp->forward(g.at("in0").to(at::kDouble), g.at("in1").to(at::kDouble));
-    // the float64 reference's inputs are the float32 ones widened, its weights the closed form cast to float32
-    dew::test::expect_close_f64("lpips " + net, d64, g.at("d_f64"), 1e-9);
-  }
-}
+TEST(Lpips, MatchesTheLpipsPackageOnClosedFormWeightsAlex) { clipl_test::lpips_golden_case("alex"); }
+
+TEST(Lpips, MatchesTheLpipsPackageOnClosedFormWeightsVgg) { clipl_test::lpips_golden_case("vgg"); }
 
 TEST(Lpips, LoadsFilesAndRefusesBadOnesByName) {
   using dew::test::error_of;
