@@ -39,6 +39,14 @@ int cmd_eval_autoencoder(const std::vector<std::string>& args) {
   set_threads(f.get_int("threads", 0), Workload::kIntraOp);
   const std::string dir = f.positional[0];
   const auto lpips = lpips_from_flags(f);
+  json lpips_row = json::object();
+  if (lpips) {
+    // first: a run whose images the backbone cannot take is refused before the PSNR / SSIM pass
+    const double d = runs::lpips_autoencoder_run(dir, *lpips, open, count);
+    std::cout << "LPIPS (" << lpips->options.net() << ", lpips 0.1.4's distance, mean over the held-out images): " << d
+              << "\n";
+    lpips_row = {{"lpips", d}, {"lpips_net", lpips->options.net()}};
+  }
   const auto t0 = std::chrono::steady_clock::now();
   int64_t step = 0;
   const auto s = runs::score_autoencoder_run(dir, open, count, &step);
@@ -50,13 +58,7 @@ int cmd_eval_autoencoder(const std::vector<std::string>& args) {
   json row = {{"step", step},   {"weights", open.weights}, {"images", s.items},
               {"psnr", s.psnr}, {"ssim", s.ssim},          {"l1", s.l1},
               {"kl", s.kl},     {"seconds", secs}};
-  if (lpips) {
-    const double d = runs::lpips_autoencoder_run(dir, *lpips, open, count);
-    std::cout << "LPIPS (" << lpips->options.net() << ", lpips 0.1.4's distance, mean over " << s.items
-              << " images): " << d << "\n";
-    row["lpips"] = d;
-    row["lpips_net"] = lpips->options.net();
-  }
+  row.update(lpips_row);
   const std::string log = append_eval_row(dir, row, args);
   std::cout << "row appended to " << log << "\n";
   return 0;

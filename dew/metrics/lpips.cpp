@@ -109,7 +109,7 @@ Tensor LpipsImpl::forward(const Tensor& in0_, const Tensor& in1_) {
   check(in1_, "in1");
   DEW_CHECK(in0_.sizes() == in1_.sizes(), "lpips: in0 ", in0_.sizes(), " and in1 ", in1_.sizes(),
             " must have the same shape");
-  const int64_t min_hw = options.net() == "alex" ? 31 : 16;
+  const int64_t min_hw = min_image_size();
   DEW_CHECK(in0_.size(2) >= min_hw && in0_.size(3) >= min_hw, "lpips (net ", options.net(), "): images of ",
             in0_.size(2), " x ", in0_.size(3), " are too small (at least ", min_hw, " x ", min_hw, ")");
   const auto& w = lins[0]->weight;

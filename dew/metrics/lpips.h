@@ -47,6 +47,8 @@ class LpipsImpl : public torch::nn::Module {
   /// in0, in1: [N, 3, H, W] (or [N, 1, H, W], repeated to 3 channels) in [-1, 1] -> distances [N] in the
   /// parameters' dtype. H, W must survive the backbone's strides (alex: >= 31 px, vgg: >= 16 px).
   at::Tensor forward(const at::Tensor& in0, const at::Tensor& in1);
+  /// The smallest height and width the backbone takes (alex 31, vgg 16).
+  int64_t min_image_size() const { return options.net() == "alex" ? 31 : 16; }
   /// The 5 feature maps (after the scaling layer) of x.
   std::vector<at::Tensor> features_of(const at::Tensor& x);
 

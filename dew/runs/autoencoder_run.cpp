@@ -191,6 +191,10 @@ double lpips_autoencoder_run(const std::string& run_dir, metrics::LpipsImpl& lpi
   const at::Tensor images = autoencoder_held_out_images(run, run_dir, items);
   DEW_CHECK(images.dim() == 4 && (images.size(1) == 1 || images.size(1) == 3), "lpips: ", run_dir,
             "'s held-out images are ", images.sizes(), "; LPIPS takes 1 (repeated) or 3 channels");
+  DEW_CHECK(images.size(2) >= lpips.min_image_size() && images.size(3) >= lpips.min_image_size(), "lpips (net ",
+            lpips.options.net(), "): ", run_dir, "'s held-out images are ", images.size(2), " x ", images.size(3),
+            ", smaller than the backbone takes (", lpips.min_image_size(), " x ", lpips.min_image_size(),
+            "; --lpips-net vgg takes 16 x 16)");
   at::NoGradGuard ng;
   lpips.eval();
   const c10::Device device = module_device(*run.autoencoder);
