@@ -168,6 +168,8 @@ int cmd_eval(const std::vector<std::string>& args) {
     std::cout << eval_usage();
     return 0;
   }
+  // A diffusers pipeline folder scored by CLIP: no run, nothing written.
+  if (std::find(args.begin(), args.end(), "--pipeline") != args.end()) return cmd_eval_pipeline(args);
   // eval writes into the run (eval.jsonl, eval/): one writer at a time, as training is.
   std::unique_ptr<io::FileLock> lock;
   // A JEPA run is probed, a language-model run scored on prompts; a diffusion run is sampled.
