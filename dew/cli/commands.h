@@ -25,6 +25,9 @@ int cmd_eval(const std::vector<std::string>& args);
 /// `dew eval AUTOENCODER_RUN [--count N --weights ema|live --step N --device D --threads N]`: PSNR and SSIM
 /// of the run's reconstructions of its held-out set.
 int cmd_eval_autoencoder(const std::vector<std::string>& args);
+/// `dew eval --pipeline DIR --prompts FILE --clip CLIP_DIR [--count N --steps N --guidance G --seed S]`: the CLIP
+/// score of a diffusers pipeline folder's images of each prompt.
+int cmd_eval_pipeline(const std::vector<std::string>& args);
 /// `dew eval RUN` of a JEPA run [--train-items N --test-items N --knn-k K --probe-epochs E --probe-lr LR
 /// --pool mean|tokens|gridK --knn-prep none|center|standardize --knn-vote weighted|majority --knn-temperature T
 /// --no-baselines --weights ema|live --step N --device D]: linear and kNN probes of the frozen encoder, the

@@ -11,6 +11,7 @@
 #include "dew/cli/recipe.h"
 #include "dew/core/device.h"
 #include "dew/core/threads.h"
+#include "dew/metrics/clip_score.h"
 #include "dew/metrics/fashion_classifier.h"
 #include "dew/metrics/metrics.h"
 #include "dew/nn/backbones/causal_transformer.h"
@@ -28,6 +29,15 @@ std::string kind_list() {
   std::string out;
   for (const auto& k : runs::run_kinds()) out += (out.empty() ? "" : ", ") + k;
   return out;
+}
+
+// --clip DIR: the CLIP scorer (a transformers CLIPModel folder) for a caption-conditioned run, loaded before any
+// sampling; null without the flag.
+std::unique_ptr<metrics::ClipScorer> clip_scorer_from_flags(const Flags& f, const runs::DiffusionRun& run) {
+  if (!f.has("clip")) return nullptr;
+  DEW_CHECK(run.text != nullptr, "--clip: ", run.dir,
+            " is class-conditional; CLIP score needs a caption-conditioned (text) run");
+  return std::make_unique<metrics::ClipScorer>(f.get("clip", ""));
 }
 
 }  // namespace
@@ -163,6 +173,8 @@ int cmd_eval(const std::vector<std::string>& args) {
     std::cout << eval_usage();
     return 0;
   }
+  // A diffusers pipeline folder scored by CLIP: no run, nothing written.
+  if (std::find(args.begin(), args.end(), "--pipeline") != args.end()) return cmd_eval_pipeline(args);
   // eval writes into the run (eval.jsonl, eval/): one writer at a time, as training is.
   std::unique_ptr<io::FileLock> lock;
   // A JEPA run is probed, a language-model run scored on prompts; a diffusion run is sampled.
@@ -175,7 +187,7 @@ int cmd_eval(const std::vector<std::string>& args) {
     if (std::find(lm.begin(), lm.end(), kind) != lm.end()) return cmd_eval_policy(args);
   }
   auto f = parse_flags(
-      args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step", "device"},
+      args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step", "device", "clip"},
       {"classifier"});
   DEW_CHECK(f.has("classifier") || f.positional.size() == 1, "eval: expected one RUN directory (or --classifier), got ",
             f.positional.size(), " arguments");
@@ -225,6 +237,7 @@ int cmd_eval(const std::vector<std::string>& args) {
             << "\n";
   if (!run) return 0;
   const std::string dir = run->dir;
+  const auto clip = clip_scorer_from_flags(f, *run);
   const std::string weights = f.get("weights", "ema");
   set_threads(f.get_int("threads", 0), workload_of(run->model->config().value("architecture", "")));
   auto test = data::load_fashion_mnist("test");
@@ -246,6 +259,11 @@ int cmd_eval(const std::vector<std::string>& args) {
                  {"steps", g.steps},  {"guidance", g.guidance.scale}, {"samples", count},
                  {"accuracy", acc},   {"frechet_distance", fd},       {"classifier_test_accuracy", clf.test_accuracy},
                  {"seconds", secs}};
+    if (clip) {
+      // torchmetrics' CLIPScore of each sample against the caption it was drawn for
+      line["clip_score"] = clip->score(images, run->text->captions(g.labels));
+      std::cout << "CLIP score (torchmetrics CLIPScore, " << f.get("clip", "") << "): " << line["clip_score"] << "\n";
+    }
     append_eval_row(dir, line, args);
   }
   std::cout << "rows appended to " << training::RunDir(dir).eval_log() << "\n";

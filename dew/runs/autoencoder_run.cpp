@@ -161,19 +161,51 @@ AutoencoderRun open_autoencoder_run(const std::string& run_dir, const OpenOption
   return out;
 }
 
-ReconstructionScores score_autoencoder_run(const std::string& run_dir, const OpenOptions& o, int64_t items,
-                                           int64_t* step) {
+namespace {
+// The first `items` (0 = all) images of the run's held-out set, as stored (uint8).
+at::Tensor autoencoder_held_out_images(const AutoencoderRun& run, const std::string& run_dir, int64_t items) {
   DEW_CHECK(items >= 0, "count: must be >= 0 (0 = the whole held-out set), got ", items);
-  AutoencoderRun run = open_autoencoder_run(run_dir, o);
   const json held_out = autoencoder_test_spec(run.record);
   DEW_CHECK(!held_out.is_null(), "eval: ", run_dir, " trained on ", run.record["data"].dump(),
             ", which has no test split; rerun the training with --test_data to name a held-out set");
   auto test = data::datasets().build(held_out);
   const std::string field = run.record.value("objective", json::object()).value("image_field", "image");
   const at::Tensor& all = test->field(field);
-  const at::Tensor images = items > 0 ? all.slice(0, 0, std::min(items, all.size(0))) : all;
+  return items > 0 ? all.slice(0, 0, std::min(items, all.size(0))) : all;
+}
+}  // namespace
+
+ReconstructionScores score_autoencoder_run(const std::string& run_dir, const OpenOptions& o, int64_t items,
+                                           int64_t* step) {
+  DEW_CHECK(items >= 0, "count: must be >= 0 (0 = the whole held-out set), got ", items);
+  AutoencoderRun run = open_autoencoder_run(run_dir, o);
+  const at::Tensor images = autoencoder_held_out_images(run, run_dir, items);
   if (step) *step = run.step;
   return score_reconstructions(*run.autoencoder, images);
+}
+
+double lpips_autoencoder_run(const std::string& run_dir, metrics::LpipsImpl& lpips, const OpenOptions& o, int64_t items,
+                             int64_t batch) {
+  DEW_CHECK(batch >= 1, "lpips: batch must be >= 1, got ", batch);
+  AutoencoderRun run = open_autoencoder_run(run_dir, o);
+  const at::Tensor images = autoencoder_held_out_images(run, run_dir, items);
+  DEW_CHECK(images.dim() == 4 && (images.size(1) == 1 || images.size(1) == 3), "lpips: ", run_dir,
+            "'s held-out images are ", images.sizes(), "; LPIPS takes 1 (repeated) or 3 channels");
+  DEW_CHECK(images.size(2) >= lpips.min_image_size() && images.size(3) >= lpips.min_image_size(), "lpips (net ",
+            lpips.options.net(), "): ", run_dir, "'s held-out images are ", images.size(2), " x ", images.size(3),
+            ", smaller than the backbone takes (", lpips.min_image_size(), " x ", lpips.min_image_size(),
+            "; --lpips-net vgg takes 16 x 16)");
+  at::NoGradGuard ng;
+  lpips.eval();
+  const c10::Device device = module_device(*run.autoencoder);
+  lpips.to(device);
+  double sum = 0;
+  for (int64_t b = 0; b < images.size(0); b += batch) {
+    const at::Tensor x = data::to_model_range(images.slice(0, b, b + batch)).to(device);
+    const at::Tensor x_hat = run.autoencoder->decode(run.autoencoder->encode(x).mean).to(at::kFloat).clamp(-1, 1);
+    sum += lpips.forward(x_hat, x).to(at::kDouble).sum().item<double>();
+  }
+  return sum / double(images.size(0));
 }
 
 }  // namespace dew::runs

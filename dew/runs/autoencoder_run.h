@@ -5,6 +5,7 @@
 //   dew::DiagonalGaussian q = run.autoencoder->encode(x);                      // x: [B, 1, 32, 32] in [-1, 1]
 //   auto scores = dew::runs::score_autoencoder_run("runs/fashion_vae", {});   // PSNR / SSIM on the test split
 #pragma once
+#include "dew/metrics/lpips.h"
 #include "dew/nn/roles.h"
 #include "dew/objectives/autoencoder.h"
 #include "dew/runs/run.h"
@@ -30,5 +31,11 @@ json autoencoder_test_spec(const json& record);
 /// Reconstruction scores of RUN's autoencoder on the first `items` (0 = all) images of its held-out set.
 ReconstructionScores score_autoencoder_run(const std::string& run_dir, const OpenOptions& o = {}, int64_t items = 0,
                                            int64_t* step = nullptr);
+
+/// Mean LPIPS (metrics::Lpips, lpips 0.1.4's distance) between the first `items` (0 = all) held-out images of RUN
+/// and their reconstructions through the posterior mean (clipped to [-1, 1]), `batch` images at a time. The
+/// images must be large enough for the LPIPS backbone (alex: >= 31 px); grayscale is repeated to RGB.
+double lpips_autoencoder_run(const std::string& run_dir, metrics::LpipsImpl& lpips, const OpenOptions& o = {},
+                             int64_t items = 0, int64_t batch = 100);
 
 }  // namespace dew::runs
