@@ -3,13 +3,19 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <iostream>
 
 #include "dew/core/error.h"
 #include "dew/io/files.h"
+#include "dew/io/image.h"
+#include "dew/io/npz.h"
 #include "dew/io/weights.h"
 #include "dew/metrics/fashion_classifier.h"
+#include "dew/metrics/metrics.h"
 
 namespace fs = std::filesystem;
 
@@ -380,6 +386,63 @@ at::Tensor inception_features(InceptionV3& net, const at::Tensor& images01, FidM
     out.push_back(net->forward(x.to(p.device(), p.scalar_type())).to(at::kDouble).cpu());
   }
   return at::cat(out);
+}
+
+FidStats fid_stats(const at::Tensor& features) {
+  auto [mu, sigma] = gaussian_fit(features);
+  return {mu, sigma, features.size(0)};
+}
+
+FidStats read_fid_stats(const std::string& path, int64_t dims) {
+  auto a = io::read_npz(path);
+  for (const char* k : {"mu", "sigma"})
+    DEW_CHECK(a.count(k), "--fid-ref: ", path, " has no '", k,
+              "' array (pytorch-fid's statistics files hold mu and sigma)");
+  FidStats s{a.at("mu").to(at::kDouble), a.at("sigma").to(at::kDouble), 0};
+  DEW_CHECK(s.mu.dim() == 1 && s.mu.size(0) == dims, "--fid-ref: ", path, ": mu must be [", dims, "], got ",
+            s.mu.sizes());
+  DEW_CHECK(s.sigma.dim() == 2 && s.sigma.size(0) == dims && s.sigma.size(1) == dims, "--fid-ref: ", path,
+            ": sigma must be [", dims, ", ", dims, "], got ", s.sigma.sizes());
+  if (a.count("count") && a.at("count").numel() == 1) s.count = a.at("count").to(at::kLong).item<int64_t>();
+  return s;
+}
+
+void write_fid_stats(const std::string& path, const FidStats& s) {
+  fs::create_directories(fs::absolute(path).parent_path());
+  io::write_npz(path, {{"mu", s.mu}, {"sigma", s.sigma}, {"count", at::scalar_tensor(s.count, at::kLong)}}, true);
+}
+
+FidStats folder_fid_stats(InceptionV3& net, const std::string& dir, FidMode mode, bool verbose) {
+  DEW_CHECK(fs::is_directory(dir), "--fid-ref: '", dir, "' is neither a folder of images nor an .npz file");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::string ext = e.path().extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    if (e.is_regular_file() && (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp"))
+      files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  check_fid_count(int64_t(files.size()), kInceptionDims, "--fid-ref " + dir);
+  std::string key = fs::absolute(dir).lexically_normal().string() + "|" + to_string(mode);
+  for (const auto& p : files)
+    key += "|" + p.filename().string() + ":" + std::to_string(fs::file_size(p)) + ":" +
+           std::to_string(fs::last_write_time(p).time_since_epoch().count());
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016zx", std::hash<std::string>{}(key));
+  const fs::path cached = fs::path(cache_dir()) / "fid_ref" /
+                          (fs::absolute(dir).lexically_normal().filename().string() + "-" + hex + ".npz");
+  if (fs::is_regular_file(cached)) {
+    if (verbose) std::cout << "FID reference statistics of " << dir << " (cached: " << cached.string() << ")\n";
+    return read_fid_stats(cached.string());
+  }
+  if (verbose) std::cout << "computing the Inception statistics of " << files.size() << " images in " << dir << "\n";
+  std::vector<at::Tensor> feats;
+  for (const auto& p : files)  // any sizes: one image at a time, RGB as pytorch-fid's loader converts it
+    feats.push_back(inception_features(net, (io::load_image(p.string(), 3).to(at::kFloat) / 255).unsqueeze(0), mode));
+  auto s = fid_stats(at::cat(feats));
+  write_fid_stats(cached.string(), s);
+  if (verbose) std::cout << "cached as " << cached.string() << "\n";
+  return s;
 }
 
 }  // namespace dew::metrics

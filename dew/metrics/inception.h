@@ -76,6 +76,25 @@ InceptionV3 load_inception(const std::string& path);
 /// dew::Error before any image is processed.
 at::Tensor inception_features(InceptionV3& net, const at::Tensor& images01, FidMode mode, int64_t batch = 50);
 
+/// A feature set's Gaussian: mean [D] and unbiased covariance [D, D] (float64), as pytorch-fid's
+/// calculate_activation_statistics, and how many images made it (0 when a file does not say).
+struct FidStats {
+  at::Tensor mu, sigma;
+  int64_t count = 0;
+};
+/// gaussian_fit of features [N, D].
+FidStats fid_stats(const at::Tensor& features);
+/// pytorch-fid's statistics file: an .npz with `mu` [D] and `sigma` [D, D] (other members ignored; dew adds
+/// `count`). A missing member or mismatched shapes is a dew::Error naming the file and the member.
+FidStats read_fid_stats(const std::string& path, int64_t dims = 2048);
+/// Writes mu, sigma and count as np.savez_compressed would (pytorch-fid's --save-stats reads the same).
+void write_fid_stats(const std::string& path, const FidStats& stats);
+/// The images of a folder (png, jpg, jpeg, bmp; sorted by name; converted to RGB as pytorch-fid's loader
+/// does), their Inception statistics computed once and cached under CACHE/fid_ref/ keyed by the folder's
+/// path, file names, sizes and times, and the mode. Refuses a folder of at most `kInceptionDims` images
+/// before extracting anything.
+FidStats folder_fid_stats(InceptionV3& net, const std::string& dir, FidMode mode, bool verbose = true);
+
 /// pytorch-fid's name for the feature width FID needs more than this many images for (2048): with N <= D
 /// images the covariance is singular.
 constexpr int64_t kInceptionDims = 2048;
