@@ -12,6 +12,7 @@
 #include "dew/core/device.h"
 #include "dew/core/threads.h"
 #include "dew/io/files.h"
+#include "dew/io/image.h"
 #include "dew/metrics/fashion_classifier.h"
 #include "dew/metrics/inception.h"
 #include "dew/metrics/metrics.h"
@@ -239,8 +240,8 @@ int cmd_eval(const std::vector<std::string>& args) {
     if (!fid_ref_arg.empty() && std::filesystem::path(fid_ref_arg).extension() == ".npz")
       fid_ref = metrics::read_fid_stats(fid_ref_arg);
     else if (!fid_ref_arg.empty())
-      DEW_CHECK(std::filesystem::is_directory(fid_ref_arg), "--fid-ref: '", fid_ref_arg,
-                "' is neither a folder of images nor an .npz file");
+      metrics::check_fid_count(int64_t(metrics::fid_image_files(fid_ref_arg).size()), metrics::kInceptionDims,
+                               "--fid-ref " + fid_ref_arg);
   }
   set_threads(f.get_int("threads", 0), Workload::kIntraOp);  // the classifier is a small CNN
   auto clf = metrics::fashion_classifier();
@@ -313,8 +314,9 @@ int cmd_eval(const std::vector<std::string>& args) {
     }
     double fid_value = NAN;
     if (fid) {
-      const auto s =
-          metrics::fid_stats(metrics::inception_features(inception, (images.to(at::kFloat) + 1) / 2, fid_mode));
+      // The samples as their PNGs hold them (uint8), which is what pytorch-fid reads from a folder.
+      const auto png = io::to_uint8(images).to(at::kFloat) / 255;
+      const auto s = metrics::fid_stats(metrics::inception_features(inception, png, fid_mode));
       fid_value = metrics::frechet_distance(s.mu, s.sigma, fid_ref->mu, fid_ref->sigma);
     }
     std::ostringstream row;

@@ -412,16 +412,22 @@ void write_fid_stats(const std::string& path, const FidStats& s) {
   io::write_npz(path, {{"mu", s.mu}, {"sigma", s.sigma}, {"count", at::scalar_tensor(s.count, at::kLong)}}, true);
 }
 
-FidStats folder_fid_stats(InceptionV3& net, const std::string& dir, FidMode mode, bool verbose) {
+std::vector<std::string> fid_image_files(const std::string& dir) {
   DEW_CHECK(fs::is_directory(dir), "--fid-ref: '", dir, "' is neither a folder of images nor an .npz file");
-  std::vector<fs::path> files;
+  std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) {
     std::string ext = e.path().extension().string();
     std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return char(std::tolower(c)); });
     if (e.is_regular_file() && (ext == ".png" || ext == ".jpg" || ext == ".jpeg" || ext == ".bmp"))
-      files.push_back(e.path());
+      files.push_back(e.path().string());
   }
   std::sort(files.begin(), files.end());
+  return files;
+}
+
+FidStats folder_fid_stats(InceptionV3& net, const std::string& dir, FidMode mode, bool verbose) {
+  std::vector<fs::path> files;
+  for (const auto& f : fid_image_files(dir)) files.push_back(f);
   check_fid_count(int64_t(files.size()), kInceptionDims, "--fid-ref " + dir);
   std::string key = fs::absolute(dir).lexically_normal().string() + "|" + to_string(mode);
   for (const auto& p : files)

@@ -13,6 +13,7 @@
 #include <torch/nn/modules/conv.h>
 
 #include <string>
+#include <vector>
 
 namespace dew::metrics {
 
@@ -89,7 +90,10 @@ FidStats fid_stats(const at::Tensor& features);
 FidStats read_fid_stats(const std::string& path, int64_t dims = 2048);
 /// Writes mu, sigma and count as np.savez_compressed would (pytorch-fid's --save-stats reads the same).
 void write_fid_stats(const std::string& path, const FidStats& stats);
-/// The images of a folder (png, jpg, jpeg, bmp; sorted by name; converted to RGB as pytorch-fid's loader
+/// The image files of a folder (png, jpg, jpeg, bmp, any case), sorted by name; a path that is not a folder is a
+/// dew::Error naming --fid-ref.
+std::vector<std::string> fid_image_files(const std::string& dir);
+/// The images of a folder (fid_image_files; converted to RGB as pytorch-fid's loader
 /// does), their Inception statistics computed once and cached under CACHE/fid_ref/ keyed by the folder's
 /// path, file names, sizes and times, and the mode. Refuses a folder of at most `kInceptionDims` images
 /// before extracting anything.
