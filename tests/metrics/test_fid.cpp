@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "dew/io/image.h"
+#include "dew/io/npz.h"
 #include "dew/io/safetensors.h"
 #include "dew/metrics/inception.h"
 #include "dew/metrics/metrics.h"
@@ -140,4 +142,28 @@ TEST(Fid, CleanResizeMatchesCleanFid) {
                 long(want.size(0)), long(want.size(1)), d);
     EXPECT_LE(d, 1e-4 * 255) << c;
   }
+}
+
+TEST(Fid, StatisticsFilesAndFoldersAreCheckedBeforeExtraction) {
+  dew::test::TempDir dir("fid_stats");
+  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/fid/stats_savez_compressed.npz";
+  const auto s = dew::metrics::read_fid_stats(golden, 5);  // numpy's file: mu [5], sigma [5, 5]
+  EXPECT_EQ(s.sigma.sizes(), (std::vector<int64_t>{5, 5}));
+  const auto wrong = dew::test::error_of([&] { dew::metrics::read_fid_stats(golden); });
+  EXPECT_NE(wrong.find("mu must be [2048]"), std::string::npos) << wrong;
+  dew::io::write_npz(dir.file("nosigma.npz"), {{"mu", at::zeros({2048}, at::kDouble)}});
+  const auto e = dew::test::error_of([&] { dew::metrics::read_fid_stats(dir.file("nosigma.npz")); });
+  EXPECT_NE(e.find("'sigma'"), std::string::npos) << e;
+  dew::metrics::write_fid_stats(dir.file("rt.npz"), {at::ones({5}, at::kDouble), at::eye(5, at::kDouble), 7});
+  const auto back = dew::metrics::read_fid_stats(dir.file("rt.npz"), 5);
+  EXPECT_EQ(back.count, 7);
+  EXPECT_TRUE(at::equal(back.sigma, at::eye(5, at::kDouble)));
+  // A folder of 3 images: refused with the count, before the network sees anything.
+  std::filesystem::create_directories(dir.file("imgs"));
+  for (int i = 0; i < 3; ++i) dew::io::save_png(dir.file("imgs/" + std::to_string(i) + ".png"), at::zeros({3, 8, 8}));
+  dew::metrics::InceptionV3 net;
+  const auto few = dew::test::error_of(
+      [&] { dew::metrics::folder_fid_stats(net, dir.file("imgs"), dew::metrics::FidMode::pytorch_fid, false); });
+  EXPECT_NE(few.find("2049"), std::string::npos) << few;
+  EXPECT_EQ(dew::metrics::fid_image_files(dir.file("imgs")).size(), 3u);
 }
