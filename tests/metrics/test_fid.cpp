@@ -167,3 +167,19 @@ TEST(Fid, StatisticsFilesAndFoldersAreCheckedBeforeExtraction) {
   EXPECT_NE(few.find("2049"), std::string::npos) << few;
   EXPECT_EQ(dew::metrics::fid_image_files(dir.file("imgs")).size(), 3u);
 }
+
+TEST(Fid, ZipPthStateDictLoads) {
+  if (std::system(DEW_PYTHON " -c 'import torch, safetensors' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << DEW_PYTHON " with torch and safetensors is not available";
+  dew::test::TempDir dir("fid_pth");
+  dew::io::save_safetensors(dir.file("w.safetensors"), fid_test::rule_weights());
+  // torch.save's zip format (torch >= 1.6), as a user's re-saved pytorch-fid state dict would be.
+  const std::string cmd = std::string(DEW_PYTHON) +
+                          " -c \"import torch, safetensors.torch as st; torch.save(st.load_file('" +
+                          dir.file("w.safetensors") + "'), '" + dir.file("w.pth") + "')\"";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto net = dew::metrics::load_inception(dir.file("w.pth"));
+  const auto w = fid_test::rule_weights();
+  EXPECT_TRUE(
+      at::equal(net->named_parameters()["Mixed_7c.branch_pool.conv.weight"], w.at("Mixed_7c.branch_pool.conv.weight")));
+}
