@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "dew/core/rng.h"
+#include "dew/metrics/inception.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/roles.h"
@@ -333,6 +334,18 @@ const BenchCase& sample_case() {
   return c;
 }
 
+const BenchCase& fid_case() {
+  static const BenchCase c =
+      case_of_kind({"fid",
+                    "inception_v3",
+                    "pytorch-fid's InceptionV3 to pool3 (2048-d), images 3x" + std::to_string(kFidImage) + "x" +
+                        std::to_string(kFidImage) + " resized to 299x299",
+                    json::object(),
+                    {3, kFidImage, kFidImage}},
+                   CaseKind::fid);
+  return c;
+}
+
 bool is_sd(const BenchCase& c) {
   return c.kind == CaseKind::sd_unet || c.kind == CaseKind::sd_vae || is_flow_transformer(c);
 }
@@ -352,7 +365,7 @@ const json& reference_config(const BenchCase& c) {
 const std::vector<const BenchCase*>& other_cases() {
   static const std::vector<const BenchCase*> v = {&lm_case(),      &jepa_case(),   &dpo_case(), &grpo_rollout_case(),
                                                   &sd_unet_case(), &sd_vae_case(), &sd3_case(), &flux_case(),
-                                                  &train_case(),   &sample_case()};
+                                                  &train_case(),   &sample_case(), &fid_case()};
   return v;
 }
 
@@ -409,6 +422,7 @@ int64_t batch_of(const BenchCase& c, const Sizes& s) {
     case CaseKind::lm: return s.batch.value_or(4);
     case CaseKind::sd_unet: return s.batch.value_or(kSdUnetBatch);
     case CaseKind::sd_vae: return s.batch.value_or(kSdVaeBatch);
+    case CaseKind::fid: return s.batch.value_or(kFidBatch);
     case CaseKind::sd3:
     case CaseKind::flux: return s.batch.value_or(kFlowBatch);
     case CaseKind::train:
@@ -472,6 +486,10 @@ CaseModel case_model(const BenchCase& c, int64_t seq_len, const json& train_fiel
     auto denoiser = models::build(c.arch, train_fields);
     config = denoiser->config();
     model = denoiser;
+  } else if (c.kind == CaseKind::fid) {
+    auto net = metrics::InceptionV3();
+    config = {{"fields", json::object()}};
+    model = net.ptr();
   } else if (c.kind == CaseKind::sd_vae) {
     auto vae = models::build_autoencoder({{"architecture", c.arch}, {"fields", c.fields}});
     config = vae->config();

@@ -75,8 +75,14 @@ inline constexpr double kSampleGuidance = 3.0;  // cmd_sample's default for a cl
 inline constexpr int64_t kSampleRuns = 1;       // one run is 60 forwards of 72-128 rows: 20-80 s on 2 shared cores
 inline constexpr int64_t kSampleWarmup = 0;     // the network-alone forwards before the runs warm every chunk up
 
+// FID's InceptionV3 (dew/metrics/inception.h, pytorch-fid 0.3.0's InceptionV3([3])): pool3 features of
+// kFidBatch images of 3 x kFidImage^2 in [0, 1], resized to 299 x 299 inside (bilinear), without gradients;
+// random weights (speed does not depend on them). bench/fid_peer.py runs pytorch-fid's own class.
+inline constexpr int64_t kFidBatch = 8;
+inline constexpr int64_t kFidImage = 64;
+
 /// What a case times, and so which child, peer and report section it has.
-enum class CaseKind { diffusion, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train, sample };
+enum class CaseKind { diffusion, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train, sample, fid };
 
 /// One benchmarked model: a registry architecture at a fixed small size.
 struct BenchCase {
@@ -104,6 +110,7 @@ const BenchCase& sd3_case();
 const BenchCase& flux_case();
 const BenchCase& train_case();
 const BenchCase& sample_case();
+const BenchCase& fid_case();
 
 /// The case called `name`; dew::Error listing every name otherwise.
 const BenchCase& find_case(const std::string& name);

@@ -109,7 +109,8 @@ Peers find_peers(const PeerOptions& o, const std::vector<const BenchCase*>& case
         {CaseKind::grpo_rollout, "grpo-rollout-peer", "grpo_rollout_peer.py"},
         {CaseKind::sd_unet, "sd-peer", "sd_peer.py"},
         {CaseKind::train, "train-peer", "train_peer.py"},
-        {CaseKind::sample, "sample-peer", "sample_peer.py"}};
+        {CaseKind::sample, "sample-peer", "sample_peer.py"},
+        {CaseKind::fid, "fid-peer", "fid_peer.py"}};
     for (const auto& [kind, flag, file] : kinds) {
       const bool used = kind == CaseKind::sd_unet ? any_sd : any_of_kind(cases, kind);
       if (used) p.scripts[kind] = find_peer_script(o, exe, flag, file);
@@ -212,6 +213,7 @@ std::vector<std::string> peer_argv(const Peers& peers, const BenchCase& c, const
       add({"--solver", g.solver, "--guidance", fixed(g.guidance.scale, 6), "--chunk", std::to_string(g.batch_size)});
       break;
     }
+    case CaseKind::fid: add({"--params", n, "--image-size", std::to_string(c.item[1])}); break;
     case CaseKind::diffusion:
       add({"--model", c.arch, "--config", fields, "--params", n});
       add({"--image", std::to_string(c.item[1]) + "x" + std::to_string(c.item[2])});

@@ -408,6 +408,31 @@ class ReportWriter {
     }
   }
 
+  // FID's InceptionV3 feature extraction against pytorch-fid's own InceptionV3 (bench/fid_peer.py).
+  void fid(const Row& r) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::fid).empty();
+    md_ << "## dew bench: FID feature extraction (InceptionV3 to pool3)\n\n"
+        << "Model: " << r.c->size << ", " << grouped(r.params) << " parameters, random weights; C++: "
+        << "dew::metrics::InceptionV3, Python (bench/fid_peer.py): pytorch_fid.inception.InceptionV3([3]) "
+        << "(pytorch-fid 0.3.0); the parameter counts must agree. Pass (as FID extracts features, without "
+        << "gradients): batch " << batch_of(*r.c, s_) << " of images in [0, 1], bilinear resize to 299 x 299 "
+        << "(align_corners=False), 2x - 1, the network to pool3. " << warmup_of(*r.c, s_) << " warm-up + "
+        << steps_of(*r.c, s_) << " timed passes, median; " << ctx_.rounds << " round(s) per side, the fastest "
+        << "reported.\n\n"
+        << machine(r, with_peer);
+    md_ << "| side | best config | ms/pass | images/s | resize ms | network ms | peak MB |\n"
+        << "|---|---|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      const auto& m = fastest(r.configs, member);
+      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
+          << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md_ << "\nSpeed-up (Python ms/pass / C++ ms/pass): "
+          << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+    every_configuration(r, with_peer, "Every configuration (each round's median, fastest first):", "ms/pass");
+  }
+
   // The flow-matching transformers against diffusers' own classes: one section, a table set per model.
   void flow_transformers(const Row* sd3, const Row* flux) {
     const bool with_peer = !ctx_.peers.script(CaseKind::sd3).empty();
@@ -562,10 +587,10 @@ class ReportWriter {
     };
     for (const Row& r : rows) {
       const CaseKind kind = r.c->kind;
-      const std::string unit = kind == CaseKind::sd_vae         ? "ms/pass"
-                               : kind == CaseKind::sample       ? "ms/sampling run"
-                               : kind == CaseKind::grpo_rollout ? "ms/rollout"
-                                                                : "ms/step";
+      const std::string unit = kind == CaseKind::sd_vae || kind == CaseKind::fid ? "ms/pass"
+                               : kind == CaseKind::sample                        ? "ms/sampling run"
+                               : kind == CaseKind::grpo_rollout                  ? "ms/rollout"
+                                                                                 : "ms/step";
       line(r, kind == CaseKind::lm ? "lm training" : r.c->name, unit, &Measurement::ms);
       if (kind == CaseKind::lm) line(r, "lm generation", "ms/token", &Measurement::gen_ms_per_token);
     }
@@ -608,6 +633,10 @@ class ReportWriter {
     if (row(CaseKind::sample)) {
       if (!md_.str().empty()) md_ << "\n";
       sample(*row(CaseKind::sample));
+    }
+    if (row(CaseKind::fid)) {
+      if (!md_.str().empty()) md_ << "\n";
+      fid(*row(CaseKind::fid));
     }
     return md_.str();
   }

@@ -13,6 +13,7 @@
 #include "dew/core/threads.h"
 #include "dew/data/dataset.h"
 #include "dew/diffusion/process.h"
+#include "dew/metrics/inception.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/nn/roles.h"
@@ -610,6 +611,41 @@ json run_one_sd_vae(const BenchCase& c, const OneOptions& o) {
   return step_result(t.total, t.phase(0), t.phase(1), none, batch, nparams, out, t.peak_rss_mb);
 }
 
+// FID's feature extraction: pytorch-fid's forward (resize to 299, 2x - 1, the network to pool3) timed in two
+// phases, the resize and the network, on fixed random images in [0, 1].
+json run_one_fid(const BenchCase& c, const OneOptions& o) {
+  const int64_t batch = batch_of(c, o.sizes);
+  set_child_threads(o.threads);
+  at::manual_seed(0);
+  metrics::InceptionV3 net;
+  net->to(o.device);
+  net->eval();
+  int64_t nparams = 0;
+  for (const auto& p : net->parameters()) nparams += p.numel();
+  auto data_gen = at::detail::createCPUGenerator(1);
+  std::vector<int64_t> shape = {batch};
+  shape.insert(shape.end(), c.item.begin(), c.item.end());
+  const at::Tensor x = at::rand(shape, data_gen).to(o.device);  // [B, 3, H, W] in [0, 1]
+  at::NoGradGuard no_grad;
+  std::optional<at::Tensor> feats;
+  double out = 0;
+  const Timings t = timed_loop(
+      loop_of(c, o, o.profile),
+      [&](int64_t, StepClock& clock) {
+        const at::Tensor r =
+            2 * at::upsample_bilinear2d(x, at::IntArrayRef{299, 299}, false, std::nullopt, std::nullopt) - 1;
+        clock.lap();
+        feats.emplace(net->pool3(r));
+      },
+      [&](int64_t, StepClock&) {
+        out = feats->square().mean().item<double>();
+        feats.reset();
+      });
+  DEW_CHECK(std::isfinite(out), "bench fid: non-finite output ", out);
+  const std::vector<double> none(t.total.size(), 0.0);
+  return step_result(t.total, t.phase(0), t.phase(1), none, batch, nparams, out, t.peak_rss_mb);
+}
+
 }  // namespace
 
 json run_one(const BenchCase& c, const OneOptions& o) {
@@ -624,6 +660,7 @@ json run_one(const BenchCase& c, const OneOptions& o) {
     case CaseKind::flux: return run_one_flow_transformer(c, o);
     case CaseKind::train: return run_one_train(c, o);
     case CaseKind::sample: return run_one_sample(c, o);
+    case CaseKind::fid: return run_one_fid(c, o);
     case CaseKind::diffusion: return run_one_diffusion(c, o);
   }
   fail("bench: case \"", c.name, "\" has no measured child");

@@ -23,7 +23,8 @@ void print_progress(std::ostream& log, int64_t round, int64_t rounds, const std:
 
 // The training-step cases, whose peers also run under torch.compile.
 bool compiles(const BenchCase& c) {
-  return c.kind != CaseKind::sd_vae && c.kind != CaseKind::sample && c.kind != CaseKind::grpo_rollout;
+  return c.kind != CaseKind::sd_vae && c.kind != CaseKind::sample && c.kind != CaseKind::grpo_rollout &&
+         c.kind != CaseKind::fid;
 }
 
 }  // namespace

@@ -41,12 +41,13 @@ std::string peer_python() {
 
 const char* kBenchUsage =
     "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout,sd_unet,sd_vae,sd3,flux,train,"
-    "sample"
+    "sample,fid"
     " | --all]\n"
     "                 [--steps N] [--warmup W] [--batch B] [--seq-len S] [--threads 1,2] [--blas-threads 1,2]\n"
     "                 [--images N] [--sample-steps S]\n"
     "                 [--rounds R] [--no-peer] [--peer FILE] [--lm-peer FILE] [--jepa-peer FILE] [--dpo-peer FILE]\n"
     "                 [--grpo-rollout-peer FILE] [--sd-peer FILE] [--train-peer FILE] [--sample-peer FILE]\n"
+    "                 [--fid-peer FILE]\n"
     "                 [--diffusers-src DIR]\n"
     "                 [--peer-coretype CORE]\n"
     "                 [--peer-malloc-like-dew] [--out FILE.md]\n"
@@ -90,7 +91,10 @@ const char* kBenchUsage =
     "                  guidance 3, chunks of 64) of 100 images on the default recipe's freshly initialised\n"
     "                  model, without the PNG, in ms per sampling run and images/s, against\n"
     "                  bench/sample_peer.py (the same Euler loop with classifier-free guidance, torch.no_grad)\n"
-    "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train and sample\n"
+    "                  fid: FID's InceptionV3 feature extraction (8 images 3x64x64 resized to 299, pool3) in\n"
+    "                  ms per pass and images/s, against pytorch-fid's InceptionV3 (bench/fid_peer.py)\n"
+    "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train, sample and "
+    "fid\n"
     "                  included\n"
     "  --steps N       timed steps (grpo_rollout: rollouts; sample: sampling runs, default 1) per configuration,\n"
     "                  median reported (default 20)\n"
@@ -118,6 +122,7 @@ const char* kBenchUsage =
     "  --sd-peer FILE  the diffusers cases' Python peer: sd_unet, sd_vae, sd3, flux (default: bench/sd_peer.py)\n"
     "  --train-peer FILE  the train case's Python peer (default: bench/train_peer.py)\n"
     "  --sample-peer FILE  the sample case's Python peer (default: bench/sample_peer.py)\n"
+    "  --fid-peer FILE  the fid case's Python peer (default: bench/fid_peer.py)\n"
     "  --diffusers-src DIR  the `src` folder of a diffusers checkout the diffusers peer imports instead of\n"
     "                  the environment's diffusers (default: $DEW_DIFFUSERS_SRC, else the installed package)\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
@@ -132,8 +137,8 @@ const char* kBenchUsage =
     "steps' operators (chrome://tracing, Perfetto); for lm, FILE.generate.json has the timed generations'.\n";
 
 // The flags naming a peer script, each a key of bench::PeerOptions::files.
-const std::vector<std::string> kPeerFlags = {"peer",    "lm-peer",    "jepa-peer",  "dpo-peer", "grpo-rollout-peer",
-                                             "sd-peer", "train-peer", "sample-peer"};
+const std::vector<std::string> kPeerFlags = {"peer",    "lm-peer",    "jepa-peer",   "dpo-peer", "grpo-rollout-peer",
+                                             "sd-peer", "train-peer", "sample-peer", "fid-peer"};
 
 std::vector<int64_t> int_list(const Flags& f, const std::string& flag, const std::string& def) {
   std::vector<int64_t> out;
@@ -164,7 +169,8 @@ int cmd_bench(const std::vector<std::string>& args) {
                                      "out",        "one",          "peer-coretype", "seq-len",
                                      "lm-peer",    "jepa-peer",    "dpo-peer",      "grpo-rollout-peer",
                                      "profile",    "device",       "sd-peer",       "diffusers-src",
-                                     "train-peer", "images",       "sample-steps",  "sample-peer"},
+                                     "train-peer", "images",       "sample-steps",  "sample-peer",
+                                     "fid-peer"},
                               {"no-peer", "no-compile", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;

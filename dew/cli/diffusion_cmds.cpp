@@ -12,7 +12,10 @@
 #include "dew/core/device.h"
 #include "dew/core/threads.h"
 #include "dew/metrics/clip_score.h"
+#include "dew/io/files.h"
+#include "dew/io/image.h"
 #include "dew/metrics/fashion_classifier.h"
+#include "dew/metrics/inception.h"
 #include "dew/metrics/metrics.h"
 #include "dew/nn/backbones/causal_transformer.h"
 #include "dew/runs/diffusion_run.h"
@@ -186,9 +189,10 @@ int cmd_eval(const std::vector<std::string>& args) {
     const auto& lm = runs::language_model_kinds();
     if (std::find(lm.begin(), lm.end(), kind) != lm.end()) return cmd_eval_policy(args);
   }
-  auto f = parse_flags(
-      args, {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step", "device", "clip"},
-      {"classifier"});
+  auto f = parse_flags(args,
+                       {"solvers", "steps", "guidance", "count", "seed", "weights", "threads", "batch", "step",
+                        "device", "clip", "inception", "fid-ref", "fid-mode"},
+                       {"classifier"});
   DEW_CHECK(f.has("classifier") || f.positional.size() == 1, "eval: expected one RUN directory (or --classifier), got ",
             f.positional.size(), " arguments");
   // Everything is checked before the classifier trains (minutes, once) or a sample is drawn.
@@ -207,7 +211,9 @@ int cmd_eval(const std::vector<std::string>& args) {
         run->conditioning_classes() == 10 && run->image_shape == std::vector<int64_t>({1, 28 + 2 * pad, 28 + 2 * pad}),
         "eval: ", dir, " is not a class- or caption-conditional 1x28x28 Fashion-MNIST run (classes ",
         run->conditioning_classes(), ")");
-    DEW_CHECK(count >= 10 && count % 10 == 0, "--count: must be a positive multiple of 10, got ", count);
+    DEW_CHECK(count >= 10 && count % 10 == 0 && count <= 60000,
+              "--count: must be a positive multiple of 10 of at most 60000 (the training images the floor uses), got ",
+              count);
     std::stringstream ss(f.get("solvers", "euler"));
     std::string solver;
     while (std::getline(ss, solver, ',')) {
@@ -231,6 +237,29 @@ int cmd_eval(const std::vector<std::string>& args) {
     }
     DEW_CHECK(!plans.empty(), "--solvers: expected a comma-separated list of solvers (dew list solvers)");
   }
+  // FID (Inception) when its weights are given or cached: every file and count is checked here, before the
+  // classifier trains or any feature is extracted.
+  const bool fid_asked = f.has("inception") || f.has("fid-ref") || f.has("fid-mode");
+  const std::string inception_path = metrics::find_inception(f.get("inception", ""));
+  const auto fid_mode = metrics::fid_mode_from_string(f.get("fid-mode", "pytorch-fid"));
+  bool fid = run && (fid_asked || !inception_path.empty());
+  if (fid && count <= metrics::kInceptionDims) {
+    if (fid_asked) metrics::check_fid_count(count, metrics::kInceptionDims, "--count");
+    std::cout << "FID (Inception) skipped: --count " << count << " gives a singular covariance of its "
+              << metrics::kInceptionDims << "-d features (needs at least " << metrics::kInceptionDims + 1 << ")\n";
+    fid = false;
+  }
+  metrics::InceptionV3 inception{nullptr};
+  std::optional<metrics::FidStats> fid_ref;
+  const std::string fid_ref_arg = f.get("fid-ref", "");
+  if (fid) {
+    inception = metrics::load_inception(inception_path);  // refuses a missing or wrong file by name
+    if (!fid_ref_arg.empty() && std::filesystem::path(fid_ref_arg).extension() == ".npz")
+      fid_ref = metrics::read_fid_stats(fid_ref_arg);
+    else if (!fid_ref_arg.empty())
+      metrics::check_fid_count(int64_t(metrics::fid_image_files(fid_ref_arg).size()), metrics::kInceptionDims,
+                               "--fid-ref " + fid_ref_arg);
+  }
   set_threads(f.get_int("threads", 0), Workload::kIntraOp);  // the classifier is a small CNN
   auto clf = metrics::fashion_classifier();
   std::cout << "classifier test accuracy " << clf.test_accuracy << (clf.trained_now ? " (trained now)" : " (cached)")
@@ -242,8 +271,51 @@ int cmd_eval(const std::vector<std::string>& args) {
   set_threads(f.get_int("threads", 0), workload_of(run->model->config().value("architecture", "")));
   auto test = data::load_fashion_mnist("test");
   auto [test_feats, test_pred] = metrics::classify(clf.model, data::to_model_range(test.field("image")));
-  std::cout << "| solver | steps | guidance | samples | accuracy | frechet distance | seconds "
-               "|\n|---|---|---|---|---|---|---|\n";
+  // The floor: real training images (the first `count`) against the real test images, same features and
+  // count as the samples get; a sample set cannot be expected to score below it.
+  auto train = data::load_fashion_mnist("train");
+  const auto train_images = data::to_model_range(train.field("image").narrow(0, 0, count));
+  const double fd_floor = metrics::frechet_distance(metrics::classify(clf.model, train_images).first, test_feats);
+  std::cout << "classifier FD floor (" << count << " real training vs " << test_feats.size(0)
+            << " real test images): " << fd_floor << "\n";
+  double fid_floor = NAN;
+  if (fid) {
+    // Reference statistics: --fid-ref's .npz or folder, else the Fashion-MNIST test set; both cached.
+    const std::string mode = metrics::to_string(fid_mode);
+    auto cached = [&](const std::string& name, const at::Tensor& images01) {
+      const std::string path = metrics::cache_dir() + "/fid_stats_" + name + "_" + mode + ".npz";
+      if (std::filesystem::exists(path)) return metrics::read_fid_stats(path);
+      std::cout << "computing Inception statistics of " << images01.size(0) << " images (" << name << "), cached as "
+                << path << "\n";
+      auto s = metrics::fid_stats(metrics::inception_features(inception, images01, fid_mode));
+      metrics::write_fid_stats(path, s);
+      return s;
+    };
+    if (!fid_ref && !fid_ref_arg.empty()) fid_ref = metrics::folder_fid_stats(inception, fid_ref_arg, fid_mode);
+    if (!fid_ref) fid_ref = cached("fashion_mnist_test", test.field("image").to(at::kFloat) / 255);
+    const auto floor_stats = cached("fashion_mnist_train" + std::to_string(count),
+                                    train.field("image").narrow(0, 0, count).to(at::kFloat) / 255);
+    fid_floor = metrics::frechet_distance(floor_stats.mu, floor_stats.sigma, fid_ref->mu, fid_ref->sigma);
+    std::cout << "FID floor (" << count << " real training images vs the reference, " << mode << "): " << fid_floor
+              << "\n";
+  }
+  std::ostringstream md;  // RUN/eval.md: this evaluation's tables
+  md << "# dew eval of " << dir << " (step " << run->step << ", " << weights << " weights)\n\n"
+     << "Classifier test accuracy " << clf.test_accuracy << ". Floors (" << count
+     << " real training images in place of the samples): classifier FD " << fd_floor;
+  if (fid) md << ", FID (Inception, " << metrics::to_string(fid_mode) << ") " << fid_floor;
+  md << ".\n\n| solver | steps | guidance | samples | accuracy | frechet distance | FD floor |"
+     << (fid ? " FID | FID floor |" : "") << " seconds |\n|---|---|---|---|---|---|---|" << (fid ? "---|---|" : "")
+     << "---|\n";
+  std::ostringstream per_class;
+  per_class << "\n## Per-class accuracy\n\n| solver |";
+  for (int c = 0; c < 10; ++c) per_class << " " << c << " |";
+  per_class << "\n|---|";
+  for (int c = 0; c < 10; ++c) per_class << "---|";
+  per_class << "\n";
+  std::cout << "| solver | steps | guidance | samples | accuracy | frechet distance | FD floor |"
+            << (fid ? " FID | FID floor |" : "") << " seconds |\n|---|---|---|---|---|---|---|"
+            << (fid ? "---|---|" : "") << "---|\n";
   for (const auto& g : plans) {
     const std::string& solver = g.solver;
     const auto t0 = std::chrono::steady_clock::now();
@@ -253,12 +325,46 @@ int cmd_eval(const std::vector<std::string>& args) {
     auto [feats, pred] = metrics::classify(clf.model, images);
     const double acc = (pred == g.labels).to(at::kDouble).mean().item<double>();
     const double fd = metrics::frechet_distance(feats, test_feats);
-    std::cout << "| " << solver << " | " << g.steps << " | " << g.guidance.scale << " | " << count << " | " << acc
-              << " | " << fd << " | " << secs << " |\n";
-    json line = {{"step", run->step}, {"weights", weights},           {"solver", solver},
-                 {"steps", g.steps},  {"guidance", g.guidance.scale}, {"samples", count},
-                 {"accuracy", acc},   {"frechet_distance", fd},       {"classifier_test_accuracy", clf.test_accuracy},
+    std::vector<double> class_acc(10);
+    for (int64_t c = 0; c < 10; ++c) {
+      const auto mask = g.labels == c;
+      class_acc[size_t(c)] = (pred.index({mask}) == c).to(at::kDouble).mean().item<double>();
+    }
+    double fid_value = NAN;
+    if (fid) {
+      // The samples as their PNGs hold them (uint8), which is what pytorch-fid reads from a folder.
+      const auto png = io::to_uint8(images).to(at::kFloat) / 255;
+      const auto s = metrics::fid_stats(metrics::inception_features(inception, png, fid_mode));
+      fid_value = metrics::frechet_distance(s.mu, s.sigma, fid_ref->mu, fid_ref->sigma);
+    }
+    std::ostringstream row;
+    row << "| " << solver << " | " << g.steps << " | " << g.guidance.scale << " | " << count << " | " << acc << " | "
+        << fd << " | " << fd_floor << " |";
+    if (fid) row << " " << fid_value << " | " << fid_floor << " |";
+    row << " " << secs << " |\n";
+    std::cout << row.str();
+    md << row.str();
+    per_class << "| " << solver << " |";
+    for (double a : class_acc) per_class << " " << a << " |";
+    per_class << "\n";
+    json line = {{"step", run->step},
+                 {"weights", weights},
+                 {"solver", solver},
+                 {"steps", g.steps},
+                 {"guidance", g.guidance.scale},
+                 {"samples", count},
+                 {"accuracy", acc},
+                 {"per_class_accuracy", class_acc},
+                 {"frechet_distance", fd},
+                 {"frechet_distance_floor", fd_floor},
+                 {"classifier_test_accuracy", clf.test_accuracy},
                  {"seconds", secs}};
+    if (fid) {
+      line["fid_inception"] = fid_value;
+      line["fid_floor"] = fid_floor;
+      line["fid_mode"] = metrics::to_string(fid_mode);
+      line["fid_reference"] = fid_ref_arg.empty() ? "fashion_mnist test" : fid_ref_arg;
+    }
     if (clip) {
       // torchmetrics' CLIPScore of each sample against the caption it was drawn for
       line["clip_score"] = clip->score(images, run->text->captions(g.labels));
@@ -266,7 +372,9 @@ int cmd_eval(const std::vector<std::string>& args) {
     }
     append_eval_row(dir, line, args);
   }
-  std::cout << "rows appended to " << training::RunDir(dir).eval_log() << "\n";
+  md << per_class.str();
+  io::write_file_atomic(dir + "/eval.md", md.str());
+  std::cout << "rows appended to " << training::RunDir(dir).eval_log() << ", tables in " << dir << "/eval.md\n";
   return 0;
 }
 

@@ -1,6 +1,7 @@
 #include "dew/metrics/metrics.h"
 
 #include <cmath>
+#include <tuple>
 
 namespace dew::metrics {
 
@@ -30,16 +31,36 @@ std::pair<Tensor, Tensor> gaussian_fit(const Tensor& features) {
   return {mu, at::matmul(c.t(), c) / double(f.size(0) - 1)};
 }
 
-double frechet_distance(const Tensor& mu1, const Tensor& cov1, const Tensor& mu2, const Tensor& cov2) {
+void check_fid_count(int64_t n, int64_t dims, const std::string& what) {
+  DEW_CHECK(n > dims, what, ": ", n, " images give a singular covariance of the ", dims,
+            "-d features; a Frechet distance needs at least ", dims + 1,
+            " (pytorch-fid's advice: 2048+ for "
+            "Inception, 10000+ for comparable numbers)");
+}
+
+double frechet_distance(const Tensor& mu1, const Tensor& cov1, const Tensor& mu2, const Tensor& cov2, double eps) {
   DEW_CHECK(
       mu1.sizes() == mu2.sizes() && cov1.sizes() == cov2.sizes() && cov1.dim() == 2 && cov1.size(0) == mu1.numel(),
       "frechet_distance: mismatched shapes ", mu1.sizes(), ", ", cov1.sizes(), ", ", mu2.sizes(), ", ", cov2.sizes());
   auto m1 = mu1.to(at::kDouble), m2 = mu2.to(at::kDouble);
   auto c1 = cov1.to(at::kDouble), c2 = cov2.to(at::kDouble);
-  auto s1 = sqrtm_psd(c1);
-  auto cross = at::linalg_eigvalsh(at::matmul(at::matmul(s1, c2), s1)).clamp_min(0).sqrt().sum();
-  auto d = (m1 - m2).square().sum() + c1.trace() + c2.trace() - 2 * cross;
-  return d.item<double>();
+  DEW_CHECK(at::isfinite(m1).all().item<bool>() && at::isfinite(m2).all().item<bool>() &&
+                at::isfinite(c1).all().item<bool>() && at::isfinite(c2).all().item<bool>(),
+            "frechet_distance: the statistics hold NaN or infinite values");
+  // Re tr sqrtm(a b) = sum sqrt(max(eig(a^1/2 b a^1/2), 0)); the negative eigenvalues are the imaginary part.
+  auto cross_term = [](const Tensor& a, const Tensor& b) -> std::pair<double, double> {
+    auto s = sqrtm_psd(a);
+    auto w = at::linalg_eigvalsh(at::matmul(at::matmul(s, b), s));
+    return {w.clamp_min(0).sqrt().sum().item<double>(), (-w).clamp_min(0).sqrt().sum().item<double>()};
+  };
+  auto [cross, imag] = cross_term(c1, c2);
+  if (!std::isfinite(cross)) {  // pytorch-fid: "fid calculation produces singular product"
+    auto offset = at::eye(c1.size(0), c1.options()) * eps;
+    std::tie(cross, imag) = cross_term(c1 + offset, c2 + offset);
+  }
+  DEW_CHECK(imag <= 1e-3, "frechet_distance: imaginary component ", imag,
+            " in the matrix square root (a covariance is not positive semi-definite)");
+  return ((m1 - m2).square().sum() + c1.trace() + c2.trace()).item<double>() - 2 * cross;
 }
 
 double frechet_distance(const Tensor& features_a, const Tensor& features_b) {
