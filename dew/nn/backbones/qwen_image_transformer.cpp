@@ -3,13 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <numeric>
 #include <set>
 
 #include "dew/core/error.h"
 #include "dew/nn/blocks.h"
-#include "dew/nn/diffusers_blocks.h"
 
 namespace dew::nn {
 
@@ -33,24 +33,22 @@ Tensor qwen_rms_heads(const Tensor& x, HeadNorm& norm) {
 }
 
 // QwenImage21Rope's tables for positions [S, 3] (frame, height, width; int64, negative allowed): per axis of
-// width d, the frequencies 1 / theta^(2j / d) and their products with the positions in float32 (diffusers builds
-// complex64 tables with torch.polar), cos and sin repeated per pair as flux_apply_rope reads them. Flux's
-// flux_rope computes in float64 instead, so its tables differ in the last float32 bit.
-FluxRope qwen_rope(const Tensor& pos, const std::vector<int64_t>& axes_dims) {
+// width d, the frequencies 1 / theta^(2j / d) and their products with the positions in float32, then
+// torch.polar, as diffusers builds them (rope_params).
+QwenRope qwen_rope(const Tensor& pos, const std::vector<int64_t>& axes_dims) {
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(pos.device());
-  std::vector<Tensor> cos, sin;
+  std::vector<Tensor> parts;
   for (size_t i = 0; i < axes_dims.size(); ++i) {
     const int64_t d = axes_dims[i];
     const Tensor inv = 1.0 / at::pow(10000.0, at::arange(0, d, 2, f32).div(static_cast<double>(d)));
-    const Tensor freqs = at::outer(pos.select(1, static_cast<int64_t>(i)).to(at::kFloat), inv);  // [S, d / 2]
-    cos.push_back(freqs.cos().repeat_interleave(2, 1));
-    sin.push_back(freqs.sin().repeat_interleave(2, 1));
+    const Tensor angles = at::outer(pos.select(1, static_cast<int64_t>(i)).to(at::kFloat), inv);  // [S, d / 2]
+    parts.push_back(at::polar(at::ones_like(angles), angles));
   }
-  return {at::cat(cos, 1), at::cat(sin, 1)};
+  return {at::cat(parts, 1)};
 }
 
-FluxRope qwen_rope_rows(const FluxRope& r, int64_t start) {
-  return {r.cos.narrow(0, start, r.cos.size(0) - start), r.sin.narrow(0, start, r.sin.size(0) - start)};
+QwenRope qwen_rope_rows(const QwenRope& r, int64_t start) {
+  return {r.freqs.narrow(0, start, r.freqs.size(0) - start)};
 }
 
 // _select_modulation_rows: params [B + 1, X] with causal_condition (the last row from t = 0) -> [B, S, X], the
@@ -59,6 +57,20 @@ Tensor qwen_select_rows(const Tensor& params, const Tensor& target) {
   if (!target.defined()) return params.unsqueeze(1);
   const int64_t B = params.size(0) - 1;
   return at::where(target.view({1, -1, 1}), params.narrow(0, 0, B).unsqueeze(1), params.narrow(0, B, 1).unsqueeze(0));
+}
+
+// QwenImage21TemporalTimesteps for t [B] float32 (already x 1000): [cos, sin] of t f_i, f_i = exp(-ln(10000) i /
+// 128) in float32, the embedding returned in float32. Its frequencies are a buffer, which a float64 model holds in
+// float64: there the products t f_i (up to 1000) are float64 before the embedding is rounded, which moves it by up
+// to 6e-5 against float32 products, so `wide` follows that.
+Tensor qwen_time_sinusoid(const Tensor& t, bool wide) {
+  const int64_t half = 128;
+  const auto f = at::TensorOptions().dtype(at::kFloat).device(t.device());
+  const Tensor freqs =
+      at::exp(at::arange(0, half, f) * static_cast<float>(-std::log(10000.0)) / static_cast<float>(half));
+  const Tensor args = wide ? t.to(at::kDouble).unsqueeze(1) * freqs.to(at::kDouble).unsqueeze(0)
+                           : t.to(at::kFloat).unsqueeze(1) * freqs.unsqueeze(0);
+  return at::cat({at::cos(args), at::sin(args)}, 1).to(at::kFloat);
 }
 
 Tensor qwen_clip_fp16(const Tensor& x) { return x.scalar_type() == at::kHalf ? x.clamp(-65504, 65504) : x; }
@@ -71,7 +83,15 @@ torch::nn::Linear qwen_linear(int64_t in, int64_t out) {
 
 using namespace qwen_image_detail;
 
-// ---- layout ----
+// ---- RoPE and layout ----
+
+Tensor qwen_apply_rope(const Tensor& x, const QwenRope& rope) {
+  DEW_CHECK(
+      x.dim() == 4 && rope.freqs.dim() == 2 && x.size(2) == rope.freqs.size(0) && x.size(3) == 2 * rope.freqs.size(1),
+      "qwen_apply_rope: x [B, H, S, D] ", x.sizes(), " does not match tables ", rope.freqs.sizes());
+  const Tensor xc = at::view_as_complex(x.to(at::kFloat).unflatten(-1, {-1, 2}).contiguous());
+  return at::view_as_real(xc * rope.freqs.to(x.device())).flatten(-2).to(x.scalar_type());
+}
 
 QwenImageLayout qwen_image_layout(const std::vector<std::vector<int64_t>>& img_shapes, const Tensor& vlm_image,
                                   const Tensor& text_mask, const std::vector<int64_t>& axes_dims,
@@ -203,15 +223,15 @@ QwenImageBlockImpl::QwenImageBlockImpl(int64_t heads, int64_t head_dim, int64_t 
   img_mlp = register_module("img_mlp", QwenImageFeedForward(d, mlp_ratio * d));
 }
 
-Tensor QwenImageBlockImpl::forward(const Tensor& h, const std::vector<Tensor>& mods, const FluxRope& rope,
+Tensor QwenImageBlockImpl::forward(const Tensor& h, const std::vector<Tensor>& mods, const QwenRope& rope,
                                    const AttentionMask& mask, QwenImageCacheMode mode, int64_t prefix_len,
                                    Tensor* k_cache, Tensor* v_cache) {
   const int64_t B = h.size(0), S = h.size(1);
   const Tensor n1 = layer_norm_fp32(h, eps) * (1 + mods[0]);
   auto split = [&](const torch::nn::Linear& l) { return dense(n1, l).view({B, S, attn->heads, attn->head_dim}); };
   // RMSNorm over each head's width, then RoPE (in float32, as diffusers), heads on dimension 1.
-  const Tensor q = flux_apply_rope(qwen_rms_heads(split(attn->to_q), attn->norm_q).transpose(1, 2), rope);
-  Tensor k = flux_apply_rope(qwen_rms_heads(split(attn->to_k), attn->norm_k).transpose(1, 2), rope);
+  const Tensor q = qwen_apply_rope(qwen_rms_heads(split(attn->to_q), attn->norm_q).transpose(1, 2), rope);
+  Tensor k = qwen_apply_rope(qwen_rms_heads(split(attn->to_k), attn->norm_k).transpose(1, 2), rope);
   Tensor v = split(attn->to_v).transpose(1, 2);
   if (mode == QwenImageCacheMode::kExtract) {
     // Copies, not views: a view would pin the whole sequence's keys for the rest of the sampling loop.
@@ -340,9 +360,8 @@ Tensor QwenImageTransformerImpl::forward_joint(const Tensor& tokens, const Tenso
   const bool causal = o.causal_condition();
   Tensor t = time.to(device).to(at::kFloat);
   if (causal) t = at::cat({t, at::zeros({1}, t.options())});
-  const Tensor temb =
-      dense(at::silu(dense(timestep_embedding(t, 256, /*cosine_first=*/true, 0.0).to(dt), time_linear_1)),
-            time_linear_2);                                        // [B (+1), D]
+  const Tensor temb =  // [B (+1), D]
+      dense(at::silu(dense(qwen_time_sinusoid(t, dt == at::kDouble).to(dt), time_linear_1)), time_linear_2);
   const auto mod = dense(at::silu(temb), modulation).chunk(4, 1);  // scale1, gate1, scale2, gate2
   Tensor target;
   if (causal)
@@ -353,7 +372,7 @@ Tensor QwenImageTransformerImpl::forward_joint(const Tensor& tokens, const Tenso
 
   // The mask: the block-causal one ((q >= k) or same image block) over the whole sequence, or, for the cached
   // target rows (which see every key), the padding mask alone.
-  const FluxRope rope = mode == QwenImageCacheMode::kCached ? qwen_rope_rows(layout.rope, P) : layout.rope;
+  const QwenRope rope = mode == QwenImageCacheMode::kCached ? qwen_rope_rows(layout.rope, P) : layout.rope;
   Tensor mask;
   const Tensor key_valid = layout.key_valid.defined() ? layout.key_valid.to(device) : Tensor();
   if (mode == QwenImageCacheMode::kCached) {

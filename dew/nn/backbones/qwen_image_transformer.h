@@ -33,7 +33,6 @@
 
 #include "dew/nn/attention.h"
 #include "dew/nn/backbones/backbone.h"
-#include "dew/nn/backbones/flux_transformer.h"  // FluxRope / flux_apply_rope: the same interleaved rotation
 #include "dew/nn/option_fields.h"
 
 namespace dew::nn {
@@ -60,6 +59,16 @@ struct QwenImageTransformerOptions {
 #undef DEW_QWEN_IMAGE_TRANSFORMER_FIELDS
 };
 
+/// QwenImage21Rope's tables: per position the unit complex numbers exp(i p f_j) of the three axes, concatenated,
+/// in complex64 as diffusers builds them with torch.polar (whose cos / sin differ from at::cos / at::sin in the
+/// last float32 bit, so they are built the same way).
+struct QwenRope {
+  at::Tensor freqs;  // [S, attention_head_dim / 2] complex64
+};
+/// apply_rotary_emb_qwen (use_real false): x [B, H, S, D] as D / 2 complex pairs (interleaved) times freqs,
+/// computed in float32 (also for float64 x) and returned in x's dtype.
+at::Tensor qwen_apply_rope(const at::Tensor& x, const QwenRope& rope);
+
 /// The joint sequence's layout, shared by every block of one forward: which positions hold image tokens, which
 /// image block each belongs to, the rotary tables and which keys may be attended.
 struct QwenImageLayout {
@@ -70,7 +79,7 @@ struct QwenImageLayout {
   at::Tensor text_cols;    // [T] int64: their entries in the vision-language sequence (rows of the text states)
   at::Tensor image_index;  // [N] int64: the joint positions of the image tokens, in order
   at::Tensor key_valid;    // [B, S] bool (false at padded text) or undefined (every key valid)
-  FluxRope rope;           // [S, attention_head_dim] float32, pairs interleaved
+  QwenRope rope;           // [S, attention_head_dim / 2] complex64
   int64_t prefix_len = 0;  // tokens before the target image
   int64_t vlm_len = 0;     // V: the text states cover its first V - (target tokens) / 4 entries
 };
@@ -127,7 +136,7 @@ class QwenImageBlockImpl : public torch::nn::Module {
   /// h: [B, Sq, D] the joint sequence (or its target tokens in kCached); mods: {scale1, gate1, scale2, gate2}
   /// per token [B, Sq, D] or per sample [B, 1, D]; rope: tables of the Sq query rows; mask: prepared [B|1, 1, Sq,
   /// Sk]; k_cache / v_cache: the prefix's keys and values (kExtract writes them, kCached prepends them).
-  at::Tensor forward(const at::Tensor& h, const std::vector<at::Tensor>& mods, const FluxRope& rope,
+  at::Tensor forward(const at::Tensor& h, const std::vector<at::Tensor>& mods, const QwenRope& rope,
                      const AttentionMask& mask, QwenImageCacheMode mode, int64_t prefix_len, at::Tensor* k_cache,
                      at::Tensor* v_cache);
   double eps;
