@@ -87,10 +87,12 @@ using namespace qwen_image_detail;
 
 Tensor qwen_apply_rope(const Tensor& x, const QwenRope& rope) {
   DEW_CHECK(
-      x.dim() == 4 && rope.freqs.dim() == 2 && x.size(2) == rope.freqs.size(0) && x.size(3) == 2 * rope.freqs.size(1),
-      "qwen_apply_rope: x [B, H, S, D] ", x.sizes(), " does not match tables ", rope.freqs.sizes());
+      x.dim() == 4 && rope.freqs.dim() == 2 && x.size(1) == rope.freqs.size(0) && x.size(3) == 2 * rope.freqs.size(1),
+      "qwen_apply_rope: x [B, S, H, D] ", x.sizes(), " does not match tables ", rope.freqs.sizes());
+  // In diffusers' layout ([B, S, H, D / 2] times [S, 1, D / 2]): the complex product's kernel rounds differently
+  // for other broadcast layouts (by up to 2.4e-7 in float32).
   const Tensor xc = at::view_as_complex(x.to(at::kFloat).unflatten(-1, {-1, 2}).contiguous());
-  return at::view_as_real(xc * rope.freqs.to(x.device())).flatten(-2).to(x.scalar_type());
+  return at::view_as_real(xc * rope.freqs.to(x.device()).unsqueeze(1)).flatten(-2).to(x.scalar_type());
 }
 
 QwenImageLayout qwen_image_layout(const std::vector<std::vector<int64_t>>& img_shapes, const Tensor& vlm_image,
@@ -230,8 +232,8 @@ Tensor QwenImageBlockImpl::forward(const Tensor& h, const std::vector<Tensor>& m
   const Tensor n1 = layer_norm_fp32(h, eps) * (1 + mods[0]);
   auto split = [&](const torch::nn::Linear& l) { return dense(n1, l).view({B, S, attn->heads, attn->head_dim}); };
   // RMSNorm over each head's width, then RoPE (in float32, as diffusers), heads on dimension 1.
-  const Tensor q = qwen_apply_rope(qwen_rms_heads(split(attn->to_q), attn->norm_q).transpose(1, 2), rope);
-  Tensor k = qwen_apply_rope(qwen_rms_heads(split(attn->to_k), attn->norm_k).transpose(1, 2), rope);
+  const Tensor q = qwen_apply_rope(qwen_rms_heads(split(attn->to_q), attn->norm_q), rope).transpose(1, 2);
+  Tensor k = qwen_apply_rope(qwen_rms_heads(split(attn->to_k), attn->norm_k), rope).transpose(1, 2);
   Tensor v = split(attn->to_v).transpose(1, 2);
   if (mode == QwenImageCacheMode::kExtract) {
     // Copies, not views: a view would pin the whole sequence's keys for the rest of the sampling loop.

@@ -65,7 +65,7 @@ struct QwenImageTransformerOptions {
 struct QwenRope {
   at::Tensor freqs;  // [S, attention_head_dim / 2] complex64
 };
-/// apply_rotary_emb_qwen (use_real false): x [B, H, S, D] as D / 2 complex pairs (interleaved) times freqs,
+/// apply_rotary_emb_qwen (use_real false): x [B, S, H, D] as D / 2 complex pairs (interleaved) times freqs,
 /// computed in float32 (also for float64 x) and returned in x's dtype.
 at::Tensor qwen_apply_rope(const at::Tensor& x, const QwenRope& rope);
 
