@@ -9,6 +9,7 @@
 #include "dew/nn/backbones/hybrid_dit.h"
 #include "dew/nn/backbones/jepa.h"
 #include "dew/nn/backbones/mmdit.h"
+#include "dew/nn/backbones/qwen_image_transformer.h"
 #include "dew/nn/backbones/sd3_transformer.h"
 #include "dew/nn/backbones/simple_dit.h"
 #include "dew/nn/backbones/simple_udit.h"
@@ -320,6 +321,28 @@ Registry<BackboneImpl>& registry() {
           *r, "flux_transformer",
           "diffusers' FluxTransformer2DModel (FLUX.1 dev / schnell): packed 2x2 latents, double- and single-stream "
           "blocks, 3-axis RoPE (needs text and pooled text)",
+          std::move(f));
+    }
+    {
+      // Imported: diffusers' QwenImage21Transformer2DModel (Qwen-Image 2.1) from its config.json, its names as
+      // they are. The tiny one has causal_condition (text modulated from t = 0, the KV cache's premise); variants:
+      // without it, and a non-square grid with other channel counts and three blocks.
+      const json qwen = {{"in_channels", 4}, {"output_channels", 4},       {"context_features", 8},
+                         {"num_layers", 2},  {"num_attention_heads", 2},   {"attention_head_dim", 8},
+                         {"mlp_ratio", 2},   {"axes_dims_rope", {2, 2, 4}}};
+      Family f{denoiser, {qwen, {2, 4, 4, 6}, 8, /*zero_output_at_init=*/false}, [](const json& c) {
+                 return nn::qwen_image_transformer_fields_from_diffusers(c);
+               }};
+      f.variants.push_back({with(qwen, {{"causal_condition", false}}), {2, 4, 4, 6}, 8, false});
+      f.variants.push_back(
+          {with(qwen, {{"in_channels", 3}, {"output_channels", 2}, {"num_layers", 3}}), {2, 3, 6, 2}, 8, false});
+      f.reference_key_map = [](const json&, const io::WeightSource&) { return io::KeyMap(); };
+      f.reference_classes = {"QwenImage21Transformer2DModel"};
+      f.reference_methods = nn::qwen_image_transformer_methods();
+      add_family<nn::QwenImageTransformerOptions, nn::QwenImageTransformer>(
+          *r, "qwen_image_transformer",
+          "diffusers' QwenImage21Transformer2DModel (Qwen-Image 2.1): one block-causal sequence over text and "
+          "latents, shared modulation, 3-axis RoPE, prefix KV cache (needs text)",
           std::move(f));
     }
     return r;
