@@ -303,11 +303,10 @@ TrainResult Trainer::fit() {
   if (main) metrics.open(RunDir(run_dir_).metrics(), std::ios::app);
   const auto t0 = std::chrono::steady_clock::now();
   // What ends the run: the step count, or the time limit if it comes first.
-  if (!main) {
-  } else if (to_.time_limit_minutes > 0)
+  if (main && to_.time_limit_minutes > 0)
     log::info("training to step ", to_.steps, " or for ", to_.time_limit_minutes,
               " minutes, whichever ends first (trainer.time_limit_minutes)");
-  else log::info("training to step ", to_.steps);
+  else if (main) log::info("training to step ", to_.steps);
   const std::vector<std::string> shown = obj_->progress_metrics();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const int64_t start = step_;
