@@ -27,7 +27,7 @@ std::atomic<int> g_launch_signal{0};
 extern "C" void on_launch_signal(int sig) { g_launch_signal.store(sig); }
 
 // "exit status 3" or "killed by SIGKILL".
-std::string describe_status(int status) {
+std::string launch_status_text(int status) {
   if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     const char* name = sigabbrev_np(WTERMSIG(status));
@@ -134,7 +134,7 @@ int launch(const std::vector<std::string>& args, const LaunchOptions& o) {
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && failed_rank < 0) {
           failed_rank = o.node_rank * o.nproc_per_node + int64_t(i);
-          failed_status = describe_status(status);
+          failed_status = launch_status_text(status);
           // The others are stuck in, or about to enter, a collective with the failed rank: ask them to stop
           // (SIGTERM checkpoints at the end of a step), then kill them after the grace.
           signal_all(SIGTERM);

@@ -9,6 +9,7 @@
 #include "dew/io/files.h"
 #include "dew/io/weights.h"
 #include "dew/runs/kinds.h"
+#include "dew/training/distributed.h"
 #include "dew/training/objective.h"
 #include "dew/training/run_dir.h"
 
@@ -168,6 +169,8 @@ training::TrainResult train(PreparedRun& p) {
   // Data-parallel (WORLD_SIZE > 1, from `dew launch` or torchrun): the process group forms before anything is
   // written, so a rendezvous failure leaves the run directory as it was.
   std::shared_ptr<training::Distributed> dist;
+  if (p.dist_env.world_size > 1)
+    training::check_global_batch(p.built.loader->options().batch_size, p.dist_env.world_size);
   if (p.dist_env.world_size > 1) dist = std::make_shared<training::Distributed>(p.dist_env, p.dist, p.device);
   const bool main = !dist || dist->is_main();
   std::unique_ptr<io::FileLock> lock;

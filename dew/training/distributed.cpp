@@ -1,6 +1,7 @@
 #include "dew/training/distributed.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -71,6 +72,12 @@ void validate(const DistOptions& o) {
   DEW_CHECK(o.bucket_mb > 0, "dist.bucket_mb: must be > 0, got ", o.bucket_mb);
 }
 
+void check_global_batch(int64_t batch_size, int64_t world_size) {
+  DEW_CHECK(batch_size % world_size == 0, "data-parallel: the global batch size ", batch_size,
+            " is not divisible by the world size ", world_size, "; pick a batch size that is a multiple of ",
+            world_size, " (each rank computes an equal share)");
+}
+
 struct Distributed::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> pg;
@@ -82,6 +89,9 @@ struct Distributed::Impl {
 Distributed::Distributed(const DistEnv& env, const DistOptions& o, const c10::Device& device)
     : impl_(std::make_unique<Impl>()), rank_(env.rank), world_(env.world_size) {
   validate(o);
+  // A peer that dies closes its sockets: writing to them must raise (Gloo turns it into an exception, one line
+  // below) rather than end this process silently by SIGPIPE, as Python's default SIG_IGN also ensures.
+  std::signal(SIGPIPE, SIG_IGN);
   impl_->device = device;
   impl_->timeout = o.timeout;
   impl_->bucket_bytes = std::max<int64_t>(1, int64_t(o.bucket_mb * 1024 * 1024));
@@ -156,7 +166,7 @@ Distributed::Distributed(const DistEnv& env, const DistOptions& o, const c10::De
     fail("distributed: ", me, ": the ", backend_, " process group did not form within dist.timeout ", o.timeout,
          " s: ", first_line(e.what()));
   }
-  log::info("distributed: ", me, " (", backend_, ", rendezvous ", where, ")");
+  if (rank_ == 0) log::info("distributed: ", world_, " ranks formed (", backend_, ", rendezvous ", where, ")");
 }
 
 Distributed::~Distributed() = default;

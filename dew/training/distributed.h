@@ -54,6 +54,9 @@ struct DistOptions {
 
 void validate(const DistOptions& o);
 
+/// Refuses a global batch the world size does not divide (each rank computes an equal share of it).
+void check_global_batch(int64_t batch_size, int64_t world_size);
+
 /// One process's membership of a data-parallel group: rank `rank()` of `world_size()`.
 class Distributed {
  public:

@@ -148,11 +148,7 @@ void Trainer::restore(const Checkpoint& c) {
 }
 
 void Trainer::set_distributed(std::shared_ptr<Distributed> dist) {
-  if (dist && dist->world_size() > 1) {
-    const int64_t b = loader_->options().batch_size, w = dist->world_size();
-    DEW_CHECK(b % w == 0, "data-parallel: the global batch size ", b, " is not divisible by the world size ", w,
-              "; pick a batch size that is a multiple of ", w, " (each rank computes an equal share)");
-  }
+  if (dist) check_global_batch(loader_->options().batch_size, dist->world_size());
   dist_ = std::move(dist);
 }
 
