@@ -169,9 +169,14 @@ training::TrainResult train(PreparedRun& p) {
   // Data-parallel (WORLD_SIZE > 1, from `dew launch` or torchrun): the process group forms before anything is
   // written, so a rendezvous failure leaves the run directory as it was.
   std::shared_ptr<training::Distributed> dist;
-  if (p.dist_env.world_size > 1)
+  if (p.dist_env.world_size > 1) {
+    // GRPO samples its rollouts inside the loss and keeps them in the objective's state: sharding its prompts
+    // and gathering the rewards for the group statistics is not built yet.
+    DEW_CHECK(p.kind != "grpo", "train grpo: data-parallel training (WORLD_SIZE ", p.dist_env.world_size,
+              ") is not supported yet; run grpo as one process (docs/distributed.md)");
     training::check_global_batch(p.built.loader->options().batch_size, p.dist_env.world_size);
-  if (p.dist_env.world_size > 1) dist = std::make_shared<training::Distributed>(p.dist_env, p.dist, p.device);
+    dist = std::make_shared<training::Distributed>(p.dist_env, p.dist, p.device);
+  }
   const bool main = !dist || dist->is_main();
   std::unique_ptr<io::FileLock> lock;
   if (main) {
