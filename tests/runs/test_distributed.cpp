@@ -185,6 +185,34 @@ TEST(Distributed, KilledRankEndsTheLaunchWithOneLine) {
   for (pid_t p : ranks) EXPECT_FALSE(alive(p)) << "rank pid " << p << " left behind";
 }
 
+TEST(Distributed, KilledAndRelaunchedEndsBitForBit) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_relaunch");
+  const std::string cmd = kDiffusion + " --trainer.steps 60 --trainer.checkpoint_every 10";
+  auto r = run_dew(launch(2) + cmd + " --run " + tmp.file("whole"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string line =
+      "exec " + std::string(DEW_BINARY) + " " + launch(2) + cmd + " --run " + tmp.file("run") + " >/dev/null 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", line.c_str(), nullptr};
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 1200 && !fs::exists(tmp.file("run") + "/checkpoints/step_20"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    ranks = children_of(pid);
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  std::sort(ranks.begin(), ranks.end());
+  kill(ranks[1], SIGKILL);  // rank 1, mid-run
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_NE(status, 0);
+  r = run_dew(launch(2) + cmd + " --run " + tmp.file("run"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming"), std::string::npos) << r.output;
+  dew::test::expect_same_checkpoint(tmp.file("whole"), tmp.file("run"), 60);
+}
+
 TEST(Distributed, SetupFaultsAreOneLine) {
   using namespace ddp_test;
   dew::test::TempDir tmp("ddp_faults");
