@@ -23,7 +23,8 @@ const char* kLaunchUsage =
     "  --threads T         intra-op threads per rank (default: usable cores / N)\n"
     "  --grace S           seconds the other ranks get to stop after one fails, then SIGKILL (default 5)\n"
     "SIGINT / SIGTERM go to every rank (each checkpoints and exits); a second one stops them at once.\n"
-    "When a rank fails, the others are stopped and launch ends with one line naming the rank and its status.\n";
+    "When a rank fails, the others are stopped and launch ends with one line naming the rank and its status.\n"
+    "example: dew launch --nproc-per-node 2 -- train diffusion --run runs/ddp --trainer.steps 200\n";
 
 }  // namespace
 
