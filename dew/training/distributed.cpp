@@ -1,7 +1,9 @@
 #include "dew/training/distributed.h"
 
 #include <chrono>
+#include <climits>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -62,6 +64,8 @@ DistEnv read_dist_env() {
   e.local_rank = env_int("LOCAL_RANK", e.rank % e.local_world_size, 0, e.local_world_size - 1);
   e.master_addr = env_str("MASTER_ADDR", "127.0.0.1");
   e.master_port = env_int("MASTER_PORT", 29500, 1, 65535);
+  e.agent_store = env_str("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
+  e.restart = env_int("TORCHELASTIC_RESTART_COUNT", 0, 0, INT64_MAX);
   return e;
 }
 
@@ -103,27 +107,28 @@ Distributed::Distributed(const DistEnv& env, const DistOptions& o, const c10::De
 
   c10d::TCPStoreOptions so;
   so.port = uint16_t(env.master_port);
-  so.isServer = rank_ == 0;
+  so.isServer = rank_ == 0 && !env.agent_store;
   so.numWorkers = size_t(world_);
   so.waitWorkers = false;  // the checks below and the process group's own rendezvous wait, with messages
   so.timeout = millis(o.timeout);
   try {
     impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
   } catch (const std::exception& e) {
-    if (rank_ == 0)
+    if (so.isServer)
       fail("distributed: rank 0 cannot serve the rendezvous at ", where,
            " (the port is in use, or the address is not this host's): pick another MASTER_PORT / --master-port");
     fail("distributed: ", me, " found no rendezvous at ", where, " within dist.timeout ", o.timeout,
          " s (is rank 0 running, with the same MASTER_ADDR and MASTER_PORT?)");
   }
   auto& store = *impl_->store;
+  const std::string round = "dew/" + std::to_string(env.restart) + "/";
   try {
     // A rank started twice: the second process to claim it stops here (the first waits for a missing rank).
-    const int64_t claims = store.add("dew/rank/" + std::to_string(rank_), 1);
+    const int64_t claims = store.add(round + "rank/" + std::to_string(rank_), 1);
     DEW_CHECK(claims == 1, "distributed: RANK ", rank_, " was started twice (WORLD_SIZE ", world_,
               "); each process needs its own RANK");
-    if (rank_ == 0) store.set("dew/world_size", std::to_string(world_));
-    const auto bytes = store.get("dew/world_size");  // waits up to the timeout for rank 0
+    if (rank_ == 0) store.set(round + "world_size", std::to_string(world_));
+    const auto bytes = store.get(round + "world_size");  // waits up to the timeout for rank 0
     const int64_t w0 = std::stoll(std::string(bytes.begin(), bytes.end()));
     DEW_CHECK(w0 == world_, "distributed: ", me, " has WORLD_SIZE ", world_, ", rank 0 has ", w0,
               "; every rank needs the same WORLD_SIZE");
@@ -133,7 +138,7 @@ Distributed::Distributed(const DistEnv& env, const DistOptions& o, const c10::De
     fail("distributed: ", me, ": rendezvous at ", where, " failed within dist.timeout ", o.timeout,
          " s (rank 0 gone or never started)");
   }
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("dew/pg", impl_->store);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(round + "pg", impl_->store);
   try {
     if (backend_ == "gloo") {
 #if defined(USE_C10D_GLOO) && defined(DEW_WITH_GLOO)

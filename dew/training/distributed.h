@@ -31,6 +31,11 @@ struct DistEnv {
   std::string master_addr = "127.0.0.1";
   int64_t master_port = 29500;
   bool present = false;
+  /// torchrun's agent already serves the TCPStore at MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE):
+  /// rank 0 joins it as a client instead of serving it.
+  bool agent_store = false;
+  /// TORCHELASTIC_RESTART_COUNT (0 outside torchrun): keys of a restarted group do not meet the last ones.
+  int64_t restart = 0;
 };
 
 /// Reads RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. A value that is not

@@ -188,7 +188,7 @@ TEST(Distributed, KilledRankEndsTheLaunchWithOneLine) {
 TEST(Distributed, KilledAndRelaunchedEndsBitForBit) {
   using namespace ddp_test;
   dew::test::TempDir tmp("ddp_relaunch");
-  const std::string cmd = kDiffusion + " --trainer.steps 60 --trainer.checkpoint_every 10";
+  const std::string cmd = kDiffusion + " --trainer.steps 30 --trainer.checkpoint_every 5";
   auto r = run_dew(launch(2) + cmd + " --run " + tmp.file("whole"));
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string line =
@@ -197,7 +197,7 @@ TEST(Distributed, KilledAndRelaunchedEndsBitForBit) {
   pid_t pid = -1;
   ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
   std::vector<pid_t> ranks;
-  for (int i = 0; i < 1200 && !fs::exists(tmp.file("run") + "/checkpoints/step_20"); ++i) {
+  for (int i = 0; i < 1200 && !fs::exists(tmp.file("run") + "/checkpoints/step_10"); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
     ranks = children_of(pid);
   }
@@ -210,7 +210,7 @@ TEST(Distributed, KilledAndRelaunchedEndsBitForBit) {
   r = run_dew(launch(2) + cmd + " --run " + tmp.file("run"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("resuming"), std::string::npos) << r.output;
-  dew::test::expect_same_checkpoint(tmp.file("whole"), tmp.file("run"), 60);
+  dew::test::expect_same_checkpoint(tmp.file("whole"), tmp.file("run"), 30);
 }
 
 TEST(Distributed, SetupFaultsAreOneLine) {
