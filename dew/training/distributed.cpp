@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -174,7 +175,16 @@ Distributed::Distributed(const DistEnv& env, const DistOptions& o, const c10::De
   if (rank_ == 0) log::info("distributed: ", world_, " ranks formed (", backend_, ", rendezvous ", where, ")");
 }
 
-Distributed::~Distributed() = default;
+Distributed::~Distributed() {
+  // NCCL wants its communicators shut down before the group goes (Gloo's shutdown does nothing). Not while an
+  // error unwinds: a collective with a dead peer may be what failed, and the process ends anyway.
+  if (!impl_ || !impl_->pg || std::uncaught_exceptions() > 0) return;
+  try {
+    impl_->pg->shutdown();
+  } catch (const std::exception&) {
+    // ending anyway: a peer may already be gone
+  }
+}
 
 namespace {
 
