@@ -19,6 +19,7 @@ const char* kUsage =
     "  train lm [--config F] [--a.b v]          train a language model (default: bytes of the fortunes corpus)\n"
     "  train sft|dpo|grpo [--a.b v]             post-train a language model (docs/post_training.md)\n"
     "  train jepa [--a.b v]                     train a JEPA image or video encoder (docs/jepa.md)\n"
+    "  launch --nproc-per-node N -- train KIND ...   data-parallel training on N ranks (dew launch --help)\n"
     "  sample RUN [flags]   sample a trained run to a PNG grid\n"
     "  sample --pipeline DIR --prompt TEXT --out F.png [flags]   run a diffusers SD / SDXL pipeline folder\n"
     "  generate RUN --prompt TEXT [flags]   continue prompts with a trained language model (dew generate --help)\n"
@@ -64,6 +65,7 @@ int run(const std::vector<std::string>& args) {
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (cmd == "list") return cmd_list(rest);
   if (cmd == "train") return cmd_train(rest);
+  if (cmd == "launch") return cmd_launch(rest);
   if (cmd == "sample") return cmd_sample(rest);
   if (cmd == "models") return cmd_models(rest);
   if (cmd == "bench") return cmd_bench(rest);
@@ -80,7 +82,8 @@ int run(const std::vector<std::string>& args) {
     return 0;
   }
   fail("unknown command \"", cmd,
-       "\"; accepted: train, sample, generate, eval, pairs, task, bench, tune, tokenize, export, forward, models, "
+       "\"; accepted: train, launch, sample, generate, eval, pairs, task, bench, tune, tokenize, export, forward, "
+       "models, "
        "list, version (dew --help)");
 }
 

@@ -13,6 +13,9 @@ int run(const std::vector<std::string>& args);
 int cmd_list(const std::vector<std::string>& args);
 /// `dew train KIND [--config FILE] [--a.b value ...]` (KIND: diffusion, lm, jepa).
 int cmd_train(const std::vector<std::string>& args);
+/// `dew launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A --master-port P --threads T]
+/// -- train KIND ...`: the ranks of a data-parallel run on this node (docs/distributed.md).
+int cmd_launch(const std::vector<std::string>& args);
 /// `dew sample RUN [--solver S --steps N --guidance G --labels all|0,3 --count N --seed S --weights ema|live --out F]`.
 int cmd_sample(const std::vector<std::string>& args);
 /// `dew sample --pipeline DIR --prompt TEXT [--negative-prompt TEXT] [--prompt-2 TEXT] [--negative-prompt-2 TEXT]

@@ -69,6 +69,7 @@ int cmd_train(const std::vector<std::string>& args) {
   DEW_CHECK(parsed.positional.empty(), "train ", kind.name, ": unexpected argument \"", parsed.positional[0], "\"");
   auto run = runs::prepare(kind.name, parsed.recipe);  // every field checked; nothing written yet
   auto res = runs::train(run);
+  if (run.dist_env.rank != 0) return 0;  // a data-parallel run's report is rank 0's
   const training::RunDir dir(run.options.run);
   std::cout << "run:        " << dir.path() << "\n"
             << "checkpoint: " << res.last_checkpoint << "\n"

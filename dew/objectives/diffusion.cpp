@@ -47,6 +47,15 @@ std::vector<std::string> DiffusionObjective::batch_fields() const {
 }
 
 LossOutput DiffusionObjective::loss(const data::Batch& batch, int64_t step, at::Generator gen) {
+  return loss_rows(batch, 0, -1, gen);
+}
+
+LossOutput DiffusionObjective::loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                                            at::Generator gen) {
+  return loss_rows(batch, begin, end, gen);
+}
+
+LossOutput DiffusionObjective::loss_rows(const data::Batch& batch, int64_t begin, int64_t end, at::Generator gen) {
   const auto device = module_device(*model_);
   at::Tensor x0;
   if (auto cached = batch.find(kLatentField); latent_ && cached != batch.end()) {
@@ -75,6 +84,14 @@ LossOutput DiffusionObjective::loss(const data::Batch& batch, int64_t step, at::
     } else {
       c.labels = labels.to(device);
     }
+  }
+  if (end >= 0) {
+    // A rank's rows: every draw above was of the whole batch, in the one-process order.
+    auto rows = [&](at::Tensor& x) {
+      if (x.defined() && x.dim() > 0) x = x.narrow(0, begin, end - begin);
+    };
+    for (auto* x : {&in.t, &in.eps, &in.x_t, &in.net_input, &in.model_time, &in.target, &in.weight}) rows(*x);
+    for (auto* x : {&c.labels, &c.context, &c.context_mask, &c.pooled}) rows(*x);
   }
   auto F = model_->forward(in.net_input, in.model_time, c);
   auto loss = process_.loss(F, in);

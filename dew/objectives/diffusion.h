@@ -51,6 +51,10 @@ class DiffusionObjective : public Objective {
   std::string name() const override { return "diffusion"; }
   torch::nn::Module& module() override { return *model_; }
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
+  /// Draws t, the noise and the label drop for the whole batch (as loss() does), then runs the model on
+  /// rows [begin, end) only: a rank of a data-parallel run sees the draws a one-process run gives its rows.
+  LossOutput loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                          at::Generator gen) override;
   std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
   training::EmaSpec ema() const override { return {o_.ema_decay}; }
   std::vector<std::string> batch_fields() const override;
@@ -62,6 +66,9 @@ class DiffusionObjective : public Objective {
   static constexpr const char* kLatentField = "latent";
 
  private:
+  // loss() of rows [begin, end) of the batch (end < 0: every row); the draws are those of the whole batch.
+  LossOutput loss_rows(const data::Batch& batch, int64_t begin, int64_t end, at::Generator gen);
+
   BackbonePtr model_;
   diffusion::DiffusionProcess process_;
   DiffusionObjectiveOptions o_;

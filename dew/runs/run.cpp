@@ -9,6 +9,7 @@
 #include "dew/io/files.h"
 #include "dew/io/weights.h"
 #include "dew/runs/kinds.h"
+#include "dew/training/distributed.h"
 #include "dew/training/objective.h"
 #include "dew/training/run_dir.h"
 
@@ -21,8 +22,15 @@ namespace {
 const std::map<std::string, RunKind>& kinds_map() {
   static const auto* m = [] {
     auto* m = new std::map<std::string, RunKind>();
-    for (auto k : {diffusion_kind(), autoencoder_kind(), lm_kind(), jepa_kind(), sft_kind(), dpo_kind(), grpo_kind()})
+    for (auto k : {diffusion_kind(), autoencoder_kind(), lm_kind(), jepa_kind(), sft_kind(), dpo_kind(), grpo_kind()}) {
+      // Every kind trains data-parallel the same way: its recipe has the `dist` section.
+      k.defaults = [d = k.defaults] {
+        json r = d();
+        r["dist"] = to_json(training::DistOptions{});
+        return r;
+      };
       (*m)[k.name] = std::move(k);
+    }
     return m;
   }();
   return *m;
@@ -116,12 +124,19 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   p.device = parse_device(p.options.device, "device");
   p.optim = from_json<training::OptimOptions>(recipe.value("optim", json::object()), "optim");
   p.trainer = from_json<training::TrainerOptions>(recipe.value("trainer", json::object()), "trainer");
+  p.dist = from_json<training::DistOptions>(recipe.value("dist", json::object()), "dist");
   training::validate(p.optim);
   training::validate(p.trainer);
+  training::validate(p.dist);
+  p.dist_env = training::read_dist_env();
+  // One GPU per local rank: a bare `cuda` (or `auto`) becomes cuda:LOCAL_RANK.
+  if (p.dist_env.world_size > 1 && p.device.is_cuda() && p.options.device.find(':') == std::string::npos)
+    p.device = parse_device("cuda:" + std::to_string(p.dist_env.local_rank), "device");
   training::check_autocast(p.trainer.autocast, p.device);  // before the model is built
   const std::string dir = p.options.run;
   DEW_CHECK(!fs::exists(dir) || fs::is_directory(dir), "run: ", dir, " exists and is not a directory");
-  training::RunDir(dir).check_not_being_written();  // before the model is built
+  // Before the model is built; only rank 0 takes the lock (the others never write the run).
+  if (p.dist_env.rank == 0) training::RunDir(dir).check_not_being_written();
 
   {
     // Parameter initialisation draws from the default generators: from the run's seed, not the process.
@@ -151,12 +166,30 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
 
 training::TrainResult train(PreparedRun& p) {
   const std::string dir = p.options.run;
-  fs::create_directories(dir);
-  const auto lock = training::RunDir(dir).lock_for_writing();  // one writer per run, released at exit
-  io::write_file_atomic(training::RunDir(dir).record(), p.record.dump(2));
+  // Data-parallel (WORLD_SIZE > 1, from `dew launch` or torchrun): the process group forms before anything is
+  // written, so a rendezvous failure leaves the run directory as it was.
+  std::shared_ptr<training::Distributed> dist;
+  if (p.dist_env.world_size > 1) {
+    // GRPO samples its rollouts inside the loss and keeps them in the objective's state: sharding its prompts
+    // and gathering the rewards for the group statistics is not built yet.
+    DEW_CHECK(p.kind != "grpo", "train grpo: data-parallel training (WORLD_SIZE ", p.dist_env.world_size,
+              ") is not supported yet; run grpo as one process (docs/distributed.md)");
+    training::check_global_batch(p.built.loader->options().batch_size, p.dist_env.world_size);
+    dist = std::make_shared<training::Distributed>(p.dist_env, p.dist, p.device);
+  }
+  const bool main = !dist || dist->is_main();
+  std::unique_ptr<io::FileLock> lock;
+  if (main) {
+    fs::create_directories(dir);
+    lock = training::RunDir(dir).lock_for_writing();  // one writer per run, released at exit
+    io::write_file_atomic(training::RunDir(dir).record(), p.record.dump(2));
+  }
   if (!p.resumes && p.built.init_weights) p.built.init_weights();
-  log::info(p.built.summary, ", ", p.trainer.steps, " steps, run ", dir, " on ", p.device.str());
+  if (main)
+    log::info(p.built.summary, ", ", p.trainer.steps, " steps, run ", dir, " on ", p.device.str(),
+              dist ? ", " + std::to_string(dist->world_size()) + " ranks (" + dist->backend() + ")" : "");
   training::Trainer trainer(p.built.objective, p.built.loader, p.optim, p.trainer, dir, uint64_t(p.options.seed));
+  trainer.set_distributed(dist);
   return trainer.fit();
 }
 

@@ -91,7 +91,9 @@ struct PreparedRun {
   Built built;
   training::OptimOptions optim;
   training::TrainerOptions trainer;
-  bool resumes = false;  // the directory holds a checkpoint of this run
+  training::DistOptions dist;  // the recipe's `dist` section
+  training::DistEnv dist_env;  // torchrun's variables (world_size 1 when unset)
+  bool resumes = false;        // the directory holds a checkpoint of this run
 };
 
 /// Checks `recipe` (a kind's default recipe with the user's changes) and builds the run. dew::Error before

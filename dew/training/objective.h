@@ -22,6 +22,16 @@ class Objective {
   virtual torch::nn::Module& module() = 0;
   /// The loss of one (micro-)batch. `gen` is derived by the trainer from (seed, step, micro-batch).
   virtual LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) = 0;
+  /// Data-parallel training (docs/distributed.md): the loss of rows [begin, end) of the global (micro-)batch,
+  /// the share one rank computes. The default slices the batch (every field's first dimension) and calls
+  /// loss(); an objective whose loss draws per-row noise from `gen` overrides it to draw for the whole batch
+  /// and keep its rows, so each rank sees the noise a one-process run gives those rows.
+  virtual LossOutput loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                                  at::Generator gen) {
+    data::Batch rows;
+    for (const auto& [name, t] : batch) rows[name] = t.dim() > 0 ? t.narrow(0, begin, end - begin) : t;
+    return loss(rows, step, gen);
+  }
   /// Validation (run with the EMA weights swapped in): metrics to log; may write files under run_dir.
   virtual std::map<std::string, double> validate(int64_t step, const std::string& run_dir) { return {}; }
   /// Which parameters the trainer averages and with what decay (a constant, a ramp, 1.0 = frozen copy).

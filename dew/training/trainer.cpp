@@ -158,7 +158,13 @@ void Trainer::restore(const Checkpoint& c) {
   obj_->load_state(c.objective);
 }
 
+void Trainer::set_distributed(std::shared_ptr<Distributed> dist) {
+  if (dist) check_global_batch(loader_->options().batch_size, dist->world_size());
+  dist_ = std::move(dist);
+}
+
 std::string Trainer::save() {
+  if (dist_ && !dist_->is_main()) return RunDir(run_dir_).checkpoint(step_);  // rank 0 writes
   Checkpoint c;
   c.step = step_;
   c.model = module_state(obj_->module());
@@ -195,26 +201,54 @@ StepOutcome Trainer::train_step() {
     out.data_s += secs(t, t1);
     t = t1;
     const uint64_t micro = uint64_t(step_) * uint64_t(to_.accumulation) + uint64_t(k);
+    // The same generators on every rank: each draws for the global batch and keeps its rows.
     auto gen = rng::generator(seed_, micro, "objective");
     // Dropout draws from the default generators: seeded per micro-batch, so a resumed run draws the same.
     rng::DefaultGeneratorScope dropout_draws(seed_, micro, "dropout");
+    const int64_t rows = batch.begin()->second.size(0);
+    // Data-parallel: this rank's contiguous rows of the global batch, and their share of it (an epoch's last
+    // partial batch may split unevenly; the share weights each rank's mean so the sum is the global mean).
+    const int64_t world = dist_ ? dist_->world_size() : 1, rank = dist_ ? dist_->rank() : 0;
+    const int64_t begin = rows * rank / world, end = rows * (rank + 1) / world;
+    DEW_CHECK(end > begin, "data-parallel: a batch of ", rows, " rows at step ", step_, " leaves rank ", rank, " of ",
+              world, " no rows; use a dataset and batch size giving every batch at least ", world,
+              " rows (set the loader's drop_last)");
+    const double share = double(end - begin) / double(rows);
     LossOutput lo;
     {
       AutocastScope autocast(to_.autocast, device);
-      lo = obj_->loss(batch, step_, gen);
+      lo = dist_ ? obj_->loss_of_rows(batch, begin, end, step_, gen) : obj_->loss(batch, step_, gen);
     }
-    const double l = lo.loss.item<double>();
+    double l = lo.loss.item<double>();
+    bool finite = std::isfinite(l);
+    std::map<std::string, double> metrics = lo.metrics;
+    if (dist_) {
+      // One all-reduce per micro-batch: any rank's non-finite loss skips the step on every rank, and the
+      // logged loss and metrics are those of the global batch.
+      const auto tc = clock::now();
+      std::vector<double> v{finite ? 0.0 : 1.0, finite ? l * share : 0.0};
+      for (auto& [name, x] : metrics) v.push_back(finite ? x * share : 0.0);
+      v = dist_->sum(v);
+      finite = v[0] == 0;
+      l = v[1];
+      size_t i = 2;
+      for (auto& [name, x] : metrics) x = v[i++];
+      out.collective_s += secs(tc, clock::now());
+    }
     t1 = clock::now();
     out.loss_s += secs(t, t1);
     t = t1;
-    if (!std::isfinite(l)) {
+    if (!finite) {
       out.finite = false;
       break;
     }
-    (lo.loss / double(to_.accumulation)).backward();
+    // Each rank's share times the world size: after the average over the ranks the gradient is that of the
+    // global batch's mean loss.
+    if (dist_) (lo.loss * (share * double(world) / double(to_.accumulation))).backward();
+    else (lo.loss / double(to_.accumulation)).backward();
     out.loss += l / double(to_.accumulation);
-    for (auto& [name, x] : lo.metrics) out.metrics[name] += x / double(to_.accumulation);
-    out.samples += batch.begin()->second.size(0);
+    for (auto& [name, x] : metrics) out.metrics[name] += x / double(to_.accumulation);
+    out.samples += rows;
     t1 = clock::now();
     out.backward_s += secs(t, t1);
     t = t1;
@@ -236,6 +270,13 @@ StepOutcome Trainer::train_step() {
     return out;
   }
   bad_consecutive_ = 0;
+  if (dist_) {
+    // Once per optimizer step (after every micro-batch): identical gradients on every rank from here on, so
+    // clipping, the optimizer, the EMA and the schedule stay identical too.
+    const auto tc = clock::now();
+    dist_->average_gradients(params_);
+    out.collective_s += secs(tc, clock::now());
+  }
   out.grad_norm = clip_grad_norm(params_, oo_.grad_clip);
   t1 = clock::now();
   out.backward_s += secs(t, t1);
@@ -249,30 +290,36 @@ StepOutcome Trainer::train_step() {
 
 TrainResult Trainer::fit() {
   namespace fs = std::filesystem;
-  fs::create_directories(run_dir_);
+  // Rank 0 alone writes the run directory; the other ranks only read its checkpoint when they resume.
+  const bool main = !dist_ || dist_->is_main();
+  if (main) fs::create_directories(run_dir_);
   auto existing = list_checkpoints(run_dir_);
   if (!existing.empty()) {
     restore(load_checkpoint(run_dir_, existing.back()));
     log::info("resuming ", run_dir_, " from step ", step_);
   }
+  // Every rank starts from rank 0's weights (a fresh run's are already equal: initialisation is seeded).
+  if (dist_) dist_->broadcast_module(obj_->module());
   // What a killed process logged past its last checkpoint is logged again by this one.
-  truncate_metrics(run_dir_, step_);
+  if (main) truncate_metrics(run_dir_, step_);
   obj_->begin(step_, run_dir_);
   begun_ = true;
   TrainResult res;
   SignalScope signals;
-  std::ofstream metrics(RunDir(run_dir_).metrics(), std::ios::app);
+  std::ofstream metrics;
+  if (main) metrics.open(RunDir(run_dir_).metrics(), std::ios::app);
   // TensorBoard follows metrics.jsonl (truncated with it above): one event file per start, the recipe (run.json)
   // as text at the start's step, every numeric field of every metrics line as a scalar, the preview the
-  // validation wrote as an image (png) or text (txt).
+  // validation wrote as an image (png) or text (txt). Rank 0 alone writes both.
   std::unique_ptr<io::EventWriter> tb;
-  if (to_.tensorboard == "on") {
+  if (main && to_.tensorboard == "on") {
     tb = std::make_unique<io::EventWriter>(RunDir(run_dir_).tensorboard());
     if (fs::exists(RunDir(run_dir_).record()))
       tb->add_text("recipe", step_, tensorboard_code_block(read_run_json(run_dir_).dump(2)));
   }
   // One metrics line: metrics.jsonl, then TensorBoard (step is the x axis, time TensorBoard's wall time).
   auto log_line = [&](const json& line) {
+    if (!main) return;
     metrics << line.dump() << "\n" << std::flush;
     if (!tb) return;
     for (auto it = line.begin(); it != line.end(); ++it)
@@ -287,21 +334,23 @@ TrainResult Trainer::fit() {
   };
   const auto t0 = std::chrono::steady_clock::now();
   // What ends the run: the step count, or the time limit if it comes first.
-  if (to_.time_limit_minutes > 0)
+  if (main && to_.time_limit_minutes > 0)
     log::info("training to step ", to_.steps, " or for ", to_.time_limit_minutes,
               " minutes, whichever ends first (trainer.time_limit_minutes)");
-  else log::info("training to step ", to_.steps);
+  else if (main) log::info("training to step ", to_.steps);
   const std::vector<std::string> shown = obj_->progress_metrics();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const int64_t start = step_;
   int64_t window_samples = 0;
   double window_loss = 0, window_start = 0;
   int64_t window_steps = 0;
+  double window_collective = 0, window_busy = 0;
   std::map<std::string, double> window_metrics;
 
   // Validation runs the EMA weights, except where the EMA is a frozen reference (post-training).
   const bool swap = !ema_->spec().reference;
   auto run_validation = [&] {
+    if (!main) return;  // previews and validation metrics are rank 0's
     if (swap) ema_->swap_into(params_);
     std::map<std::string, double> v;
     try {
@@ -333,6 +382,8 @@ TrainResult Trainer::fit() {
   while (step_ < to_.steps) {
     const StepOutcome out = train_step();
     window_samples += out.samples;
+    window_collective += out.collective_s;
+    window_busy += out.data_s + out.loss_s + out.backward_s + out.update_s;
     if (!out.finite) continue;
     const double lr = out.lr, gnorm = out.grad_norm;
     window_loss += out.loss;
@@ -351,6 +402,10 @@ TrainResult Trainer::fit() {
                    {"samples_per_s", rate},
                    {"train/bad_loss_steps", bad_total_}};
       for (auto& [name, x] : window_metrics) line["train/" + name] = x / window_steps;
+      if (dist_) {
+        line["world_size"] = dist_->world_size();
+        line["allreduce_share"] = window_collective / std::max(1e-12, window_busy);
+      }
       log_line(line);
       std::string extra;
       for (const auto& name : shown)
@@ -359,17 +414,26 @@ TrainResult Trainer::fit() {
       double left = per_step * double(to_.steps - step_);
       const bool by_time = to_.time_limit_minutes > 0 && to_.time_limit_minutes * 60 - now < left;
       if (by_time) left = std::max(0.0, to_.time_limit_minutes * 60 - now);
-      std::fprintf(stderr, "step %lld/%lld  loss %.4f%s  lr %.2e  %.1f samples/s  ETA %s%s\n", (long long)step_,
-                   (long long)to_.steps, window_loss / window_steps, extra.c_str(), lr, rate,
-                   format_duration(left).c_str(), by_time ? " (time limit)" : "");
+      if (main)
+        std::fprintf(stderr, "step %lld/%lld  loss %.4f%s  lr %.2e  %.1f samples/s  ETA %s%s\n", (long long)step_,
+                     (long long)to_.steps, window_loss / window_steps, extra.c_str(), lr, rate,
+                     format_duration(left).c_str(), by_time ? " (time limit)" : "");
       res.last_metrics["train/loss"] = window_loss / window_steps;
       window_loss = 0;
       window_steps = 0;
       window_samples = 0;
       window_start = now;
+      window_collective = 0;
+      window_busy = 0;
       window_metrics.clear();
     }
-    const bool out_of_time = to_.time_limit_minutes > 0 && elapsed() > to_.time_limit_minutes * 60;
+    bool out_of_time = to_.time_limit_minutes > 0 && elapsed() > to_.time_limit_minutes * 60;
+    if (dist_) {
+      // Every rank stops at the same step: a signal to one rank, or rank 0's clock, stops them all.
+      const auto flags = dist_->sum({stop_requested() ? 1.0 : 0.0, out_of_time && main ? 1.0 : 0.0});
+      if (flags[0] > 0 && !stop_requested()) g_stop.store(true);
+      out_of_time = flags[1] > 0;
+    }
     if (to_.val_every > 0 && step_ % to_.val_every == 0 && step_ < to_.steps && !out_of_time) run_validation();
     if (stop_requested() || out_of_time) {
       log::info(stop_requested() ? "signal received" : "time limit reached", ": checkpointing at step ", step_,

@@ -4,6 +4,7 @@
 // same command on a run directory resumes from its latest checkpoint and continues bit for bit.
 #pragma once
 #include "dew/training/checkpoint.h"
+#include "dew/training/distributed.h"
 #include "dew/training/objective.h"
 #include "dew/training/optim.h"
 
@@ -65,10 +66,11 @@ struct StepOutcome {
   std::map<std::string, double> metrics;  // the objective's metrics, averaged over the micro-batches
   // Wall time of the step's parts, summed over its micro-batches (clock reads around each; on CUDA the
   // loss ends with the device sync of the finite check and the backward with that of the gradient norm):
-  double data_s = 0;      // waiting for the loader's batches
-  double loss_s = 0;      // the objective's loss (the forward) and the finite check
-  double backward_s = 0;  // backward and the gradient norm and clip
-  double update_s = 0;    // zero_grad, the optimizer step and the EMA update
+  double data_s = 0;        // waiting for the loader's batches
+  double loss_s = 0;        // the objective's loss (the forward) and the finite check
+  double backward_s = 0;    // backward and the gradient norm and clip
+  double update_s = 0;      // zero_grad, the optimizer step and the EMA update
+  double collective_s = 0;  // data-parallel runs: the all-reduces of the loss and the gradients (in backward_s)
 };
 
 class Trainer {
@@ -86,9 +88,15 @@ class Trainer {
   /// it; the max_bad_loss_steps-th in a row writes a checkpoint and throws dew::Error. Advances step() by one.
   /// Called without fit(), the first call starts the objective (Objective::begin) at step().
   StepOutcome train_step();
+  /// Makes this trainer one rank of a data-parallel run (docs/distributed.md): each micro-batch the loader
+  /// gives is the global one; this rank computes the loss of its contiguous rows [r N / W, (r + 1) N / W)
+  /// (Objective::loss_of_rows), the gradients are averaged over the ranks before clipping, a non-finite loss
+  /// on any rank skips the step on all, and only rank 0 writes metrics, validation previews and
+  /// checkpoints. dew::Error when the loader's batch size is not divisible by the world size.
+  void set_distributed(std::shared_ptr<Distributed> dist);
   /// Restores the state of a checkpoint (parameters, EMA, optimizer, data position, counters).
   void restore(const Checkpoint& c);
-  /// Writes a checkpoint of the current state.
+  /// Writes a checkpoint of the current state (rank 0 of a data-parallel run; the others return its path).
   std::string save();
   Optimizer& optimizer() { return *opt_; }
   EMA& ema() { return *ema_; }
@@ -106,6 +114,7 @@ class Trainer {
   NamedTensors params_;
   std::unique_ptr<Optimizer> opt_;
   std::unique_ptr<EMA> ema_;
+  std::shared_ptr<Distributed> dist_;  // null: one process
   int64_t step_ = 0;
   bool begun_ = false;  // Objective::begin called
   int64_t bad_consecutive_ = 0;

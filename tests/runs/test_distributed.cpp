@@ -1,0 +1,264 @@
+// Data-parallel training through the CLI (docs/distributed.md): `dew launch --nproc-per-node 2 -- train ...`
+// on 127.0.0.1 with Gloo equals a one-process run of the same global batch to float-sum tolerance, the same
+// 2-rank command twice writes byte-identical checkpoints, a 2-rank checkpoint resumes with one rank, and a
+// rank killed with SIGKILL ends the launch with one line naming it, no rank left running.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "dew/training/checkpoint.h"
+#include "tests/data/tiny_tokens.h"
+#include "tests/runs/checkpoint_checks.h"
+#include "tests/test_util.h"
+
+extern char** environ;
+
+namespace ddp_test {
+
+namespace fs = std::filesystem;
+using dew::test::run_dew;
+
+// A port no process listens on now (the kernel's pick for a socket bound to port 0).
+int free_port() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &n);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+std::string launch(int ranks) {
+  return "launch --nproc-per-node " + std::to_string(ranks) + " --threads 1 --master-port " +
+         std::to_string(free_port()) + " -- ";
+}
+
+// The tiny diffusion run of the reproducibility tests, a global batch of 8 (4 rows per rank on 2 ranks).
+const std::string kDiffusion =
+    "train diffusion --data '{\"name\":\"gaussian_blobs\",\"count\":64,\"size\":8,\"classes\":3}'"
+    " --model.architecture simple_dit"
+    " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'"
+    " --loader.batch_size 8 --trainer.log_every 5 --objective.steps 2 --objective.preview_per_class 1"
+    " --dist.timeout 20 --threads 1";
+
+// The largest |a - b| over the tensors of two runs' model.safetensors at `step`.
+double max_weight_diff(const std::string& a, const std::string& b, int64_t step) {
+  auto ca = dew::training::load_checkpoint(a, step, false), cb = dew::training::load_checkpoint(b, step, false);
+  double worst = 0;
+  EXPECT_EQ(ca.model.size(), cb.model.size());
+  for (const auto& [name, t] : ca.model) {
+    auto it = cb.model.find(name);
+    if (it == cb.model.end()) {
+      ADD_FAILURE() << name << " missing in " << b;
+      continue;
+    }
+    worst = std::max(worst, (t.to(at::kDouble) - it->second.to(at::kDouble)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+// Processes whose parent is `parent` (the ranks of a launch).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close_paren = line.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream rest(line.substr(close_paren + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(pid_t(std::stol(name)));
+  }
+  return out;
+}
+
+bool alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+}  // namespace ddp_test
+
+TEST(Distributed, TwoRanksEqualOneRankAndRepeatBitwise) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_equal");
+  const std::string steps = " --trainer.steps 20 --trainer.checkpoint_every 20";
+  auto r = run_dew(kDiffusion + steps + " --run " + tmp.file("one"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* dir : {"two_a", "two_b"}) {
+    r = run_dew(launch(2) + kDiffusion + steps + " --run " + tmp.file(dir));
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  const double diff = max_weight_diff(tmp.file("one"), tmp.file("two_a"), 20);
+  std::printf("2 ranks vs 1 rank, step 20: max |weight difference| %.3g\n", diff);
+  EXPECT_LT(diff, 1e-4);  // float sums in another order (two half-batch means), not other maths
+  dew::test::expect_same_checkpoint(tmp.file("two_a"), tmp.file("two_b"), 20);
+  // Rank 0 alone wrote the run: metrics carry the world size.
+  std::ifstream metrics(tmp.file("two_a") + "/metrics.jsonl");
+  std::string first;
+  std::getline(metrics, first);
+  EXPECT_NE(first.find("\"world_size\":2"), std::string::npos) << first;
+}
+
+TEST(Distributed, LanguageModelTwoRanksEqualOneRank) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_lm");
+  const std::string data = dew::test::write_tiny_tokens(tmp.file("tokens"));
+  const std::string cmd =
+      "train lm --data.name tokens --data.dir " + data +
+      " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64}'"
+      " --objective.seq_len 16 --objective.sample_tokens 4 --loader.batch_size 4 --trainer.steps 8"
+      " --trainer.log_every 4 --trainer.val_every 0 --trainer.time_limit_minutes 0 --dist.timeout 20 --threads 1";
+  auto r = run_dew(cmd + " --run " + tmp.file("one"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew(launch(2) + cmd + " --run " + tmp.file("two"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double diff = max_weight_diff(tmp.file("one"), tmp.file("two"), 8);
+  std::printf("lm, 2 ranks vs 1 rank, step 8: max |weight difference| %.3g\n", diff);
+  EXPECT_LT(diff, 1e-4);
+}
+
+TEST(Distributed, TwoRankCheckpointResumesWithOneRank) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_resume");
+  const std::string cmd = kDiffusion + " --trainer.steps 12 --trainer.checkpoint_every 6";
+  auto r = run_dew(launch(2) + cmd + " --run " + tmp.file("whole"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  // The 2-rank run as it stood at step 6, resumed to the end by one process.
+  fs::copy(tmp.file("whole"), tmp.file("run"), fs::copy_options::recursive);
+  fs::remove_all(tmp.file("run") + "/checkpoints/step_12");
+  r = run_dew(cmd + " --run " + tmp.file("run"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming"), std::string::npos) << r.output;
+  EXPECT_EQ(dew::training::latest_checkpoint(tmp.file("run")), 12);
+  // The loader state is global: the resumed run read the same batches, only float sums differ.
+  const double diff = max_weight_diff(tmp.file("run"), tmp.file("whole"), 12);
+  std::printf("2 ranks to step 6 then 1 rank, vs 2 ranks throughout, step 12: max |weight difference| %.3g\n", diff);
+  EXPECT_LT(diff, 1e-4);
+}
+
+TEST(Distributed, KilledRankEndsTheLaunchWithOneLine) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_kill");
+  const std::string out = tmp.file("launch.txt");
+  const std::string cmd = "exec " + std::string(DEW_BINARY) + " " + launch(2) + kDiffusion +
+                          " --trainer.steps 100000 --run " + tmp.file("run") + " >" + out + " 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", cmd.c_str(), nullptr};
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  // Wait until both ranks train (rank 0 has logged a step).
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 600; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ranks = children_of(pid);
+    if (ranks.size() == 2 && fs::exists(tmp.file("run") + "/metrics.jsonl") &&
+        fs::file_size(tmp.file("run") + "/metrics.jsonl") > 0)
+      break;
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  std::sort(ranks.begin(), ranks.end());  // forked in rank order
+  kill(ranks[1], SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  std::ifstream f(out);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("launch: rank 1 of 2 ended with killed by SIGKILL"), std::string::npos) << text;
+  for (pid_t p : ranks) EXPECT_FALSE(alive(p)) << "rank pid " << p << " left behind";
+}
+
+TEST(Distributed, KilledAndRelaunchedEndsBitForBit) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_relaunch");
+  const std::string cmd = kDiffusion + " --trainer.steps 30 --trainer.checkpoint_every 5";
+  auto r = run_dew(launch(2) + cmd + " --run " + tmp.file("whole"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string line =
+      "exec " + std::string(DEW_BINARY) + " " + launch(2) + cmd + " --run " + tmp.file("run") + " >/dev/null 2>&1";
+  const char* argv[] = {"/bin/sh", "-c", line.c_str(), nullptr};
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  std::vector<pid_t> ranks;
+  for (int i = 0; i < 1200 && !fs::exists(tmp.file("run") + "/checkpoints/step_10"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    ranks = children_of(pid);
+  }
+  ASSERT_EQ(ranks.size(), 2u);
+  std::sort(ranks.begin(), ranks.end());
+  kill(ranks[1], SIGKILL);  // rank 1, mid-run
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_NE(status, 0);
+  r = run_dew(launch(2) + cmd + " --run " + tmp.file("run"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming"), std::string::npos) << r.output;
+  dew::test::expect_same_checkpoint(tmp.file("whole"), tmp.file("run"), 30);
+}
+
+TEST(Distributed, SetupFaultsAreOneLine) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_faults");
+  // A global batch the world size does not divide.
+  auto r = run_dew(launch(3) + kDiffusion + " --trainer.steps 2 --run " + tmp.file("odd"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("not divisible by the world size 3"), std::string::npos) << r.output;
+  // torchrun's variables out of range.
+  const std::string env_cmd = "env WORLD_SIZE=2 RANK=2 " + std::string(DEW_BINARY) + " " + kDiffusion +
+                              " --trainer.steps 1 --run " + tmp.file("env") + " 2>&1";
+  FILE* p = popen(env_cmd.c_str(), "r");
+  std::string text;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, p)) text += buf;
+  EXPECT_NE(pclose(p), 0);
+  EXPECT_NE(text.find("RANK=2 is out of range; accepted: 0..1"), std::string::npos) << text;
+  // The rendezvous port already taken by another listener.
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  listen(s, 1);
+  socklen_t n = sizeof a;
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &n);
+  r = run_dew("launch --nproc-per-node 2 --threads 1 --master-port " + std::to_string(ntohs(a.sin_port)) + " -- " +
+              kDiffusion + " --trainer.steps 2 --run " + tmp.file("port"));
+  close(s);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("cannot serve the rendezvous"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("launch: rank 0 of 2 ended with exit status 2"), std::string::npos) << r.output;
+}
+
+// The NCCL path: one process per GPU (cuda:LOCAL_RANK), the run on two GPUs equal to one GPU's to float-sum
+// tolerance. Runs where two CUDA devices are present.
+TEST(Distributed, NcclTwoGpusEqualOneGpu) {
+  using namespace ddp_test;
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "fewer than 2 CUDA devices";
+  dew::test::TempDir tmp("ddp_nccl");
+  const std::string cmd = kDiffusion + " --device cuda --trainer.autocast off --trainer.steps 20";
+  auto r = run_dew(cmd + " --run " + tmp.file("one"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew(launch(2) + cmd + " --run " + tmp.file("two"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("nccl"), std::string::npos) << r.output;
+  const double diff = max_weight_diff(tmp.file("one"), tmp.file("two"), 20);
+  std::printf("NCCL, 2 GPUs vs 1 GPU, step 20: max |weight difference| %.3g\n", diff);
+  EXPECT_LT(diff, 1e-3);  // also cuBLAS's reduction order depends on the batch shape
+}
