@@ -10,7 +10,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 // ProcessGroupGloo.hpp includes Gloo's own headers, which the torch wheel does not ship (its libtorch_cpu has
-// Gloo compiled in): CMake defines DEW_WITH_GLOO when DEW_GLOO_SOURCE_DIR holds them (docs/distributed.md).
+// Gloo compiled in): CMake defines DEW_WITH_GLOO when it finds them (Debian's libgloo-dev; docs/distributed.md).
 #if defined(USE_C10D_GLOO) && defined(DEW_WITH_GLOO)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
@@ -155,7 +155,8 @@ Distributed::Distributed(const DistEnv& env, const DistOptions& o, const c10::De
       impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, int(rank_), int(world_), go);
 #else
       fail("dist.backend: gloo: this dew was built without Gloo's headers (the torch wheel ships none); rebuild ",
-           "with -DDEW_GLOO_SOURCE_DIR=<a pytorch/gloo checkout> (docs/distributed.md), or train on CUDA with nccl");
+           "with Gloo's headers (apt install libgloo-dev, or -DDEW_GLOO_INCLUDE_DIR=DIR; docs/distributed.md), or "
+           "train on CUDA with nccl");
 #endif
     } else {
 #ifdef USE_C10D_NCCL
