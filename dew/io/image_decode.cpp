@@ -106,6 +106,21 @@ void check_png_chunks(const unsigned char* b, size_t n, const std::string& path)
   }
 }
 
+// stb 2.27 decodes an uncompressed TGA (image types 1-3) without checking that the file holds its pixels:
+// past the end it reads zeros. A 75-byte header declaring 2054 x 28672 pixels made it allocate 176 MB and
+// take over 10 s under ASan (found by the fuzz test in CI). TGA has no magic number; stb's own test is a
+// colour-map type of 0 or 1 and an image type in {1, 2, 3, 9, 10, 11} (no other accepted format's second
+// byte is 0 or 1). An uncompressed TGA whose file is shorter than width x height x bytes per pixel is
+// refused as truncated (run-length types need about one byte per 128 pixels, so their work stays bounded).
+void check_tga_size(const unsigned char* b, size_t n, const std::string& path) {
+  if (n < 18 || b[1] > 1 || b[2] < 1 || b[2] > 3) return;
+  const uint64_t width = uint64_t(b[12]) | (uint64_t(b[13]) << 8), height = uint64_t(b[14]) | (uint64_t(b[15]) << 8);
+  const uint64_t bytes_per_pixel = b[16] >= 16 ? b[16] / 8 : 1;
+  const uint64_t need = width * height * bytes_per_pixel;  // < 2^32 x 32: no overflow
+  DEW_CHECK(need <= n - 18, "cannot decode image \"", path, "\": truncated TGA: its header declares ", width, "x",
+            height, " pixels (", need, " bytes), but the file holds only ", n - 18, " bytes after it");
+}
+
 }  // namespace
 
 DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t channels, const std::string& path) {
@@ -117,6 +132,7 @@ DecodedImage decode_image(const unsigned char* bytes, size_t size, int64_t chann
   check_jpeg_huffman_tables(bytes, size, path);
   check_pnm_header(bytes, size, path);
   check_png_chunks(bytes, size, path);
+  check_tga_size(bytes, size, path);
   DecodedImage out;
   int file_channels = 0;
   if (!stbi_info_from_memory(bytes, int(size), &out.width, &out.height, &file_channels))
