@@ -22,7 +22,7 @@ std::shared_ptr<metrics::LpipsImpl> lpips_from_flags(const Flags& f) {
   }
   DEW_CHECK(f.has("lpips-weights"),
             "--lpips-weights: required with --lpips-net (lpips' weights/v0.1/NET.pth converted to safetensors, "
-            "docs/evaluation_clip_lpips.md)");
+            "docs/evaluation.md#clip-score-and-lpips)");
   metrics::LpipsOptions o;
   o.net(f.get("lpips-net", "alex")).weights(f.get("lpips-weights", "")).backbone(f.get("lpips-backbone", ""));
   return metrics::Lpips(o).ptr();

@@ -2,7 +2,7 @@
 // 100 cos(image_embeds, text_embeds) of a transformers CLIPModel, the score max(mean over pairs, 0). The images go
 // through CLIPImageProcessor as transformers 5 applies it to the tensors torchmetrics hands over (the torchvision
 // backend): resize the shortest side to size.shortest_edge (bicubic, antialias, on uint8 values: LibTorch's and
-// torchvision's kernel), center crop crop_size, (x - 255 mean) / (255 std). docs/evaluation_clip_lpips.md.
+// torchvision's kernel), center crop crop_size, (x - 255 mean) / (255 std). docs/evaluation.md#clip-score-and-lpips.
 //
 //   dew::metrics::ClipScorer clip("clip-vit-large-patch14");     // a CLIPModel folder
 //   double s = clip.score(images_uint8, {"a cat", "a dog"});      // images [N, 3, H, W] uint8 (or [-1, 1] float)

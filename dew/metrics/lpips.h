@@ -2,7 +2,7 @@
 // ((x - shift) / scale), the torchvision AlexNet or VGG16 feature slices (the ReLU outputs ending each of the 5
 // slices), each feature map divided by its channel L2 norm + 1e-10, squared differences, the linear layers lin0..4
 // (1 x 1 convolutions without bias, one output channel), spatial mean, sum over the 5 layers.
-// docs/evaluation_clip_lpips.md.
+// docs/evaluation.md#clip-score-and-lpips.
 //
 //   auto lp = dew::metrics::Lpips(dew::metrics::LpipsOptions().net("alex").weights("lpips_alex.safetensors")
 //                                     .backbone("alexnet.safetensors"));
