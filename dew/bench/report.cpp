@@ -394,18 +394,24 @@ class ReportWriter {
           << "config `" << r.fields << "`. Pass (as a pipeline runs it, without gradients): batch "
           << batch_of(*r.c, s_)
           << "; z = scaling_factor * encode(x).latent_dist.sample(generator), x_hat = decode(z / scaling_factor).\n\n";
-      md_ << "| side | best config | ms/pass | images/s | encode ms | decode ms | peak MB |\n"
-          << "|---|---|---:|---:|---:|---:|---:|\n";
-      for (const auto& [side, member] : sides_of(with_peer)) {
-        const auto& m = fastest(r.configs, member);
-        md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
-            << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
-      }
-      if (with_peer)
-        md_ << "\nSpeed-up (Python ms/pass / C++ ms/pass): "
-            << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
-      every_configuration(r, with_peer, "Every configuration (each round's median, fastest first):", "ms/pass");
+      pass_table(r, with_peer, "encode ms", "decode ms");
     }
+  }
+
+  // The table of an inference pass without gradients (a VAE's encode + decode, FID's features): per side the
+  // fastest configuration with its two phases (fwd, bwd of the row), the speed-up, then every configuration.
+  void pass_table(const Row& r, bool with_peer, const char* first_phase, const char* second_phase) {
+    md_ << "| side | best config | ms/pass | images/s | " << first_phase << " | " << second_phase << " | peak MB |\n"
+        << "|---|---|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      const auto& m = fastest(r.configs, member);
+      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
+          << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
+    }
+    if (with_peer)
+      md_ << "\nSpeed-up (Python ms/pass / C++ ms/pass): "
+          << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
+    every_configuration(r, with_peer, "Every configuration (each round's median, fastest first):", "ms/pass");
   }
 
   // FID's InceptionV3 feature extraction against pytorch-fid's own InceptionV3 (bench/fid_peer.py).
@@ -420,17 +426,7 @@ class ReportWriter {
         << steps_of(*r.c, s_) << " timed passes, median; " << ctx_.rounds << " round(s) per side, the fastest "
         << "reported.\n\n"
         << machine(r, with_peer);
-    md_ << "| side | best config | ms/pass | images/s | resize ms | network ms | peak MB |\n"
-        << "|---|---|---:|---:|---:|---:|---:|\n";
-    for (const auto& [side, member] : sides_of(with_peer)) {
-      const auto& m = fastest(r.configs, member);
-      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.ms, 1) << " | " << fixed(m.samples_per_s, 1)
-          << " | " << fixed(m.fwd, 1) << " | " << fixed(m.bwd, 1) << " | " << fixed(m.peak_mb, 0) << " |\n";
-    }
-    if (with_peer)
-      md_ << "\nSpeed-up (Python ms/pass / C++ ms/pass): "
-          << fixed(fastest(r.configs, &Config::py).ms / fastest(r.configs, &Config::cpp).ms, 2) << "x\n";
-    every_configuration(r, with_peer, "Every configuration (each round's median, fastest first):", "ms/pass");
+    pass_table(r, with_peer, "resize ms", "network ms");
   }
 
   // The flow-matching transformers against diffusers' own classes: one section, a table set per model.

@@ -61,14 +61,14 @@ std::string descr_of(at::ScalarType t) {
 }
 
 // The header is a Python dict literal: {'descr': '<f8', 'fortran_order': False, 'shape': (3, 4), }.
-struct Header {
+struct NpyHeader {
   std::string descr;
   bool fortran = false;
   std::vector<int64_t> shape;
 };
 
-Header parse_header(std::string_view h, const std::string& what) {
-  Header out;
+NpyHeader parse_npy_header(std::string_view h, const std::string& what) {
+  NpyHeader out;
   bool has_descr = false, has_order = false, has_shape = false;
   size_t i = 0;
   auto skip_ws = [&] {
@@ -194,7 +194,7 @@ at::Tensor parse_npy(std::string_view b, const std::string& what) {
   const size_t hstart = 8 + len_bytes;
   DEW_CHECK(hlen <= b.size() - hstart, what, ": .npy header of ", hlen, " bytes runs past the end (", b.size(),
             " bytes)");
-  const Header h = parse_header(b.substr(hstart, hlen), what);
+  const NpyHeader h = parse_npy_header(b.substr(hstart, hlen), what);
   const Descr d = parse_descr(h.descr, what);
   const size_t item = at::elementSize(d.type);
   uint64_t count = 1;

@@ -33,6 +33,22 @@ ClipEncoderLayerImpl::ClipEncoderLayerImpl(const ClipTextOptions& o)
       register_module("layer_norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(o.layer_norm_eps())));
 }
 
+void ClipEncoderLayerImpl::reset_parameters(int64_t num_layers) {
+  torch::NoGradGuard no_grad;
+  const double d = static_cast<double>(q_proj->weight.size(1)),
+               n = static_cast<double>(std::max<int64_t>(1, num_layers));
+  const double in_std = std::pow(d, -0.5) * std::pow(2 * n, -0.5);
+  for (auto* lin : {&q_proj, &k_proj, &v_proj}) (*lin)->weight.normal_(0.0, in_std);
+  out_proj->weight.normal_(0.0, std::pow(d, -0.5));
+  fc1->weight.normal_(0.0, std::pow(2 * d, -0.5));
+  fc2->weight.normal_(0.0, in_std);
+  for (auto* lin : {&q_proj, &k_proj, &v_proj, &out_proj, &fc1, &fc2}) (*lin)->bias.zero_();
+  for (auto* ln : {&layer_norm1, &layer_norm2}) {
+    (*ln)->weight.fill_(1.0);
+    (*ln)->bias.zero_();
+  }
+}
+
 Tensor ClipEncoderLayerImpl::forward(const Tensor& x, const Tensor& mask) {
   const int64_t b = x.size(0), s = x.size(1), d = x.size(2), dh = d / heads_;
   const auto heads = [&](const Tensor& t) { return t.view({b, s, heads_, dh}).transpose(1, 2); };
@@ -100,22 +116,10 @@ void ClipTextImpl::reset() {
 void ClipTextImpl::reset_parameters() {
   torch::NoGradGuard no_grad;
   const double d = static_cast<double>(options.hidden_size());
-  const double layers_n = static_cast<double>(std::max<int64_t>(1, options.num_hidden_layers()));
-  const double in_std = std::pow(d, -0.5) * std::pow(2 * layers_n, -0.5), out_std = std::pow(d, -0.5);
-  const double fc_std = std::pow(2 * d, -0.5);
+  const double out_std = std::pow(d, -0.5);
   token_embedding->weight.normal_(0.0, 0.02);
   position_embedding->weight.normal_(0.0, 0.02);
-  for (auto& l : layer_list) {
-    for (auto* lin : {&l->q_proj, &l->k_proj, &l->v_proj}) (*lin)->weight.normal_(0.0, in_std);
-    l->out_proj->weight.normal_(0.0, out_std);
-    l->fc1->weight.normal_(0.0, fc_std);
-    l->fc2->weight.normal_(0.0, in_std);
-    for (auto* lin : {&l->q_proj, &l->k_proj, &l->v_proj, &l->out_proj, &l->fc1, &l->fc2}) (*lin)->bias.zero_();
-    for (auto* ln : {&l->layer_norm1, &l->layer_norm2}) {
-      (*ln)->weight.fill_(1.0);
-      (*ln)->bias.zero_();
-    }
-  }
+  for (auto& l : layer_list) l->reset_parameters(options.num_hidden_layers());
   final_layer_norm->weight.fill_(1.0);
   final_layer_norm->bias.zero_();
   if (text_projection) text_projection->weight.normal_(0.0, out_std);

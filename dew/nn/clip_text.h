@@ -61,6 +61,8 @@ class ClipEncoderLayerImpl : public torch::nn::Module {
   ClipEncoderLayerImpl(const ClipTextOptions& o);
   /// x: [B, S, D] in the compute dtype; mask: bool [B, 1, S, S] (true = attend) -> [B, S, D]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask);
+  /// transformers' CLIPPreTrainedModel init of a layer in a tower of `num_layers` (text and vision alike).
+  void reset_parameters(int64_t num_layers);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};

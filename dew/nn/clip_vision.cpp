@@ -81,23 +81,11 @@ void ClipVisionImpl::reset() {
 void ClipVisionImpl::reset_parameters() {
   torch::NoGradGuard no_grad;
   const double d = static_cast<double>(options.hidden_size());
-  const double layers_n = static_cast<double>(std::max<int64_t>(1, options.num_hidden_layers()));
-  const double in_std = std::pow(d, -0.5) * std::pow(2 * layers_n, -0.5), out_std = std::pow(d, -0.5);
-  const double fc_std = std::pow(2 * d, -0.5);
+  const double out_std = std::pow(d, -0.5);
   class_embedding.normal_(0.0, out_std);
   patch_embedding->weight.normal_(0.0, 0.02);
   position_embedding->weight.normal_(0.0, 0.02);
-  for (auto& l : layer_list) {
-    for (auto* lin : {&l->q_proj, &l->k_proj, &l->v_proj}) (*lin)->weight.normal_(0.0, in_std);
-    l->out_proj->weight.normal_(0.0, out_std);
-    l->fc1->weight.normal_(0.0, fc_std);
-    l->fc2->weight.normal_(0.0, in_std);
-    for (auto* lin : {&l->q_proj, &l->k_proj, &l->v_proj, &l->out_proj, &l->fc1, &l->fc2}) (*lin)->bias.zero_();
-    for (auto* n : {&l->layer_norm1, &l->layer_norm2}) {
-      (*n)->weight.fill_(1.0);
-      (*n)->bias.zero_();
-    }
-  }
+  for (auto& l : layer_list) l->reset_parameters(options.num_hidden_layers());
   for (auto* n : {&pre_layrnorm, &post_layernorm}) {
     (*n)->weight.fill_(1.0);
     (*n)->bias.zero_();

@@ -31,8 +31,8 @@ TEST(HelpCli, EveryCommandAndSubcommandAnswersHelp) {
   const auto commands = listed_words(top.output, "commands:\n");
   // the commands dew dispatches (dew/cli/commands.cpp), each listed by `dew --help`
   EXPECT_EQ(std::set<std::string>(commands.begin(), commands.end()),
-            (std::set<std::string>{"train", "sample", "generate", "eval", "pairs", "task", "bench", "tune", "tokenize",
-                                   "export", "forward", "models", "list", "version"}))
+            (std::set<std::string>{"train", "launch", "sample", "generate", "eval", "pairs", "task", "bench", "tune",
+                                   "tokenize", "export", "forward", "models", "list", "version"}))
       << top.output;
   const auto kinds = run_dew("train --help");
   ASSERT_EQ(kinds.code, 0) << kinds.output;
