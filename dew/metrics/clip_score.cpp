@@ -109,7 +109,8 @@ Tensor clip_preprocess(const Tensor& images_in, const ClipImageProcessing& p) {
     const int64_t ih = x.size(2), iw = x.size(3);
     DEW_CHECK(p.crop_height <= ih && p.crop_width <= iw, "CLIP score: images of ", h, " x ", w, " are ", ih, " x ", iw,
               " after the resize, smaller than crop_size ", p.crop_height, " x ", p.crop_width,
-              " (padding is not implemented)");
+              "; accepted: a preprocessor_config.json whose crop_size fits the resized image (transformers would pad "
+              "with zeros there; dew refuses instead)");
     const int64_t top = static_cast<int64_t>((ih - p.crop_height) / 2.0);
     const int64_t left = static_cast<int64_t>((iw - p.crop_width) / 2.0);
     x = x.narrow(2, top, p.crop_height).narrow(3, left, p.crop_width);

@@ -104,6 +104,25 @@ bool lora_target_matches(const LoraOptions& o, const std::string& name) {
   return false;
 }
 
+namespace {
+
+// What both layer kinds share once their adapter pair is built: the base weight's device and the adapter
+// dtype, PEFT's initialisation, and the children lora_A, lora_B and lora on the layer.
+template <typename Base, typename Adapter>
+std::shared_ptr<LoraStateImpl> register_adapter(Base& layer, Adapter& a, Adapter& b, const LoraOptions& o,
+                                                double scale) {
+  const auto& w = layer.weight;
+  a->to(w.device(), adapter_dtype(w));
+  b->to(w.device(), adapter_dtype(w));
+  init_adapter(a->weight, b->weight);
+  layer.register_module("lora_A", a);
+  layer.register_module("lora_B", b);
+  g_any_adapter.store(true, std::memory_order_relaxed);
+  return layer.register_module("lora", LoraState(o.rank(), o.alpha(), scale, o.dropout()));
+}
+
+}  // namespace
+
 void attach_lora(torch::nn::Linear& layer, const LoraOptions& o, const std::string& name) {
   const double scale = lora_scale(o);
   check_fresh(*layer, name);
@@ -112,16 +131,9 @@ void attach_lora(torch::nn::Linear& layer, const LoraOptions& o, const std::stri
             out, "): the rank must be <= ", std::min(in, out));
   torch::nn::Linear a(torch::nn::LinearOptions(in, o.rank()).bias(false));
   torch::nn::Linear b(torch::nn::LinearOptions(o.rank(), out).bias(false));
-  const auto& w = layer->weight;
-  a->to(w.device(), adapter_dtype(w));
-  b->to(w.device(), adapter_dtype(w));
-  init_adapter(a->weight, b->weight);
-  layer->register_module("lora_A", a);
-  layer->register_module("lora_B", b);
-  auto state = layer->register_module("lora", LoraState(o.rank(), o.alpha(), scale, o.dropout()));
+  auto state = register_adapter(*layer, a, b, o, scale);
   state->linear_A = a;
   state->linear_B = b;
-  g_any_adapter.store(true, std::memory_order_relaxed);
 }
 
 void attach_lora(torch::nn::Conv2d& layer, const LoraOptions& o, const std::string& name) {
@@ -141,16 +153,9 @@ void attach_lora(torch::nn::Conv2d& layer, const LoraOptions& o, const std::stri
   torch::nn::Conv2d a(
       torch::nn::Conv2dOptions(in, o.rank(), co.kernel_size()).stride(co.stride()).padding(co.padding()).bias(false));
   torch::nn::Conv2d b(torch::nn::Conv2dOptions(o.rank(), out, 1).bias(false));
-  const auto& w = layer->weight;
-  a->to(w.device(), adapter_dtype(w));
-  b->to(w.device(), adapter_dtype(w));
-  init_adapter(a->weight, b->weight);
-  layer->register_module("lora_A", a);
-  layer->register_module("lora_B", b);
-  auto state = layer->register_module("lora", LoraState(o.rank(), o.alpha(), scale, o.dropout()));
+  auto state = register_adapter(*layer, a, b, o, scale);
   state->conv_A = a;
   state->conv_B = b;
-  g_any_adapter.store(true, std::memory_order_relaxed);
 }
 
 LoraStateImpl* lora_state(const torch::nn::Module& layer) {
