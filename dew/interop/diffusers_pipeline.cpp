@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -32,6 +33,19 @@ json read_pipeline_json(const fs::path& path) {
   } catch (const json::exception& e) {
     fail(path.string(), ": not valid JSON (", e.what(), ")");
   }
+}
+
+json read_model_index(const std::string& dir, const std::vector<std::string>& accepted, std::string& class_name) {
+  DEW_CHECK(fs::is_directory(dir), dir, ": not a folder (expected a diffusers pipeline folder with model_index.json)");
+  const fs::path file = fs::path(dir) / "model_index.json";
+  json index = read_pipeline_json(file);
+  DEW_CHECK(index.contains("_class_name") && index["_class_name"].is_string(), file.string(), ": no \"_class_name\"");
+  class_name = index["_class_name"].get<std::string>();
+  std::string list;
+  for (const auto& a : accepted) list += (list.empty() ? "" : ", ") + a;
+  DEW_CHECK(std::find(accepted.begin(), accepted.end(), class_name) != accepted.end(), file.string(),
+            ": pipeline class \"", class_name, "\" is not supported (accepted: ", list, ")");
+  return index;
 }
 
 std::string index_component(const json& index, const std::string& name, const fs::path& file) {
@@ -73,18 +87,11 @@ using detail::load_clip_component;
 using detail::read_pipeline_json;
 
 TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
-  const fs::path root(dir);
-  DEW_CHECK(fs::is_directory(root), dir, ": not a folder (expected a diffusers pipeline folder with model_index.json)");
-  const fs::path index_file = root / "model_index.json";
-  const json index = read_pipeline_json(index_file);
   TextToImagePipeline p;
   p.dir_ = dir;
-  DEW_CHECK(index.contains("_class_name") && index["_class_name"].is_string(), index_file.string(),
-            ": no \"_class_name\"");
-  p.class_name_ = index["_class_name"].get<std::string>();
-  DEW_CHECK(p.class_name_ == "StableDiffusionPipeline" || p.class_name_ == "StableDiffusionXLPipeline",
-            index_file.string(), ": pipeline class \"", p.class_name_,
-            "\" is not supported (accepted: StableDiffusionPipeline, StableDiffusionXLPipeline)");
+  const json index =
+      detail::read_model_index(dir, {"StableDiffusionPipeline", "StableDiffusionXLPipeline"}, p.class_name_);
+  const fs::path root(dir), index_file = root / "model_index.json";
   expect_component(index, "unet", {"UNet2DConditionModel"}, index_file);
   expect_component(index, "vae", {"AutoencoderKL"}, index_file);
   expect_component(index, "text_encoder", {"CLIPTextModel"}, index_file);

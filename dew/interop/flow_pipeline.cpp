@@ -67,18 +67,10 @@ bool is_flow_pipeline_folder(const std::string& dir) {
 }
 
 FlowPipeline FlowPipeline::load(const std::string& dir) {
-  const fs::path root(dir);
-  DEW_CHECK(fs::is_directory(root), dir, ": not a folder (expected a diffusers pipeline folder with model_index.json)");
-  const fs::path index_file = root / "model_index.json";
-  const json index = read_pipeline_json(index_file);
   FlowPipeline p;
   p.dir_ = dir;
-  DEW_CHECK(index.contains("_class_name") && index["_class_name"].is_string(), index_file.string(),
-            ": no \"_class_name\"");
-  p.class_name_ = index["_class_name"].get<std::string>();
-  DEW_CHECK(p.class_name_ == "StableDiffusion3Pipeline" || p.class_name_ == "FluxPipeline", index_file.string(),
-            ": pipeline class \"", p.class_name_,
-            "\" is not supported (accepted: StableDiffusion3Pipeline, FluxPipeline)");
+  const json index = detail::read_model_index(dir, {"StableDiffusion3Pipeline", "FluxPipeline"}, p.class_name_);
+  const fs::path root(dir), index_file = root / "model_index.json";
   const std::vector<std::string> clip_tok{"CLIPTokenizer", "CLIPTokenizerFast"},
       t5_tok{"T5Tokenizer", "T5TokenizerFast"};
   // Check every model_index entry before loading anything.

@@ -12,6 +12,9 @@ namespace dew::interop::detail {
 
 /// A JSON file of the folder; a missing or malformed one is a dew::Error naming it.
 json read_pipeline_json(const std::filesystem::path& path);
+/// DIR/model_index.json, checked before anything else: DIR a folder, the file valid JSON whose "_class_name" is one
+/// of `accepted` (returned in `class_name`); otherwise a dew::Error naming the folder or file and what is accepted.
+json read_model_index(const std::string& dir, const std::vector<std::string>& accepted, std::string& class_name);
 /// model_index.json's entry for a component (["library", "Class"]): the class, "" when the entry is null.
 std::string index_component(const json& index, const std::string& name, const std::filesystem::path& file);
 /// The component's class, which must be one of `accepted` ("" in accepted: the component may be null);
