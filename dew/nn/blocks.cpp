@@ -88,7 +88,7 @@ Tensor conv(const Tensor& x, const torch::nn::Conv2d& layer) {
   const Tensor w = layer->weight.to(dt);
   const Tensor b = layer->bias.defined() ? layer->bias.to(dt) : layer->bias;
   Tensor y;
-  if (same_size_3x3(o) && winograd_conv_preferred() && winograd_conv_applies(x, w, b)) {
+  if (same_size_3x3(o) && winograd_conv_applies(x, w, b)) {
     y = conv3x3_winograd(x, w, b);
   } else {
     // The padding variant is passed through untouched.

@@ -96,7 +96,16 @@ bool cpu_has(const std::string& isa) {
 
 KernelSet kernel_set(const std::string& isa) {
 #ifdef DEW_SIMD_X86
-  if (isa == "avx512") return DEW_KERNEL_SET(avx512);
+  if (isa == "avx512") {
+    KernelSet k = DEW_KERNEL_SET(avx512);
+    // Attention takes the AVX2 build: measured faster than the AVX-512 one at 49 to 196 keys with heads of
+    // 16 and 32 (196 keys x 16, 2 threads: 10.6 against 12.8 ms on a Sapphire Rapids Xeon; docs/benchmarks.md).
+    // The small GEMM's tile is 6 rows x 2 vectors of columns, so with 16-float vectors a head of 16 (the
+    // P v product and its gradients) fills no whole tile and runs on the one-vector tail.
+    k.attention_forward = kernels::avx2::attention_forward;
+    k.attention_backward = kernels::avx2::attention_backward;
+    return k;
+  }
   if (isa == "avx2") return DEW_KERNEL_SET(avx2);
 #endif
   return DEW_KERNEL_SET(base);

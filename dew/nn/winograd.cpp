@@ -190,8 +190,6 @@ bool winograd_conv_applies(const Tensor& x, const Tensor& weight, const Tensor& 
   return x.is_contiguous(at::MemoryFormat::ChannelsLast) && !autocast_cpu_enabled();
 }
 
-bool winograd_conv_preferred() { return fused_kernel_isa() != "avx512"; }
-
 Tensor conv3x3_winograd(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   DEW_CHECK(winograd_conv_applies(x, weight, bias),
             "conv3x3_winograd: needs float32 CPU x [N, C, H, W] in channels-last "
