@@ -1,11 +1,16 @@
 #include "dew/nn/s5.h"
 
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <cmath>
 #include <string>
 
 #include "dew/core/error.h"
 #include "dew/nn/attention.h"
+#include "dew/nn/autograd_detail.h"
 #include "dew/nn/blocks.h"
+#include "dew/nn/fused.h"
 
 namespace dew::nn {
 
@@ -37,10 +42,128 @@ void check_scan_inputs(const Tensor& log_a_re, const Tensor& log_a_im, const Ten
 
 // ---- scans ----
 
+namespace {
+
+// x_k = a x_{k-1} + b_k step by step as ATen ops, a = (a_re, a_im): [N], b: [B, L, N]; the states stacked
+// (re, im) as [2, B, L, N]. The readable recurrence, and the differentiable composite of the fused one.
+Tensor recurrence_composite(const Tensor& a_re, const Tensor& a_im, const Tensor& b_re, const Tensor& b_im) {
+  Tensor x_re = at::zeros_like(b_re.select(1, 0)), x_im = at::zeros_like(x_re);  // [B, N]
+  std::vector<Tensor> re, im;
+  const auto br = b_re.unbind(1), bi = b_im.unbind(1);
+  for (size_t k = 0; k < br.size(); ++k) {
+    Tensor nr = a_re * x_re - a_im * x_im + br[k];
+    Tensor ni = a_re * x_im + a_im * x_re + bi[k];
+    x_re = nr;
+    x_im = ni;
+    re.push_back(x_re);
+    im.push_back(x_im);
+  }
+  return at::stack({at::stack(re, 1), at::stack(im, 1)});
+}
+
+// The same recurrence as one loop per sequence over float32 CPU tensors, forward and backward, in place of
+// the log2(L) rounds of whole-tensor ops of the parallel scan (a dozen ATen ops each, and their backward):
+// in hybrid_dit's step those element-wise ops were most of the time. Sequences (the batch) run in parallel;
+// a's gradient is summed per sequence in double, then over sequences in order, so every result has the same
+// bits at any thread count. Backward: the adjoint h_k = g_k + conj(a) h_{k+1} is b_k's gradient, and a's
+// is sum_k h_k conj(x_{k-1}).
+struct S5RecurrenceFunction : public torch::autograd::Function<S5RecurrenceFunction> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& a_re, const Tensor& a_im,
+                        const Tensor& b_re, const Tensor& b_im) {
+    const Tensor ar = a_re.contiguous(), ai = a_im.contiguous(), br = b_re.contiguous(), bi = b_im.contiguous();
+    const int64_t B = br.size(0), L = br.size(1), N = br.size(2);
+    Tensor x = at::empty({2, B, L, N}, br.options());
+    const float *pa_r = ar.data_ptr<float>(), *pa_i = ai.data_ptr<float>();
+    const float *pb_r = br.data_ptr<float>(), *pb_i = bi.data_ptr<float>();
+    float* px_r = x.data_ptr<float>();
+    float* px_i = px_r + B * L * N;
+    at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t o = b * L * N;
+        for (int64_t n = 0; n < N; ++n) {
+          px_r[o + n] = pb_r[o + n];
+          px_i[o + n] = pb_i[o + n];
+        }
+        for (int64_t k = 1; k < L; ++k) {
+          const int64_t c = o + k * N, p = c - N;
+          for (int64_t n = 0; n < N; ++n) {
+            const float xr = px_r[p + n], xi = px_i[p + n];
+            px_r[c + n] = pa_r[n] * xr - pa_i[n] * xi + pb_r[c + n];
+            px_i[c + n] = pa_r[n] * xi + pa_i[n] * xr + pb_i[c + n];
+          }
+        }
+      }
+    });
+    ctx->save_for_backward({a_re, a_im, b_re, b_im, x});
+    return x;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    if (!grads[0].defined()) return {Tensor(), Tensor(), Tensor(), Tensor()};
+    if (at::GradMode::is_enabled()) {  // create_graph: the composite's differentiable gradients
+      const Tensor x = recurrence_composite(saved[0], saved[1], saved[2], saved[3]);
+      return detail::composite_grads(x, {saved[0], saved[1], saved[2], saved[3]}, 4, grads[0], 4);
+    }
+    const Tensor ar = saved[0].contiguous(), ai = saved[1].contiguous(), x = saved[4], g = grads[0].contiguous();
+    const int64_t B = x.size(1), L = x.size(2), N = x.size(3);
+    Tensor h = at::empty_like(g);                                      // [2, B, L, N]: b's gradient
+    Tensor da = at::zeros({B, 2, N}, x.options().dtype(at::kDouble));  // a's, per sequence
+    const float *pa_r = ar.data_ptr<float>(), *pa_i = ai.data_ptr<float>();
+    const float *px_r = x.data_ptr<float>(), *px_i = px_r + B * L * N;
+    const float *pg_r = g.data_ptr<float>(), *pg_i = pg_r + B * L * N;
+    float* ph_r = h.data_ptr<float>();
+    float* ph_i = ph_r + B * L * N;
+    double* pda = da.data_ptr<double>();
+    at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t o = b * L * N;
+        double* da_r = pda + b * 2 * N;
+        double* da_i = da_r + N;
+        for (int64_t k = L - 1; k >= 0; --k) {
+          const int64_t c = o + k * N;
+          for (int64_t n = 0; n < N; ++n) {
+            float hr = pg_r[c + n], hi = pg_i[c + n];
+            if (k + 1 < L) {
+              const float nr = ph_r[c + N + n], ni = ph_i[c + N + n];
+              hr += pa_r[n] * nr + pa_i[n] * ni;
+              hi += pa_r[n] * ni - pa_i[n] * nr;
+            }
+            ph_r[c + n] = hr;
+            ph_i[c + n] = hi;
+            if (k > 0) {
+              const float xr = px_r[c - N + n], xi = px_i[c - N + n];
+              da_r[n] += static_cast<double>(hr) * xr + static_cast<double>(hi) * xi;
+              da_i[n] += static_cast<double>(hi) * xr - static_cast<double>(hr) * xi;
+            }
+          }
+        }
+      }
+    });
+    Tensor da_sum = at::zeros({2, N}, da.options());
+    for (int64_t b = 0; b < B; ++b) da_sum += da.select(0, b);  // in order: the same bits at any thread count
+    const Tensor da_f = da_sum.to(at::kFloat);
+    return {da_f.select(0, 0), da_f.select(0, 1), h.select(0, 0), h.select(0, 1)};
+  }
+};
+
+// (re, im) of a = exp(log_a) in b's dtype.
+std::pair<Tensor, Tensor> scan_coefficient(const Tensor& log_a_re, const Tensor& log_a_im, const Tensor& b) {
+  return power(log_a_re.to(b.scalar_type()), log_a_im.to(b.scalar_type()), 1);
+}
+
+}  // namespace
+
 std::pair<Tensor, Tensor> s5_scan(const Tensor& log_a_re, const Tensor& log_a_im, const Tensor& b_re,
                                   const Tensor& b_im) {
   check_scan_inputs(log_a_re, log_a_im, b_re, b_im);
   const int64_t L = b_re.size(1);
+  if (fused_kernels_apply(b_re) && fused_kernels_apply(b_im) && b_re.numel() > 0) {
+    auto [a_re, a_im] = scan_coefficient(log_a_re, log_a_im, b_re);
+    const Tensor x = S5RecurrenceFunction::apply(a_re, a_im, b_re, b_im);
+    return {x.select(0, 0), x.select(0, 1)};
+  }
   const auto dt = b_re.scalar_type();
   const Tensor lr = log_a_re.to(dt), li = log_a_im.to(dt);
   Tensor x_re = b_re, x_im = b_im;  // [B, L, N]
@@ -59,20 +182,9 @@ std::pair<Tensor, Tensor> s5_scan(const Tensor& log_a_re, const Tensor& log_a_im
 std::pair<Tensor, Tensor> s5_scan_reference(const Tensor& log_a_re, const Tensor& log_a_im, const Tensor& b_re,
                                             const Tensor& b_im) {
   check_scan_inputs(log_a_re, log_a_im, b_re, b_im);
-  const auto dt = b_re.scalar_type();
-  auto [a_re, a_im] = power(log_a_re.to(dt), log_a_im.to(dt), 1);
-  Tensor x_re = at::zeros_like(b_re.select(1, 0)), x_im = at::zeros_like(x_re);  // [B, N]
-  std::vector<Tensor> re, im;
-  const auto br = b_re.unbind(1), bi = b_im.unbind(1);
-  for (size_t k = 0; k < br.size(); ++k) {
-    Tensor nr = a_re * x_re - a_im * x_im + br[k];
-    Tensor ni = a_re * x_im + a_im * x_re + bi[k];
-    x_re = nr;
-    x_im = ni;
-    re.push_back(x_re);
-    im.push_back(x_im);
-  }
-  return {at::stack(re, 1), at::stack(im, 1)};
+  auto [a_re, a_im] = scan_coefficient(log_a_re, log_a_im, b_re);
+  const Tensor x = recurrence_composite(a_re, a_im, b_re, b_im);
+  return {x.select(0, 0), x.select(0, 1)};
 }
 
 // ---- S5Layer ----

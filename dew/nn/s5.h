@@ -6,8 +6,9 @@
 //
 // One direction: diagonal complex state A = -exp(log_A_real) + i A_imag, ZOH discretisation with a step
 // dt per state (Abar = exp(A dt), Bbar = (Abar - 1)/A * B), recurrence x_k = Abar x_{k-1} + Bbar u_k and
-// readout y_k = Re(C x_k) + D u_k. The recurrence runs as a parallel (Hillis-Steele) scan: log2(L) steps,
-// each one vectorised op over the whole sequence, so the depth is logarithmic, not a loop over L.
+// readout y_k = Re(C x_k) + D u_k. On float32 CPU tensors the recurrence runs as one fused loop per
+// sequence, forward and backward (its own autograd function); elsewhere (other dtypes, CUDA) as a parallel
+// (Hillis-Steele) scan: log2(L) steps, each one vectorised op over the whole sequence.
 // Complex numbers are carried as (real, imaginary) fp32 pairs (LibTorch 1.13's complex autograd is
 // incomplete); the mixer computes in fp32 whatever the compute dtype and returns the input's dtype.
 #pragma once
@@ -46,9 +47,10 @@ struct S5Discrete {
   Tensor b_re, b_im;          // [N, D]
 };
 
-/// States of x_k = a x_{k-1} + b_k (x_{-1} = 0) by a parallel scan over offsets 1, 2, 4, ...: after the
-/// step with offset s, x_k holds sum_{j < 2s, j <= k} a^j b_{k-j}. a = exp(log_a): [N] (re, im);
-/// b: [B, L, N] (re, im), any floating dtype. Returns the states (re, im), [B, L, N] each.
+/// States of x_k = a x_{k-1} + b_k (x_{-1} = 0). a = exp(log_a): [N] (re, im); b: [B, L, N] (re, im), any
+/// floating dtype. Returns the states (re, im), [B, L, N] each. float32 CPU: the fused recurrence (one loop
+/// over L per sequence, a hand-written backward); otherwise a parallel scan over offsets 1, 2, 4, ...: after
+/// the step with offset s, x_k holds sum_{j < 2s, j <= k} a^j b_{k-j}, the powers a^s = exp(s log_a) exact.
 std::pair<Tensor, Tensor> s5_scan(const Tensor& log_a_re, const Tensor& log_a_im, const Tensor& b_re,
                                   const Tensor& b_im);
 /// The same states step by step (the readable reference, a loop over L): for tests.

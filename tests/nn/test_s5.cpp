@@ -58,6 +58,63 @@ TEST(S5, ScanMatchesComplexArithmeticByHand) {
   }
 }
 
+// The fused float32 recurrence (forward and hand-written backward) against float64 truth: the step-by-step
+// recurrence of ATen ops in double, differentiated by autograd. The float32 composite's own error is the
+// yardstick (the golden rule: rms(fused - truth) <= 2 rms(composite_f32 - truth)), per output and gradient.
+TEST(S5, FusedRecurrenceAndItsGradientsAgainstFloat64) {
+  auto c = scan_case(3, 49, 64, at::kDouble, 21);
+  const Tensor wr = torch::randn({3, 49, 64}, at::kDouble), wi = torch::randn({3, 49, 64}, at::kDouble);
+  // Outputs and the gradients of sum(w_re x_re + w_im x_im) with respect to log_a and b.
+  auto run = [&](bool fused, at::ScalarType dt) {
+    std::vector<Tensor> in;  // fresh leaves in dt
+    for (const auto& t : {c.lr, c.li, c.br, c.bi}) in.push_back(t.to(dt).detach().clone().requires_grad_());
+    auto [xr, xi] =
+        fused ? dew::nn::s5_scan(in[0], in[1], in[2], in[3]) : dew::nn::s5_scan_reference(in[0], in[1], in[2], in[3]);
+    (xr * wr.to(dt) + xi * wi.to(dt)).sum().backward();
+    std::vector<Tensor> out{xr.detach().to(at::kDouble), xi.detach().to(at::kDouble)};
+    for (auto& t : in) out.push_back(t.grad().to(at::kDouble));
+    return out;
+  };
+  const auto truth = run(false, at::kDouble), composite = run(false, at::kFloat), fused = run(true, at::kFloat);
+  const char* names[] = {"x_re", "x_im", "d log_a_re", "d log_a_im", "d b_re", "d b_im"};
+  auto rms = [](const Tensor& t) { return t.pow(2).mean().sqrt().item<double>(); };
+  for (size_t i = 0; i < truth.size(); ++i) {
+    const double e_fused = rms(fused[i] - truth[i]), e_comp = rms(composite[i] - truth[i]);
+    std::cout << "[ S5 fused " << names[i] << " ] rms error " << e_fused << " (float32 composite " << e_comp
+              << "), max |fused - truth| " << max_diff(fused[i], truth[i]) << "\n";
+    EXPECT_LE(e_fused, 2 * e_comp + 1e-12 * rms(truth[i])) << names[i];
+    EXPECT_LT(max_diff(fused[i], truth[i]), 1e-3 * (1 + truth[i].abs().max().item<double>())) << names[i];
+  }
+}
+
+TEST(S5, FusedRecurrenceHasTheSameBitsAtAnyThreadCountAndSupportsDoubleBackward) {
+  auto c = scan_case(5, 17, 8, at::kFloat, 22);
+  const int threads = at::get_num_threads();
+  std::vector<std::vector<Tensor>> runs;
+  for (int t : {1, 2, 3}) {
+    at::set_num_threads(t);
+    std::vector<Tensor> in{c.lr.clone(), c.li.clone(), c.br.clone(), c.bi.clone()};
+    for (auto& x : in) x.requires_grad_();
+    auto [xr, xi] = dew::nn::s5_scan(in[0], in[1], in[2], in[3]);
+    (xr * xr + 3 * xi).sum().backward();
+    runs.push_back({xr.detach(), xi.detach(), in[0].grad(), in[1].grad(), in[2].grad(), in[3].grad()});
+  }
+  at::set_num_threads(threads);
+  for (size_t r = 1; r < runs.size(); ++r)
+    for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_TRUE(torch::equal(runs[0][i], runs[r][i])) << r << " " << i;
+
+  // A create_graph backward differentiates again: d/d b_re of (d loss / d log_a_re) . v against double.
+  auto second = [&](bool fused, at::ScalarType dt) {
+    Tensor lr = c.lr.to(dt).detach().clone().requires_grad_(), br = c.br.to(dt).detach().clone().requires_grad_();
+    auto [xr, xi] = fused ? dew::nn::s5_scan(lr, c.li.to(dt), br, c.bi.to(dt))
+                          : dew::nn::s5_scan_reference(lr, c.li.to(dt), br, c.bi.to(dt));
+    const Tensor g = torch::autograd::grad({(xr * xr + xi).sum()}, {lr}, {}, true, true)[0];
+    return torch::autograd::grad({g.sum()}, {br})[0].to(at::kDouble);
+  };
+  const Tensor truth = second(false, at::kDouble);
+  EXPECT_LT(max_diff(second(true, at::kFloat), truth), 1e-4 * (1 + truth.abs().max().item<double>()));
+}
+
 // A layer whose steps dt are large enough that the state decays and rotates visibly over the sequence.
 dew::nn::S5Layer make_layer(int64_t D, int64_t N, uint64_t seed) {
   torch::manual_seed(seed);
