@@ -90,7 +90,8 @@ int cmd_generate(const std::vector<std::string>& args_in) {
                    {"logprobs", res.logprobs[i]},
                    {"raw_logprobs", res.raw_logprobs[i]},
                    {"finish_reason", res.finish_reason[i]}};
-      std::cout << line.dump() << "\n";
+      // A byte-level model may emit bytes that are not UTF-8: JSON carries them as U+FFFD (the ids are exact).
+      std::cout << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     } else {
       std::cout << prompts[i] << text << "\n";
       if (prompts.size() > 1 && i + 1 < prompts.size()) std::cout << "----\n";
