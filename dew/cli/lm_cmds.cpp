@@ -5,31 +5,11 @@
 #include "dew/cli/recipe.h"
 #include "dew/core/threads.h"
 #include "dew/data/tokenizer.h"
+#include "dew/nn/lora.h"
 #include "dew/runs/lm_run.h"
 #include "dew/sampling/generate.h"
 
 namespace dew::cli {
-
-namespace {
-
-// Takes every `--name VALUE` / `--name=VALUE` of a repeatable flag out of args.
-std::vector<std::string> take_repeated(std::vector<std::string>& args, const std::string& name) {
-  std::vector<std::string> out, rest;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--" + name) {
-      DEW_CHECK(i + 1 < args.size(), "--", name, ": expected a value");
-      out.push_back(args[++i]);
-    } else if (args[i].rfind("--" + name + "=", 0) == 0) {
-      out.push_back(args[i].substr(name.size() + 3));
-    } else {
-      rest.push_back(args[i]);
-    }
-  }
-  args = rest;
-  return out;
-}
-
-}  // namespace
 
 int cmd_generate(const std::vector<std::string>& args_in) {
   for (const auto& a : args_in) {
@@ -38,9 +18,10 @@ int cmd_generate(const std::vector<std::string>& args_in) {
           << "usage: dew generate RUN [--prompt TEXT ...] [--max-new-tokens 200] [--temperature 0.8 (0 = greedy)]\n"
              "       [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1] [--seed 0] [--weights ema|live]\n"
              "       [--stop S ...] [--padding left|right] [--threads N] [--step N] [--device auto|cpu|cuda[:N]]\n"
-             "       [--no-eos] [--json]\n"
+             "       [--lora DIR] [--no-eos] [--json]\n"
              "Continues each prompt (an empty or missing prompt starts a new document) with the run's model;\n"
-             "--json prints one object per prompt with the tokens, log-probs and finish reason.\n";
+             "--json prints one object per prompt with the tokens, log-probs and finish reason. --lora applies a\n"
+             "PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to the model at load.\n";
       return 0;
     }
   }
@@ -49,7 +30,7 @@ int cmd_generate(const std::vector<std::string>& args_in) {
   auto stops = take_repeated(args, "stop");
   auto f = parse_flags(args,
                        {"max-new-tokens", "temperature", "top-k", "top-p", "min-p", "repetition-penalty", "seed",
-                        "weights", "padding", "threads", "step", "device"},
+                        "weights", "padding", "threads", "step", "device", "lora"},
                        {"json", "no-eos"});
   DEW_CHECK(f.positional.size() == 1, "generate: expected one RUN directory, got ", f.positional.size(), " arguments");
   // Batch-1 generation: one-row GEMMs the row-parallel split leaves alone, so OpenBLAS gets the cores.
@@ -67,7 +48,14 @@ int cmd_generate(const std::vector<std::string>& args_in) {
   g.padding = f.get("padding", "left");
   g.stop = stops;
   sampling::validate(g);  // bad flag values fail before the model loads
+  const std::string lora = f.get("lora", "");
+  if (!lora.empty()) nn::read_peft_adapter_config(lora);  // so does a folder that is not an adapter
   auto run = runs::open_lm_run(f.positional[0], open_options(f));
+  if (!lora.empty()) {
+    // Unmerged: each adapted layer adds scale * B(A(x)) to its output, as PEFT's model does before merging.
+    nn::load_peft_adapter(*run.model, lora);
+    run.model->eval();
+  }
   DEW_CHECK(!run.tokenizer.is_null(), f.positional[0], "/run.json: the run records no tokenizer");
   auto tok = data::load_tokenizer(run.tokenizer);
   if (!f.has("no-eos")) g.eos_id = run.eos_id;
@@ -102,7 +90,8 @@ int cmd_generate(const std::vector<std::string>& args_in) {
                    {"logprobs", res.logprobs[i]},
                    {"raw_logprobs", res.raw_logprobs[i]},
                    {"finish_reason", res.finish_reason[i]}};
-      std::cout << line.dump() << "\n";
+      // A byte-level model may emit bytes that are not UTF-8: JSON carries them as U+FFFD (the ids are exact).
+      std::cout << line.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
     } else {
       std::cout << prompts[i] << text << "\n";
       if (prompts.size() > 1 && i + 1 < prompts.size()) std::cout << "----\n";

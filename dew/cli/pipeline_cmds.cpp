@@ -2,6 +2,7 @@
 // Flux), a PNG out.
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 
@@ -18,7 +19,29 @@ namespace fs = std::filesystem;
 
 namespace dew::cli {
 
-int cmd_sample_pipeline(const std::vector<std::string>& args) {
+int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
+  std::vector<std::string> args = args_in;
+  // --lora FILE[:SCALE], repeatable: checked before anything loads.
+  std::vector<std::pair<std::string, double>> loras;
+  for (const auto& v : take_repeated(args, "lora")) {
+    std::string path = v;
+    double scale = 1.0;
+    const auto colon = v.rfind(':');
+    if (colon != std::string::npos && !fs::is_regular_file(v)) {
+      path = v.substr(0, colon);
+      const std::string s = v.substr(colon + 1);
+      size_t used = 0;
+      try {
+        scale = std::stod(s, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      DEW_CHECK(used == s.size() && !s.empty() && std::isfinite(scale),
+                "--lora: expected FILE[:SCALE] with SCALE a number, got \"", v, "\"");
+    }
+    DEW_CHECK(fs::is_regular_file(path), "--lora: ", path, " is not a file (a diffusers or kohya LoRA .safetensors)");
+    loras.emplace_back(path, scale);
+  }
   auto f = parse_flags(args, {"pipeline", "prompt", "negative-prompt", "prompt-2", "negative-prompt-2", "steps",
                               "guidance", "seed", "size", "count", "scheduler", "eta", "latents", "threads", "out",
                               "nrow", "max-sequence-length", "weights-dtype"});
@@ -79,6 +102,8 @@ int cmd_sample_pipeline(const std::vector<std::string>& args) {
     set_threads(f.get_int("threads", 0), workload_of("sd3_transformer"));
     DEW_CHECK(!f.has("scheduler"), "--scheduler: SD3 and Flux folders run their FlowMatchEulerDiscreteScheduler");
     DEW_CHECK(r.eta == 0.0, "--eta: only DDIMScheduler takes eta");
+    DEW_CHECK(loras.empty(), "--lora: ", dir,
+              " is an SD3 / Flux folder; LoRA files apply to the UNet pipelines (SD, SDXL) for now");
     auto pipe = interop::FlowPipeline::load(dir);
     hold_weights(pipe);
     if (!f.has("steps")) r.steps = 28;
@@ -98,6 +123,9 @@ int cmd_sample_pipeline(const std::vector<std::string>& args) {
   DEW_CHECK(!f.has("max-sequence-length"), "--max-sequence-length: only SD3 and Flux folders take it (T5)");
   set_threads(f.get_int("threads", 0), workload_of("unet_2d_condition"));
   auto pipe = interop::TextToImagePipeline::load(dir);
+  for (const auto& [path, scale] : loras)
+    std::cout << "LoRA " << path << " (scale " << scale << "): " << pipe.add_lora(path, scale)
+              << " UNet layers adapted\n";
   hold_weights(pipe);
   r.guidance = f.get_double("guidance", pipe.sdxl() ? 5.0 : 7.5);
   if (f.has("scheduler")) {

@@ -189,6 +189,22 @@ Flags parse_flags(const std::vector<std::string>& args, const std::vector<std::s
   return f;
 }
 
+std::vector<std::string> take_repeated(std::vector<std::string>& args, const std::string& name) {
+  std::vector<std::string> out, rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--" + name) {
+      DEW_CHECK(i + 1 < args.size(), "--", name, ": expected a value");
+      out.push_back(args[++i]);
+    } else if (args[i].rfind("--" + name + "=", 0) == 0) {
+      out.push_back(args[i].substr(name.size() + 3));
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  args = rest;
+  return out;
+}
+
 std::string append_eval_row(const std::string& run_dir, json row, const std::vector<std::string>& args) {
   std::string command = "dew eval";
   for (const auto& a : args) {

@@ -43,6 +43,10 @@ struct Flags {
 Flags parse_flags(const std::vector<std::string>& args, const std::vector<std::string>& known,
                   const std::vector<std::string>& switches = {});
 
+/// Takes every `--name VALUE` / `--name=VALUE` of a repeatable flag out of args, in order (before
+/// parse_flags, which keeps one value per flag).
+std::vector<std::string> take_repeated(std::vector<std::string>& args, const std::string& name);
+
 /// --weights ema|live (default ema), --step N (default: the latest), --device (default: auto) of the
 /// commands that open a trained run; checked here, before the run is read.
 runs::OpenOptions open_options(const Flags& f);

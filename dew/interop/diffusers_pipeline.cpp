@@ -15,6 +15,7 @@
 #include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/unet_2d_condition.h"
+#include "dew/nn/lora.h"
 #include "dew/nn/roles.h"
 
 namespace fs = std::filesystem;
@@ -216,6 +217,14 @@ int64_t TextToImagePipeline::hold_weights_in(at::ScalarType dtype) {
   if (text_encoder_) bytes += nn::hold_weights_in(*text_encoder_, dtype);
   if (text_encoder_2_) bytes += nn::hold_weights_in(*text_encoder_2_, dtype);
   return bytes;
+}
+
+int64_t TextToImagePipeline::add_lora(const std::string& path, double scale) {
+  DEW_CHECK(weights_dtype_ == at::kFloat, "LoRA: ", path, " must be applied before the weights are held in ",
+            c10::toString(weights_dtype_));
+  const auto report = nn::load_lora_file(*unet_.module, path, scale, "unet", "lora_unet");
+  nn::fold_lora(*unet_.module);
+  return int64_t(report.targets.size());
 }
 
 PipelineResult TextToImagePipeline::run(const PipelineRequest& r, const PromptEmbeddings& e) {

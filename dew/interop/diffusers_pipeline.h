@@ -81,6 +81,11 @@ class TextToImagePipeline {
   /// `--weights-dtype`: every component's matrix weights held in `dtype` (nn::hold_weights_in); encode and
   /// run then compute under nn::InferenceAutocast(dtype). Returns the bytes the components' parameters hold.
   int64_t hold_weights_in(at::ScalarType dtype);
+  /// `dew sample --pipeline DIR --lora FILE[:SCALE]`: a LoRA file of the UNet (diffusers'
+  /// pytorch_lora_weights.safetensors layout, "unet." keys, or kohya's "lora_unet_" keys; nn::load_lora_file)
+  /// merged into its weights with each adapter's scale times `scale` (nn::fold_lora), so several files add
+  /// up, one after another. Before hold_weights_in. Returns the number of adapted layers.
+  int64_t add_lora(const std::string& path, double scale);
   /// Runs the request with the embeddings of encode().
   PipelineResult run(const PipelineRequest& request);
   /// The same with given embeddings (the golden tests feed the reference's own).

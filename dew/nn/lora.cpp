@@ -202,13 +202,22 @@ Tensor lora_delta(const Tensor& x, const torch::nn::Conv2dImpl& layer) {
 Tensor lora_delta_weight(const torch::nn::Module& layer) {
   const LoraStateImpl* s = lora_state(layer);
   DEW_CHECK(s != nullptr, "LoRA: lora_delta_weight of a layer without an adapter");
-  // At least float32 (float64 adapters stay float64, so a float64 merge is exact to float64 rounding).
   const Tensor& a = s->linear_A ? s->linear_A->weight : s->conv_A->weight;
   const Tensor& b = s->linear_B ? s->linear_B->weight : s->conv_B->weight;
+  return lora_delta_weight(a, b, s->scale);
+}
+
+Tensor lora_delta_weight(const Tensor& a, const Tensor& b, double scale) {
+  DEW_CHECK((a.dim() == 2 && b.dim() == 2) || (a.dim() == 4 && b.dim() == 4 && b.size(2) == 1 && b.size(3) == 1),
+            "LoRA: an adapter pair is A [r, in] with B [out, r] (Linear) or A [r, in, kh, kw] with B [out, r, 1, 1] "
+            "(Conv2d); got A ",
+            a.sizes(), " and B ", b.sizes());
+  DEW_CHECK(b.size(1) == a.size(0), "LoRA: A ", a.sizes(), " and B ", b.sizes(), " disagree on the rank");
+  // At least float32 (float64 adapters stay float64, so a float64 merge is exact to float64 rounding).
   const auto dt = at::promote_types(a.scalar_type(), at::kFloat);
-  if (s->linear_A) return b.to(dt).matmul(a.to(dt)) * s->scale;
+  if (a.dim() == 2) return b.to(dt).matmul(a.to(dt)) * scale;
   // Conv2d: B is 1x1, so delta[o, i, kh, kw] = sum_r B[o, r] A[r, i, kh, kw] (PEFT's conv of A^T by B).
-  return at::einsum("or,rikl->oikl", {b.to(dt).flatten(1), a.to(dt)}) * s->scale;
+  return at::einsum("or,rikl->oikl", {b.to(dt).flatten(1), a.to(dt)}) * scale;
 }
 
 namespace {
@@ -246,6 +255,14 @@ void unmerge_lora(torch::nn::Module& model) {
     w.sub_(lora_delta_weight(m).to(w.scalar_type()));
     s.merged = false;
   });
+}
+
+void fold_lora(torch::nn::Module& model) {
+  merge_lora(model);
+  std::vector<torch::nn::Module*> adapted;
+  for_each_adapted(model, [&](torch::nn::Module& m, LoraStateImpl&, Tensor&) { adapted.push_back(&m); });
+  for (auto* m : adapted)
+    for (const char* child : {"lora_A", "lora_B", "lora"}) m->unregister_module(child);
 }
 
 namespace {
@@ -361,19 +378,37 @@ std::string shape_str(at::IntArrayRef s) {
   return o.str();
 }
 
-// The adapter tensors of `model` under "<prefix><module>.lora_A.weight", in float32 when reduced precision
-// (PEFT saves the adapters' own dtype; dew's adapters are float32 unless the base is float64).
-std::map<std::string, Tensor> adapter_file_tensors(const torch::nn::Module& model, const std::string& prefix) {
+// The adapter tensors of `model` by parameter name ("<module>.lora_A.weight").
+std::map<std::string, Tensor> adapter_tensors(const torch::nn::Module& model) {
   std::map<std::string, Tensor> out;
-  for (const auto& [name, t] : lora_parameters(model)) out[prefix + name] = t.detach();
+  for (const auto& [name, t] : lora_parameters(model)) out[name] = t.detach();
   DEW_CHECK(!out.empty(), "LoRA: the model holds no adapters to save");
   return out;
 }
 
-std::vector<std::string> adapted_modules(const torch::nn::Module& model) {
+// `adapters` under "<prefix><name>", each checked to be an adapter tensor.
+std::map<std::string, Tensor> prefixed(const std::map<std::string, Tensor>& adapters, const std::string& prefix) {
+  DEW_CHECK(!adapters.empty(), "LoRA: no adapter tensors to save");
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : adapters) {
+    const auto ends = [&](const std::string& suffix) {
+      return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), std::string::npos, suffix) == 0;
+    };
+    DEW_CHECK(ends(".lora_A.weight") || ends(".lora_B.weight"), "LoRA: ", name,
+              " is not an adapter tensor (<module>.lora_A.weight or <module>.lora_B.weight)");
+    out[prefix + name] = t.detach();
+  }
+  return out;
+}
+
+// The adapted module names of adapter tensors, from their lora_A keys.
+std::vector<std::string> adapted_modules(const std::map<std::string, Tensor>& adapters) {
+  const std::string suffix = ".lora_A.weight";
   std::vector<std::string> out;
-  for (const auto& item : model.named_modules("", /*include_self=*/false))
-    if (lora_state(*item.value())) out.push_back(item.key());
+  for (const auto& kv : adapters)
+    if (kv.first.size() > suffix.size() &&
+        kv.first.compare(kv.first.size() - suffix.size(), std::string::npos, suffix) == 0)
+      out.push_back(kv.first.substr(0, kv.first.size() - suffix.size()));
   return out;
 }
 
@@ -389,7 +424,7 @@ void load_adapter_tensor(torch::nn::Module& model, const std::string& param_name
   p->copy_(t);
 }
 
-json lora_config_json(const LoraOptions& o, const torch::nn::Module& model) {
+json lora_config_json(const LoraOptions& o, const std::map<std::string, Tensor>& adapters) {
   json j;
   j["r"] = o.rank();
   j["lora_alpha"] = o.alpha();
@@ -397,7 +432,7 @@ json lora_config_json(const LoraOptions& o, const torch::nn::Module& model) {
   j["use_rslora"] = o.use_rslora();
   if (!o.target_regex().empty()) j["target_modules"] = o.target_regex();
   else if (!o.target_modules().empty()) j["target_modules"] = o.target_modules();
-  else j["target_modules"] = adapted_modules(model);
+  else j["target_modules"] = adapted_modules(adapters);
   return j;
 }
 
@@ -444,8 +479,13 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
 
 void save_peft_adapter(const std::string& dir, const torch::nn::Module& model, const LoraOptions& o,
                        const std::string& base_model_name_or_path) {
-  const auto tensors = adapter_file_tensors(model, kPeftPrefix);
-  json j = lora_config_json(o, model);
+  save_peft_adapter(dir, adapter_tensors(model), o, base_model_name_or_path);
+}
+
+void save_peft_adapter(const std::string& dir, const std::map<std::string, Tensor>& adapters, const LoraOptions& o,
+                       const std::string& base_model_name_or_path) {
+  const auto tensors = prefixed(adapters, kPeftPrefix);
+  json j = lora_config_json(o, adapters);
   j["peft_type"] = "LORA";
   j["base_model_name_or_path"] = base_model_name_or_path.empty() ? json(nullptr) : json(base_model_name_or_path);
   j["bias"] = "none";
@@ -479,10 +519,15 @@ PeftAdapterConfig load_peft_adapter(torch::nn::Module& model, const std::string&
 
 void save_diffusers_lora(const std::string& path, const torch::nn::Module& model, const LoraOptions& o,
                          const std::string& prefix) {
-  const auto tensors = adapter_file_tensors(model, prefix + ".");
+  save_diffusers_lora(path, adapter_tensors(model), o, prefix);
+}
+
+void save_diffusers_lora(const std::string& path, const std::map<std::string, Tensor>& adapters, const LoraOptions& o,
+                         const std::string& prefix) {
+  const auto tensors = prefixed(adapters, prefix + ".");
   // The pipeline-level file prefixes each LoraConfig field with the component ("unet.r"), as
   // save_lora_weights packs it and load_lora_adapter strips it.
-  const json config = lora_config_json(o, model);  // named: items() does not keep a temporary alive
+  const json config = lora_config_json(o, adapters);  // named: items() does not keep a temporary alive
   json meta = json::object();
   for (const auto& [k, v] : config.items()) meta[prefix + "." + k] = v;
   io::save_safetensors(path, tensors, {{"format", "pt"}, {kDiffusersMetadataKey, meta.dump(2)}});
@@ -626,6 +671,19 @@ LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, co
   }
   DEW_CHECK(!entries.empty(), "LoRA: ", path, " holds no key starting with ", prefix, "_");
   return attach_from_file(model, file, entries, -1.0, false, prefix + "_");
+}
+
+LoraReport load_lora_file(torch::nn::Module& model, const std::string& path, double scale,
+                          const std::string& diffusers_prefix, const std::string& kohya_prefix) {
+  DEW_CHECK(std::isfinite(scale), "LoRA: the scale of ", path, " must be a finite number, got ", scale);
+  bool kohya = false;
+  for (const auto& key : io::SafetensorsFile::open(path).names())
+    kohya = kohya || key.rfind(kohya_prefix + "_", 0) == 0;
+  LoraReport report =
+      kohya ? load_kohya_lora(model, path, kohya_prefix) : load_diffusers_lora(model, path, diffusers_prefix);
+  const auto modules = model.named_modules("", /*include_self=*/false);
+  for (const auto& name : report.targets) lora_state(**modules.find(name))->scale *= scale;
+  return report;
 }
 
 }  // namespace dew::nn

@@ -28,6 +28,7 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,15 @@ void unmerge_lora(torch::nn::Module& model);
 /// like the base weight.
 Tensor lora_delta_weight(const torch::nn::Module& layer);
 
+/// The same from an adapter pair as tensors (a checkpoint's, a file's): Linear A [r, in], B [out, r] ->
+/// [out, in]; Conv2d A [r, in, kh, kw], B [out, r, 1, 1] -> [out, in, kh, kw]. At least float32.
+Tensor lora_delta_weight(const Tensor& a, const Tensor& b, double scale);
+
+/// Merges every adapter into its base weight and removes it (lora_A, lora_B and lora unregistered), so the
+/// model is plain again with the adapters in its weights: an adapter file applied at load, after which
+/// another file may adapt the same layers. The base parameters stay frozen.
+void fold_lora(torch::nn::Module& model);
+
 /// The adapter parameters, name -> tensor: "<module>.lora_A.weight", "<module>.lora_B.weight".
 std::vector<std::pair<std::string, Tensor>> lora_parameters(const torch::nn::Module& model);
 
@@ -138,6 +148,9 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir);
 /// adapters of `model` made with options `o`. Merged adapters are written as they are (A and B).
 void save_peft_adapter(const std::string& dir, const torch::nn::Module& model, const LoraOptions& o,
                        const std::string& base_model_name_or_path = "");
+/// The same from adapter tensors by parameter name ("<module>.lora_A.weight"; a LoRA run's checkpoint).
+void save_peft_adapter(const std::string& dir, const std::map<std::string, Tensor>& adapters, const LoraOptions& o,
+                       const std::string& base_model_name_or_path = "");
 
 /// Applies the folder's adapters to `model` (apply_lora with its config, so the base is frozen) and loads
 /// their weights. A file tensor for a module the config did not adapt, an adapted module the file lacks
@@ -150,6 +163,9 @@ PeftAdapterConfig load_peft_adapter(torch::nn::Module& model, const std::string&
 /// each field prefixed ("unet.lora_alpha"), which diffusers' load_lora_weights reads back as the
 /// adapter's LoraConfig (checked with diffusers 0.42.1: scale and weights arrive as written).
 void save_diffusers_lora(const std::string& path, const torch::nn::Module& model, const LoraOptions& o,
+                         const std::string& prefix = "unet");
+/// The same from adapter tensors by parameter name ("<module>.lora_A.weight"; a LoRA run's checkpoint).
+void save_diffusers_lora(const std::string& path, const std::map<std::string, Tensor>& adapters, const LoraOptions& o,
                          const std::string& prefix = "unet");
 
 /// Reads a diffusers LoRA file onto `model`: keys "<prefix>.<module>.lora_A.weight" / ".lora_B.weight"
@@ -171,5 +187,11 @@ void save_kohya_lora(const std::string& path, const torch::nn::Module& model, co
 /// names flattened the same way (a name that resolves to none is refused with the nearest ones); alpha
 /// from ".alpha" (any dtype), else the rank. Keys of other components (lora_te_...) are ignored.
 LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix = "lora_unet");
+
+/// A LoRA file in kohya's layout (a key starting with "<kohya_prefix>_") or else diffusers' (keys
+/// "<diffusers_prefix>.<module>..."), read onto `model` with each adapter's scale multiplied by `scale`
+/// (`dew sample --lora FILE:SCALE`; 0 leaves the model's output as it was).
+LoraReport load_lora_file(torch::nn::Module& model, const std::string& path, double scale = 1.0,
+                          const std::string& diffusers_prefix = "unet", const std::string& kohya_prefix = "lora_unet");
 
 }  // namespace dew::nn

@@ -4,6 +4,7 @@
 
 #include "dew/core/error.h"
 #include "dew/io/weights.h"
+#include "dew/nn/lora.h"
 
 namespace dew::post_training {
 
@@ -16,7 +17,7 @@ at::Tensor token_logps(nn::CausalTransformerImpl& model, const at::Tensor& ids) 
   return at::cat({at::zeros({x.size(0), 1}, lp.options()), lp}, 1);
 }
 
-FrozenReference::FrozenReference(const nn::CausalTransformer& policy) {
+FrozenReference::FrozenReference(const nn::CausalTransformer& policy) : policy_(policy) {
   model_ = nn::CausalTransformer(policy->options);
   model_->to(policy->head_weight().device(), policy->head_weight().scalar_type());
   for (auto& p : model_->parameters()) p.set_requires_grad(false);
@@ -44,10 +45,25 @@ nn::CausalTransformerImpl& FrozenReference::model() {
   if (!loaded_) {
     DEW_CHECK(averages_, "frozen reference: the trainer did not bind its EMA (the reference weights)");
     at::NoGradGuard ng;
-    for (const auto& kv : model_->named_parameters()) {
+    // The EMA holds the trainable parameters; a frozen one (a LoRA policy's base) never moves from its start.
+    const auto policy = policy_->named_parameters();
+    auto params = model_->named_parameters();
+    for (const auto& kv : params) {
       auto it = averages_->find(kv.key());
-      DEW_CHECK(it != averages_->end(), "frozen reference: the EMA holds no \"", kv.key(), "\"");
-      kv.value().copy_(it->second);
+      const at::Tensor* frozen = it == averages_->end() ? policy.find(kv.key()) : nullptr;
+      DEW_CHECK(it != averages_->end() || (frozen && !frozen->requires_grad()), "frozen reference: the EMA holds no \"",
+                kv.key(), "\"");
+      kv.value().copy_(frozen ? *frozen : it->second);
+    }
+    // A LoRA policy: its adapters as they started (in the EMA) merged into the reference's weights.
+    for (const auto& item : policy_->named_modules("", /*include_self=*/false)) {
+      const nn::LoraStateImpl* s = nn::lora_state(*item.value());
+      if (!s) continue;
+      const auto a = averages_->find(item.key() + ".lora_A.weight"), b = averages_->find(item.key() + ".lora_B.weight");
+      at::Tensor* w = params.find(item.key() + ".weight");
+      DEW_CHECK(a != averages_->end() && b != averages_->end() && w, "frozen reference: the EMA holds no adapter of ",
+                item.key());
+      w->add_(nn::lora_delta_weight(a->second, b->second, s->scale).to(w->scalar_type()));
     }
     loaded_ = true;
   }

@@ -32,10 +32,12 @@ class FrozenReference {
   /// architecture, by name (dew::Error naming a missing or mis-shaped tensor). `what` names the source.
   void set(const std::map<std::string, at::Tensor>& weights, const std::string& what);
   /// The reference model, the averages copied in on the first call (the trainer restores a checkpoint's
-  /// averages after bind and before the first loss; they never change after).
+  /// averages after bind and before the first loss; they never change after). For a LoRA policy, whose EMA
+  /// holds only the adapters, the reference is its frozen base with the adapters' starting values merged.
   nn::CausalTransformerImpl& model();
 
  private:
+  nn::CausalTransformer policy_{nullptr};
   nn::CausalTransformer model_{nullptr};
   const std::map<std::string, at::Tensor>* averages_ = nullptr;
   bool loaded_ = false;

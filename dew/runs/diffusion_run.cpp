@@ -16,6 +16,7 @@
 #include "dew/objectives/registry.h"
 #include "dew/runs/autoencoder_run.h"
 #include "dew/runs/kinds.h"
+#include "dew/runs/lora_run.h"
 #include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
@@ -64,6 +65,8 @@ json diffusion_defaults() {
       {"text_encoder", {{"architecture", "none"}, {"fields", json::object()}, {"trainable", true}}},
       // A run directory or .safetensors file to start the model from (unet -> unet_3d inflates).
       {"init_from", ""},
+      // LoRA adapters on the init_from model (docs/lora.md): empty targets = every parameter trains.
+      {"lora", lora_recipe_defaults()},
       // Latent diffusion: the frozen autoencoder (a `dew train autoencoder` run or a diffusers AutoencoderKL
       // folder; both empty = pixel space) and how its latents are taken. A pixel run's record has neither.
       {"autoencoder", to_json(AutoencoderSource{})},
@@ -110,14 +113,16 @@ TextEncoderPtr build_text_encoder(const json& record) {
   return enc;
 }
 
-// Starts `model` (architecture `arch`) from a run directory (its latest checkpoint, EMA weights) or a
-// .safetensors file, strictly; a family that inflates another's weights (unet_3d from a 2D unet) reads them
-// through its inflation key map (what it adds stays at its initialisation).
-void init_model_from(BackboneImpl& model, const std::string& arch, const std::string& source) {
-  const auto weights =
-      fs::is_directory(source) ? run_weight_source(source, OpenOptions{}) : io::WeightSource::open(source);
+// Starts `model` (architecture `arch`) from a run directory (its checkpoint `step`, EMA weights) or a
+// .safetensors file, strictly (LoRA adapters already attached excepted); a family that inflates another's
+// weights (unet_3d from a 2D unet) reads them through its inflation key map (what it adds stays at its
+// initialisation).
+void init_model_from(BackboneImpl& model, const std::string& arch, const std::string& source, int64_t step) {
+  OpenOptions o;
+  o.step = step;
+  const auto weights = fs::is_directory(source) ? run_weight_source(source, o) : io::WeightSource::open(source);
   const models::Family& family = models::family(arch);
-  io::KeyMap map;
+  io::KeyMap map = lora_base_key_map();
   io::LoadOptions lo;
   if (family.inflation_map) {
     map = family.inflation_map();
@@ -200,6 +205,7 @@ data::DatasetPtr prepare_latents(LatentSpace& space, const json& r, const data::
 std::string diffusion_help(const json& recipe) {
   const std::string arch = recipe["model"]["architecture"];
   return "model fields (" + arch + "):\n" + format_fields(models::registry().info(arch).fields, "  ") +
+         "\nlora fields (docs/lora.md):\n" + format_fields(fields_of<LoraRecipe>(), "  ") +
          "\n(dew models lists every architecture; dew list presets/solvers the rest.)\n";
 }
 
@@ -220,11 +226,17 @@ Built build_diffusion(json& r, const c10::Device& device) {
   DEW_CHECK(r["init_from"].is_string(), "init_from: expected a run directory or .safetensors path, got ",
             r["init_from"].dump());
   const std::string init_from = r["init_from"];
+  int64_t init_step = -1;  // fixed now: the run it starts from may go on training
   if (!init_from.empty()) {
     DEW_CHECK(fs::is_directory(init_from) || fs::is_regular_file(init_from), "init_from: ", init_from,
               " is neither a run directory nor a file");
-    if (fs::is_directory(init_from)) training::latest_checkpoint(init_from);  // it must hold a checkpoint
+    if (fs::is_directory(init_from)) init_step = training::latest_checkpoint(init_from);  // it must hold one
   }
+  const auto lora = lora_options_of(r);
+  DEW_CHECK(!lora || !models::family(arch).inflation_map, "lora: ", arch, " starts from ",
+            models::family(arch).inflates_from,
+            " weights inflated (init_from), which are not its own base weights; LoRA needs a base of the "
+            "same architecture");
   auto dataset = data::datasets().build(r["data"]);
   const int64_t num_classes = dataset->contains(obj_opts.label_field) ? int64_t(dataset->class_names().size()) : 0;
   DEW_CHECK(!text_encoder || num_classes > 0, "text_encoder: captions are made from class labels, but dataset ",
@@ -276,6 +288,10 @@ Built build_diffusion(json& r, const c10::Device& device) {
   ctx.latent = latent;
   b.objective = objectives().build("diffusion", r["objective"], ctx);
   model->to(device);  // with the text encoder the objective attached to its tree
+  json lora_record = nullptr;
+  if (lora)  // after the objective attached the text encoder (its layers may be targets), before any weight loads
+    lora_record = apply_lora_to_run(
+        *model, *lora, init_step >= 0 ? lora_base("run", init_from, init_step) : lora_base("file", init_from));
   b.preview = ".png";
   b.derived = {{"sample_shape", shape}, {"class_names", dataset->class_names()}};
   b.summary = "training " + arch + " (" + std::to_string(parameter_count(*model)) + " parameters) on " +
@@ -292,7 +308,14 @@ Built build_diffusion(json& r, const c10::Device& device) {
                  std::to_string(parameter_count(latent->autoencoder())) + " parameters, scale " +
                  std::to_string(latent->scaling().scaling_factor) + (latent->options().cache ? ", cached" : "") + ")";
   }
-  if (!init_from.empty()) b.init_weights = [model, arch, init_from] { init_model_from(*model, arch, init_from); };
+  if (!init_from.empty())
+    b.init_weights = [model, arch, init_from, init_step] { init_model_from(*model, arch, init_from, init_step); };
+  if (lora) {
+    b.lora = lora_record;
+    b.derived["lora"] = b.lora;
+    b.summary += ", LoRA on " + b.lora["adapted"].dump() + " modules (" + b.lora["trainable"].dump() +
+                 " trainable parameters, the base's " + b.lora["frozen"].dump() + " frozen)";
+  }
   return b;
 }
 
@@ -335,7 +358,7 @@ RunKind diffusion_kind() {
   k.doc = "diffusion / flow matching on images or video (default: class-conditional Fashion-MNIST)";
   k.defaults = diffusion_defaults;
   k.open_keys = {"model.fields", "preset", "data", "text_encoder.fields"};
-  k.identity = {"model", "text_encoder", "seed", "data", "preset", "autoencoder", "latent"};
+  k.identity = {"model", "text_encoder", "seed", "data", "preset", "autoencoder", "latent", "lora"};
   k.help = diffusion_help;
   k.build = build_diffusion;
   return k;

@@ -12,6 +12,7 @@
 #include "dew/objectives/grpo.h"
 #include "dew/objectives/sft.h"
 #include "dew/runs/kinds.h"
+#include "dew/runs/lora_run.h"
 #include "dew/training/run_dir.h"
 #include "dew/training/trainer.h"
 
@@ -57,6 +58,7 @@ json post_training_defaults(const std::string& run, training::TrainerOptions to,
         {"fields", {{"emb_features", 128}, {"num_layers", 4}, {"num_heads", 4}, {"max_seq_len", 64}}}}},
       {"tokenizer", "byte"},
       {"chat_template", "auto"},
+      {"lora", lora_recipe_defaults()},
       {"eval", to_json(eval)},
       {"loader", to_json(lo)},
       {"optim", to_json(oo)},
@@ -69,7 +71,8 @@ json post_training_defaults(const std::string& run, training::TrainerOptions to,
 std::string post_training_help(const std::string& objective_fields) {
   return "model fields (causal_transformer, used when init_from is empty):\n" +
          format_fields(models::language_models().info("causal_transformer").fields, "  ") + "\neval fields:\n" +
-         format_fields(fields_of<post_training::EvalOptions>(), "  ") + "\nobjective fields:\n" + objective_fields;
+         format_fields(fields_of<post_training::EvalOptions>(), "  ") + "\nlora fields (docs/lora.md):\n" +
+         format_fields(fields_of<LoraRecipe>(), "  ") + "\nobjective fields:\n" + objective_fields;
 }
 
 std::string data_path(const json& r, const char* key, const char* what) {
@@ -94,6 +97,9 @@ json resolve_reference(const json& r, const std::function<void(const training::T
             r["reference"].dump());
   const std::string dir = r["reference"];
   if (dir.empty()) return json::object({{"reference", "starting weights"}});
+  DEW_CHECK(!r.contains("lora"), "reference: ", dir,
+            "; a LoRA policy's reference is its base with the adapters as they start, --reference is not taken "
+            "with lora.targets");
   if (training::RunDir::holds_run(dir)) {
     const std::string kind = read_record(dir).value("kind", "");
     DEW_CHECK(
@@ -123,6 +129,12 @@ Built finish(Built b, json& r, const Policy& p, const std::string& what) {
               (p.source.value("kind", "none") == "none" ? std::string("its initialisation")
                                                         : p.source["init_from"].get<std::string>()) +
               ") on " + what;
+  if (p.lora.is_object()) {
+    b.lora = p.lora;
+    b.derived["lora"] = p.lora;
+    b.summary += ", LoRA on " + p.lora["adapted"].dump() + " modules (" + p.lora["trainable"].dump() +
+                 " trainable parameters, the base's " + p.lora["frozen"].dump() + " frozen)";
+  }
   return b;
 }
 
@@ -133,7 +145,8 @@ Built build_sft(json& r, const c10::Device& device) {
   const std::string train = data_path(r, "data", "a chat JSON-lines file");
   const std::string val = r.value("val_data", "");
   if (!val.empty()) DEW_CHECK(fs::is_regular_file(val), "val_data: ", val, " is not a file");
-  Policy p = resolve_policy(r, device);
+  // The SFT loss (the LM objective's chunked cross-entropy) reads the output head's weight directly.
+  Policy p = resolve_policy(r, device, /*loss_reads_head_weight=*/true);
   const int64_t max_len = p.model->options.max_seq_len() + 1;
   data::Batch rows = data::sft_rows(train, p.format, max_len, oo.pack);
   data::Batch val_rows;
@@ -249,12 +262,14 @@ const std::vector<std::string>& language_model_kinds() {
   return k;
 }
 
-Policy resolve_policy(json& r, const c10::Device& device) {
+Policy resolve_policy(json& r, const c10::Device& device, bool loss_reads_head_weight) {
   DEW_CHECK(r["init_from"].is_string(), "init_from: expected a run directory or a Hugging Face folder, got ",
             r["init_from"].dump());
   DEW_CHECK(r["chat_template"].is_string(), "chat_template: expected a name, got ", r["chat_template"].dump());
   const std::string from = r["init_from"], asked = r["chat_template"];
   if (asked != "auto") data::parse_chat_template(asked);  // a wrong name fails before anything loads
+  const auto lora = lora_options_of(r);                   // so do the LoRA settings
+  json base;
   Policy p;
   p.source = {{"init_from", from}, {"kind", "none"}};
   if (from.empty()) {
@@ -286,11 +301,13 @@ Policy resolve_policy(json& r, const c10::Device& device) {
         asked == "auto" && !recorded.empty() ? data::parse_chat_template(recorded) : template_for(asked, *tok, from),
         {}};
     p.source = {{"init_from", from}, {"kind", "run"}, {"step", step}};
+    if (lora) base = lora_base("run", from, step);
     auto model = p.model;
     p.init = [model, from, step]() mutable {
       OpenOptions o;
       o.step = step;
-      io::load_weights(*model, run_weight_source(from, o));
+      // A LoRA policy's adapters are attached by now; they are not in the base.
+      io::load_weights(*model, run_weight_source(from, o), lora_base_key_map());
       log::info("init_from ", from, " step ", step);
     };
   } else if (fs::is_regular_file(fs::path(from) / "config.json")) {
@@ -303,12 +320,20 @@ Policy resolve_policy(json& r, const c10::Device& device) {
     else t = template_for(asked, *tok, from);
     p.format = {tok, t, {}};
     p.source = {{"init_from", from}, {"kind", "hf"}};
+    if (lora) base = lora_base("hf", from);
   } else {
     fail("init_from: ", from, " is neither a dew run (run.json) nor a Hugging Face folder (config.json)");
   }
   DEW_CHECK(p.format.tokenizer->vocab_size() <= p.model->options.vocab_size(), "tokenizer: its vocabulary of ",
             p.format.tokenizer->vocab_size(), " ids exceeds the model's vocab_size ", p.model->options.vocab_size());
   p.model->to(device);
+  if (lora) {
+    DEW_CHECK(
+        !loss_reads_head_weight || p.model->options.tie_embeddings() || !nn::lora_target_matches(*lora, "lm_head"),
+        "lora.targets: lm_head is read directly by the SFT loss (the chunked cross-entropy), so its adapter "
+        "would not train; leave it out (PEFT's all-linear does too)");
+    p.lora = apply_lora_to_run(*p.model, *lora, base);
+  }
   return p;
 }
 
@@ -337,7 +362,7 @@ RunKind sft_kind() {
     return r;
   };
   k.open_keys = {"model.fields"};
-  k.identity = {"model", "seed", "data", "init_from"};
+  k.identity = {"model", "seed", "data", "init_from", "lora"};
   k.help = [](const json&) { return post_training_help(format_fields(fields_of<SFTObjectiveOptions>(), "  ")); };
   k.build = build_sft;
   return k;
@@ -362,7 +387,7 @@ RunKind dpo_kind() {
     return r;
   };
   k.open_keys = {"model.fields"};
-  k.identity = {"model", "seed", "data", "init_from", "reference"};
+  k.identity = {"model", "seed", "data", "init_from", "reference", "lora"};
   k.help = [](const json&) { return post_training_help(format_fields(fields_of<DPOObjectiveOptions>(), "  ")); };
   k.build = build_dpo;
   return k;
@@ -391,7 +416,7 @@ RunKind grpo_kind() {
     return r;
   };
   k.open_keys = {"model.fields"};
-  k.identity = {"model", "seed", "prompts", "init_from", "reference", "reward", "reward_command"};
+  k.identity = {"model", "seed", "prompts", "init_from", "reference", "reward", "reward_command", "lora"};
   k.help = [](const json&) {
     return post_training_help(format_fields(fields_of<GRPOObjectiveOptions>(), "  ")) + "reward_options fields:\n" +
            format_fields(fields_of<post_training::RewardOptions>(), "  ");

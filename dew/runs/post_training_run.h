@@ -28,12 +28,15 @@ struct Policy {
   json tokenizer_spec;           // what data::load_tokenizer rebuilds the tokenizer from
   json source = json::object();  // {"init_from", "kind": run|hf|none, "step"} for the run record
   std::function<void()> init;    // loads the starting weights (empty: the fresh initialisation)
+  json lora = nullptr;           // LoRA: the run's record of its adapters (apply_lora_to_run); null = none
 };
 
-/// Resolves r["init_from"], r["model"], r["tokenizer"] and r["chat_template"] (completing r["model"] to the
-/// model's whole record). dew::Error naming the field when the source is not a run or a folder, the run is
-/// not a language-model run, or the folder's chat template is unknown.
-Policy resolve_policy(json& r, const c10::Device& device);
+/// Resolves r["init_from"], r["model"], r["tokenizer"], r["chat_template"] and r["lora"] (completing r["model"]
+/// to the model's whole record; with lora.targets the adapters are attached and the base frozen). dew::Error
+/// naming the field when the source is not a run or a folder, the run is not a language-model run, the
+/// folder's chat template is unknown, or the LoRA settings are refused (with `loss_reads_head_weight`, as
+/// SFT's chunked cross-entropy does, lm_head of an untied model among the targets: its adapter would not train).
+Policy resolve_policy(json& r, const c10::Device& device, bool loss_reads_head_weight = false);
 
 /// The chat format of a trained language-model run (its tokenizer and recorded chat template; plain for a
 /// byte model that recorded none).

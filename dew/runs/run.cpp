@@ -9,6 +9,7 @@
 #include "dew/io/files.h"
 #include "dew/io/weights.h"
 #include "dew/runs/kinds.h"
+#include "dew/runs/lora_run.h"
 #include "dew/training/distributed.h"
 #include "dew/training/objective.h"
 #include "dew/training/run_dir.h"
@@ -160,6 +161,14 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
       DEW_CHECK(was == now, "run ", dir, " was trained with ", key, " ", was.dump(), "; this command asks for ",
                 now.dump(), " (rerun with the same ", key, " to resume, or use another --run)");
     }
+    // A LoRA run's checkpoints hold adapters of one base: refuse to resume them on another.
+    const json was = old.value("derived", json::object()).value("lora", json());
+    if (was.is_object() && p.built.lora.is_object()) {
+      const std::string change = lora_base_change(was.value("base", json()), p.built.lora.value("base", json()));
+      DEW_CHECK(change.empty(), "run ", dir, ": its adapters were trained on the base ",
+                was.value("base", json::object()).value("path", "?"), ", which has changed since (", change,
+                "); resume on the same base, or use another --run");
+    }
   }
   return p;
 }
@@ -184,12 +193,15 @@ training::TrainResult train(PreparedRun& p) {
     lock = training::RunDir(dir).lock_for_writing();  // one writer per run, released at exit
     io::write_file_atomic(training::RunDir(dir).record(), p.record.dump(2));
   }
-  if (!p.resumes && p.built.init_weights) p.built.init_weights();
+  // A LoRA run's base is not in its checkpoints: it loads on every start, the adapters then from the checkpoint.
+  const bool lora = p.built.lora.is_object();
+  if (p.built.init_weights && (!p.resumes || lora)) p.built.init_weights();
   if (main)
     log::info(p.built.summary, ", ", p.trainer.steps, " steps, run ", dir, " on ", p.device.str(),
               dist ? ", " + std::to_string(dist->world_size()) + " ranks (" + dist->backend() + ")" : "");
   training::Trainer trainer(p.built.objective, p.built.loader, p.optim, p.trainer, dir, uint64_t(p.options.seed));
   trainer.set_distributed(dist);
+  if (lora) trainer.set_adapter_checkpoints(p.built.lora);
   return trainer.fit();
 }
 
@@ -222,6 +234,8 @@ training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o
     }
   }
   if (step_out) *step_out = step;
+  if (ck.state.contains("lora"))
+    return merged_lora_weights(ck.model, ck.state["lora"], run_dir + " step_" + std::to_string(step));
   return std::move(ck.model);
 }
 

@@ -57,8 +57,12 @@ struct Built {
   json derived = json::object();  // facts of the data the run records (sample_shape, class_names, tokenizer, ...)
   std::string summary;            // one line: what trains on what
   std::string preview;            // what validation writes as RUN/samples/step_N + this (".png", ".txt"; "" = none)
-  /// Starts a fresh run's weights from recipe.init_from (absent: none); not called when the run resumes.
+  /// Starts a fresh run's weights from recipe.init_from (absent: none); not called when the run resumes,
+  /// except in a LoRA run, whose checkpoints do not hold the base.
   std::function<void()> init_weights;
+  /// A LoRA run (docs/lora.md): {"options", "base", ...} of runs::apply_lora_to_run; null = none. Its
+  /// checkpoints hold only the adapters and this record.
+  json lora = nullptr;
 };
 
 /// A kind of training run.
@@ -130,7 +134,8 @@ struct OpenOptions {
 
 /// The weights of one checkpoint of RUN by module path: its live state (parameters and buffers), with, for
 /// "ema", the EMA averages in place of the parameters the run averaged (the live ones where the EMA is a
-/// frozen reference), for "reference", the frozen reference (dew::Error for a run without one). `step`
+/// frozen reference), for "reference", the frozen reference (dew::Error for a run without one). A LoRA
+/// run's checkpoint gives its base's weights with the adapters merged in (runs::merged_lora_weights). `step`
 /// (optional) receives the step.
 training::TensorMap run_weights(const std::string& run_dir, const OpenOptions& o, int64_t* step = nullptr);
 

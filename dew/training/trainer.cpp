@@ -140,9 +140,26 @@ Trainer::Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loade
   obj_->bind_ema(ema_->averages());
 }
 
+void Trainer::set_adapter_checkpoints(json lora) { lora_ = std::move(lora); }
+
 void Trainer::restore(const Checkpoint& c) {
-  io::load_weights(obj_->module(), io::WeightSource::of_tensors(
-                                       c.model, run_dir_ + " step_" + std::to_string(c.step) + "/model.safetensors"));
+  const std::string where = run_dir_ + " step_" + std::to_string(c.step) + "/model.safetensors";
+  if (lora_.is_null()) {
+    io::load_weights(obj_->module(), io::WeightSource::of_tensors(c.model, where));
+  } else {
+    // The adapters alone, every one present and nothing else: the base is already in the module.
+    DEW_CHECK(c.state.contains("lora"), where, " holds a whole model, not the LoRA adapters this run trains");
+    DEW_CHECK(c.model.size() == params_.size(), where, " holds ", c.model.size(), " tensors; the run trains ",
+              params_.size(), " adapter parameters");
+    at::NoGradGuard ng;
+    for (auto& [name, p] : params_) {
+      auto it = c.model.find(name);
+      DEW_CHECK(it != c.model.end(), where, ": missing the adapter \"", name, "\"");
+      DEW_CHECK(it->second.sizes() == p.sizes(), where, ": \"", name, "\" has shape ", it->second.sizes(),
+                ", the run's adapter ", p.sizes());
+      p.copy_(it->second);
+    }
+  }
   at::NoGradGuard ng;
   for (auto& [name, avg] : ema_->averages()) {
     auto it = c.ema.find(name);
@@ -167,7 +184,11 @@ std::string Trainer::save() {
   if (dist_ && !dist_->is_main()) return RunDir(run_dir_).checkpoint(step_);  // rank 0 writes
   Checkpoint c;
   c.step = step_;
-  c.model = module_state(obj_->module());
+  if (lora_.is_null()) {
+    c.model = module_state(obj_->module());
+  } else {
+    for (const auto& [name, p] : params_) c.model[name] = p.detach();
+  }
   c.ema = ema_->averages();
   c.optimizer = opt_->state_dict();
   c.objective = obj_->state();
@@ -177,6 +198,7 @@ std::string Trainer::save() {
              {"bad_loss_steps_total", bad_total_},
              {"bad_loss_steps_consecutive", bad_consecutive_},
              {"best", best_}};
+  if (!lora_.is_null()) c.state["lora"] = lora_;
   return save_checkpoint(run_dir_, c, to_.keep_checkpoints);
 }
 

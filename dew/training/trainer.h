@@ -94,6 +94,10 @@ class Trainer {
   /// on any rank skips the step on all, and only rank 0 writes metrics, validation previews and
   /// checkpoints. dew::Error when the loader's batch size is not divisible by the world size.
   void set_distributed(std::shared_ptr<Distributed> dist);
+  /// LoRA runs (docs/lora.md): checkpoints hold only the trainable parameters (the adapters; the frozen base
+  /// is not written) and `lora` (the adapters' options and the base's reference) in state.json; restore()
+  /// then loads the adapters into a module whose base weights the caller has loaded.
+  void set_adapter_checkpoints(json lora);
   /// Restores the state of a checkpoint (parameters, EMA, optimizer, data position, counters).
   void restore(const Checkpoint& c);
   /// Writes a checkpoint of the current state (rank 0 of a data-parallel run; the others return its path).
@@ -120,6 +124,7 @@ class Trainer {
   int64_t bad_consecutive_ = 0;
   int64_t bad_total_ = 0;
   json best_ = nullptr;
+  json lora_ = nullptr;  // set_adapter_checkpoints
 };
 
 /// Keeps the lines of RUN/metrics.jsonl whose step is at most `step` (a resumed run rewrites what came after

@@ -74,7 +74,7 @@ TEST(HelpCli, SampleListsARunsFlagsAndAPipelines) {
   const auto r = run_dew("sample --help");
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* flag : {"--solver", "--labels", "--prompt", "--guidance", "--pipeline", "--negative-prompt",
-                           "--scheduler", "--latents"})
+                           "--scheduler", "--latents", "--lora"})
     EXPECT_NE(r.output.find(flag), std::string::npos) << flag;
 }
 

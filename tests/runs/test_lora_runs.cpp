@@ -1,0 +1,369 @@
+// LoRA fine-tuning through the command line (docs/lora.md): `dew train sft|dpo|diffusion --lora.*` from a
+// pretrained base trains only the adapters (the base's files unchanged), checkpoints hold the adapters and a
+// reference to the base, a run stopped between checkpoints resumes bit for bit, the run opens to the base
+// with scale * B @ A added (checked against that sum computed here from the files), `dew export --adapter`
+// writes the PEFT / diffusers files, `dew generate --lora` equals generation from weights merged here by
+// hand, `dew sample --pipeline --lora FILE:SCALE` with scale 0 equals no LoRA, and bad input is one line.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "dew/core/strings.h"
+#include "dew/data/tokenizer.h"
+#include "dew/interop/diffusers_forward.h"
+#include "dew/io/image.h"
+#include "dew/io/safetensors.h"
+#include "dew/nn/lora.h"
+#include "dew/runs/lm_run.h"
+#include "dew/runs/run.h"
+#include "dew/sampling/generate.h"
+#include "dew/training/checkpoint.h"
+#include "tests/test_util.h"
+
+namespace fs = std::filesystem;
+
+// Named, not anonymous: the tests share unity batches.
+namespace lora_runs_test {
+
+using dew::test::read_bytes;
+using dew::test::run_dew;
+
+// An untied model, so lm_head exists as a Linear (and is refused as a target).
+const char* kTinyLm =
+    " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64,"
+    "\"tie_embeddings\":false}'";
+
+// The bytes of every file of a checkpoint directory, by name.
+std::map<std::string, std::string> checkpoint_bytes(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = read_bytes(e.path());
+  return out;
+}
+
+// Deletes the last checkpoint (a run stopped after step 2's checkpoint), reruns `cmd` and expects every file
+// of step 4 to come back byte for byte.
+void expect_resumes_bit_for_bit(const std::string& cmd, const std::string& run) {
+  const fs::path step4 = fs::path(run) / "checkpoints" / "step_4";
+  ASSERT_TRUE(fs::exists(fs::path(run) / "checkpoints" / "step_2"));
+  const auto whole = checkpoint_bytes(step4);
+  fs::remove_all(step4);
+  const auto r = run_dew(cmd);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("from step 2"), std::string::npos) << r.output;
+  const auto resumed = checkpoint_bytes(step4);
+  ASSERT_EQ(resumed.size(), whole.size());
+  for (const auto& [name, bytes] : whole) EXPECT_TRUE(resumed.at(name) == bytes) << name << " differs after resuming";
+}
+
+// The adapter tensors of a checkpoint: only "<module>.lora_A.weight" / ".lora_B.weight", `pairs` pairs.
+std::map<std::string, at::Tensor> expect_adapters_only(const fs::path& model_file, size_t pairs) {
+  auto t = dew::io::load_safetensors(model_file.string());
+  EXPECT_EQ(t.size(), 2 * pairs);
+  for (const auto& [k, v] : t)
+    EXPECT_TRUE(dew::ends_with(k, ".lora_A.weight") || dew::ends_with(k, ".lora_B.weight")) << k;
+  return t;
+}
+
+TEST(LoraRuns, SftFromAFolderTrainsOnlyAdaptersResumesExportsAndGenerates) {
+  dew::test::TempDir tmp("lora_sft");
+  const std::string sums = tmp.file("sums");
+  auto r = run_dew("task sums --digits 1 --test 20 --out " + sums);
+  ASSERT_EQ(r.code, 0) << r.output;
+  // The base: a small SFT model exported as a transformers folder.
+  r = run_dew("train sft --data " + sums + "/sft.jsonl" + kTinyLm +
+              " --eval.prompts '' --trainer.steps 4 --loader.batch_size 8 --run " + tmp.file("base"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew("export " + tmp.file("base") + " " + tmp.file("hf") + " --family qwen3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string base_bytes = read_bytes(tmp.path / "hf/model.safetensors");
+
+  const std::string lora = "train sft --init_from " + tmp.file("hf") + " --data " + sums +
+                           "/sft.jsonl --eval.prompts '' --lora.targets q_proj,v_proj --lora.rank 2 --lora.alpha 4"
+                           " --trainer.steps 4 --trainer.checkpoint_every 2 --trainer.log_every 1"
+                           " --optim.lr 1e-2 --optim.warmup_steps 0 --loader.batch_size 8 --run " +
+                           tmp.file("lora");
+  r = run_dew(lora);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("LoRA on 2 modules"), std::string::npos) << r.output;
+  EXPECT_TRUE(read_bytes(tmp.path / "hf/model.safetensors") == base_bytes) << "the base changed";
+
+  // The checkpoint: the adapters (small next to the base) and, in state.json, the base they belong to.
+  const fs::path ck = tmp.path / "lora/checkpoints/step_4";
+  const auto adapters = expect_adapters_only(ck / "model.safetensors", 2);
+  EXPECT_LT(fs::file_size(ck / "model.safetensors") * 20, fs::file_size(tmp.path / "hf/model.safetensors"));
+  const auto state = dew::test::read_json((ck / "state.json").string());
+  EXPECT_EQ(state["lora"]["base"]["path"], tmp.file("hf"));
+  EXPECT_EQ(state["lora"]["base"]["kind"], "hf");
+  const std::string q = "layers.0.self_attn.q_proj";
+  EXPECT_GT(adapters.at(q + ".lora_B.weight").abs().max().item<double>(), 0) << "B did not move from zero";
+
+  // Opened, the run is the base with (alpha / r) B @ A added to each adapted weight, the rest as it was.
+  dew::runs::OpenOptions live;
+  live.weights = "live";
+  const auto merged = dew::runs::run_weights(tmp.file("lora"), live);
+  const auto hf = dew::io::load_safetensors(tmp.file("hf/model.safetensors"));
+  const at::Tensor expected = hf.at("model." + q + ".weight") +
+                              2.0 * adapters.at(q + ".lora_B.weight").matmul(adapters.at(q + ".lora_A.weight"));
+  EXPECT_TRUE(at::allclose(merged.at(q + ".weight"), expected, 1e-6, 1e-7));
+  EXPECT_TRUE(merged.at("layers.0.mlp.up_proj.weight").equal(hf.at("model.layers.0.mlp.up_proj.weight")));
+  EXPECT_EQ(merged.count(q + ".lora_A.weight"), 0u);
+
+  // Stopped after step 2's checkpoint and rerun: the same bits at step 4.
+  expect_resumes_bit_for_bit(lora, tmp.file("lora"));
+
+  // The adapters as a PEFT folder, applied to the base run by `dew generate --lora` (unmerged: each layer adds
+  // scale * B(A(x))), against greedy decoding of the base with the adapters merged by hand here.
+  r = run_dew("export " + tmp.file("lora") + " " + tmp.file("peft") + " --adapter");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto config = dew::test::read_json(tmp.file("peft/adapter_config.json"));
+  EXPECT_EQ(config["r"], 2);
+  EXPECT_EQ(config["lora_alpha"], 4.0);
+  const auto peft = dew::io::load_safetensors(tmp.file("peft/adapter_model.safetensors"));
+  EXPECT_TRUE(peft.at("base_model.model." + q + ".lora_A.weight").equal(adapters.at(q + ".lora_A.weight")));
+  r = run_dew("generate " + tmp.file("base") + " --weights live --lora " + tmp.file("peft") +
+              " --prompt '<|user|>3+4' --temperature 0 --max-new-tokens 6 --no-eos --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto line = dew::json::parse(r.output.substr(0, r.output.find('\n')));
+  {
+    auto run = dew::runs::open_lm_run(tmp.file("base"), live);
+    at::NoGradGuard no_grad;
+    auto params = run.model->named_parameters();
+    for (const std::string& m : {q, std::string("layers.0.self_attn.v_proj")})
+      params[m + ".weight"].add_(2.0 * peft.at("base_model.model." + m + ".lora_B.weight")
+                                           .matmul(peft.at("base_model.model." + m + ".lora_A.weight")));
+    auto tok = dew::data::load_tokenizer(run.tokenizer);
+    dew::sampling::GenerationOptions g;
+    g.max_new_tokens = 6;
+    g.temperature = 0;
+    const auto res = dew::sampling::generate_tokens(*run.model, {tok->encode("<|user|>3+4", true)}, g);
+    EXPECT_EQ(line["tokens"].get<std::vector<int64_t>>(), res.tokens[0]);
+    const auto lp = line["raw_logprobs"].get<std::vector<double>>();
+    ASSERT_EQ(lp.size(), res.raw_logprobs[0].size());
+    for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(lp[i], res.raw_logprobs[0][i], 1e-4) << i;
+  }
+  // The run itself generates from its merged weights.
+  r = run_dew("generate " + tmp.file("lora") + " --prompt 'x' --max-new-tokens 3");
+  EXPECT_EQ(r.code, 0) << r.output;
+
+  // DPO with adapters: its frozen reference is the base (the policy starts equal to it, so the first loss is
+  // -log sigmoid(0) = log 2), and the run's "reference" weights open to the base's.
+  std::ofstream pairs(tmp.file("pairs.jsonl"));
+  for (int i = 0; i < 8; ++i)
+    pairs << "{\"prompt\":\"" << i << "+1\",\"chosen\":\"" << i + 1 << "\",\"rejected\":\"" << i + 2 << "\"}\n";
+  pairs.close();
+  r = run_dew("train dpo --init_from " + tmp.file("hf") + " --data " + tmp.file("pairs.jsonl") +
+              " --eval.prompts '' --lora.targets q_proj,v_proj --lora.rank 2 --trainer.steps 2 --trainer.log_every 1"
+              " --optim.lr 1e-2 --optim.warmup_steps 0 --loader.batch_size 4 --run " +
+              tmp.file("dpo"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream m(tmp.path / "dpo/metrics.jsonl");
+  std::string first;
+  std::getline(m, first);
+  EXPECT_NEAR(dew::json::parse(first)["train/loss"].get<double>(), std::log(2.0), 1e-5) << first;
+  dew::runs::OpenOptions ref;
+  ref.weights = "reference";
+  const auto reference = dew::runs::run_weights(tmp.file("dpo"), ref);
+  ASSERT_EQ(reference.size(), hf.size());
+  for (const auto& [k, v] : reference) EXPECT_TRUE(v.equal(hf.at(k == "lm_head.weight" ? k : "model." + k))) << k;
+
+  // GRPO takes the same section (its reference is the base too); its checkpoints hold the adapters alone.
+  r = run_dew("train grpo --init_from " + tmp.file("hf") + " --prompts " + sums +
+              "/train_prompts.jsonl --reward exact --eval.prompts '' --lora.targets q_proj --lora.rank 2"
+              " --loader.batch_size 2 --objective.group_size 2 --objective.max_new_tokens 4 --trainer.steps 2"
+              " --run " +
+              tmp.file("grpo"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  expect_adapters_only(tmp.path / "grpo/checkpoints/step_2/model.safetensors", 1);
+}
+
+TEST(LoraRuns, DiffusionFromARunTrainsOnlyAdaptersResumesAndSamples) {
+  dew::test::TempDir tmp("lora_diffusion");
+  const std::string tiny =
+      " --data '{\"name\":\"gaussian_blobs\",\"count\":64,\"size\":8,\"classes\":3}'"
+      " --model.architecture simple_dit"
+      " --model.fields '{\"patch_size\":2,\"emb_features\":32,\"num_layers\":1,\"num_heads\":2}'"
+      " --loader.batch_size 8 --trainer.log_every 2 --trainer.checkpoint_every 2 --objective.steps 2"
+      " --objective.preview_per_class 1 --trainer.steps 4";
+  auto r = run_dew("train diffusion" + tiny + " --run " + tmp.file("base"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto base_bytes = checkpoint_bytes(tmp.path / "base/checkpoints/step_4");
+  const std::string cmd = "train diffusion" + tiny + " --init_from " + tmp.file("base") +
+                          " --lora.targets fc1,fc2 --lora.rank 2 --lora.alpha 2 --optim.lr 1e-2 --run " +
+                          tmp.file("lora");
+  r = run_dew(cmd);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("LoRA on 2 modules"), std::string::npos) << r.output;
+  EXPECT_TRUE(checkpoint_bytes(tmp.path / "base/checkpoints/step_4") == base_bytes) << "the base changed";
+  const auto adapters = expect_adapters_only(tmp.path / "lora/checkpoints/step_4/model.safetensors", 2);
+
+  dew::runs::OpenOptions live, base_ema;
+  live.weights = "live";
+  base_ema.step = 4;
+  const auto merged = dew::runs::run_weights(tmp.file("lora"), live);
+  const auto base = dew::runs::run_weights(tmp.file("base"), base_ema);
+  const std::string fc1 = "blocks.0.mlp.fc1";
+  const at::Tensor expected =
+      base.at(fc1 + ".weight") + adapters.at(fc1 + ".lora_B.weight").matmul(adapters.at(fc1 + ".lora_A.weight"));
+  EXPECT_TRUE(at::allclose(merged.at(fc1 + ".weight"), expected, 1e-6, 1e-7));
+  EXPECT_FALSE(merged.at(fc1 + ".weight").equal(base.at(fc1 + ".weight")));
+  EXPECT_TRUE(merged.at("blocks.0.attn.qkv.weight").equal(base.at("blocks.0.attn.qkv.weight")));
+
+  expect_resumes_bit_for_bit(cmd, tmp.file("lora"));
+
+  r = run_dew("sample " + tmp.file("lora") + " --steps 2 --count 3 --out " + tmp.file("s.png"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = run_dew("export " + tmp.file("lora") + " " + tmp.file("lora.safetensors") + " --adapter --ema");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto file = dew::io::load_safetensors(tmp.file("lora.safetensors"));
+  EXPECT_EQ(file.size(), 4u);
+  EXPECT_TRUE(file.count("transformer." + fc1 + ".lora_A.weight")) << "the diffusers key layout";
+}
+
+TEST(LoraRuns, BadInputIsOneLineAndLeavesRunsAsTheyWere) {
+  dew::test::TempDir tmp("lora_bad");
+  const std::string sums = tmp.file("sums");
+  auto r = run_dew("task sums --digits 1 --test 20 --out " + sums);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string data = " --data " + sums + "/sft.jsonl --eval.prompts '' --loader.batch_size 8";
+  r = run_dew("train sft" + data + kTinyLm + " --trainer.steps 2 --run " + tmp.file("base"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew("export " + tmp.file("base") + " " + tmp.file("hf") + " --family qwen3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string lora = "train sft --init_from " + tmp.file("hf") + data + " --trainer.steps 2 --run ";
+  r = run_dew(lora + tmp.file("lora") + " --lora.targets q_proj");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string record = read_bytes(tmp.path / "lora/run.json");
+  std::ofstream(tmp.file("pairs.jsonl")) << "{\"prompt\":\"1+1\",\"chosen\":\"2\",\"rejected\":\"3\"}\n";
+
+  struct Case {
+    std::string args, needle;
+  };
+  const std::vector<Case> cases = {
+      {lora + tmp.file("x") + " --lora.targets q_prj",
+       "target module \"q_prj\" matches no Linear or Conv2d module "
+       "name; nearest names: layers.0.self_attn.q_proj"},
+      {lora + tmp.file("x") + " --lora.targets q_proj --lora.rank 0", "lora.rank: must be > 0, got 0"},
+      {lora + tmp.file("x") + " --lora.targets q_proj --lora.rank 40", "lora.rank 40 is larger than"},
+      {lora + tmp.file("x") + " --lora.rank 4", "lora.rank: set to 4 but lora.targets is empty"},
+      {lora + tmp.file("x") + " --lora.targets lm_head", "lm_head is read directly by the SFT loss"},
+      {lora + tmp.file("x") + " --lora.target_regex '(q_proj'", "lora.target_regex: \"(q_proj\" is not a valid"},
+      {"train sft" + data + kTinyLm + " --lora.targets q_proj --run " + tmp.file("x"), "init_from is empty"},
+      {"train dpo --init_from " + tmp.file("hf") + " --data " + tmp.file("pairs.jsonl") + " --reference " +
+           tmp.file("base") + " --lora.targets q_proj --run " + tmp.file("x"),
+       "--reference is not taken with lora.targets"},
+      // The run was trained with other adapters: resuming with these is refused.
+      {lora + tmp.file("lora") + " --lora.targets v_proj", "was trained with lora"},
+      {"generate " + tmp.file("base") + " --lora " + tmp.file("nowhere"), "nowhere/adapter_config.json"},
+      {"export " + tmp.file("base") + " " + tmp.file("x") + " --adapter", "trained no LoRA adapters"},
+  };
+  for (const auto& c : cases) {
+    r = run_dew(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_LE(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(tmp.path / "x"));
+
+  // A base that changed under the same path: resuming and opening the run are both refused, naming the file.
+  std::ofstream(tmp.file("hf/config.json"), std::ios::app) << "\n";
+  for (const std::string& args :
+       {lora + tmp.file("lora") + " --lora.targets q_proj --trainer.steps 4", "generate " + tmp.file("lora")}) {
+    r = run_dew(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("which has changed since (config.json was "), std::string::npos) << r.output;
+    EXPECT_LE(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+  EXPECT_EQ(read_bytes(tmp.path / "lora/run.json"), record);
+}
+
+TEST(LoraPipelineCli, ScaleZeroIsTheBasePipelineAndFilesOfBothLayoutsAgree) {
+  dew::test::TempDir tmp("lora_pipeline");
+  const std::string pipe = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/pipeline";
+  // Adapters on the pipeline's UNet with B moved off zero, written in diffusers' and kohya's layouts.
+  const auto opts = dew::nn::LoraOptions().rank(2).alpha(4).target_modules({"to_q", "to_v", "conv1"});
+  {
+    auto unet = dew::interop::load_diffusers_folder(pipe + "/unet");
+    dew::nn::apply_lora(*unet.module, opts);
+    at::NoGradGuard no_grad;
+    for (auto& [name, t] : dew::nn::lora_parameters(*unet.module))
+      if (dew::ends_with(name, "lora_B.weight")) t.copy_(at::linspace(-0.2, 0.3, t.numel()).reshape(t.sizes()));
+    dew::nn::save_diffusers_lora(tmp.file("lora.safetensors"), *unet.module, opts);
+    dew::nn::save_kohya_lora(tmp.file("kohya.safetensors"), *unet.module);
+  }
+  const std::string cmd = "sample --pipeline " + pipe +
+                          " --prompt 'a cat' --steps 3 --size 32x32 --seed 3 --threads 1 --scheduler DDIMScheduler";
+  auto png = [&](const std::string& name, const std::string& flags) {
+    const auto r = run_dew(cmd + flags + " --out " + tmp.file(name));
+    EXPECT_EQ(r.code, 0) << r.output;
+    return read_bytes(tmp.path / name);
+  };
+  const std::string plain = png("plain.png", "");
+  EXPECT_EQ(png("zero.png", " --lora " + tmp.file("lora.safetensors") + ":0"), plain);
+  const std::string one = png("one.png", " --lora " + tmp.file("lora.safetensors"));
+  EXPECT_NE(one, plain);
+  EXPECT_EQ(png("kohya.png", " --lora " + tmp.file("kohya.safetensors") + ":1"), one);
+  EXPECT_NE(png("half.png", " --lora " + tmp.file("lora.safetensors") + ":0.5"), one);
+
+  // What --lora FILE:0.5 leaves in a UNet (nn::load_lora_file + nn::fold_lora, as add_lora runs them):
+  // W + 0.5 (alpha / r) B @ A from the file's own tensors, on every adapted layer and nowhere else.
+  const auto file = dew::io::load_safetensors(tmp.file("lora.safetensors"));
+  auto unet = dew::interop::load_diffusers_folder(pipe + "/unet");
+  const auto before = unet.module->named_parameters();
+  std::map<std::string, at::Tensor> base;
+  for (const auto& kv : before) base[kv.key()] = kv.value().clone();
+  const auto report = dew::nn::load_lora_file(*unet.module, tmp.file("lora.safetensors"), 0.5);
+  EXPECT_EQ(report.targets.size() * 2, file.size());
+  dew::nn::fold_lora(*unet.module);
+  const auto after = unet.module->named_parameters();
+  EXPECT_EQ(after.size(), base.size()) << "the adapters are gone after folding";
+  for (const auto& kv : after) {
+    const std::string& k = kv.key();
+    const std::string module = k.substr(0, k.size() - std::string(".weight").size());
+    if (dew::ends_with(k, ".weight") && file.count("unet." + module + ".lora_A.weight")) {
+      const at::Tensor a = file.at("unet." + module + ".lora_A.weight"),
+                       b = file.at("unet." + module + ".lora_B.weight");
+      const at::Tensor delta = a.dim() == 2 ? b.matmul(a) : at::einsum("or,rikl->oikl", {b.flatten(1), a});
+      EXPECT_TRUE(at::allclose(kv.value(), base.at(k) + 0.5 * 2.0 * delta, 1e-6, 1e-7)) << k;
+    } else {
+      EXPECT_TRUE(kv.value().equal(base.at(k))) << k;
+    }
+  }
+  for (const std::string& bad :
+       {" --lora " + tmp.file("none.safetensors"), " --lora " + tmp.file("lora.safetensors") + ":x"}) {
+    const auto r = run_dew(cmd + bad + " --out " + tmp.file("bad.png"));
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
+    EXPECT_FALSE(fs::exists(tmp.path / "bad.png"));
+  }
+}
+
+// diffusers' load_lora_weights + set_adapters(0.5) on the same folder and latents
+// (tests/golden/lora_pipeline_reference.py): dew's PNG is its image quantised as numpy_to_pil does.
+TEST(LoraPipelineCli, MatchesDiffusersLoadLoraWeights) {
+  dew::test::TempDir tmp("lora_pipeline_golden");
+  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/pipeline_lora";
+  const auto io = dew::io::load_safetensors(golden + "/io.safetensors");
+  const std::string cmd = "sample --pipeline " + std::string(DEW_SOURCE_DIR) +
+                          "/tests/golden/sd/pipeline --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32"
+                          " --latents " +
+                          golden + "/io.safetensors --out " + tmp.file("x.png");
+  for (const std::string which : {"base", "lora"}) {
+    SCOPED_TRACE(which);
+    const auto r =
+        run_dew(cmd + (which == "lora" ? " --lora " + golden + "/pytorch_lora_weights.safetensors:0.5" : ""));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const at::Tensor ours = dew::io::load_image(tmp.file("x.png"), 3).to(at::kInt);  // [3, 32, 32]
+    const at::Tensor ref = (io.at("image_" + which)[0] * 255).round().clamp(0, 255).to(at::kInt);
+    const int64_t off = (ours - ref).abs().gt(1).sum().item<int64_t>();
+    const double same = (ours == ref).to(at::kDouble).mean().item<double>();
+    std::printf("  %s: %.4f of the bytes equal diffusers' image, %lld off by more than one\n", which.c_str(), same,
+                static_cast<long long>(off));
+    EXPECT_EQ(off, 0);
+    EXPECT_GE(same, 0.99);
+  }
+}
+
+}  // namespace lora_runs_test
