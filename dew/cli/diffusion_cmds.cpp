@@ -61,6 +61,8 @@ int cmd_train(const std::vector<std::string>& args) {
               << (defaults.contains("trainer")
                       ? "  --tensorboard off   short for --trainer.tensorboard off: no TensorBoard "
                         "event files (RUN/tensorboard, docs/tensorboard.md)\n"
+                        "  --strict-resume     short for --trainer.strict_resume true: refuse to resume when the "
+                        "latest checkpoint is damaged (docs/reliability.md)\n"
                       : "")
               << "\n"
               << kind.help(defaults);

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "dew/core/device.h"
+#include "dew/io/files.h"
 #include "dew/io/tensorboard.h"
 #include "dew/runs/run.h"
 #include "dew/training/run_dir.h"
@@ -58,6 +59,9 @@ void set_dotted(json& tree, const std::string& key, const std::string& value,
     if (dot == std::string::npos) break;
     start = dot + 1;
   }
+  // Bounded before parsing: a value nested thousands of levels deep would overflow the stack when the recipe
+  // is later copied, compared or printed.
+  io::check_json_depth(value, "--" + key);
   json parsed;
   try {
     parsed = json::parse(value);
@@ -79,18 +83,16 @@ RecipeArgs parse_recipe_args(const json& defaults, const std::vector<std::string
       out.help = true;
     } else if (a == "--config") {
       DEW_CHECK(i + 1 < args.size(), "--config: expected a file name");
-      std::ifstream f(args[++i]);
-      DEW_CHECK(f.good(), "--config: cannot read ", args[i]);
-      json cfg;
-      try {
-        cfg = json::parse(f);
-      } catch (const std::exception& e) {
-        fail("--config ", args[i], ": invalid JSON: ", e.what());
-      }
-      DEW_CHECK(cfg.is_object(), "--config ", args[i], ": expected a JSON object");
+      const std::string file = args[++i];
+      json cfg = io::parse_json(io::read_file(file, "--config"), "--config " + file);
+      DEW_CHECK(cfg.is_object(), "--config ", file, ": expected a JSON object");
       // A run's run.json reruns that run: its record-only keys are not part of the recipe.
       if (cfg.contains("kind") && cfg.contains("format")) cfg = runs::recipe_of_record(cfg);
       merge(out.recipe, cfg, "", open_objects);
+    } else if ((a == "--strict-resume" || a == "--strict_resume") && out.recipe.contains("trainer") &&
+               !out.recipe.contains("strict_resume")) {
+      // A switch: refuse to resume past a damaged latest checkpoint (trainer.strict_resume).
+      overrides.emplace_back("trainer.strict_resume", "true");
     } else if (a.rfind("--", 0) == 0) {
       std::string key = a.substr(2), value;
       auto eq = key.find('=');

@@ -194,7 +194,12 @@ TensorDataset gaussian_blobs(const GaussianBlobsOptions& o) {
   DEW_CHECK(o.count >= 1, "gaussian_blobs.count: must be >= 1, got ", o.count);
   DEW_CHECK(o.size >= 4 && o.size <= 1024, "gaussian_blobs.size: must be in [4, 1024], got ", o.size);
   DEW_CHECK(o.channels == 1 || o.channels == 3, "gaussian_blobs.channels: must be 1 or 3, got ", o.channels);
-  DEW_CHECK(o.classes >= 1, "gaussian_blobs.classes: must be >= 1, got ", o.classes);
+  DEW_CHECK(o.classes >= 1 && o.classes <= 65536, "gaussian_blobs.classes: must be in [1, 65536], got ", o.classes);
+  // The set is drawn whole, through float64 intermediates of count x size x size: at most 2^26 pixels
+  // (512 MiB each), so an absurd count is refused instead of allocating until memory runs out.
+  const int64_t max_count = (int64_t(1) << 26) / (o.size * o.size);
+  DEW_CHECK(o.count <= max_count, "gaussian_blobs.count: ", o.count, " images of ", o.size, " x ", o.size,
+            " exceed the 2^26 pixels a generated set may hold; accepted: at most ", max_count, " at this size");
   auto gen = rng::generator(uint64_t(o.seed), 0, "data/gaussian_blobs");
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   const double s = double(o.size), mid = (s - 1) / 2;

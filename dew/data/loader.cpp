@@ -228,7 +228,8 @@ DataLoader::DataLoader(std::shared_ptr<const TensorDataset> dataset, LoaderOptio
   DEW_CHECK(!o.drop_last || o.batch_size <= n, "loader.batch_size: ", o.batch_size, " is larger than dataset \"", name,
             "\" (", n, " items) with drop_last = true, which would give no batches");
   DEW_CHECK(o.num_workers >= 0 && o.num_workers <= 64, "loader.num_workers: must be in [0, 64], got ", o.num_workers);
-  DEW_CHECK(o.prefetch >= 1, "loader.prefetch: must be >= 1, got ", o.prefetch);
+  // Bounded: the workers keep up to this many batches ready, so an absurd value would grow memory without end.
+  DEW_CHECK(o.prefetch >= 1 && o.prefetch <= 1024, "loader.prefetch: must be in [1, 1024], got ", o.prefetch);
   DEW_CHECK(o.crop_padding >= 0 && o.crop_padding <= 1024, "loader.crop_padding: must be in [0, 1024], got ",
             o.crop_padding);
   const auto [s0, s1] = o.crop_scale;

@@ -35,6 +35,10 @@ TensorDataset moving_fashion_mnist(const MovingFashionMnistOptions& o, const Ten
   DEW_CHECK(o.size >= o.item_size && o.size <= 64, w, ".size: must be in [item_size = ", o.item_size, ", 64], got ",
             o.size);
   DEW_CHECK(o.items >= 1 && o.items <= 8, w, ".items: must be in [1, 8], got ", o.items);
+  // The videos are held whole, count x frames x size x size bytes: at most 4 GiB.
+  const int64_t max_count = (int64_t(1) << 32) / (o.frames * o.size * o.size);
+  DEW_CHECK(o.count <= max_count, w, ".count: ", o.count, " videos of ", o.frames, " x ", o.size, " x ", o.size,
+            " bytes exceed the 4 GiB a generated set may hold; accepted: at most ", max_count, " at this size");
   DEW_CHECK(o.min_speed >= 0 && o.max_speed >= o.min_speed, w,
             ".min_speed/max_speed: need 0 <= min_speed <= max_speed, got ", o.min_speed, " and ", o.max_speed);
   const at::Tensor& src = source.field("image");

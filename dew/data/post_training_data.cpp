@@ -7,6 +7,7 @@
 
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
+#include "dew/io/files.h"
 
 namespace fs = std::filesystem;
 
@@ -64,6 +65,9 @@ void for_each_jsonl(const std::string& path, const std::string& what,
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(number);
+    // Bounded before parsing: records are copied and rendered per level of nesting (a line nested 10^5 deep
+    // overflowed the stack).
+    io::check_json_depth(line, where);
     json record;
     try {
       record = json::parse(line);
@@ -159,7 +163,7 @@ Batch sft_rows(const std::string& path, const ChatFormat& fmt, int64_t max_len, 
       path, "{\"messages\": [...]} or {\"prompt\", \"completion\"}", [&](const json& r, const std::string& where) {
         std::vector<int64_t> row, mask;
         if (r.contains("messages")) {
-          Conversation conv = parse_chat_record(r.dump(), where);
+          Conversation conv = parse_chat_messages(r["messages"], where);  // in place: no copy of the record
           bool any = false;
           for (const auto& m : conv) any = any || m.role == ChatRole::assistant;
           DEW_CHECK(any, where, ": no assistant message (nothing to learn)");

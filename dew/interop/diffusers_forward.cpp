@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "dew/core/error.h"
+#include "dew/io/files.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/roles.h"
 
@@ -34,12 +34,8 @@ json read_config(const std::string& folder) {
   const fs::path path = fs::path(folder) / "config.json";
   DEW_CHECK(fs::is_directory(folder), folder, ": not a folder (expected a diffusers model folder with config.json)");
   DEW_CHECK(fs::exists(path), path.string(), ": missing (a diffusers model folder has config.json beside its weights)");
-  std::ifstream in(path);
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail(path.string(), ": not valid JSON (", e.what(), ")");
-  }
+  // Nesting bounded before parsing: the config is copied into options and quoted in errors (recursive).
+  return io::parse_json(io::read_file(path.string(), "model config"), path.string());
 }
 
 const std::string& family_of(const std::string& class_name) {

@@ -8,10 +8,10 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
+#include "dew/io/files.h"
 #include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/unet_2d_condition.h"
@@ -28,12 +28,8 @@ namespace detail {
 
 json read_pipeline_json(const fs::path& path) {
   DEW_CHECK(fs::is_regular_file(path), path.string(), ": missing");
-  std::ifstream in(path);
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail(path.string(), ": not valid JSON (", e.what(), ")");
-  }
+  // Nesting bounded before parsing: the configs are copied and quoted in errors, which recurse per level.
+  return io::parse_json(io::read_file(path.string(), "pipeline config"), path.string());
 }
 
 json read_model_index(const std::string& dir, const std::vector<std::string>& accepted, std::string& class_name) {

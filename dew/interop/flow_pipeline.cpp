@@ -10,9 +10,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
+#include "dew/io/files.h"
 #include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/flux_transformer.h"
@@ -60,7 +62,13 @@ bool is_flow_pipeline_folder(const std::string& dir) {
   const fs::path file = fs::path(dir) / "model_index.json";
   if (!fs::is_regular_file(file)) return false;
   std::ifstream in(file);
-  const json index = json::parse(in, nullptr, false);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    io::check_json_depth(text, file.string());  // too deep: not a flow pipeline's index (read_model_index says why)
+  } catch (const Error&) {
+    return false;
+  }
+  const json index = json::parse(text, nullptr, false);
   if (!index.is_object() || !index.contains("_class_name") || !index["_class_name"].is_string()) return false;
   const auto c = index["_class_name"].get<std::string>();
   return c == "StableDiffusion3Pipeline" || c == "FluxPipeline";

@@ -27,6 +27,35 @@ std::string read_file(const std::string& path, const std::string& what) {
   return s.str();
 }
 
+void check_json_depth(const std::string& text, const std::string& what) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      DEW_CHECK(++depth <= kMaxJsonDepth, what, ": JSON nested more than ", kMaxJsonDepth, " levels deep (at byte ", i,
+                "); accepted: at most ", kMaxJsonDepth, " levels of arrays and objects");
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& what) {
+  check_json_depth(text, what);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(what, ": invalid JSON: ", e.what());
+  }
+}
+
 void fsync_path(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd >= 0) {

@@ -5,11 +5,26 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace dew::io {
 
 /// The bytes of the file at `path`; a missing, unreadable or directory path is a dew::Error naming `what`
 /// and the path.
 std::string read_file(const std::string& path, const std::string& what);
+
+/// Deepest nesting of arrays and objects a JSON document handed to Dew may have. Recipes, run records and
+/// checkpoints' state nest a few levels; copying, comparing and printing a value recurse once per level, so
+/// a document nested tens of thousands of levels deep would overflow the stack long after it was parsed.
+inline constexpr int kMaxJsonDepth = 64;
+
+/// Refuses (dew::Error naming `what`) a JSON text whose arrays and objects nest deeper than kMaxJsonDepth,
+/// before it is parsed. Brackets inside strings do not count; the text need not be valid JSON.
+void check_json_depth(const std::string& text, const std::string& what);
+
+/// The JSON document in `text`: its depth checked first (check_json_depth), then parsed; invalid JSON is a
+/// dew::Error naming `what` and the parser's position.
+nlohmann::json parse_json(const std::string& text, const std::string& what);
 
 /// Writes `content` to `path` through `path + ".tmp"`, fsync and rename; failures are a dew::Error naming
 /// the path.

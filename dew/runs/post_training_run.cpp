@@ -199,6 +199,14 @@ Built build_grpo(json& r, const c10::Device& device) {
             "trainer.accumulation: grpo takes one mini-batch of a "
             "rollout per step (use objective.mini_batches and loader.batch_size), got ",
             r["trainer"]["accumulation"].dump());
+  // The rollout of batch_size prompts x group_size completions is split into mini_batches equal parts: checked
+  // here, before anything is built or written, not at the first rollout.
+  DEW_CHECK(oo.mini_batches >= 1, "objective.mini_batches: must be >= 1, got ", oo.mini_batches);
+  // (A batch_size or group_size below 1 is refused by the loader's and the objective's own checks.)
+  DEW_CHECK(lo.batch_size < 1 || oo.group_size < 1 || (__int128(lo.batch_size) * oo.group_size) % oo.mini_batches == 0,
+            "objective.mini_batches: ", oo.mini_batches, " does not divide a rollout's ", lo.batch_size, " x ",
+            oo.group_size,
+            " completions (loader.batch_size x objective.group_size); accepted: a divisor of their product");
   const std::string prompts_file = data_path(r, "prompts", "a JSON-lines file of {\"prompt\", ...}");
   // Every reward is checked (names, regexes) before the model is built.
   DEW_CHECK(

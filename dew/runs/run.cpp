@@ -40,6 +40,20 @@ const std::map<std::string, RunKind>& kinds_map() {
 // The top-level keys of a record that are not part of the recipe.
 const std::vector<std::string> kRecordOnly = {"kind", "format", "dew_version", "derived"};
 
+// Refuses, before anything is built, a module (`model`, `predictor`, `text_encoder`: any top-level
+// {architecture, fields} section) that would compute in float16 on the CPU: LibTorch has no float16 CPU
+// kernels for several training ops, so the run would only fail at its first step with LibTorch's message.
+void check_compute_dtypes(const json& recipe, const c10::Device& device) {
+  if (device.is_cuda()) return;
+  for (auto it = recipe.begin(); it != recipe.end(); ++it) {
+    if (!it->is_object() || !it->contains("fields") || !(*it)["fields"].is_object()) continue;
+    const json& fields = (*it)["fields"];
+    DEW_CHECK(fields.value("dtype", json()) != "float16", it.key(),
+              ".fields.dtype: float16 does not train on the CPU (device ", device.str(),
+              "); accepted on the CPU: float32, bfloat16 (float16 needs --device cuda)");
+  }
+}
+
 }  // namespace
 
 const RunKind& run_kind(const std::string& name) {
@@ -134,10 +148,22 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   if (p.dist_env.world_size > 1 && p.device.is_cuda() && p.options.device.find(':') == std::string::npos)
     p.device = parse_device("cuda:" + std::to_string(p.dist_env.local_rank), "device");
   training::check_autocast(p.trainer.autocast, p.device);  // before the model is built
+  check_compute_dtypes(recipe, p.device);
   const std::string dir = p.options.run;
   DEW_CHECK(!fs::exists(dir) || fs::is_directory(dir), "run: ", dir, " exists and is not a directory");
   // Before the model is built; only rank 0 takes the lock (the others never write the run).
   if (p.dist_env.rank == 0) training::RunDir(dir).check_not_being_written();
+  // A resumed run's checkpoint is checked before anything is built or written: a damaged latest one is
+  // refused here under trainer.strict_resume, and a run whose every checkpoint is damaged always.
+  p.resumes = fs::is_directory(dir) && !training::list_checkpoints(dir).empty();
+  if (p.resumes) training::resume_point(dir, p.trainer.strict_resume);
+  // A directory holding a run record, even one killed before its first checkpoint, is trained again only by
+  // its own kind, and only while the record reads: it is rewritten below, so a broken one is refused here.
+  if (training::RunDir::holds_run(dir)) {
+    const json old = read_record(dir);
+    DEW_CHECK(old.value("kind", "") == kind.name, "run ", dir, " is a ", old.value("kind", json("?")).dump(),
+              " run; this command trains ", kind.name, " (use another --run)");
+  }
 
   {
     // Parameter initialisation draws from the default generators: from the run's seed, not the process.
@@ -151,11 +177,8 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   p.record["derived"] = p.built.derived;
 
   // Resume: a directory with checkpoints continues only the run that wrote them.
-  p.resumes = fs::is_directory(dir) && !training::list_checkpoints(dir).empty();
   if (p.resumes) {
     const json old = read_record(dir);
-    DEW_CHECK(old.value("kind", "") == kind.name, "run ", dir, " is a ", old.value("kind", json("?")).dump(),
-              " run; this command trains ", kind.name, " (use another --run)");
     for (const auto& key : kind.identity) {
       const json was = old.value(key, json()), now = recipe.value(key, json());
       DEW_CHECK(was == now, "run ", dir, " was trained with ", key, " ", was.dump(), "; this command asks for ",
@@ -187,21 +210,23 @@ training::TrainResult train(PreparedRun& p) {
     dist = std::make_shared<training::Distributed>(p.dist_env, p.dist, p.device);
   }
   const bool main = !dist || dist->is_main();
+  // What can still fail without writing (init_from's weights, the trainer's checks) goes first: a refused
+  // command leaves no new run directory behind and an existing run's run.json as it was.
+  // A LoRA run's base is not in its checkpoints: it loads on every start, the adapters then from the checkpoint.
+  const bool lora = p.built.lora.is_object();
+  if (p.built.init_weights && (!p.resumes || lora)) p.built.init_weights();
+  training::Trainer trainer(p.built.objective, p.built.loader, p.optim, p.trainer, dir, uint64_t(p.options.seed));
+  trainer.set_distributed(dist);
+  if (lora) trainer.set_adapter_checkpoints(p.built.lora);
   std::unique_ptr<io::FileLock> lock;
   if (main) {
     fs::create_directories(dir);
     lock = training::RunDir(dir).lock_for_writing();  // one writer per run, released at exit
     io::write_file_atomic(training::RunDir(dir).record(), p.record.dump(2));
   }
-  // A LoRA run's base is not in its checkpoints: it loads on every start, the adapters then from the checkpoint.
-  const bool lora = p.built.lora.is_object();
-  if (p.built.init_weights && (!p.resumes || lora)) p.built.init_weights();
   if (main)
     log::info(p.built.summary, ", ", p.trainer.steps, " steps, run ", dir, " on ", p.device.str(),
               dist ? ", " + std::to_string(dist->world_size()) + " ranks (" + dist->backend() + ")" : "");
-  training::Trainer trainer(p.built.objective, p.built.loader, p.optim, p.trainer, dir, uint64_t(p.options.seed));
-  trainer.set_distributed(dist);
-  if (lora) trainer.set_adapter_checkpoints(p.built.lora);
   return trainer.fit();
 }
 

@@ -315,9 +315,16 @@ TrainResult Trainer::fit() {
   // Rank 0 alone writes the run directory; the other ranks only read its checkpoint when they resume.
   const bool main = !dist_ || dist_->is_main();
   if (main) fs::create_directories(run_dir_);
-  auto existing = list_checkpoints(run_dir_);
-  if (!existing.empty()) {
-    restore(load_checkpoint(run_dir_, existing.back()));
+  const ResumePoint resume = resume_point(run_dir_, to_.strict_resume);
+  for (const auto& [step, damage] : resume.damaged) {
+    // Rank 0 sets it aside; every rank skips it, so all resume from the same step.
+    const std::string aside = main ? set_aside_checkpoint(run_dir_, step) : std::string();
+    log::warn("checkpoint ", RunDir(run_dir_).checkpoint(step), " is damaged (", damage, ")",
+              aside.empty() ? std::string() : "; set aside as " + aside, "; resuming from step_", resume.step,
+              " (trainer.strict_resume refuses instead)");
+  }
+  if (resume.step >= 0) {
+    restore(load_checkpoint(run_dir_, resume.step));
     log::info("resuming ", run_dir_, " from step ", step_);
   }
   // Every rank starts from rank 0's weights (a fresh run's are already equal: initialisation is seeded).

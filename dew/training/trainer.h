@@ -23,6 +23,7 @@ struct TrainerOptions {
   bool best_mode_max = false;
   std::string autocast = "auto";
   std::string tensorboard = "on";
+  bool strict_resume = false;
   template <class V>
   void visit(V& v) {
     v("steps", steps, "optimizer steps in the run");
@@ -39,6 +40,9 @@ struct TrainerOptions {
              "mixed precision of the forward (auto = bfloat16 on CUDA, fp32 on the CPU; float16 on CUDA only)");
     v.choice("tensorboard", tensorboard, {"on", "off"},
              "TensorBoard event files in RUN/tensorboard (metrics, sample grids, the recipe); the flag --tensorboard");
+    v("strict_resume", strict_resume,
+      "refuse to resume when the latest checkpoint is damaged, instead of setting it aside and resuming from the "
+      "newest complete one; the flag --strict-resume");
   }
 };
 
@@ -78,7 +82,8 @@ class Trainer {
   /// run_dir must exist (the caller writes run.json); seed drives every random draw of the run.
   Trainer(ObjectivePtr objective, std::shared_ptr<data::DataLoader> loader, OptimOptions optim, TrainerOptions options,
           std::string run_dir, uint64_t seed);
-  /// Resumes from the latest checkpoint if there is one, then trains to options.steps: train_step() until
+  /// Resumes from the newest complete checkpoint if there is one (resume_point: a damaged newer one is set
+  /// aside with a warning naming it, or refused with trainer.strict_resume), then trains to options.steps: train_step() until
   /// then, with metrics, validation and checkpoints at their cadence.
   TrainResult fit();
   /// One optimizer step at step(), the step fit() takes: zero_grad; trainer.accumulation micro-batches from

@@ -39,11 +39,40 @@ namespace dew::models {
 
 namespace {
 
+// Bounds on every integer field of a model, checked before the module is built: a count (of layers, heads,
+// blocks: a name with "layers", "heads" or "blocks", or starting "num_") at most 2^16, any other size (a
+// width, a length, a vocabulary) at most 2^24. Far above any model Dew builds or imports, and low enough
+// that an absurd value (a layer count of 2^32) is refused at once instead of building until memory runs out.
+constexpr int64_t kMaxModelCount = int64_t(1) << 16;
+constexpr int64_t kMaxModelSize = int64_t(1) << 24;
+
+void check_model_value(const std::string& model, const std::string& field, const json& v, int depth) {
+  if (v.is_array() || v.is_object()) {
+    if (depth < 4)
+      for (const auto& e : v) check_model_value(model, field, e, depth + 1);
+    return;
+  }
+  if (!v.is_number_integer()) return;
+  const bool count = field.find("layers") != std::string::npos || field.find("heads") != std::string::npos ||
+                     field.find("blocks") != std::string::npos || field.rfind("num_", 0) == 0;
+  const int64_t bound = count ? kMaxModelCount : kMaxModelSize;
+  const bool within = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(bound) : v.get<int64_t>() <= bound;
+  DEW_CHECK(within, model, ": ", field, " ", v.dump(), " is beyond what any model needs; accepted: at most ", bound,
+            count ? " (2^16, the bound of a count of layers, heads or blocks)" : " (2^24, the bound of a model size)");
+}
+
+// check_model_value of every field of `fields` (an options struct's to_json).
+void check_model_sizes(const std::string& name, const json& fields) {
+  for (auto it = fields.begin(); it != fields.end(); ++it)
+    check_model_value("model \"" + name + "\"", it.key(), *it, 0);
+}
+
 // One family: its registry entry (the module built from its options, recording the full field set, defaults
 // included, so run.json rebuilds the same model even if defaults change later) and its tiny configuration.
 template <class Options, class Module>
 void add_family(Registry<BackboneImpl>& r, const std::string& name, const std::string& doc, Family family) {
   r.add<Options>(name, doc, [name](const Options& o) -> BackbonePtr {
+    check_model_sizes(name, to_json(o));
     auto m = Module(o).ptr();
     m->set_config({{"architecture", name}, {"fields", to_json(o)}});
     return m;
@@ -56,7 +85,10 @@ template <class Options, class Module>
 void add_language_model(Registry<nn::CausalTransformerImpl>& r, const std::string& name, const std::string& doc,
                         Family family,
                         std::function<io::KeyMap(const json&, const io::WeightSource&)> reference_key_map) {
-  r.add<Options>(name, doc, [](const Options& o) { return Module(o).ptr(); });
+  r.add<Options>(name, doc, [name](const Options& o) {
+    check_model_sizes(name, to_json(o));
+    return Module(o).ptr();
+  });
   family.reference_key_map = std::move(reference_key_map);
   family.build = [&r, name](const json& fields) { return r.build(name, fields); };
   add_family_info(name, std::move(family));
@@ -386,6 +418,7 @@ namespace {
 template <class Base, class Options, class Module>
 void add_token_family(Registry<Base>& r, const std::string& name, const std::string& doc, Family family) {
   r.template add<Options>(name, doc, [name](const Options& o) -> std::shared_ptr<Base> {
+    check_model_sizes(name, to_json(o));
     auto m = Module(o).ptr();
     m->set_config({{"architecture", name}, {"fields", to_json(o)}});
     return m;
