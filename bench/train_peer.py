@@ -81,8 +81,8 @@ class FlowStep(peer.TrainStep):
         return (0.5 * ((F_x - (eps - x0)) ** 2).flatten(1).mean(1)).mean()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_args(ap):
+    """The command line of this peer (bench/ddp_peer.py takes the same)."""
     ap.add_argument("--config", required=True, help="the unet's fields as JSON (dew's names)")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--data", required=True, help="safetensors file with image uint8 [N,C,H,W] and label int64 [N]")
@@ -93,41 +93,65 @@ def main():
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--device", default="cpu")
+
+
+class Run:
+    """What the arguments describe, checked: the recipe's parts, the model (built with torch.manual_seed(0)),
+    its parameter count n and the dataset."""
+
+    def __init__(self, a):
+        if a.device != "cpu":
+            fail("the train peer runs on the CPU only")
+        if min(a.batch, a.steps, a.threads) < 1 or a.warmup < 0:
+            fail("--batch, --steps and --threads must be >= 1, --warmup >= 0")
+        try:
+            self.fields, self.recipe = json.loads(a.config), json.loads(a.recipe)
+        except ValueError as e:
+            fail(f"bad --config or --recipe: {e}")
+        recipe = self.recipe
+        if recipe["model"]["architecture"] != "unet":
+            fail(f"model {recipe['model']['architecture']!r}: the peer implements the recipe's unet only")
+        preset = recipe["preset"]
+        flow = {"density": "logit_normal", "m": 0.0, "s": 1.0, "shift": 1.0, "resolution_shift": False}
+        flow.update({k: preset[k] for k in flow if k in preset})
+        if preset["name"] != "flow" or flow["density"] != "logit_normal" or flow["shift"] != 1.0 \
+                or flow["resolution_shift"] or preset.get("min_snr_gamma") is not None:
+            fail(f"preset {preset}: the peer implements flow with logit_normal density, shift 1, no min-SNR only")
+        self.flow = flow
+        self.loader = lo = recipe["loader"]
+        if lo.get("hflip") or lo.get("crop_padding", 0) or not lo.get("shuffle", True):
+            fail(f"loader {lo}: the peer implements the default recipe's loader (shuffle, no augmentation) only")
+        self.objective = recipe["objective"]
+
+        torch.set_num_threads(a.threads)
+        torch.manual_seed(0)
+        self.model = peer.build("unet", self.fields)
+        self.model.train()
+        self.n = sum(p.numel() for p in self.model.parameters())
+        if a.params >= 0 and self.n != a.params:
+            fail(f"unet has {self.n} parameters here and {a.params} in C++: the two models differ")
+        tensors = read_safetensors(a.data)
+        self.dataset = TensorDataset(tensors["image"], tensors["label"])
+
+    def step(self, model, cls=None):
+        """The training step (FlowStep, or `cls`) of `model`: the loss, the objective's settings, the recipe's
+        optimizer and schedule."""
+        obj = self.objective
+        return (cls or FlowStep)(model, self.flow, self.fields.get("num_classes", 0),
+                                 obj.get("unconditional_prob", 0.12), torch.Generator().manual_seed(2),
+                                 peer.parse_optim(json.dumps(self.recipe["optim"])), self.recipe["trainer"]["steps"],
+                                 obj.get("ema_decay", 0.999))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_args(ap)
     peer.add_compile_flag(ap)
     a = ap.parse_args()
-    if a.device != "cpu":
-        fail("the train peer runs on the CPU only")
-    if min(a.batch, a.steps, a.threads) < 1 or a.warmup < 0:
-        fail("--batch, --steps and --threads must be >= 1, --warmup >= 0")
-    try:
-        fields, recipe = json.loads(a.config), json.loads(a.recipe)
-    except ValueError as e:
-        fail(f"bad --config or --recipe: {e}")
-    if recipe["model"]["architecture"] != "unet":
-        fail(f"model {recipe['model']['architecture']!r}: the peer implements the recipe's unet only")
-    preset = recipe["preset"]
-    flow = {"density": "logit_normal", "m": 0.0, "s": 1.0, "shift": 1.0, "resolution_shift": False}
-    flow.update({k: preset[k] for k in flow if k in preset})
-    if preset["name"] != "flow" or flow["density"] != "logit_normal" or flow["shift"] != 1.0 \
-            or flow["resolution_shift"] or preset.get("min_snr_gamma") is not None:
-        fail(f"preset {preset}: the peer implements flow with logit_normal density, shift 1, no min-SNR only")
-    lo = recipe["loader"]
-    if lo.get("hflip") or lo.get("crop_padding", 0) or not lo.get("shuffle", True):
-        fail(f"loader {lo}: the peer implements the default recipe's loader (shuffle, no augmentation) only")
-    obj = recipe["objective"]
-
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
-    model = peer.build("unet", fields)
-    model.train()
-    n = sum(p.numel() for p in model.parameters())
-    if a.params >= 0 and n != a.params:
-        fail(f"unet has {n} parameters here and {a.params} in C++: the two models differ")
-
-    tensors = read_safetensors(a.data)
-    dataset = TensorDataset(tensors["image"], tensors["label"])
-    loader = DataLoader(dataset, batch_size=a.batch, shuffle=True, num_workers=0, drop_last=lo.get("drop_last", False),
-                        generator=torch.Generator().manual_seed(recipe.get("seed", 0)))
+    run = Run(a)
+    loader = DataLoader(run.dataset, batch_size=a.batch, shuffle=True, num_workers=0,
+                        drop_last=run.loader.get("drop_last", False),
+                        generator=torch.Generator().manual_seed(run.recipe.get("seed", 0)))
     batches = iter(loader)
 
     def next_batch():
@@ -138,9 +162,8 @@ def main():
             batches = iter(loader)
             return next(batches)
 
-    step = FlowStep(peer.compiled(a, model), flow, fields.get("num_classes", 0), obj.get("unconditional_prob", 0.12),
-                    torch.Generator().manual_seed(2), peer.parse_optim(json.dumps(recipe["optim"])),
-                    recipe["trainer"]["steps"], obj.get("ema_decay", 0.999))
+    model, n = run.model, run.n
+    step = run.step(peer.compiled(a, model))
     times, data, seconds, samples, loss, first = [], [], 0.0, 0, 0.0, 0.0
     for i in range(a.warmup + a.steps):
         t0 = time.perf_counter()

@@ -322,6 +322,13 @@ const BenchCase& train_case() {
   return c;
 }
 
+// Data-parallel `dew train`: the train case's recipe and loader, one rank against several (dew launch, torchrun).
+const BenchCase& ddp_case() {
+  static const BenchCase c = case_of_kind(
+      {"ddp", "unet", train_case().size, runs::default_recipe("diffusion")["model"]["fields"]}, CaseKind::ddp);
+  return c;
+}
+
 // `dew sample RUN` on the model of the default recipe (the fields the train case trains; completed by runs::prepare
 // from the data: 1 channel in and out, 10 classes).
 const BenchCase& sample_case() {
@@ -379,6 +386,8 @@ const BenchCase& find_case(const std::string& name) {
     if (c->name == name) return *c;
     names += ", " + c->name;
   }
+  if (ddp_case().name == name) return ddp_case();  // selected by name only: --all leaves it out
+  names += ", " + ddp_case().name;
   fail("bench: unknown model \"", name, "\"; accepted: ", names);
 }
 
@@ -426,6 +435,7 @@ int64_t batch_of(const BenchCase& c, const Sizes& s) {
     case CaseKind::sd3:
     case CaseKind::flux: return s.batch.value_or(kFlowBatch);
     case CaseKind::train:
+    case CaseKind::ddp:
       return s.batch.value_or(runs::default_recipe("diffusion")["loader"]["batch_size"].get<int64_t>());
     default: return s.batch.value_or(32);
   }
@@ -482,7 +492,7 @@ CaseModel case_model(const BenchCase& c, int64_t seq_len, const json& train_fiel
         {{"architecture", c.arch}, {"fields", c.kind == CaseKind::lm ? lm_fields(seq_len) : c.fields}});
     config = lm->config();
     model = lm.ptr();
-  } else if (c.kind == CaseKind::train || c.kind == CaseKind::sample) {
+  } else if (c.kind == CaseKind::train || c.kind == CaseKind::ddp || c.kind == CaseKind::sample) {
     auto denoiser = models::build(c.arch, train_fields);
     config = denoiser->config();
     model = denoiser;

@@ -81,8 +81,12 @@ inline constexpr int64_t kSampleWarmup = 0;     // the network-alone forwards be
 inline constexpr int64_t kFidBatch = 8;
 inline constexpr int64_t kFidImage = 64;
 
+// Data-parallel training (--models ddp): the train case's run with kDdpCores cores split two ways, 1 rank x
+// kDdpCores threads against kDdpCores ranks x 1 thread (dew launch / torchrun, Gloo on loopback).
+inline constexpr int64_t kDdpCores = 2;
+
 /// What a case times, and so which child, peer and report section it has.
-enum class CaseKind { diffusion, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train, sample, fid };
+enum class CaseKind { diffusion, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train, sample, fid, ddp };
 
 /// One benchmarked model: a registry architecture at a fixed small size.
 struct BenchCase {
@@ -111,6 +115,8 @@ const BenchCase& flux_case();
 const BenchCase& train_case();
 const BenchCase& sample_case();
 const BenchCase& fid_case();
+/// Data-parallel training (`dew bench --models ddp`): not in --all (it runs for minutes).
+const BenchCase& ddp_case();
 
 /// The case called `name`; dew::Error listing every name otherwise.
 const BenchCase& find_case(const std::string& name);

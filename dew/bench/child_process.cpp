@@ -1,7 +1,10 @@
 #include "dew/bench/child_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,6 +58,22 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   return r;
+}
+
+int free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  DEW_CHECK(fd >= 0, "bench: cannot open a socket to pick a rendezvous port: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int err = errno;
+  ::close(fd);
+  DEW_CHECK(ok, "bench: cannot bind a socket on 127.0.0.1 to pick a rendezvous port: ", std::strerror(err));
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace dew::bench

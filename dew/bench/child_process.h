@@ -18,4 +18,8 @@ struct ChildResult {
 ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                       bool quiet = false, const std::vector<std::string>& unset = {}, const char* what = "dew");
 
+/// A TCP port on 127.0.0.1 that is free now (the kernel's pick for port 0), for a data-parallel child's rendezvous;
+/// dew::Error when no socket can be bound.
+int free_local_port();
+
 }  // namespace dew::bench

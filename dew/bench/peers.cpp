@@ -77,6 +77,10 @@ Measurement measure_child(const std::vector<std::string>& argv, int64_t intra, i
   m.prefill_ms = j.value("prefill_ms", 0.0);
   m.data_ms = j.value("data_ms", 0.0);
   m.compile_s = j.value("compile_s", 0.0);
+  m.ranks = j.value("ranks", int64_t(1));
+  m.allreduce_ms = j.value("allreduce_ms", 0.0);
+  m.allreduce_share = j.value("allreduce_share", 0.0);
+  m.allreduce_exposed_ms = j.value("allreduce_exposed_ms", 0.0);
   m.torch = j.value("torch", "");
   m.blas_core = j.value("blas_core", "");
   return m;
@@ -109,6 +113,7 @@ Peers find_peers(const PeerOptions& o, const std::vector<const BenchCase*>& case
         {CaseKind::grpo_rollout, "grpo-rollout-peer", "grpo_rollout_peer.py"},
         {CaseKind::sd_unet, "sd-peer", "sd_peer.py"},
         {CaseKind::train, "train-peer", "train_peer.py"},
+        {CaseKind::ddp, "ddp-peer", "ddp_peer.py"},
         {CaseKind::sample, "sample-peer", "sample_peer.py"},
         {CaseKind::fid, "fid-peer", "fid_peer.py"}};
     for (const auto& [kind, flag, file] : kinds) {
@@ -202,6 +207,7 @@ std::vector<std::string> peer_argv(const Peers& peers, const BenchCase& c, const
       add({"--latent-size", std::to_string(c.item[1]), "--context-len", std::to_string(c.context_len)});
       break;
     case CaseKind::train:
+    case CaseKind::ddp:
       add({"--config", fields, "--params", n, "--data", a.train_data, "--recipe", a.train_record.dump()});
       break;
     case CaseKind::sample: {

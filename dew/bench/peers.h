@@ -26,6 +26,9 @@ struct Measurement {
   double tokens_per_s = 0, gen_ms_per_token = 0, prefill_ms = 0;  // lm, dpo, grpo_rollout
   double data_ms = 0;                                             // train: waiting for the loader
   double compile_s = 0;  // the Python peer under torch.compile: its first step's time beyond a steady step
+  int64_t ranks = 1;     // ddp: the processes of the data-parallel run
+  double allreduce_ms = 0, allreduce_share = 0;  // ddp: the gradient all-reduce per step and its share of the step
+  double allreduce_exposed_ms = 0;               // ddp: the part of it not overlapped with backward
   int64_t params = 0;
   std::string torch, blas_core;
 };
@@ -72,8 +75,8 @@ Peers find_peers(const PeerOptions& o, const std::vector<const BenchCase*>& case
 /// What a peer's command line carries besides its case.
 struct PeerArgs {
   std::string optim_json;  // bench_optim as JSON (--optim)
-  std::string train_data;  // train: the training images and labels dew dumped (safetensors)
-  json train_record;       // train, sample: the prepared default recipe's run record, optim and trainer included
+  std::string train_data;  // train, ddp: the training images and labels dew dumped (safetensors)
+  json train_record;       // train, ddp, sample: the prepared default recipe's run record, optim and trainer included
   Sizes sizes;
 };
 

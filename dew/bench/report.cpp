@@ -505,6 +505,74 @@ class ReportWriter {
     every_configuration(r, with_peer, "Every configuration (ms/step, each round's, fastest first):", "ms/step");
   }
 
+  // Data-parallel training: each side's samples/s as 1 rank and as several, the scaling efficiency, the
+  // gradient all-reduce's share of the step.
+  void ddp(const Row& r) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::ddp).empty();
+    const json& rec = ctx_.train_record;
+    const int64_t batch = batch_of(*r.c, s_);
+    md_ << "## dew bench: data-parallel `dew train`, 1 rank against " << kDdpCores << " ranks, against PyTorch DDP\n\n"
+        << "Run: the train case's (" << r.c->size << ", " << grouped(r.params) << " parameters; global batch " << batch
+        << ", optim " << rec["optim"].dump() << "), " << warmup_of(*r.c, s_) << " warm-up + " << steps_of(*r.c, s_)
+        << " timed steps, as 1 rank x " << kDdpCores << " threads and as " << kDdpCores << " ranks x 1 thread on "
+        << "the same cores. C++: `dew bench --one ddp` alone, and under `dew launch --nproc-per-node " << kDdpCores
+        << " --threads 1` (each rank joins the Gloo group on 127.0.0.1, takes rank 0's weights and steps "
+        << "Trainer::train_step: every rank loads the global batch and computes its rows, the loss and finite "
+        << "flag agreed per step, one SUM all-reduce of flattened "
+        << rec.value("dist", json::object()).value("bucket_mb", training::DistOptions{}.bucket_mb)
+        << " MB buckets after the whole backward). Python (bench/ddp_peer.py): train_peer.py's model, flow loss and "
+        << "step, plain as 1 process, and under torchrun (`python -m torch.distributed.run`, Gloo) as "
+        << "DistributedDataParallel(model) with its default buckets (all-reduce overlapping backward) and a "
+        << "DistributedSampler giving each rank batch / ranks rows, the loss and finite flag all-reduced as dew "
+        << "does. samples/s = global items / seconds of the timed steps (the ranks' seconds averaged). All-reduce "
+        << "ms: the gradient all-reduce per step (dew: average_gradients' wall time; DDP: a comm hook around its "
+        << "default all-reduce, the time its buckets were in flight, merged); not overlapped: DDP's wait from the "
+        << "last bucket's launch to the end of backward (dew overlaps nothing). Both include waiting for the slower "
+        << "rank. Scaling efficiency = " << kDdpCores << "-rank samples/s / 1-rank samples/s (1.0: the split "
+        << "costs nothing; the cores are the same). " << ctx_.rounds << " round(s) per configuration"
+        << (with_peer ? ", alternating C++ and Python" : "") << ", the fastest round reported; peak MB: rank 0's "
+        << "process.\n\n"
+        << machine(r, with_peer);
+    md_ << "| side | ranks x threads | samples/s | ms/step | all-reduce ms | all-reduce share | not overlapped ms | "
+           "peak "
+           "MB |\n"
+        << "|---|---|---:|---:|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      for (const auto& cfg : r.configs) {
+        const Measurement& m = best(cfg.*member);
+        const bool one = m.ranks <= 1;
+        md_ << "| " << (side == "C++" ? "dew" : "PyTorch" + std::string(one ? "" : " DDP")) << " | " << cfg.ranks
+            << " x " << cfg.intra << " | " << fixed(m.samples_per_s, 1) << " | " << fixed(m.ms, 1) << " | "
+            << (one ? "-" : fixed(m.allreduce_ms, 2)) << " | " << (one ? "-" : fixed(100 * m.allreduce_share, 1) + " %")
+            << " | " << (one ? "-" : fixed(m.allreduce_exposed_ms, 2)) << " | " << fixed(m.peak_mb, 0) << " |\n";
+      }
+    }
+    const auto efficiency = [&](std::vector<Measurement> Config::*side) {
+      return best(r.configs.back().*side).samples_per_s / best(r.configs.front().*side).samples_per_s;
+    };
+    md_ << "\nScaling efficiency (" << kDdpCores << "-rank samples/s / 1-rank samples/s): dew "
+        << fixed(efficiency(&Config::cpp), 2);
+    if (with_peer)
+      md_ << ", PyTorch DDP " << fixed(efficiency(&Config::py), 2) << ". dew / PyTorch samples/s: "
+          << fixed(best(r.configs.front().cpp).samples_per_s / best(r.configs.front().py).samples_per_s, 2)
+          << "x at 1 rank, "
+          << fixed(best(r.configs.back().cpp).samples_per_s / best(r.configs.back().py).samples_per_s, 2) << "x at "
+          << kDdpCores << " ranks";
+    md_ << ".\n\nEvery round (samples/s, fastest first):\n\n| ranks x threads | dew |"
+        << (with_peer ? " PyTorch |" : "") << "\n|---|---:|" << (with_peer ? "---:|" : "") << "\n";
+    const auto per_s = [](std::vector<Measurement> ms) {
+      std::sort(ms.begin(), ms.end(), [](const auto& a, const auto& b) { return a.samples_per_s > b.samples_per_s; });
+      std::string out;
+      for (const auto& m : ms) out += (out.empty() ? "" : " / ") + fixed(m.samples_per_s, 1);
+      return out;
+    };
+    for (const auto& cfg : r.configs) {
+      md_ << "| " << cfg.ranks << " x " << cfg.intra << " | " << per_s(cfg.cpp) << " |";
+      if (with_peer) md_ << " " << per_s(cfg.py) << " |";
+      md_ << "\n";
+    }
+  }
+
   void sample(const Row& r) {
     const bool with_peer = !ctx_.peers.script(CaseKind::sample).empty();
     const json& rec = ctx_.train_record;
@@ -560,7 +628,11 @@ class ReportWriter {
   // peer ran.
   std::string summary(const std::vector<Row>& rows) const {
     std::ostringstream out;
-    if (!std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.configs.front().py.empty(); })) return "";
+    // ddp compares configurations of processes in its own section, not a fastest time per side.
+    const auto in_summary = [](const Row& r) { return r.c->kind != CaseKind::ddp; };
+    if (!std::any_of(rows.begin(), rows.end(),
+                     [&](const Row& r) { return in_summary(r) && !r.configs.front().py.empty(); }))
+      return "";
     out << "## dew bench: summary\n\n"
         << "Each case's fastest time per side: C++ (dew), Python eager and Python under torch.compile "
         << "(inductor, default mode; the training-step cases only, in the eager peer's fastest thread "
@@ -582,6 +654,7 @@ class ReportWriter {
           << " |\n";
     };
     for (const Row& r : rows) {
+      if (!in_summary(r)) continue;
       const CaseKind kind = r.c->kind;
       const std::string unit = kind == CaseKind::sd_vae || kind == CaseKind::fid ? "ms/pass"
                                : kind == CaseKind::sample                        ? "ms/sampling run"
@@ -633,6 +706,10 @@ class ReportWriter {
     if (row(CaseKind::fid)) {
       if (!md_.str().empty()) md_ << "\n";
       fid(*row(CaseKind::fid));
+    }
+    if (row(CaseKind::ddp)) {
+      if (!md_.str().empty()) md_ << "\n";
+      ddp(*row(CaseKind::ddp));
     }
     return md_.str();
   }

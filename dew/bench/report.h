@@ -15,6 +15,7 @@ namespace dew::bench {
 struct Config {
   int64_t intra = 1, blas = 1;
   std::vector<Measurement> cpp, py, pyc;
+  int64_t ranks = 1;  // ddp: processes (each with `intra` threads)
 };
 
 /// One case of a sweep: the fields its peer builds the model from (JSON text), its parameter count and its
@@ -41,7 +42,7 @@ struct ReportContext {
   int64_t rounds = 1;
   std::string device;  // as both sides were given it, e.g. "cpu"
   Peers peers;
-  json train_record;  // train, sample: the prepared default recipe's record, optim and trainer included
+  json train_record;  // train, ddp, sample: the prepared default recipe's record, optim and trainer included
   std::string load_before, load_after;  // the 1-minute load average around the runs
   std::vector<std::string> command;     // the arguments `dew bench` was given
 };

@@ -181,6 +181,68 @@ json run_one_train(const BenchCase& c, const OneOptions& o) {
   return j;
 }
 
+// One rank of the ddp case (or the whole run when WORLD_SIZE is unset): the train case's run, with this process
+// in the data-parallel group `dew launch` (or torchrun) set up in its environment, as runs::train joins it: the
+// process group over the TCPStore rendezvous, rank 0's weights broadcast, then Trainer::train_step, whose gradient
+// all-reduce (StepOutcome::allreduce_s) is timed apart. Every rank times its own steps; the result averages the
+// ranks' seconds (they step together), counts the global batch's items, and is returned by rank 0 alone (the
+// others return null and print nothing). allreduce_ms: the gradient all-reduce per step (mean), allreduce_share its
+// share of the step's time; with one rank both 0.
+json run_one_ddp(const BenchCase& c, const OneOptions& o) {
+  set_child_threads(o.threads);
+  TempDir dir("bench_ddp");
+  auto run = prepare_default_train(dir.path.string(), o.threads, batch_of(c, o.sizes), o.device);
+  std::shared_ptr<training::Distributed> dist;
+  if (run.dist_env.world_size > 1) {
+    training::check_global_batch(run.built.loader->options().batch_size, run.dist_env.world_size);
+    dist = std::make_shared<training::Distributed>(run.dist_env, run.dist, run.device);
+  }
+  training::Trainer trainer(run.built.objective, run.built.loader, run.optim, run.trainer, dir.path.string(),
+                            uint64_t(run.options.seed));
+  trainer.set_distributed(dist);
+  if (dist) dist->broadcast_module(run.built.objective->module());
+  LoopOptions loop = loop_of(c, o);
+  loop.rest = true;
+  std::optional<training::StepOutcome> out;
+  double loss = 0, allreduce = 0;
+  int64_t samples = 0;
+  const Timings t = timed_loop(
+      loop, [&](int64_t, StepClock&) { out.emplace(trainer.train_step()); },
+      [&](int64_t i, StepClock& clock) {
+        DEW_CHECK(out->finite, "bench ddp: non-finite loss at step ", i);
+        loss = out->loss;
+        if (i >= loop.warmup) {
+          samples += out->samples;  // the global batch's items
+          allreduce += out->allreduce_s;
+        }
+        clock.phase(out->data_s);
+        clock.phase(out->loss_s);
+        clock.phase(out->backward_s);
+        out.reset();
+      });
+  double seconds = 0;
+  for (double s : t.total) seconds += s;
+  const double world = dist ? double(dist->world_size()) : 1.0;
+  if (dist) {
+    const auto sums = dist->sum({seconds, allreduce});
+    seconds = sums[0] / world;
+    allreduce = sums[1] / world;
+  }
+  if (dist && !dist->is_main()) return nullptr;
+  int64_t nparams = 0;
+  for (const auto& p : trainer.parameters()) nparams += p.second.numel();
+  json j = step_result(t.total, t.phase(1), t.phase(2), t.phase(3), run.built.loader->options().batch_size, nparams,
+                       loss, t.peak_rss_mb);
+  j["ms_per_step"] = seconds / double(loop.steps) * 1e3;
+  j["samples_per_s"] = double(samples) / seconds;
+  j["data_ms"] = median(t.phase(0)) * 1e3;
+  j["ranks"] = int64_t(world);
+  j["allreduce_ms"] = allreduce / double(loop.steps) * 1e3;
+  j["allreduce_share"] = allreduce / seconds;
+  j["allreduce_exposed_ms"] = j["allreduce_ms"];  // after the whole backward: none of it overlaps
+  return j;
+}
+
 // warmup + steps sampling runs of `dew sample RUN` on the default recipe's model: ms_per_step = ms per sampling
 // run (median), samples_per_s = images/s. The run is built as runs::open_diffusion_run builds a trained one (the
 // recipe's model from its completed record, eval mode, on the device; the process from its preset), the weights
@@ -659,6 +721,7 @@ json run_one(const BenchCase& c, const OneOptions& o) {
     case CaseKind::sd3:
     case CaseKind::flux: return run_one_flow_transformer(c, o);
     case CaseKind::train: return run_one_train(c, o);
+    case CaseKind::ddp: return run_one_ddp(c, o);
     case CaseKind::sample: return run_one_sample(c, o);
     case CaseKind::fid: return run_one_fid(c, o);
     case CaseKind::diffusion: return run_one_diffusion(c, o);

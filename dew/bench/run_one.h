@@ -24,7 +24,9 @@ struct OneOptions {
 
 /// Times case c and returns its result line: ms_per_step, samples_per_s, peak_rss_mb, params, threads,
 /// blas_threads, blas_core, phases_ms {forward, backward, optimizer}, loss, torch; lm adds tokens_per_s,
-/// gen_ms_per_token and prefill_ms, dpo tokens_per_s, grpo_rollout tokens_per_s and prefill_ms, train data_ms.
+/// gen_ms_per_token and prefill_ms, dpo tokens_per_s, grpo_rollout tokens_per_s and prefill_ms, train data_ms;
+/// ddp data_ms, ranks, allreduce_ms, allreduce_share and allreduce_exposed_ms. ddp under `dew launch` (WORLD_SIZE
+/// set) runs one rank: rank 0 returns the run's line, the other ranks null.
 json run_one(const BenchCase& c, const OneOptions& o);
 
 }  // namespace dew::bench

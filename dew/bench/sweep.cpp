@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "dew/bench/child_process.h"
 #include "dew/bench/measure.h"
 #include "dew/bench/report.h"
 #include "dew/data/dataset.h"
@@ -24,7 +25,24 @@ void print_progress(std::ostream& log, int64_t round, int64_t rounds, const std:
 // The training-step cases, whose peers also run under torch.compile.
 bool compiles(const BenchCase& c) {
   return c.kind != CaseKind::sd_vae && c.kind != CaseKind::sample && c.kind != CaseKind::grpo_rollout &&
-         c.kind != CaseKind::fid;
+         c.kind != CaseKind::fid && c.kind != CaseKind::ddp;
+}
+
+// A ddp configuration of several ranks on a fresh loopback port: the C++ child under `dew launch` (argv = the
+// `dew bench --one` child's), the Python peer under torchrun (python -m torch.distributed.run; argv = the peer's).
+std::vector<std::string> launched(const std::vector<std::string>& argv, int64_t ranks, int64_t threads, bool cpp) {
+  const std::string port = std::to_string(free_local_port()), n = std::to_string(ranks);
+  if (cpp) {
+    std::vector<std::string> out = {
+        argv[0], "launch", "--nproc-per-node", n, "--threads", std::to_string(threads), "--master-port", port, "--"};
+    out.insert(out.end(), argv.begin() + 1, argv.end());
+    return out;
+  }
+  std::vector<std::string> out = {
+      argv[0],         "-m", "torch.distributed.run", "--nproc-per-node", n, "--master-addr", "127.0.0.1",
+      "--master-port", port};
+  out.insert(out.end(), argv.begin() + 1, argv.end());
+  return out;
 }
 
 }  // namespace
@@ -47,8 +65,8 @@ std::string sweep(const SweepOptions& o, std::ostream& log) {
   args.optim_json = to_json(bench_optim(warmup_of(bench_cases().front(), o.sizes))).dump();  // a step case's warm-up
   std::unique_ptr<TempDir> train_dir;
   json train_fields;
-  const bool any_train = any_of_kind(o.cases, CaseKind::train);
-  if (any_train || any_of_kind(o.cases, CaseKind::sample)) {
+  const bool any_train = any_of_kind(o.cases, CaseKind::train), any_ddp = any_of_kind(o.cases, CaseKind::ddp);
+  if (any_train || any_ddp || any_of_kind(o.cases, CaseKind::sample)) {
     train_dir = std::make_unique<TempDir>("bench_train_data");
     auto run = prepare_default_train((train_dir->path / "run").string(), 0, batch_of(train_case(), o.sizes), o.device);
     args.train_record = run.record;
@@ -56,7 +74,7 @@ std::string sweep(const SweepOptions& o, std::ostream& log) {
     args.train_record["trainer"] = to_json(run.trainer);
     train_fields = run.record["model"]["fields"];
     const data::TensorDataset& ds = run.built.loader->dataset();
-    if (any_train && !peers.script(CaseKind::train).empty()) {
+    if ((any_train && !peers.script(CaseKind::train).empty()) || (any_ddp && !peers.script(CaseKind::ddp).empty())) {
       args.train_data = (train_dir->path / "train_data.safetensors").string();
       io::save_safetensors(args.train_data, ds.fields());
     }
@@ -70,8 +88,13 @@ std::string sweep(const SweepOptions& o, std::ostream& log) {
   for (const BenchCase* c : o.cases) {
     const CaseModel m = case_model(*c, o.sizes.seq_len, train_fields);
     Row row{c, is_sd(*c) ? reference_config(*c).dump() : m.fields.dump(), m.params, {}};
-    for (int64_t intra : o.threads)
-      for (int64_t blas : o.blas_threads) row.configs.push_back({intra, blas, {}, {}, {}});
+    if (c->kind == CaseKind::ddp) {  // the cores in one rank's threads, then one thread per rank
+      row.configs.push_back({kDdpCores, kDdpCores, {}, {}, {}, 1});
+      row.configs.push_back({1, 1, {}, {}, {}, kDdpCores});
+    } else {
+      for (int64_t intra : o.threads)
+        for (int64_t blas : o.blas_threads) row.configs.push_back({intra, blas, {}, {}, {}});
+    }
     rows.push_back(std::move(row));
   }
 
@@ -83,15 +106,22 @@ std::string sweep(const SweepOptions& o, std::ostream& log) {
       const std::string& name = row.c->name;
       for (auto& cfg : row.configs) {
         const auto common = child_args(*row.c, o.sizes, cfg.intra, ctx.device);
+        const std::string ranks = cfg.ranks > 1 ? " " + std::to_string(cfg.ranks) + " ranks" : "";
         auto cpp_argv = std::vector<std::string>{o.program, "bench", "--one", name};
         cpp_argv.insert(cpp_argv.end(), common.begin(), common.end());
-        cfg.cpp.push_back(measure_child(cpp_argv, cfg.intra, cfg.blas, name + " C++"));
-        print_progress(log, round, o.rounds, name + "  C++   ", cfg.cpp.back());
+        if (cfg.ranks > 1) cpp_argv = launched(cpp_argv, cfg.ranks, cfg.intra, true);
+        cfg.cpp.push_back(measure_child(cpp_argv, cfg.intra, cfg.blas, name + " C++" + ranks));
+        print_progress(log, round, o.rounds, name + "  C++   " + ranks, cfg.cpp.back());
         auto py_argv = peer_argv(peers, *row.c, row.fields, row.params, args);
         if (py_argv.empty()) continue;
         py_argv.insert(py_argv.end(), common.begin(), common.end());
-        cfg.py.push_back(measure_child(py_argv, cfg.intra, cfg.blas, name + " Python", peers.env, peers.unset));
-        print_progress(log, round, o.rounds, name + "  Python", cfg.py.back());
+        auto py_env = peers.env;
+        if (cfg.ranks > 1) {
+          py_argv = launched(py_argv, cfg.ranks, cfg.intra, false);
+          py_env["OMP_NUM_THREADS"] = std::to_string(cfg.intra);  // as dew launch sets it (torchrun: 1, warning)
+        }
+        cfg.py.push_back(measure_child(py_argv, cfg.intra, cfg.blas, name + " Python" + ranks, py_env, peers.unset));
+        print_progress(log, round, o.rounds, name + "  Python" + ranks, cfg.py.back());
       }
     }
   }

@@ -12,6 +12,7 @@
 //   dew bench --models sd_unet,sd_vae           # Stable Diffusion components against diffusers
 //   dew bench --models sd3,flux                 # SD3 and Flux transformers' training steps against diffusers
 //   dew bench --models sample --rounds 1        # `dew sample`: 100 images, 30 Euler steps
+//   dew bench --models ddp                      # 1 rank x 2 threads vs 2 ranks x 1 thread, and PyTorch DDP
 //
 // Every (model, side, thread configuration) runs in a fresh child process (the dew binary re-executed with the
 // hidden `--one MODEL`, or the Python peer), so each peak RSS belongs to one configuration and the BLAS threads
@@ -42,12 +43,12 @@ std::string peer_python() {
 const char* kBenchUsage =
     "usage: dew bench [--models simple_dit,unet,unet_attn,lm,jepa,dpo,grpo_rollout,sd_unet,sd_vae,sd3,flux,train,"
     "sample,fid"
-    " | --all]\n"
+    " | --all] [--models ddp]\n"
     "                 [--steps N] [--warmup W] [--batch B] [--seq-len S] [--threads 1,2] [--blas-threads 1,2]\n"
     "                 [--images N] [--sample-steps S]\n"
     "                 [--rounds R] [--no-peer] [--peer FILE] [--lm-peer FILE] [--jepa-peer FILE] [--dpo-peer FILE]\n"
     "                 [--grpo-rollout-peer FILE] [--sd-peer FILE] [--train-peer FILE] [--sample-peer FILE]\n"
-    "                 [--fid-peer FILE]\n"
+    "                 [--fid-peer FILE] [--ddp-peer FILE]\n"
     "                 [--diffusers-src DIR]\n"
     "                 [--peer-coretype CORE]\n"
     "                 [--peer-malloc-like-dew] [--out FILE.md]\n"
@@ -95,7 +96,12 @@ const char* kBenchUsage =
     "                  ms per pass and images/s, against pytorch-fid's InceptionV3 (bench/fid_peer.py)\n"
     "  --all           every model above, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train, sample and "
     "fid\n"
-    "                  included\n"
+    "                  included (not ddp)\n"
+    "  --models ddp    data-parallel `dew train`: the train case's run (its recipe, loader and trainer step) as\n"
+    "                  1 rank x 2 threads and as 2 ranks x 1 thread under `dew launch` (Gloo on 127.0.0.1), against\n"
+    "                  bench/ddp_peer.py (train_peer.py's loop, the model in PyTorch DDP under torchrun, Gloo):\n"
+    "                  samples/s, the scaling efficiency (2 ranks / 1 rank) and the gradient all-reduce's share of\n"
+    "                  the step; --threads and --blas-threads do not apply. Explicit only: it runs for minutes\n"
     "  --steps N       timed steps (grpo_rollout: rollouts; sample: sampling runs, default 1) per configuration,\n"
     "                  median reported (default 20)\n"
     "  --warmup W      untimed steps first (default 5; sample: untimed sampling runs, default 0, after one\n"
@@ -123,6 +129,7 @@ const char* kBenchUsage =
     "  --train-peer FILE  the train case's Python peer (default: bench/train_peer.py)\n"
     "  --sample-peer FILE  the sample case's Python peer (default: bench/sample_peer.py)\n"
     "  --fid-peer FILE  the fid case's Python peer (default: bench/fid_peer.py)\n"
+    "  --ddp-peer FILE  the ddp case's Python peer (default: bench/ddp_peer.py)\n"
     "  --diffusers-src DIR  the `src` folder of a diffusers checkout the diffusers peer imports instead of\n"
     "                  the environment's diffusers (default: $DEW_DIFFUSERS_SRC, else the installed package)\n"
     "  --peer-coretype CORE  OPENBLAS_CORETYPE for the Python peer (default: the caller's environment;\n"
@@ -138,7 +145,7 @@ const char* kBenchUsage =
 
 // The flags naming a peer script, each a key of bench::PeerOptions::files.
 const std::vector<std::string> kPeerFlags = {"peer",    "lm-peer",    "jepa-peer",   "dpo-peer", "grpo-rollout-peer",
-                                             "sd-peer", "train-peer", "sample-peer", "fid-peer"};
+                                             "sd-peer", "train-peer", "sample-peer", "fid-peer", "ddp-peer"};
 
 std::vector<int64_t> int_list(const Flags& f, const std::string& flag, const std::string& def) {
   std::vector<int64_t> out;
@@ -170,7 +177,7 @@ int cmd_bench(const std::vector<std::string>& args) {
                                      "lm-peer",    "jepa-peer",    "dpo-peer",      "grpo-rollout-peer",
                                      "profile",    "device",       "sd-peer",       "diffusers-src",
                                      "train-peer", "images",       "sample-steps",  "sample-peer",
-                                     "fid-peer"},
+                                     "fid-peer",   "ddp-peer"},
                               {"no-peer", "no-compile", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
@@ -206,7 +213,8 @@ int cmd_bench(const std::vector<std::string>& args) {
     o.threads = threads[0];
     o.profile = f.get("profile", "");
     o.device = device;
-    std::cout << bench::run_one(bench::find_case(f.get("one", "")), o).dump() << std::endl;
+    const json line = bench::run_one(bench::find_case(f.get("one", "")), o);
+    if (!line.is_null()) std::cout << line.dump() << std::endl;  // null: a ddp rank other than 0
     return 0;
   }
 

@@ -297,7 +297,8 @@ StepOutcome Trainer::train_step() {
     // clipping, the optimizer, the EMA and the schedule stay identical too.
     const auto tc = clock::now();
     dist_->average_gradients(params_);
-    out.collective_s += secs(tc, clock::now());
+    out.allreduce_s = secs(tc, clock::now());
+    out.collective_s += out.allreduce_s;
   }
   out.grad_norm = clip_grad_norm(params_, oo_.grad_clip);
   t1 = clock::now();

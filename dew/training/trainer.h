@@ -75,6 +75,7 @@ struct StepOutcome {
   double backward_s = 0;    // backward and the gradient norm and clip
   double update_s = 0;      // zero_grad, the optimizer step and the EMA update
   double collective_s = 0;  // data-parallel runs: the all-reduces of the loss and the gradients (in backward_s)
+  double allreduce_s = 0;   // data-parallel runs: the gradient average alone (part of collective_s)
 };
 
 class Trainer {
