@@ -39,20 +39,6 @@ const std::map<std::string, RunKind>& kinds_map() {
 // The top-level keys of a record that are not part of the recipe.
 const std::vector<std::string> kRecordOnly = {"kind", "format", "dew_version", "derived"};
 
-// Refuses, before anything is built, a module (`model`, `predictor`, `text_encoder`: any top-level
-// {architecture, fields} section) that would compute in float16 on the CPU: LibTorch has no float16 CPU
-// kernels for several training ops, so the run would only fail at its first step with LibTorch's message.
-void check_compute_dtypes(const json& recipe, const c10::Device& device) {
-  if (device.is_cuda()) return;
-  for (auto it = recipe.begin(); it != recipe.end(); ++it) {
-    if (!it->is_object() || !it->contains("fields") || !(*it)["fields"].is_object()) continue;
-    const json& fields = (*it)["fields"];
-    DEW_CHECK(fields.value("dtype", json()) != "float16", it.key(),
-              ".fields.dtype: float16 does not train on the CPU (device ", device.str(),
-              "); accepted on the CPU: float32, bfloat16 (float16 needs --device cuda)");
-  }
-}
-
 }  // namespace
 
 const RunKind& run_kind(const std::string& name) {
@@ -147,7 +133,6 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   if (p.dist_env.world_size > 1 && p.device.is_cuda() && p.options.device.find(':') == std::string::npos)
     p.device = parse_device("cuda:" + std::to_string(p.dist_env.local_rank), "device");
   training::check_autocast(p.trainer.autocast, p.device);  // before the model is built
-  check_compute_dtypes(recipe, p.device);
   const std::string dir = p.options.run;
   DEW_CHECK(!fs::exists(dir) || fs::is_directory(dir), "run: ", dir, " exists and is not a directory");
   // Before the model is built; only rank 0 takes the lock (the others never write the run).
