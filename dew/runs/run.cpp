@@ -142,12 +142,11 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   p.resumes = fs::is_directory(dir) && !training::list_checkpoints(dir).empty();
   if (p.resumes) training::resume_point(dir, p.trainer.strict_resume);
   // A directory holding a run record, even one killed before its first checkpoint, is trained again only by
-  // its own kind, and only while the record reads: it is rewritten below, so a broken one is refused here.
-  if (training::RunDir::holds_run(dir)) {
-    const json old = read_record(dir);
-    DEW_CHECK(old.value("kind", "") == kind.name, "run ", dir, " is a ", old.value("kind", json("?")).dump(),
-              " run; this command trains ", kind.name, " (use another --run)");
-  }
+  // its own kind (checked below), and only while the record reads: train() rewrites it, so a broken one is
+  // refused here, before anything is built.
+  const bool has_record = training::RunDir::holds_run(dir);
+  json old;
+  if (has_record || p.resumes) old = read_record(dir);
 
   {
     // Parameter initialisation draws from the default generators: from the run's seed, not the process.
@@ -161,8 +160,10 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   p.record["derived"] = p.built.derived;
 
   // Resume: a directory with checkpoints continues only the run that wrote them.
+  if (has_record || p.resumes)
+    DEW_CHECK(old.value("kind", "") == kind.name, "run ", dir, " is a ", old.value("kind", json("?")).dump(),
+              " run; this command trains ", kind.name, " (use another --run)");
   if (p.resumes) {
-    const json old = read_record(dir);
     for (const auto& key : kind.identity) {
       const json was = old.value(key, json()), now = recipe.value(key, json());
       DEW_CHECK(was == now, "run ", dir, " was trained with ", key, " ", was.dump(), "; this command asks for ",
