@@ -221,7 +221,9 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
        "\"num_heads\":2}' --run " +
            D,
        "was trained with model"},
-      {"train lm --data.name tokens --data.dir " + t + "/tokens" + kTinyLm + " --run " + D, "is a \"diffusion\" run"},
+      {"train lm --data.name tokens --data.dir " + t + "/tokens" + kTinyLm +
+           " --objective.seq_len 16 --loader.batch_size 4 --run " + D,
+       "is a \"diffusion\" run"},
       {kDiffusion + " --trainer.steps 6 --strict-resume --run " + t + "/torn", "torn/checkpoints/step_4"},
       {kDiffusion + " --trainer.steps 6 --run " + t + "/damaged", "every checkpoint is damaged"},
       {kDiffusion + " --trainer.steps 6 --run " + t + "/broken", "broken/run.json"},
