@@ -40,20 +40,6 @@ const std::map<std::string, RunKind>& kinds_map() {
 // The top-level keys of a record that are not part of the recipe.
 const std::vector<std::string> kRecordOnly = {"kind", "format", "dew_version", "derived"};
 
-// Refuses, before anything is built, a module (`model`, `predictor`, `text_encoder`: any top-level
-// {architecture, fields} section) that would compute in float16 on the CPU: LibTorch has no float16 CPU
-// kernels for several training ops, so the run would only fail at its first step with LibTorch's message.
-void check_compute_dtypes(const json& recipe, const c10::Device& device) {
-  if (device.is_cuda()) return;
-  for (auto it = recipe.begin(); it != recipe.end(); ++it) {
-    if (!it->is_object() || !it->contains("fields") || !(*it)["fields"].is_object()) continue;
-    const json& fields = (*it)["fields"];
-    DEW_CHECK(fields.value("dtype", json()) != "float16", it.key(),
-              ".fields.dtype: float16 does not train on the CPU (device ", device.str(),
-              "); accepted on the CPU: float32, bfloat16 (float16 needs --device cuda)");
-  }
-}
-
 }  // namespace
 
 const RunKind& run_kind(const std::string& name) {
@@ -148,7 +134,6 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   if (p.dist_env.world_size > 1 && p.device.is_cuda() && p.options.device.find(':') == std::string::npos)
     p.device = parse_device("cuda:" + std::to_string(p.dist_env.local_rank), "device");
   training::check_autocast(p.trainer.autocast, p.device);  // before the model is built
-  check_compute_dtypes(recipe, p.device);
   const std::string dir = p.options.run;
   DEW_CHECK(!fs::exists(dir) || fs::is_directory(dir), "run: ", dir, " exists and is not a directory");
   // Before the model is built; only rank 0 takes the lock (the others never write the run).
@@ -158,12 +143,11 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   p.resumes = fs::is_directory(dir) && !training::list_checkpoints(dir).empty();
   if (p.resumes) training::resume_point(dir, p.trainer.strict_resume);
   // A directory holding a run record, even one killed before its first checkpoint, is trained again only by
-  // its own kind, and only while the record reads: it is rewritten below, so a broken one is refused here.
-  if (training::RunDir::holds_run(dir)) {
-    const json old = read_record(dir);
-    DEW_CHECK(old.value("kind", "") == kind.name, "run ", dir, " is a ", old.value("kind", json("?")).dump(),
-              " run; this command trains ", kind.name, " (use another --run)");
-  }
+  // its own kind (checked below), and only while the record reads: train() rewrites it, so a broken one is
+  // refused here, before anything is built.
+  const bool has_record = training::RunDir::holds_run(dir);
+  json old;
+  if (has_record || p.resumes) old = read_record(dir);
 
   {
     // Parameter initialisation draws from the default generators: from the run's seed, not the process.
@@ -177,8 +161,10 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   p.record["derived"] = p.built.derived;
 
   // Resume: a directory with checkpoints continues only the run that wrote them.
+  if (has_record || p.resumes)
+    DEW_CHECK(old.value("kind", "") == kind.name, "run ", dir, " is a ", old.value("kind", json("?")).dump(),
+              " run; this command trains ", kind.name, " (use another --run)");
   if (p.resumes) {
-    const json old = read_record(dir);
     for (const auto& key : kind.identity) {
       const json was = old.value(key, json()), now = recipe.value(key, json());
       DEW_CHECK(was == now, "run ", dir, " was trained with ", key, " ", was.dump(), "; this command asks for ",
