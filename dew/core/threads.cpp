@@ -71,30 +71,29 @@ std::string mkl_core() {
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::remove(path);
-  // "... 64 architecture Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors, Lnx ..."
-  // on Intel CPUs; "... 64 architecture Intel(R) Architecture processors, Lnx ..." on others (AMD).
+  // The banner names the kernel set after "64 architecture ", up to " processors," or ", Lnx":
+  //   "Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors, Lnx ..." (Intel, AVX2)
+  //   "Intel(R) Advanced Vector Extensions 512 (Intel(R) AVX-512) with support for INT8, BF16, FP16 (limited)
+  //    instructions, and Intel(R) Advanced Matrix Extensions (Intel(R) AMX) with INT8 and BF16, Lnx ..."
+  //   "Intel(R) Architecture processors, Lnx ..." (a CPU oneMKL has no tuned path for, e.g. AMD)
   const std::string from = "64 architecture ";
-  const auto arch = text.find(from), end = text.find(" processors,", arch == std::string::npos ? 0 : arch);
-  if (arch == std::string::npos || end == std::string::npos) return name;
-  std::string isa = text.substr(arch + from.size(), end - arch - from.size());
-  const std::string enabled = " enabled";
-  if (isa.size() > enabled.size() && isa.compare(isa.size() - enabled.size(), enabled.size(), enabled) == 0) {
-    isa.resize(isa.size() - enabled.size());
-  } else {
-    isa += " processors";
+  const auto arch = text.find(from);
+  if (arch == std::string::npos) return name;
+  const auto start = arch + from.size();
+  const auto end = std::min(text.find(" processors,", start), text.find(", Lnx", start));
+  if (end == std::string::npos) return name;
+  std::string isa = text.substr(start, end - start);
+  // The short names in "(Intel(R) X)", joined: "AVX2", "AVX-512 + AMX".
+  std::string shorts;
+  const std::string tag = "(Intel(R) ";
+  for (auto at = isa.find(tag); at != std::string::npos; at = isa.find(tag, at + 1)) {
+    const auto close = isa.find(')', at + tag.size());
+    if (close == std::string::npos) break;
+    shorts += (shorts.empty() ? "" : " + ") + isa.substr(at + tag.size(), close - at - tag.size());
   }
-  if (!isa.empty() && isa.back() == ')') {  // "... (Intel(R) AVX2)": the short name in the last parentheses
-    int depth = 0;
-    for (size_t i = isa.size(); i-- > 0;) {
-      depth += isa[i] == ')' ? 1 : isa[i] == '(' ? -1 : 0;
-      if (depth == 0) {
-        isa = isa.substr(i + 1, isa.size() - i - 2);
-        break;
-      }
-    }
-  }
+  if (!shorts.empty()) return name + " " + shorts;
   for (auto at = isa.find("Intel(R) "); at != std::string::npos; at = isa.find("Intel(R) ")) isa.erase(at, 9);
-  return name + " " + isa;  // "oneMKL 2024.2 AVX2", "oneMKL 2024.2 Architecture processors"
+  return name + " " + isa + " processors";  // "oneMKL 2024.2 Architecture processors"
 }
 
 std::string trimmed(const std::string& s) {
