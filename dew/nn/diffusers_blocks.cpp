@@ -235,15 +235,17 @@ Tensor Transformer2DImpl::forward(const Tensor& x, const Tensor& context, const 
 
 // ---- time projection ----
 
-Tensor timestep_embedding(const Tensor& t, int64_t dim, bool cosine_first, double shift) {
+Tensor timestep_embedding(const Tensor& t, int64_t dim, bool cosine_first, double shift, bool wide) {
   DEW_CHECK(t.dim() == 1, "timestep embedding: t must be [B], got ", t.sizes());
   DEW_CHECK(dim >= 2, "timestep embedding: dim must be >= 2, got ", dim);
   const int64_t half = dim / 2;
-  // float32 throughout, as diffusers' get_timestep_embedding (timesteps.float()) computes it
-  const auto f = at::TensorOptions().dtype(at::kFloat).device(t.device());
-  const Tensor exponent = at::arange(0, half, f) * static_cast<float>(-std::log(10000.0)) /
-                          static_cast<float>(static_cast<double>(half) - shift);
-  const Tensor args = t.to(at::kFloat).unsqueeze(1) * at::exp(exponent).unsqueeze(0);  // [B, half]
+  // float32 throughout, as diffusers' get_timestep_embedding (timesteps.float()) computes it; wide: float64
+  // throughout (float32 exp / sin / cos go through oneMKL kernels that differ in the last bit between CPUs, and a
+  // frequency's last bit times t up to 1000 moves the result by up to 6e-5)
+  const auto dt = wide ? at::kDouble : at::kFloat;
+  const Tensor exponent = at::arange(0, half, at::TensorOptions().dtype(dt).device(t.device())) * (-std::log(10000.0)) /
+                          (static_cast<double>(half) - shift);
+  const Tensor args = t.to(dt).unsqueeze(1) * at::exp(exponent).unsqueeze(0);  // [B, half]
   Tensor emb = cosine_first ? at::cat({at::cos(args), at::sin(args)}, 1) : at::cat({at::sin(args), at::cos(args)}, 1);
   if (dim % 2 == 1) emb = at::constant_pad_nd(emb, {0, 1});
   return emb;

@@ -23,6 +23,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "flux")
 sys.path.insert(0, HERE)
+from f64_truth import float64_sinusoids  # noqa: E402
 from st_io import write_st  # noqa: E402
 
 import diffusers  # noqa: E402
@@ -38,8 +39,9 @@ ABOUT = (
 FLOAT64_REL = 5e-8
 FLOAT64_WHY = (
     "diffusers' float64 Flux is not float64 throughout: FluxPosEmbed takes ids.float() and returns float32 tables, "
-    "apply_rotary_emb rotates q and k as x.float() (so they are rounded to float32 in every attention), and the "
-    "timestep / guidance sinusoid is float32. dew rounds at the same places; even rotating q and k in float64 "
+    "and apply_rotary_emb rotates q and k as x.float() (so they are rounded to float32 in every attention); dew "
+    "rounds at the same places. Its timestep / guidance sinusoid, float32 in diffusers, is float64 in the truth "
+    "(tests/golden/f64_truth.py) and in dew's float64 model; even rotating q and k in float64 "
     "instead moves these outputs by at most 1.3e-8 of their largest value (measured with diffusers patched)"
 )
 
@@ -143,8 +145,9 @@ def write_case(name, spec):
     out32 = run(model, inputs)
     shifted32 = run(model, shifted)
     model64 = copy.deepcopy(model).double()
-    out64 = run(model64, {k: v.double() for k, v in inputs.items()})
-    shifted64 = run(model64, {k: v.double() for k, v in shifted.items()})
+    with float64_sinusoids():
+        out64 = run(model64, {k: v.double() for k, v in inputs.items()})
+        shifted64 = run(model64, {k: v.double() for k, v in shifted.items()})
     rel = lambda a, b: ((a.double() - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt()).item()  # noqa: E731
     print(f"{name}: out rel rms f32 vs f64 {rel(out32, out64):.2e}, shifted {rel(shifted32, shifted64):.2e}")
 
@@ -167,7 +170,7 @@ def write_case(name, spec):
             "config": json.dumps(cfg),
             "seed": str(spec["seed"]),
             "perturbation": "every parameter p += 0.2 * randn (torch.Generator seeded with seed + 1)",
-            "f64": "float64 deep copy (.double()) on the float32 inputs widened",
+            "f64": "float64 deep copy (.double()) on the float32 inputs widened, its sinusoids in float64 (f64_truth.py)",
             "inputs": "hidden_states = FluxPipeline._pack_latents(randn [2, C, 6, 10]); encoder_hidden_states, "
             "pooled_projections randn; timestep [0.3, 0.85]; img_ids _prepare_latent_image_ids(3, 5); txt_ids "
             "zeros" + ("; guidance [3.5, 1.25]" if dev else ""),

@@ -26,6 +26,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_DIR = os.path.join(HERE, "qwen_image")
 sys.path.insert(0, HERE)
+from f64_truth import float64_sinusoids  # noqa: E402
 from st_io import write_st  # noqa: E402
 
 import diffusers  # noqa: E402
@@ -45,9 +46,10 @@ FLOAT64_REL = 1e-12
 FLOAT64_WHY = (
     "diffusers' float64 QwenImage21 is not float64 throughout: the RoPE tables are complex64 (torch.polar) and "
     "apply_rotary_emb_qwen rotates q and k as x.float() in the [B, S, H, D/2] x [S, 1, D/2] layout, the timestep "
-    "embedding is rounded to float32 (from float64 products t f_i, its frequencies being a buffer), and txt_in's "
-    "zero-centred RMSNorm computes in float32. dew rounds at the same places in the same layouts and agrees to "
-    "9e-16 of the largest value (measured before the build)"
+    "embedding (float32 frequencies, float64 products, rounded to float32) is float64 from start to end in the "
+    "truth (tests/golden/f64_truth.py) and in dew's float64 model, and txt_in's zero-centred RMSNorm computes in "
+    "float32. dew rounds at the same places in the same layouts and agrees to "
+    "6e-16 of the largest value (Golden/ReferenceParity, 2026-12-07)"
 )
 
 BASE = dict(
@@ -87,6 +89,13 @@ def shapes_list(t):
 
 
 def call(model, inputs, **kw):
+    if next(model.parameters()).dtype == torch.float64:
+        with float64_sinusoids():
+            return call32(model, inputs, **kw)
+    return call32(model, inputs, **kw)
+
+
+def call32(model, inputs, **kw):
     args = dict(inputs)
     args["img_shapes"] = shapes_list(args["img_shapes"])
     with torch.no_grad():
@@ -203,7 +212,7 @@ def write_case(name, spec):
             "config": json.dumps(cfg),
             "seed": str(spec["seed"]),
             "perturbation": "every parameter p += 0.2 * randn (torch.Generator seeded with seed + 1)",
-            "f64": "float64 deep copy (.double()) on the float32 inputs widened",
+            "f64": "float64 deep copy (.double()) on the float32 inputs widened, its sinusoid in float64 (f64_truth.py)",
             "inputs": f"B {B}, target latents {LAT_H} x {LAT_W} tokens, {L} text tokens right-padded to real "
             f"lengths {LENGTHS}; *_cond: a {COND_H} x {COND_W} condition image after text token {COND_AT}; "
             "timestep [0.3, 0.85]; cached_*: the cached step's latents and timestep [0.2, 0.6]",

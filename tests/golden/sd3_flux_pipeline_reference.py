@@ -21,7 +21,8 @@ pipeline_io.safetensors in each folder: the token ids of each tokenizer, the pro
 (float32 and float64), the initial latents (SD3: [1, 16, 8, 8]; Flux: packed [1, 16, 64]), the final latents
 (before the VAE) and the image (output_type "pt", [0, 1] NCHW) of the float32 and float64 pipelines. The float64
 pipeline: components deep-copied and .double(), under torch.set_default_dtype(float64), with the scheduler module
-loaded again from its source with float32 -> float64 (sd_reference.f64_scheduler_class).
+loaded again from its source with float32 -> float64 (sd_reference.f64_scheduler_class), and the transformer's
+timestep / guidance sinusoid in float64 (tests/golden/f64_truth.py).
 """
 import copy
 import json
@@ -35,6 +36,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import sd_reference as sdr  # noqa: E402  (asserts the pinned versions)
+from f64_truth import float64_sinusoids  # noqa: E402
 from st_io import write_st  # noqa: E402
 
 import diffusers  # noqa: E402
@@ -106,7 +108,7 @@ def pair(cls, components, folder, call, latents):
            for k, v in components.items()}
     sch32 = FlowMatchEulerDiscreteScheduler.from_config(cfg)
     l32, i32 = run(cls(**components), sch32, call, latents)
-    with sdr.default_dtype(torch.float64):
+    with sdr.default_dtype(torch.float64), float64_sinusoids():
         sch64 = s64_cls.from_config(cfg)
         l64, i64 = run(cls(**c64), sch64, call, latents.double())
     assert l64.dtype == torch.float64 and sch64.sigmas.dtype == torch.float64

@@ -223,9 +223,10 @@ FluxTimeTextEmbedImpl::FluxTimeTextEmbedImpl(int64_t dim, int64_t pooled_dim, bo
 
 Tensor FluxTimeTextEmbedImpl::forward(const Tensor& time, const Tensor& guidance, const Tensor& pooled) {
   const auto dt = pooled.scalar_type();
-  Tensor temb = timestep_embedder(timestep_embedding(time, 256, /*cosine_first=*/true, 0.0).to(dt));
+  Tensor temb = timestep_embedder(timestep_embedding(time, 256, /*cosine_first=*/true, 0.0, dt == at::kDouble).to(dt));
   if (!guidance_embedder.is_empty())
-    temb = temb + guidance_embedder(timestep_embedding(guidance, 256, /*cosine_first=*/true, 0.0).to(dt));
+    temb = temb +
+           guidance_embedder(timestep_embedding(guidance, 256, /*cosine_first=*/true, 0.0, dt == at::kDouble).to(dt));
   return temb + text_embedder(pooled);
 }
 

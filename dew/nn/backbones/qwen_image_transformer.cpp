@@ -60,17 +60,15 @@ Tensor qwen_select_rows(const Tensor& params, const Tensor& target) {
 }
 
 // QwenImage21TemporalTimesteps for t [B] float32 (already x 1000): [cos, sin] of t f_i, f_i = exp(-ln(10000) i /
-// 128) in float32, the embedding returned in float32. Its frequencies are a buffer, which a float64 model holds in
-// float64: there the products t f_i (up to 1000) are float64 before the embedding is rounded, which moves it by up
-// to 6e-5 against float32 products, so `wide` follows that.
+// 128), in float32 as diffusers computes it; `wide` (a float64 model): float64 from start to end, as float32 exp
+// differs between CPUs in its last bit (oneMKL's kernels), which t up to 1000 turns into up to 6e-5.
 Tensor qwen_time_sinusoid(const Tensor& t, bool wide) {
   const int64_t half = 128;
-  const auto f = at::TensorOptions().dtype(at::kFloat).device(t.device());
-  const Tensor freqs =
-      at::exp(at::arange(0, half, f) * static_cast<float>(-std::log(10000.0)) / static_cast<float>(half));
-  const Tensor args = wide ? t.to(at::kDouble).unsqueeze(1) * freqs.to(at::kDouble).unsqueeze(0)
-                           : t.to(at::kFloat).unsqueeze(1) * freqs.unsqueeze(0);
-  return at::cat({at::cos(args), at::sin(args)}, 1).to(at::kFloat);
+  const auto dt = wide ? at::kDouble : at::kFloat;
+  const Tensor freqs = at::exp(at::arange(0, half, at::TensorOptions().dtype(dt).device(t.device())) *
+                               (-std::log(10000.0)) / static_cast<double>(half));
+  const Tensor args = t.to(dt).unsqueeze(1) * freqs.unsqueeze(0);
+  return at::cat({at::cos(args), at::sin(args)}, 1);
 }
 
 Tensor qwen_clip_fp16(const Tensor& x) { return x.scalar_type() == at::kHalf ? x.clamp(-65504, 65504) : x; }

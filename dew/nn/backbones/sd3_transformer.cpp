@@ -291,9 +291,11 @@ Tensor SD3TransformerImpl::forward(const Tensor& x, const Tensor& time, const Co
             kSd3Arch, ": pooled must be [", B, ", ", o.pooled_projection_dim(), "], got ", cond.pooled.sizes());
   const int64_t L = cond.context.size(1);
 
-  // Time and pooled text: diffusers' float32 sinusoid, then the MLPs in the compute dtype.
+  // Time and pooled text: diffusers' float32 sinusoid (float64 in a float64 model), then the MLPs in the compute
+  // dtype.
   const Tensor t = time.to(x.device());
-  Tensor temb = timestep_embedder(timestep_embedding(t.dim() == 0 ? t.expand({B}) : t, 256, true, 0.0).to(dt)) +
+  Tensor temb = timestep_embedder(
+                    timestep_embedding(t.dim() == 0 ? t.expand({B}) : t, 256, true, 0.0, dt == at::kDouble).to(dt)) +
                 text_embedder(cond.pooled.to(x.device()).to(dt));
   if (o.num_classes() > 0) {
     Tensor labels = cond.labels.defined() ? cond.labels : at::full({B}, o.num_classes(), x.options().dtype(at::kLong));
