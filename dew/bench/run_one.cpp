@@ -148,52 +148,21 @@ json run_one_diffusion(const BenchCase& c, const OneOptions& o) {
 // loader's next batch, the DiffusionObjective's loss, clip, schedule, AdamW, EMA): samples_per_s = items / seconds
 // of the timed steps, ms_per_step their mean (the same throughput), phases and data_ms medians (data_ms: waiting
 // for the loader).
-json run_one_train(const BenchCase& c, const OneOptions& o) {
-  TempDir dir("bench_train");
-  auto run = prepare_default_train(dir.path.string(), o.threads, batch_of(c, o.sizes), o.device);
-  training::Trainer trainer(run.built.objective, run.built.loader, run.optim, run.trainer, dir.path.string(),
-                            uint64_t(run.options.seed));
-  LoopOptions loop = loop_of(c, o);
-  loop.rest = true;
-  std::optional<training::StepOutcome> out;
-  double loss = 0;
-  int64_t samples = 0;
-  const Timings t = timed_loop(
-      loop, [&](int64_t, StepClock&) { out.emplace(trainer.train_step()); },
-      [&](int64_t i, StepClock& clock) {
-        DEW_CHECK(out->finite, "bench train: non-finite loss at step ", i);
-        loss = out->loss;
-        if (i >= loop.warmup) samples += out->samples;
-        clock.phase(out->data_s);  // phases: data, forward, backward, then the rest
-        clock.phase(out->loss_s);
-        clock.phase(out->backward_s);
-        out.reset();
-      });
-  double seconds = 0;
-  for (double s : t.total) seconds += s;
-  int64_t nparams = 0;
-  for (const auto& p : trainer.parameters()) nparams += p.second.numel();
-  json j = step_result(t.total, t.phase(1), t.phase(2), t.phase(3), run.built.loader->options().batch_size, nparams,
-                       loss, t.peak_rss_mb);
-  j["ms_per_step"] = seconds / double(loop.steps) * 1e3;
-  j["samples_per_s"] = double(samples) / seconds;
-  j["data_ms"] = median(t.phase(0)) * 1e3;
-  return j;
-}
-
-// One rank of the ddp case (or the whole run when WORLD_SIZE is unset): the train case's run, with this process
-// in the data-parallel group `dew launch` (or torchrun) set up in its environment, as runs::train joins it: the
-// process group over the TCPStore rendezvous, rank 0's weights broadcast, then Trainer::train_step, whose gradient
+//
+// data_parallel (the ddp case): one rank, or the whole run when WORLD_SIZE is unset, with this process in the
+// data-parallel group `dew launch` (or torchrun) set up in its environment, as runs::train joins it: the process
+// group over the TCPStore rendezvous, rank 0's weights broadcast, then Trainer::train_step, whose gradient
 // all-reduce (StepOutcome::allreduce_s) is timed apart. Every rank times its own steps; the result averages the
 // ranks' seconds (they step together), counts the global batch's items, and is returned by rank 0 alone (the
 // others return null and print nothing). allreduce_ms: the gradient all-reduce per step (mean), allreduce_share its
 // share of the step's time; with one rank both 0.
-json run_one_ddp(const BenchCase& c, const OneOptions& o) {
-  set_child_threads(o.threads);
-  TempDir dir("bench_ddp");
+json run_default_train(const BenchCase& c, const OneOptions& o, bool data_parallel) {
+  const std::string what = data_parallel ? "ddp" : "train";
+  if (data_parallel) set_child_threads(o.threads);
+  TempDir dir("bench_" + what);
   auto run = prepare_default_train(dir.path.string(), o.threads, batch_of(c, o.sizes), o.device);
   std::shared_ptr<training::Distributed> dist;
-  if (run.dist_env.world_size > 1) {
+  if (data_parallel && run.dist_env.world_size > 1) {
     training::check_global_batch(run.built.loader->options().batch_size, run.dist_env.world_size);
     dist = std::make_shared<training::Distributed>(run.dist_env, run.dist, run.device);
   }
@@ -209,13 +178,13 @@ json run_one_ddp(const BenchCase& c, const OneOptions& o) {
   const Timings t = timed_loop(
       loop, [&](int64_t, StepClock&) { out.emplace(trainer.train_step()); },
       [&](int64_t i, StepClock& clock) {
-        DEW_CHECK(out->finite, "bench ddp: non-finite loss at step ", i);
+        DEW_CHECK(out->finite, "bench ", what, ": non-finite loss at step ", i);
         loss = out->loss;
         if (i >= loop.warmup) {
           samples += out->samples;  // the global batch's items
           allreduce += out->allreduce_s;
         }
-        clock.phase(out->data_s);
+        clock.phase(out->data_s);  // phases: data, forward, backward, then the rest
         clock.phase(out->loss_s);
         clock.phase(out->backward_s);
         out.reset();
@@ -236,6 +205,7 @@ json run_one_ddp(const BenchCase& c, const OneOptions& o) {
   j["ms_per_step"] = seconds / double(loop.steps) * 1e3;
   j["samples_per_s"] = double(samples) / seconds;
   j["data_ms"] = median(t.phase(0)) * 1e3;
+  if (!data_parallel) return j;
   j["ranks"] = int64_t(world);
   j["allreduce_ms"] = allreduce / double(loop.steps) * 1e3;
   j["allreduce_share"] = allreduce / seconds;
@@ -720,8 +690,8 @@ json run_one(const BenchCase& c, const OneOptions& o) {
     case CaseKind::sd_vae: return run_one_sd_vae(c, o);
     case CaseKind::sd3:
     case CaseKind::flux: return run_one_flow_transformer(c, o);
-    case CaseKind::train: return run_one_train(c, o);
-    case CaseKind::ddp: return run_one_ddp(c, o);
+    case CaseKind::train: return run_default_train(c, o, /*data_parallel=*/false);
+    case CaseKind::ddp: return run_default_train(c, o, /*data_parallel=*/true);
     case CaseKind::sample: return run_one_sample(c, o);
     case CaseKind::fid: return run_one_fid(c, o);
     case CaseKind::diffusion: return run_one_diffusion(c, o);
