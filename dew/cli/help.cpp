@@ -54,9 +54,10 @@ const char* sample_usage() {
          "  --weights-dtype float32|bfloat16|float16   matrix weights held in that dtype, matmuls and\n"
          "                       convolutions computed in it (float32 accumulation), the rest in float32\n"
          "  --scheduler CLASS    another diffusers scheduler class on the folder's config (SD / SDXL)\n"
-         "  --lora FILE[:SCALE]  a UNet LoRA file (diffusers' pytorch_lora_weights.safetensors or kohya's\n"
-         "                       lora_unet_* layout) merged at load with its scale times SCALE (default 1);\n"
-         "                       repeat it to apply several (SD / SDXL)\n"
+         "  --lora FILE[:SCALE]  a LoRA file of the UNet or transformer merged at load with its scale times\n"
+         "                       SCALE (default 1); repeat it to apply several. SD / SDXL: diffusers'\n"
+         "                       pytorch_lora_weights.safetensors or kohya's lora_unet_* layout; SD3 / Flux:\n"
+         "                       diffusers' (transformer.* keys, what save_lora_weights writes)\n"
          "  --latents F          start from the tensor \"latents\" of a safetensors file; --threads N\n";
 }
 

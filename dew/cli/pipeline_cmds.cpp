@@ -102,9 +102,10 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
     set_threads(f.get_int("threads", 0), workload_of("sd3_transformer"));
     DEW_CHECK(!f.has("scheduler"), "--scheduler: SD3 and Flux folders run their FlowMatchEulerDiscreteScheduler");
     DEW_CHECK(r.eta == 0.0, "--eta: only DDIMScheduler takes eta");
-    DEW_CHECK(loras.empty(), "--lora: ", dir,
-              " is an SD3 / Flux folder; LoRA files apply to the UNet pipelines (SD, SDXL) for now");
     auto pipe = interop::FlowPipeline::load(dir);
+    for (const auto& [path, scale] : loras)
+      std::cout << "LoRA " << path << " (scale " << scale << "): " << pipe.add_lora(path, scale)
+                << " transformer layers adapted\n";
     hold_weights(pipe);
     if (!f.has("steps")) r.steps = 28;
     // FLUX.1 schnell has no guidance embedding: guidance 0 (unused), as its model card runs it

@@ -76,6 +76,15 @@ nn::ClipText load_clip_component(const fs::path& folder, const fs::path& tokeniz
   return encoder;
 }
 
+int64_t merge_lora_file(torch::nn::Module& model, at::ScalarType weights_dtype, const std::string& path, double scale,
+                        const std::string& component, const std::string& kohya_prefix) {
+  DEW_CHECK(weights_dtype == at::kFloat, "LoRA: ", path, " must be applied before the weights are held in ",
+            c10::toString(weights_dtype));
+  const auto report = nn::load_lora_file(model, path, scale, component, kohya_prefix);
+  nn::fold_lora(model);
+  return int64_t(report.targets.size());
+}
+
 }  // namespace detail
 
 using detail::expect_component;
@@ -216,11 +225,7 @@ int64_t TextToImagePipeline::hold_weights_in(at::ScalarType dtype) {
 }
 
 int64_t TextToImagePipeline::add_lora(const std::string& path, double scale) {
-  DEW_CHECK(weights_dtype_ == at::kFloat, "LoRA: ", path, " must be applied before the weights are held in ",
-            c10::toString(weights_dtype_));
-  const auto report = nn::load_lora_file(*unet_.module, path, scale, "unet", "lora_unet");
-  nn::fold_lora(*unet_.module);
-  return int64_t(report.targets.size());
+  return detail::merge_lora_file(*unet_.module, weights_dtype_, path, scale, "unet", "lora_unet");
 }
 
 PipelineResult TextToImagePipeline::run(const PipelineRequest& r, const PromptEmbeddings& e) {

@@ -15,6 +15,7 @@
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
 #include "dew/io/files.h"
+#include "dew/io/safetensors.h"
 #include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/flux_transformer.h"
@@ -244,6 +245,16 @@ PromptEmbeddings FlowPipeline::encode(const PipelineRequest& r, int64_t max_sequ
     e.negative = both(r.negative_prompt, r.negative_prompt_2.value_or(r.negative_prompt), e.pooled_negative);
   }
   return e;
+}
+
+int64_t FlowPipeline::add_lora(const std::string& path, double scale) {
+  // kohya / sd-scripts files for SD3 and Flux name the original checkpoints' modules (joint_blocks,
+  // double_blocks with fused qkv), not diffusers' that dew's transformers carry.
+  for (const auto& key : io::SafetensorsFile::open(path).names())
+    DEW_CHECK(key.rfind("lora_unet_", 0) != 0, "LoRA: ", path, " is in kohya's layout (", key,
+              "), which names the original SD3 / FLUX modules; SD3 and Flux folders take diffusers' layout "
+              "(transformer.* keys, what save_lora_weights writes)");
+  return detail::merge_lora_file(*transformer_.module, weights_dtype_, path, scale, "transformer", "lora_transformer");
 }
 
 int64_t FlowPipeline::hold_weights_in(at::ScalarType dtype) {

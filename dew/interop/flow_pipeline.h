@@ -66,6 +66,11 @@ class FlowPipeline {
   /// `--weights-dtype`: every component's matrix weights held in `dtype` (nn::hold_weights_in); encode and
   /// run then compute under nn::InferenceAutocast(dtype). Returns the bytes the components' parameters hold.
   int64_t hold_weights_in(at::ScalarType dtype);
+  /// `dew sample --pipeline DIR --lora FILE[:SCALE]`: a LoRA file of the transformer in diffusers'
+  /// pytorch_lora_weights.safetensors layout ("transformer." keys, what SD3's and Flux's save_lora_weights write,
+  /// module names as diffusers'), merged into its weights with each adapter's scale times `scale`; before
+  /// hold_weights_in. Returns the number of layers adapted.
+  int64_t add_lora(const std::string& path, double scale);
   PipelineResult run(const PipelineRequest& request, int64_t max_sequence_length);
   /// The same with given embeddings (the golden tests feed the reference's own).
   PipelineResult run(const PipelineRequest& request, const PromptEmbeddings& embeddings);

@@ -1,9 +1,12 @@
 // Reading a diffusers pipeline folder's pieces, shared by the UNet pipelines (diffusers_pipeline.cpp) and the
-// flow pipelines (flow_pipeline.cpp): model_index.json's components and a CLIP text tower with its tokenizer.
+// flow pipelines (flow_pipeline.cpp): model_index.json's components, a CLIP text tower with its tokenizer, and
+// LoRA files merged into the denoiser.
 #pragma once
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include <torch/nn/module.h>
 
 #include "dew/core/options.h"
 #include "dew/nn/clip_text.h"
@@ -25,5 +28,12 @@ std::string expect_component(const json& index, const std::string& name, const s
 /// CLIPTextModelWithProjection.
 nn::ClipText load_clip_component(const std::filesystem::path& folder, const std::filesystem::path& tokenizer,
                                  bool projection);
+/// `dew sample --pipeline DIR --lora FILE[:SCALE]`: a LoRA file of the denoiser `model` (`component`: "unet" or
+/// "transformer"), in diffusers' pytorch_lora_weights.safetensors layout ("<component>." keys) or kohya's
+/// ("<kohya_prefix>_" keys; nn::load_lora_file), merged into its weights with each adapter's scale times `scale`
+/// (nn::fold_lora), so several files add up. Refused once the weights are held in another dtype than float32.
+/// Returns the number of layers adapted.
+int64_t merge_lora_file(torch::nn::Module& model, at::ScalarType weights_dtype, const std::string& path, double scale,
+                        const std::string& component, const std::string& kohya_prefix);
 
 }  // namespace dew::interop::detail

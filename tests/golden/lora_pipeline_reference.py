@@ -52,6 +52,19 @@ def run(pipe, latents):
                     guidance_scale=GUIDANCE, eta=0.0, output_type="pt").images
 
 
+def add_random_adapters(model, config, seed):
+    """A peft LoraConfig added to a diffusers model (add_adapter), every lora_A / lora_B set to 0.1 randn under
+    torch.manual_seed(seed): the adapters as a user trains them with peft through diffusers. Returns the
+    adapter's LoraConfig as a dict (what save_lora_weights stores in the file's metadata)."""
+    model.add_adapter(LoraConfig(**config))
+    torch.manual_seed(seed)
+    named = [(n, p) for n, p in model.named_parameters() if "lora_" in n]
+    assert named, "no adapter parameters"
+    for _, p in named:
+        p.copy_(0.1 * torch.randn(p.shape))
+    return model.peft_config["default"].to_dict()
+
+
 def main():
     torch.set_grad_enabled(False)
     if os.path.isdir(OUT):
@@ -63,13 +76,7 @@ def main():
 
     # The adapters, as a user trains them with peft through diffusers, then saves them.
     pipe = load()
-    pipe.unet.add_adapter(LoraConfig(**CONFIG))
-    torch.manual_seed(43)
-    named = [(n, p) for n, p in pipe.unet.named_parameters() if "lora_" in n]
-    assert named, "no adapter parameters"
-    for _, p in named:
-        p.copy_(0.1 * torch.randn(p.shape))
-    metadata = pipe.unet.peft_config["default"].to_dict()
+    metadata = add_random_adapters(pipe.unet, CONFIG, 43)
     StableDiffusionPipeline.save_lora_weights(OUT, unet_lora_layers=get_peft_model_state_dict(pipe.unet),
                                               unet_lora_adapter_metadata=metadata)
     lora_file = os.path.join(OUT, "pytorch_lora_weights.safetensors")

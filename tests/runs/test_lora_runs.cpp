@@ -366,4 +366,48 @@ TEST(LoraPipelineCli, MatchesDiffusersLoadLoraWeights) {
   }
 }
 
+// The same for SD3 and Flux (schnell) folders (tests/golden/lora_flow_pipeline_reference.py): diffusers'
+// load_lora_weights + set_adapters(0.5) on the transformer, against `dew sample --pipeline --lora FILE:0.5`; a kohya
+// file (lora_unet_ keys, the original modules' names) is refused in one line.
+TEST(LoraPipelineCli, SD3AndFluxMatchDiffusersLoadLoraWeights) {
+  dew::test::TempDir tmp("lora_flow_golden");
+  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/";
+  struct Case {
+    std::string lora, folder, flags;
+  };
+  for (const Case& c : {Case{"sd3_lora", "sd3/pipeline", " --negative-prompt 'blurry, low quality' --guidance 5"},
+                        Case{"flux_lora", "flux/pipeline_schnell", ""}}) {
+    const std::string dir = golden + "lora/" + c.lora;
+    const auto io = dew::io::load_safetensors(dir + "/io.safetensors");
+    const std::string cmd = "sample --pipeline " + golden + c.folder + " --prompt 'a photo of a cat on the moon'" +
+                            c.flags + " --steps 4 --size 16x16 --max-sequence-length 16 --latents " + dir +
+                            "/io.safetensors --out " + tmp.file("x.png");
+    for (const std::string which : {"base", "lora"}) {
+      SCOPED_TRACE(c.lora + " " + which);
+      const auto r = run_dew(cmd + (which == "lora" ? " --lora " + dir + "/pytorch_lora_weights.safetensors:0.5" : ""));
+      ASSERT_EQ(r.code, 0) << r.output;
+      if (which == "lora") {
+        EXPECT_NE(r.output.find("transformer layers adapted"), std::string::npos) << r.output;
+      }
+      const at::Tensor ours = dew::io::load_image(tmp.file("x.png"), 3).to(at::kInt);  // [3, 16, 16]
+      const at::Tensor ref = (io.at("image_" + which)[0] * 255).round().clamp(0, 255).to(at::kInt);
+      const int64_t off = (ours - ref).abs().gt(1).sum().item<int64_t>();
+      const double same = (ours == ref).to(at::kDouble).mean().item<double>();
+      std::printf("  %s %s: %.4f of the bytes equal diffusers' image, %lld off by more than one\n", c.lora.c_str(),
+                  which.c_str(), same, static_cast<long long>(off));
+      EXPECT_EQ(off, 0);
+      EXPECT_GE(same, 0.98);
+    }
+  }
+  // A kohya-layout file: refused before anything runs, naming the layout.
+  dew::io::save_safetensors(tmp.file("kohya.safetensors"),
+                            {{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", at::zeros({2, 16})}});
+  const auto r = run_dew("sample --pipeline " + golden + "flux/pipeline_schnell --prompt cat --steps 1 --lora " +
+                         tmp.file("kohya.safetensors") + " --out " + tmp.file("bad.png"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
+  EXPECT_NE(r.output.find("kohya's layout"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(tmp.path / "bad.png"));
+}
+
 }  // namespace lora_runs_test
