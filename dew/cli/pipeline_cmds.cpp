@@ -42,9 +42,26 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
     DEW_CHECK(fs::is_regular_file(path), "--lora: ", path, " is not a file (a diffusers or kohya LoRA .safetensors)");
     loras.emplace_back(path, scale);
   }
-  auto f = parse_flags(args, {"pipeline", "prompt", "negative-prompt", "prompt-2", "negative-prompt-2", "steps",
-                              "guidance", "seed", "size", "count", "scheduler", "eta", "latents", "threads", "out",
-                              "nrow", "max-sequence-length", "weights-dtype"});
+  auto f = parse_flags(args, {"pipeline",
+                              "prompt",
+                              "negative-prompt",
+                              "prompt-2",
+                              "negative-prompt-2",
+                              "prompt-3",
+                              "negative-prompt-3",
+                              "steps",
+                              "guidance",
+                              "seed",
+                              "size",
+                              "count",
+                              "scheduler",
+                              "eta",
+                              "latents",
+                              "threads",
+                              "out",
+                              "nrow",
+                              "max-sequence-length",
+                              "weights-dtype"});
   DEW_CHECK(f.positional.empty(), "sample --pipeline: unexpected argument \"",
             f.positional.empty() ? "" : f.positional[0], "\" (the folder goes after --pipeline)");
   DEW_CHECK(f.has("prompt"), "sample --pipeline: --prompt TEXT is required");
@@ -63,6 +80,8 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
   r.negative_prompt = f.get("negative-prompt", "");
   if (f.has("prompt-2")) r.prompt_2 = f.get("prompt-2", "");
   if (f.has("negative-prompt-2")) r.negative_prompt_2 = f.get("negative-prompt-2", "");
+  if (f.has("prompt-3")) r.prompt_3 = f.get("prompt-3", "");
+  if (f.has("negative-prompt-3")) r.negative_prompt_3 = f.get("negative-prompt-3", "");
   r.steps = f.get_int("steps", 30);
   r.seed = uint64_t(f.get_int("seed", 0));
   r.count = f.get_int("count", 1);
@@ -122,6 +141,9 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
     return 0;
   }
   DEW_CHECK(!f.has("max-sequence-length"), "--max-sequence-length: only SD3 and Flux folders take it (T5)");
+  for (const char* flag : {"prompt-3", "negative-prompt-3"})
+    DEW_CHECK(!f.has(flag), "--", flag, ": only SD3 folders take it (their T5 encoder); ", dir, " is a ",
+              "UNet pipeline (SD, SDXL)");
   set_threads(f.get_int("threads", 0), workload_of("unet_2d_condition"));
   auto pipe = interop::TextToImagePipeline::load(dir);
   for (const auto& [path, scale] : loras)

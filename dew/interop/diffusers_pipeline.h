@@ -28,8 +28,10 @@ namespace dew::interop {
 struct PipelineRequest {
   std::string prompt;
   std::string negative_prompt;          // "" = the empty prompt (SDXL: zeros, force_zeros_for_empty_prompt)
-  std::optional<std::string> prompt_2;  // SDXL's second encoder (default: prompt)
+  std::optional<std::string> prompt_2;  // SDXL's and SD3's second CLIP encoder, Flux's T5 (default: prompt)
   std::optional<std::string> negative_prompt_2;
+  std::optional<std::string> prompt_3;  // SD3's T5 encoder (default: prompt)
+  std::optional<std::string> negative_prompt_3;
   int64_t steps = 30;
   double guidance = 7.5;  // <= 1: no classifier-free guidance (one pass per step)
   double eta = 0.0;       // DDIM only

@@ -195,6 +195,9 @@ void FlowPipeline::check(const PipelineRequest& r) const {
   DEW_CHECK(r.steps >= 1, "--steps: must be >= 1, got ", r.steps);
   DEW_CHECK(r.count >= 1, "--count: must be >= 1, got ", r.count);
   DEW_CHECK(std::isfinite(r.guidance), "--guidance: must be finite, got ", r.guidance);
+  DEW_CHECK(!flux() || (!r.prompt_3 && !r.negative_prompt_3),
+            "--prompt-3 / --negative-prompt-3: FluxPipeline has two encoders (CLIP: --prompt, T5: --prompt-2)");
+  DEW_CHECK(!flux() || !r.negative_prompt_2, "--negative-prompt-2: FluxPipeline uses no negative prompt");
   const auto [h, w] = size_of(r);
   const int64_t m = vae_scale_factor_ * patch_;
   DEW_CHECK(r.height >= 0 && r.width >= 0 && h > 0 && w > 0 && h % m == 0 && w % m == 0, "--size: ", h, "x", w,
@@ -230,19 +233,20 @@ PromptEmbeddings FlowPipeline::encode(const PipelineRequest& r, int64_t max_sequ
     return e;
   }
   // SD3's encode_prompt: penultimate CLIP states side by side, padded to T5's width, then T5's states.
-  auto both = [&](const std::string& text, const std::string& text_2, Tensor& pooled) {
-    const std::vector<std::string> t1(B, text), t2(B, text_2);
+  auto both = [&](const std::string& text, const std::string& text_2, const std::string& text_3, Tensor& pooled) {
+    const std::vector<std::string> t1(B, text), t2(B, text_2), t3(B, text_3);
     const auto a = clip_->forward_outputs(tokenize(t1, 0, 0), {});
     const auto b = clip_2_->forward_outputs(tokenize(t2, 1, 0), {});
     pooled = at::cat({a.text_embeds, b.text_embeds}, -1);
     Tensor clip = at::cat({a.penultimate_hidden_state, b.penultimate_hidden_state}, -1);
     clip = at::constant_pad_nd(clip, {0, context_features_ - clip.size(-1)});
-    // prompt_3 is the prompt, as diffusers uses it when none is given
-    return at::cat({clip, t5_states(t1).to(clip.scalar_type())}, 1);
+    return at::cat({clip, t5_states(t3).to(clip.scalar_type())}, 1);
   };
-  e.positive = both(r.prompt, r.prompt_2.value_or(r.prompt), e.pooled_positive);
+  // prompt_2 and prompt_3 are the prompt where none is given, as diffusers has them
+  e.positive = both(r.prompt, r.prompt_2.value_or(r.prompt), r.prompt_3.value_or(r.prompt), e.pooled_positive);
   if (r.guidance > 1.0) {
-    e.negative = both(r.negative_prompt, r.negative_prompt_2.value_or(r.negative_prompt), e.pooled_negative);
+    e.negative = both(r.negative_prompt, r.negative_prompt_2.value_or(r.negative_prompt),
+                      r.negative_prompt_3.value_or(r.negative_prompt), e.pooled_negative);
   }
   return e;
 }

@@ -47,13 +47,14 @@ TEST(PipelineCli, WritesDiffusersImageForTheSameLatents) {
 TEST(PipelineCli, BadInputExitsTwoWithOneLine) {
   dew::test::TempDir dir("pipeline_cli_bad");
   const std::string out = " --out " + dir.file("x.png");
-  for (const std::string& args : {"sample --pipeline " + dir.file("nowhere") + " --prompt cat" + out,
-                                  "sample --pipeline " + kPipe + " --prompt cat --size 15x16" + out,
-                                  "sample --pipeline " + kPipe + " --prompt cat --scheduler NoSuchScheduler" + out,
-                                  "sample --pipeline " + kPipe + " --prompt cat --steps 0" + out,
-                                  "sample --pipeline " + kPipe + " --prompt cat --out " + dir.file("x.jpg"),
-                                  "sample --pipeline " + kPipe + " --prompt cat --weights-dtype int8" + out,
-                                  "sample --pipeline " + kPipe + out}) {
+  for (const std::string& args :
+       {"sample --pipeline " + dir.file("nowhere") + " --prompt cat" + out,
+        "sample --pipeline " + kPipe + " --prompt cat --size 15x16" + out,
+        "sample --pipeline " + kPipe + " --prompt cat --scheduler NoSuchScheduler" + out,
+        "sample --pipeline " + kPipe + " --prompt cat --steps 0" + out,
+        "sample --pipeline " + kPipe + " --prompt cat --out " + dir.file("x.jpg"),
+        "sample --pipeline " + kPipe + " --prompt cat --weights-dtype int8" + out,
+        "sample --pipeline " + kPipe + " --prompt cat --prompt-3 dog" + out, "sample --pipeline " + kPipe + out}) {
     SCOPED_TRACE(args);
     const auto r = run_dew(args);
     EXPECT_EQ(r.code, 2) << r.output;
@@ -94,6 +95,8 @@ TEST(PipelineCli, SD3AndFluxWriteDiffusersImageForTheSameLatents) {
   for (const std::string& args : {"sample --pipeline " + schnell + " --prompt cat --guidance 3.5",
                                   "sample --pipeline " + schnell + " --prompt cat --size 18x16",
                                   "sample --pipeline " + schnell + " --prompt cat --negative-prompt x",
+                                  "sample --pipeline " + schnell + " --prompt cat --prompt-3 x",
+                                  "sample --pipeline " + schnell + " --prompt cat --negative-prompt-2 x",
                                   "sample --pipeline " + schnell + " --prompt cat --scheduler DDIMScheduler"}) {
     SCOPED_TRACE(args);
     const auto r = run_dew(args + " --out " + dir.file("x.png"));

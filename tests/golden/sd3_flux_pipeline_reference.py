@@ -51,6 +51,8 @@ STEPS = 4
 SD3_GUIDANCE = 5.0
 FLUX_DEV_GUIDANCE = 3.5
 MAX_SEQ = 16  # max_sequence_length (T5 tokens)
+PROMPT_3 = "a cat, on the moon, photographed"  # SD3's prompt_3 (T5) beside sd_reference's PROMPT_2 (CLIP-G)
+NEGATIVE_PROMPT_3 = "blurry"
 LATENT_HW = 8  # latents 8 x 8 -> 16 x 16 images (the VAE's factor 2)
 T5_SPM = os.path.join(HERE, "text_encoders", "t5_tokenizer")
 VAE_DIR = os.path.join(HERE, "sd", "vae_sd3")
@@ -178,6 +180,13 @@ def sd3_pipeline():
                            dict(prompt=PROMPT, prompt_2=None, prompt_3=None, device="cpu", num_images_per_prompt=1,
                                 do_classifier_free_guidance=True, negative_prompt=NEGATIVE_PROMPT,
                                 max_sequence_length=MAX_SEQ))
+    # prompt_2 / prompt_3 (and their negatives) given apart: CLIP-G reads the second, T5 the third
+    tensors += [("{}_23_{}".format(*n.rsplit("_", 1)), t)
+                for n, t in encode_pair(StableDiffusion3Pipeline, components, names,
+                                        dict(prompt=PROMPT, prompt_2=sdr.PROMPT_2, prompt_3=PROMPT_3, device="cpu",
+                                             num_images_per_prompt=1, do_classifier_free_guidance=True,
+                                             negative_prompt=NEGATIVE_PROMPT, negative_prompt_2=sdr.NEGATIVE_PROMPT_2,
+                                             negative_prompt_3=NEGATIVE_PROMPT_3, max_sequence_length=MAX_SEQ))]
     call = dict(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT, height=hw, width=hw, guidance_scale=SD3_GUIDANCE,
                 max_sequence_length=MAX_SEQ)
     out, n_rep = pair(StableDiffusion3Pipeline, components, folder, call, latents)

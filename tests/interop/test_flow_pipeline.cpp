@@ -64,6 +64,21 @@ TEST(FlowPipeline, SD3TokensAndPromptEmbeddingsMatchDiffusers) {
   expect_golden("sd3 pooled", e.pooled_positive, io.at("pooled_prompt_embeds_f32"), io.at("pooled_prompt_embeds_f64"));
   expect_golden("sd3 negative pooled", e.pooled_negative, io.at("negative_pooled_prompt_embeds_f32"),
                 io.at("negative_pooled_prompt_embeds_f64"));
+  // prompt_2 (CLIP-G) and prompt_3 (T5) given apart, with their negatives
+  auto r23 = r;
+  r23.prompt_2 = "the moon, a photo";
+  r23.prompt_3 = "a cat, on the moon, photographed";
+  r23.negative_prompt_2 = "low quality";
+  r23.negative_prompt_3 = "blurry";
+  const auto e23 = pipe.encode(r23, kMaxSeq);
+  expect_golden("sd3 prompt_embeds (2, 3)", e23.positive, io.at("prompt_embeds_23_f32"), io.at("prompt_embeds_23_f64"));
+  expect_golden("sd3 negative_prompt_embeds (2, 3)", e23.negative, io.at("negative_prompt_embeds_23_f32"),
+                io.at("negative_prompt_embeds_23_f64"));
+  expect_golden("sd3 pooled (2, 3)", e23.pooled_positive, io.at("pooled_prompt_embeds_23_f32"),
+                io.at("pooled_prompt_embeds_23_f64"));
+  expect_golden("sd3 negative pooled (2, 3)", e23.pooled_negative, io.at("negative_pooled_prompt_embeds_23_f32"),
+                io.at("negative_pooled_prompt_embeds_23_f64"));
+  EXPECT_FALSE(e23.positive.equal(e.positive));
 }
 
 TEST(FlowPipeline, SD3MatchesDiffusers) {
