@@ -635,7 +635,7 @@ class ReportWriter {
       return "";
     out << "## dew bench: summary\n\n"
         << "Each case's fastest time per side: C++ (dew), Python eager and Python under torch.compile "
-        << "(inductor, default mode; the training-step cases only, in the eager peer's fastest thread "
+        << "(inductor, default mode; the training-step cases and fid only, in the eager peer's fastest thread "
         << "configuration; its compile time, the first step's time beyond a steady step, apart). Both sides load "
         << "the same libtorch. vs eager = Python eager time / C++ time, vs compiled = Python compiled time / C++ "
         << "time: above 1, dew is faster. The sections below hold every configuration and round.\n\n"

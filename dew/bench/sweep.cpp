@@ -22,10 +22,10 @@ void print_progress(std::ostream& log, int64_t round, int64_t rounds, const std:
   log << "\n";
 }
 
-// The training-step cases, whose peers also run under torch.compile.
+// The cases whose peers also run under torch.compile: the training steps and the FID feature pass.
 bool compiles(const BenchCase& c) {
   return c.kind != CaseKind::sd_vae && c.kind != CaseKind::sample && c.kind != CaseKind::grpo_rollout &&
-         c.kind != CaseKind::fid && c.kind != CaseKind::ddp;
+         c.kind != CaseKind::ddp;
 }
 
 // A ddp configuration of several ranks on a fresh loopback port: the C++ child under `dew launch` (argv = the

@@ -18,6 +18,8 @@
 namespace dew::metrics {
 
 /// Conv (no bias) -> BatchNorm (eps 0.001) -> ReLU: torchvision's BasicConv2d (`NAME.conv`, `NAME.bn`).
+/// In eval mode without gradients the BatchNorm is folded into the convolution (W gamma / sqrt(var + eps), bias
+/// beta - mean gamma / sqrt(var + eps)), computed once and kept until a parameter or statistic changes.
 class InceptionConvImpl : public torch::nn::Module {
  public:
   InceptionConvImpl(int64_t in, int64_t out, int64_t kh, int64_t kw, int64_t stride = 1, int64_t ph = 0,
@@ -27,6 +29,8 @@ class InceptionConvImpl : public torch::nn::Module {
  private:
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
+  at::Tensor folded_weight_, folded_bias_;
+  std::vector<int64_t> folded_from_;  // the versions (and data pointers) the folded pair was made from
 };
 TORCH_MODULE(InceptionConv);
 
