@@ -10,6 +10,7 @@
 
 #include "dew/core/error.h"
 #include "dew/nn/blocks.h"
+#include "dew/nn/diffusers_blocks.h"
 
 namespace dew::nn {
 
@@ -57,18 +58,6 @@ Tensor qwen_select_rows(const Tensor& params, const Tensor& target) {
   if (!target.defined()) return params.unsqueeze(1);
   const int64_t B = params.size(0) - 1;
   return at::where(target.view({1, -1, 1}), params.narrow(0, 0, B).unsqueeze(1), params.narrow(0, B, 1).unsqueeze(0));
-}
-
-// QwenImage21TemporalTimesteps for t [B] float32 (already x 1000): [cos, sin] of t f_i, f_i = exp(-ln(10000) i /
-// 128), in float32 as diffusers computes it; `wide` (a float64 model): float64 from start to end, as float32 exp
-// differs between CPUs in its last bit (oneMKL's kernels), which t up to 1000 turns into up to 6e-5.
-Tensor qwen_time_sinusoid(const Tensor& t, bool wide) {
-  const int64_t half = 128;
-  const auto dt = wide ? at::kDouble : at::kFloat;
-  const Tensor freqs = at::exp(at::arange(0, half, at::TensorOptions().dtype(dt).device(t.device())) *
-                               (-std::log(10000.0)) / static_cast<double>(half));
-  const Tensor args = t.to(dt).unsqueeze(1) * freqs.unsqueeze(0);
-  return at::cat({at::cos(args), at::sin(args)}, 1);
 }
 
 Tensor qwen_clip_fp16(const Tensor& x) { return x.scalar_type() == at::kHalf ? x.clamp(-65504, 65504) : x; }
@@ -355,13 +344,16 @@ Tensor QwenImageTransformerImpl::forward_joint(const Tensor& tokens, const Tenso
     h = h.index_copy(1, layout.image_index.to(device), img);
   }
 
-  // temb from the sinusoid of 1000 t (float32, cos first); with causal_condition an extra row at t = 0 that the
+  // temb from the sinusoid of 1000 t (QwenImage21TemporalTimesteps: diffusers' get_timestep_embedding with cos
+  // first and no shift, float32; float64 in a float64 model); with causal_condition an extra row at t = 0 that the
   // text and condition-image tokens modulate from.
   const bool causal = o.causal_condition();
   Tensor t = time.to(device).to(at::kFloat);
   if (causal) t = at::cat({t, at::zeros({1}, t.options())});
   const Tensor temb =  // [B (+1), D]
-      dense(at::silu(dense(qwen_time_sinusoid(t, dt == at::kDouble).to(dt), time_linear_1)), time_linear_2);
+      dense(at::silu(
+                dense(timestep_embedding(t, 256, /*cosine_first=*/true, 0.0, dt == at::kDouble).to(dt), time_linear_1)),
+            time_linear_2);
   const auto mod = dense(at::silu(temb), modulation).chunk(4, 1);  // scale1, gate1, scale2, gate2
   Tensor target;
   if (causal)
