@@ -106,6 +106,28 @@ TensorDataset pad_images(TensorDataset ds, int64_t pad, const std::string& field
   return out;
 }
 
+TensorDataset select_classes(TensorDataset ds, const std::vector<int64_t>& classes, const std::string& field) {
+  if (classes.empty()) return ds;
+  const int64_t known = int64_t(ds.class_names().size());
+  const at::Tensor labels = ds.field(field);
+  DEW_CHECK(labels.dim() == 1 && labels.scalar_type() == at::kLong, ds.name(), ".classes: field \"", field,
+            "\" is not int64 labels [N], got ", detail::shape_of(labels));
+  for (size_t i = 0; i < classes.size(); ++i) {
+    const int64_t c = classes[i];
+    DEW_CHECK(c >= 0 && (known == 0 || c < known), ds.name(), ".classes: label ", c, " is not a class; accepted: 0 .. ",
+              known - 1);
+    DEW_CHECK(std::find(classes.begin(), classes.begin() + i, c) == classes.begin() + i, ds.name(), ".classes: label ",
+              c, " is listed twice");
+  }
+  const at::Tensor keep =
+      at::isin(labels, at::tensor(classes, at::TensorOptions().dtype(at::kLong))).nonzero().flatten();  // [M]
+  DEW_CHECK(keep.numel() > 0, ds.name(), ".classes: no item has any of the labels ", json(classes).dump());
+  TensorDataset out(ds.gather(keep), ds.name());
+  out.set_class_names(ds.class_names());
+  out.set_spec(ds.spec());
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Image folders
 
@@ -234,8 +256,9 @@ Registry<TensorDataset>& datasets() {
     };
     r->add<FashionMnistOptions>("fashion_mnist", "Fashion-MNIST IDX files: uint8 [N, 1, 28, 28] images, 10 labels",
                                 [=](const FashionMnistOptions& o) {
-                                  return tag(pad_images(load_fashion_mnist(o.split, o.dir), o.pad), "fashion_mnist",
-                                             to_json(o));
+                                  return tag(
+                                      select_classes(pad_images(load_fashion_mnist(o.split, o.dir), o.pad), o.classes),
+                                      "fashion_mnist", to_json(o));
                                 });
     r->add<ImageFolderOptions>("image_folder", "png/jpg images, class = sub-folder, centre-cropped and resized",
                                [=](const ImageFolderOptions& o) {

@@ -161,13 +161,22 @@ struct FashionMnistOptions {
   std::string split = "train";
   std::string dir = kFashionMnistDir;
   int64_t pad = 0;
+  std::vector<int64_t> classes;  // empty: all ten
   template <class V>
   void visit(V& v) {
     v.choice("split", split, {"train", "test"}, "train (60000 items) or test (10000)");
     v("dir", dir, "folder holding the {train,t10k}-*-ubyte.gz files");
     v("pad", pad, "zero pixels added on every side (2: 32 x 32 images, the size a VAE's 2x downsamplings divide)");
+    v("classes", classes,
+      "keep only the items of these labels, e.g. [0,1,2] (labels and the 10 class names unchanged; [] = all)");
   }
 };
+
+/// The items of `ds` whose `field` (int64 [N]) is one of `classes`, in their order; the class names and spec
+/// unchanged, so a subset keeps the source's label ids and class count. Empty `classes` returns ds as it is.
+/// dew::Error naming `<name>.classes` for a label outside the class names (or < 0 without names), a label listed
+/// twice, and a selection that keeps no item.
+TensorDataset select_classes(TensorDataset ds, const std::vector<int64_t>& classes, const std::string& field = "label");
 
 /// `ds` with `field` ([N, ..., H, W]) zero-padded by `pad` pixels on every side (H + 2 pad, W + 2 pad); the
 /// other fields, class names and spec unchanged. pad 0 returns it as it is; pad outside [0, 1024] is a dew::Error.

@@ -205,11 +205,39 @@ TEST(Datasets, RegistryBuildsEverySource) {
   auto test = reg.build(dew::json{{"name", "fashion_mnist"}, {"split", "test"}});
   EXPECT_EQ(test->size(), 10000);
   auto unknown = error_of([&] { reg.build(dew::json{{"name", "fashion_mnist"}, {"splt", "test"}}); });
-  EXPECT_NE(unknown.find("unknown field \"splt\"; valid fields: dir, pad, split"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("unknown field \"splt\"; valid fields: classes, dir, pad, split"), std::string::npos)
+      << unknown;
   auto choice = error_of([&] { reg.build(dew::json{{"name", "fashion_mnist"}, {"split", "val"}}); });
   EXPECT_NE(choice.find("accepted: train, test"), std::string::npos) << choice;
   auto folder = error_of([&] { reg.build(dew::json{{"name", "image_folder"}}); });
   EXPECT_NE(folder.find("image_folder.dir: required"), std::string::npos) << folder;
+}
+
+TEST(Datasets, FashionMnistClassesKeepsThoseLabelsInOrder) {
+  // Fashion-MNIST's test split holds 1000 items of each class; its first labels are 9, 2, 1, 1, 6.
+  auto& reg = dew::data::datasets();
+  auto all = reg.build(dew::json{{"name", "fashion_mnist"}, {"split", "test"}});
+  auto two = reg.build(dew::json{{"name", "fashion_mnist"}, {"split", "test"}, {"classes", {9, 2}}, {"pad", 2}});
+  ASSERT_EQ(two->size(), 2000);
+  const auto& lab = two->field("label");
+  EXPECT_EQ(lab.eq(9).sum().item<int64_t>(), 1000);
+  EXPECT_EQ(lab.eq(2).sum().item<int64_t>(), 1000);
+  EXPECT_EQ(lab[0].item<int64_t>(), 9);
+  EXPECT_EQ(lab[1].item<int64_t>(), 2);
+  EXPECT_EQ(two->field("image").sizes(), (std::vector<int64_t>{2000, 1, 32, 32}));
+  // Item 1 of the subset is item 1 of the split (its first 2), padded by 2 pixels on every side.
+  EXPECT_TRUE(at::equal(two->field("image")[1].narrow(1, 2, 28).narrow(2, 2, 28), all->field("image")[1]));
+  EXPECT_EQ(two->class_names(), all->class_names());  // 10 names: the label ids keep their meaning
+  EXPECT_EQ(two->spec()["classes"], dew::json({9, 2}));
+  for (const auto& [classes, needle] : std::vector<std::pair<dew::json, std::string>>{
+           {{10}, "fashion_mnist.classes: label 10 is not a class; accepted: 0 .. 9"},
+           {{-1}, "fashion_mnist.classes: label -1 is not a class"},
+           {{3, 3}, "fashion_mnist.classes: label 3 is listed twice"}}) {
+    auto e = error_of([&] {
+      reg.build(dew::json{{"name", "fashion_mnist"}, {"split", "test"}, {"classes", classes}});
+    });
+    EXPECT_NE(e.find(needle), std::string::npos) << e;
+  }
 }
 
 TEST(Datasets, ImageFolderUsesSortedSubfoldersAsClasses) {
