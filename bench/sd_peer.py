@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Python peer of `dew bench --models sd_unet,sd_vae,sd3,flux`: the real diffusers classes, as installed.
+"""Python peer of `dew bench --models sd_unet,sd_unet_lora,sd_vae,sd3,flux`: the real diffusers classes, as installed.
 
 The models are diffusers' own UNet2DConditionModel, AutoencoderKL, SD3Transformer2DModel and
 FluxTransformer2DModel, built from the same config.json dict the C++ side builds its unet_2d_condition /
@@ -15,6 +15,13 @@ re-implemented.
   torch.optim.AdamW(unet.parameters(), lr 1e-4, betas (0.9, 0.999), weight_decay 1e-2, eps 1e-8), zero_grad,
   EMAModel(decay 0.995).step (diffusers.training_utils: decay min(0.995, (1 + step) / (10 + step))). A fixed
   batch of latents and text embeddings stands in for the VAE and the text encoder.
+- sd_unet_lora: one training step of diffusers' examples/text_to_image/train_text_to_image_lora.py on the same
+  UNet and batch: unet.requires_grad_(False), unet.add_adapter(peft.LoraConfig(r=4, lora_alpha=4,
+  init_lora_weights="gaussian", target_modules=["to_k", "to_q", "to_v", "to_out.0"])), the same noise, timesteps,
+  noisy latents and MSE as sd_unet, backward, the adapters' gradient norm clipped to --max_grad_norm 1.0 (the
+  script's intent: its params_to_clip is the filter the optimizer already consumed, so as written it clips
+  nothing; both sides clip here), torch.optim.AdamW over the parameters that require grad (lr 1e-4, weight
+  decay 1e-2), zero_grad; no EMA. The parameter count checked against --params includes the adapters.
 - sd_vae: AutoencoderKL encode + decode of a batch of images without gradients, as a pipeline runs them:
   z = scaling_factor * vae.encode(x).latent_dist.sample(generator), x_hat = vae.decode(z / scaling_factor).sample.
   forward = encode (with the sample), backward = decode, optimizer 0 in the result line.
@@ -56,6 +63,9 @@ import peer  # noqa: E402  (the result line)
 
 # train_text_to_image.py's defaults, and Stable Diffusion's noise schedule (its scheduler_config.json).
 LR, BETAS, WEIGHT_DECAY, EPS, EMA_DECAY = 1e-4, (0.9, 0.999), 1e-2, 1e-8, 0.995
+# train_text_to_image_lora.py's defaults (--rank 4, lora_alpha = rank, --max_grad_norm 1.0); dew/bench/cases.h's
+# kSdLora* values.
+LORA_RANK, LORA_TARGETS, LORA_GRAD_CLIP = 4, ["to_k", "to_q", "to_v", "to_out.0"], 1.0
 TRAIN_TIMESTEPS, BETA_START, BETA_END = 1000, 0.00085, 0.012
 # train_dreambooth_sd3.py / train_dreambooth_flux.py's defaults (--learning_rate 1e-4, --adam_weight_decay 1e-4,
 # --max_grad_norm 1.0, --guidance_scale 3.5, --logit_mean 0, --logit_std 1); dew/bench/cases.h's kFlow* values.
@@ -87,15 +97,23 @@ def unet_step(diffusers, cfg, a):
     from diffusers import DDPMScheduler, UNet2DConditionModel
     from diffusers.training_utils import EMAModel
 
+    lora = a.model == "sd_unet_lora"
     unet = UNet2DConditionModel(**cfg)
+    if lora:
+        from peft import LoraConfig
+        unet.requires_grad_(False)
+        unet.add_adapter(LoraConfig(r=LORA_RANK, lora_alpha=LORA_RANK, init_lora_weights="gaussian",
+                                    target_modules=LORA_TARGETS))
     unet.train()
     n = sum(p.numel() for p in unet.parameters())
     if a.params >= 0 and n != a.params:
-        fail(f"UNet2DConditionModel has {n} parameters here and {a.params} in C++: the two models differ")
+        fail(f"UNet2DConditionModel{' with its adapters' if lora else ''} has {n} parameters here and {a.params} "
+             f"in C++: the two models differ")
     scheduler = DDPMScheduler(num_train_timesteps=TRAIN_TIMESTEPS, beta_start=BETA_START, beta_end=BETA_END,
                               beta_schedule="scaled_linear")
-    opt = torch.optim.AdamW(unet.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS)
-    ema = EMAModel(unet.parameters(), decay=EMA_DECAY)
+    params = [p for p in unet.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY, eps=EPS)
+    ema = None if lora else EMAModel(unet.parameters(), decay=EMA_DECAY)
     run_unet = peer.compiled(a, unet)  # the same parameters; the optimizer and the EMA stay eager
 
     g = torch.Generator().manual_seed(1)
@@ -113,10 +131,13 @@ def unet_step(diffusers, cfg, a):
         l = F.mse_loss(pred.float(), noise.float(), reduction="mean")
         t1 = time.perf_counter()
         l.backward()
+        if lora:
+            torch.nn.utils.clip_grad_norm_(params, LORA_GRAD_CLIP)
         t2 = time.perf_counter()
         opt.step()
         opt.zero_grad()
-        ema.step(unet.parameters())
+        if ema is not None:
+            ema.step(unet.parameters())
         t3 = time.perf_counter()
         loss = l.item()
         if i == 0:
@@ -236,7 +257,7 @@ def vae_step(diffusers, cfg, a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=["sd_unet", "sd_vae", "sd3", "flux"])
+    ap.add_argument("--model", choices=["sd_unet", "sd_unet_lora", "sd_vae", "sd3", "flux"])
     ap.add_argument("--probe", action="store_true", help="only import diffusers: print its version and path")
     ap.add_argument("--diffusers-src", default=default_src(),
                     help="the `src` folder of a diffusers checkout to import instead of the installed "
@@ -244,8 +265,8 @@ def main():
     ap.add_argument("--config", help="the diffusers config.json dict of the model, as JSON")
     ap.add_argument("--params", type=int, default=-1, help="parameter count of the C++ model, to check")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--latent-size", type=int, default=16, help="sd_unet, sd3, flux: side of the latents")
-    ap.add_argument("--context-len", type=int, default=16, help="sd_unet, sd3, flux: text tokens")
+    ap.add_argument("--latent-size", type=int, default=16, help="sd_unet(_lora), sd3, flux: side of the latents")
+    ap.add_argument("--context-len", type=int, default=16, help="sd_unet(_lora), sd3, flux: text tokens")
     ap.add_argument("--image-size", type=int, default=64, help="sd_vae: side of the images")
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
@@ -267,7 +288,7 @@ def main():
     if a.device != "cpu":
         fail("the Stable Diffusion peer runs on the CPU only")
     if a.compile and a.model == "sd_vae":
-        fail("--compile: only the training steps (sd_unet, sd3, flux) run compiled")
+        fail("--compile: only the training steps (sd_unet, sd_unet_lora, sd3, flux) run compiled")
     if min(a.batch, a.steps, a.threads, a.latent_size, a.context_len, a.image_size) < 1 or a.warmup < 0:
         fail("--batch, --steps, --threads, --latent-size, --context-len, --image-size must be >= 1, --warmup >= 0")
     try:
@@ -277,7 +298,8 @@ def main():
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    step = {"sd_unet": unet_step, "sd_vae": vae_step, "sd3": flow_step, "flux": flow_step}[a.model]
+    step = {"sd_unet": unet_step, "sd_unet_lora": unet_step, "sd_vae": vae_step, "sd3": flow_step,
+            "flux": flow_step}[a.model]
     n, times, loss, first = step(diffusers, cfg, a)
     if not math.isfinite(loss):
         fail(f"non-finite loss {loss}")

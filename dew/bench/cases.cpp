@@ -208,6 +208,10 @@ const json& sd_unet_config() {
   return config;
 }
 
+nn::LoraOptions sd_unet_lora_options() {
+  return nn::LoraOptions().rank(4).alpha(4.0).target_modules({"to_k", "to_q", "to_v", "to_out.0"});
+}
+
 // sd_vae: AutoencoderKL with SD's 4 latent channels at three levels (images downsampled 4x).
 const json& sd_vae_config() {
   static const json config = {{"_class_name", "AutoencoderKL"},
@@ -224,21 +228,31 @@ const json& sd_vae_config() {
   return config;
 }
 
+namespace {
+BenchCase sd_unet_like(const std::string& name, CaseKind kind) {
+  const json& config = sd_unet_config();
+  const std::string in = "latents 4x" + std::to_string(kSdLatent) + "x" + std::to_string(kSdLatent) + ", text " +
+                         std::to_string(kSdContextLen) + " x " + config.at("cross_attention_dim").dump();
+  return case_of_kind(
+      {name,
+       "unet_2d_condition",
+       sd_case_size(in, config, {"down_block_types", "block_out_channels", "layers_per_block", "attention_head_dim"}),
+       models::fields_from_reference_config("unet_2d_condition", config),
+       {4, kSdLatent, kSdLatent},
+       kSdContextLen,
+       true},
+      kind);
+}
+}  // namespace
+
 const BenchCase& sd_unet_case() {
-  static const BenchCase c = [] {
-    const json& config = sd_unet_config();
-    const std::string in = "latents 4x" + std::to_string(kSdLatent) + "x" + std::to_string(kSdLatent) + ", text " +
-                           std::to_string(kSdContextLen) + " x " + config.at("cross_attention_dim").dump();
-    return case_of_kind(
-        {"sd_unet",
-         "unet_2d_condition",
-         sd_case_size(in, config, {"down_block_types", "block_out_channels", "layers_per_block", "attention_head_dim"}),
-         models::fields_from_reference_config("unet_2d_condition", config),
-         {4, kSdLatent, kSdLatent},
-         kSdContextLen,
-         true},
-        CaseKind::sd_unet);
-  }();
+  static const BenchCase c = sd_unet_like("sd_unet", CaseKind::sd_unet);
+  return c;
+}
+
+// The same model and batch with LoRA adapters on its attention projections (train_text_to_image_lora.py).
+const BenchCase& sd_unet_lora_case() {
+  static const BenchCase c = sd_unet_like("sd_unet_lora", CaseKind::sd_unet_lora);
   return c;
 }
 
@@ -354,14 +368,16 @@ const BenchCase& fid_case() {
 }
 
 bool is_sd(const BenchCase& c) {
-  return c.kind == CaseKind::sd_unet || c.kind == CaseKind::sd_vae || is_flow_transformer(c);
+  return c.kind == CaseKind::sd_unet || c.kind == CaseKind::sd_unet_lora || c.kind == CaseKind::sd_vae ||
+         is_flow_transformer(c);
 }
 
 bool is_flow_transformer(const BenchCase& c) { return c.kind == CaseKind::sd3 || c.kind == CaseKind::flux; }
 
 const json& reference_config(const BenchCase& c) {
   switch (c.kind) {
-    case CaseKind::sd_unet: return sd_unet_config();
+    case CaseKind::sd_unet:
+    case CaseKind::sd_unet_lora: return sd_unet_config();
     case CaseKind::sd_vae: return sd_vae_config();
     case CaseKind::sd3: return sd3_config();
     case CaseKind::flux: return flux_config();
@@ -370,9 +386,9 @@ const json& reference_config(const BenchCase& c) {
 }
 
 const std::vector<const BenchCase*>& other_cases() {
-  static const std::vector<const BenchCase*> v = {&lm_case(),      &jepa_case(),   &dpo_case(), &grpo_rollout_case(),
-                                                  &sd_unet_case(), &sd_vae_case(), &sd3_case(), &flux_case(),
-                                                  &train_case(),   &sample_case(), &fid_case()};
+  static const std::vector<const BenchCase*> v = {
+      &lm_case(),     &jepa_case(), &dpo_case(),  &grpo_rollout_case(), &sd_unet_case(), &sd_unet_lora_case(),
+      &sd_vae_case(), &sd3_case(),  &flux_case(), &train_case(),        &sample_case(),  &fid_case()};
   return v;
 }
 
@@ -429,7 +445,8 @@ std::vector<std::string> split_list(const std::string& s, const std::string& fla
 int64_t batch_of(const BenchCase& c, const Sizes& s) {
   switch (c.kind) {
     case CaseKind::lm: return s.batch.value_or(4);
-    case CaseKind::sd_unet: return s.batch.value_or(kSdUnetBatch);
+    case CaseKind::sd_unet:
+    case CaseKind::sd_unet_lora: return s.batch.value_or(kSdUnetBatch);
     case CaseKind::sd_vae: return s.batch.value_or(kSdVaeBatch);
     case CaseKind::fid: return s.batch.value_or(kFidBatch);
     case CaseKind::sd3:
@@ -517,6 +534,7 @@ CaseModel case_model(const BenchCase& c, int64_t seq_len, const json& train_fiel
   } else {
     auto denoiser = models::build(c.arch, c.fields);
     config = denoiser->config();
+    if (c.kind == CaseKind::sd_unet_lora) nn::apply_lora(*denoiser, sd_unet_lora_options());  // counted with them
     model = denoiser;
   }
   CaseModel out{config.at("fields"), 0};

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dew/core/options.h"
+#include "dew/nn/lora.h"
 #include "dew/objectives/jepa.h"
 #include "dew/runs/run.h"
 #include "dew/sampling/diffusion_sample.h"
@@ -51,6 +52,10 @@ inline constexpr int64_t kSdImage = 64;
 inline constexpr double kSdLr = 1e-4;
 inline constexpr int64_t kSdTrainTimesteps = 1000;
 inline constexpr double kSdBetaStart = 0.00085, kSdBetaEnd = 0.012;
+// sd_unet_lora: the step of diffusers' train_text_to_image_lora.py on sd_unet's model and batch: LoRA adapters
+// (sd_unet_lora_options(): rank and alpha 4 on the attention projections), the base frozen, AdamW (lr kSdLr, weight
+// decay 1e-2) on the adapters, their gradient norm clipped to kSdLoraGradClip (--max_grad_norm), no EMA.
+inline constexpr double kSdLoraGradClip = 1.0;
 // The flow-matching transformers (sd3: SD3Transformer2DModel, flux: FluxTransformer2DModel, FLUX.1 dev's layout):
 // the step of diffusers' train_dreambooth_sd3.py / train_dreambooth_flux.py (logit-normal sigmas, velocity target
 // noise - latents, gradient clip kFlowGradClip, AdamW lr kFlowLr and weight decay kFlowWeightDecay, no EMA) on
@@ -86,7 +91,22 @@ inline constexpr int64_t kFidImage = 64;
 inline constexpr int64_t kDdpCores = 2;
 
 /// What a case times, and so which child, peer and report section it has.
-enum class CaseKind { diffusion, lm, jepa, dpo, grpo_rollout, sd_unet, sd_vae, sd3, flux, train, sample, fid, ddp };
+enum class CaseKind {
+  diffusion,
+  lm,
+  jepa,
+  dpo,
+  grpo_rollout,
+  sd_unet,
+  sd_unet_lora,
+  sd_vae,
+  sd3,
+  flux,
+  train,
+  sample,
+  fid,
+  ddp
+};
 
 /// One benchmarked model: a registry architecture at a fixed small size.
 struct BenchCase {
@@ -109,6 +129,7 @@ const BenchCase& jepa_case();
 const BenchCase& dpo_case();
 const BenchCase& grpo_rollout_case();
 const BenchCase& sd_unet_case();
+const BenchCase& sd_unet_lora_case();
 const BenchCase& sd_vae_case();
 const BenchCase& sd3_case();
 const BenchCase& flux_case();
@@ -128,7 +149,7 @@ std::vector<const BenchCase*> select_cases(const std::string& models);
 bool any_of_kind(const std::vector<const BenchCase*>& cases, CaseKind k);
 /// The items of a comma-separated list; an empty item is a dew::Error naming --flag.
 std::vector<std::string> split_list(const std::string& s, const std::string& flag);
-/// sd_unet, sd_vae, sd3 or flux: built from a diffusers config.json dict, timed against diffusers' own class
+/// sd_unet, sd_unet_lora, sd_vae, sd3 or flux: built from a diffusers config.json dict, timed against diffusers' own class
 /// (bench/sd_peer.py).
 bool is_sd(const BenchCase& c);
 /// sd3 or flux: a flow-matching transformer's training step.
@@ -143,7 +164,7 @@ struct Sizes {
   int64_t images = kSampleImages;       // sample: images per sampling run
   int64_t sample_steps = kSampleSteps;  // sample: the sampler's grid points
 };
-/// Rows per step: 32; lm, sd_vae, sd3 and flux 4, sd_unet 8, train the recipe's (dpo: pairs; unused by grpo_rollout, sample).
+/// Rows per step: 32; lm, sd_vae, sd3 and flux 4, sd_unet and sd_unet_lora 8, train the recipe's (dpo: pairs; unused by grpo_rollout, sample).
 int64_t batch_of(const BenchCase& c, const Sizes& s);
 /// Timed steps: 20; sample kSampleRuns.
 int64_t steps_of(const BenchCase& c, const Sizes& s);
@@ -158,10 +179,13 @@ const json& jepa_recipe();
 JEPAObjectiveOptions jepa_objective_options();
 /// The fresh model of `dew train dpo` and `dew train grpo`: a byte causal_transformer, width 128, 4 layers.
 const json& post_training_fields();
-/// The diffusers config.json dicts of sd_unet (UNet2DConditionModel), sd_vae (AutoencoderKL), sd3
+/// The diffusers config.json dicts of sd_unet and sd_unet_lora (UNet2DConditionModel), sd_vae (AutoencoderKL), sd3
 /// (SD3Transformer2DModel) and flux (FluxTransformer2DModel).
 const json& sd_unet_config();
 const json& sd_vae_config();
+/// sd_unet_lora's adapters, train_text_to_image_lora.py's LoraConfig: r = lora_alpha = 4 (--rank's default),
+/// target_modules to_k, to_q, to_v, to_out.0. bench/sd_peer.py holds the same values.
+nn::LoraOptions sd_unet_lora_options();
 const json& sd3_config();
 const json& flux_config();
 /// The dict an SD case is built from.

@@ -151,7 +151,8 @@ Peers find_peers(const PeerOptions& o, const std::vector<const BenchCase*>& case
       }
     }
     if (!sd_peer.empty())
-      for (CaseKind k : {CaseKind::sd_unet, CaseKind::sd_vae, CaseKind::sd3, CaseKind::flux}) p.scripts[k] = sd_peer;
+      for (CaseKind k : {CaseKind::sd_unet, CaseKind::sd_unet_lora, CaseKind::sd_vae, CaseKind::sd3, CaseKind::flux})
+        p.scripts[k] = sd_peer;
     if (!p.sd_note.empty())
       log << p.sd_note << "; the diffusers cases (" << diffusers_case_names(cases) << ") run C++ only\n";
     if (!p.note.empty()) log << p.note << "\n";
@@ -194,6 +195,7 @@ std::vector<std::string> peer_argv(const Peers& peers, const BenchCase& c, const
       add({"--temperature", "1.0"});
       break;
     case CaseKind::sd_unet:
+    case CaseKind::sd_unet_lora:
       add({"--model", c.name, "--config", fields, "--params", n, "--diffusers-src", peers.diffusers_src});
       add({"--latent-size", std::to_string(c.item[1]), "--context-len", std::to_string(c.context_len)});
       break;

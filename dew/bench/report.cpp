@@ -356,9 +356,12 @@ class ReportWriter {
                         "Every configuration (ms/rollout, each round's median, fastest first):", "ms/rollout");
   }
 
-  void sd(const Row* unet, const Row* vae) {
-    const bool with_peer = !ctx_.peers.script(CaseKind::sd_unet).empty();
-    const BenchCase& c = unet ? *unet->c : *vae->c;
+  void sd(const Row* unet, const Row* lora, const Row* vae) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::sd_unet).empty() ||
+                           !ctx_.peers.script(CaseKind::sd_unet_lora).empty() ||
+                           !ctx_.peers.script(CaseKind::sd_vae).empty();
+    const Row& first = unet ? *unet : lora ? *lora : *vae;
+    const BenchCase& c = *first.c;
     md_ << "## dew bench: Stable Diffusion components on the CPU\n\n"
         << "Both sides build each model from the same diffusers config.json dict (below): C++ through "
         << "models::fields_from_reference_config, Python (bench/sd_peer.py) as diffusers' own class ("
@@ -368,7 +371,7 @@ class ReportWriter {
         << (with_peer ? ", alternating C++ and Python" : "")
         << ", the fastest round reported. Thread configurations: LibTorch intra-op threads (intra) x "
         << "BLAS threads (blas).\n\n"
-        << machine(unet ? *unet : *vae, with_peer);
+        << machine(first, with_peer);
     if (!ctx_.peers.sd_note.empty()) md_ << ctx_.peers.sd_note << "; C++ side only.\n\n";
     if (unet) {
       const Row& r = *unet;
@@ -386,9 +389,27 @@ class ReportWriter {
           << "gradient clipping.\n\n";
       step_tables(r, with_peer, "samples/s");
     }
+    if (lora) {
+      const Row& r = *lora;
+      if (unet) md_ << "\n";
+      const nn::LoraOptions lo = sd_unet_lora_options();
+      std::string targets;
+      for (const auto& t : lo.target_modules()) targets += (targets.empty() ? "" : ", ") + t;
+      md_ << "### sd_unet_lora: a LoRA training step of the same UNet\n\n"
+          << "Model: sd_unet's UNet2DConditionModel with LoRA adapters of rank " << lo.rank() << " and alpha "
+          << lo.alpha() << " on every " << targets << " (C++: nn::apply_lora; Python: peft's LoraConfig through "
+          << "unet.add_adapter, init_lora_weights=\"gaussian\"), the base frozen; " << grouped(r.params)
+          << " parameters with the adapters. Step (diffusers' train_text_to_image_lora.py): sd_unet's batch, noise, "
+          << "timesteps, noisy latents and MSE; backward; the adapters' gradient norm clipped to " << kSdLoraGradClip
+          << " (--max_grad_norm; counted in the backward phase); AdamW (lr " << kSdLr
+          << ") over the adapters only (C++: weight decay 0.01 on matrices, Python: torch.optim.AdamW with "
+             "weight_decay "
+          << "0.01, as the script); zero_grad; no EMA.\n\n";
+      step_tables(r, with_peer, "samples/s");
+    }
     if (vae) {
       const Row& r = *vae;
-      if (unet) md_ << "\n";
+      if (unet || lora) md_ << "\n";
       md_ << "### sd_vae: AutoencoderKL encode + decode\n\n"
           << "Model: autoencoder_kl / AutoencoderKL, " << r.c->size << ", " << grouped(r.params) << " parameters; "
           << "config `" << r.fields << "`. Pass (as a pipeline runs it, without gradients): batch "
@@ -687,9 +708,9 @@ class ReportWriter {
       if (!md_.str().empty()) md_ << "\n";
       (this->*section)(*row(kind));
     }
-    if (row(CaseKind::sd_unet) || row(CaseKind::sd_vae)) {
+    if (row(CaseKind::sd_unet) || row(CaseKind::sd_unet_lora) || row(CaseKind::sd_vae)) {
       if (!md_.str().empty()) md_ << "\n";
-      sd(row(CaseKind::sd_unet), row(CaseKind::sd_vae));
+      sd(row(CaseKind::sd_unet), row(CaseKind::sd_unet_lora), row(CaseKind::sd_vae));
     }
     if (row(CaseKind::sd3) || row(CaseKind::flux)) {
       if (!md_.str().empty()) md_ << "\n";

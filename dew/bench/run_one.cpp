@@ -487,23 +487,30 @@ diffusion::Preset sd_unet_preset() {
 // sqrt(1 - alpha_bar_t) noise and the loss from dew's DiffusionProcess (the code `dew train` runs), the UNet on
 // (noisy, t, text), MSE against the noise; backward; AdamW (lr kSdLr); the fp32 EMA; zero_grad. A fixed batch of
 // latents and text embeddings stands in for the VAE, the text encoder and the data.
+// sd_unet_lora, as train_text_to_image_lora.py: LoRA adapters (nn::apply_lora of sd_unet_lora_options()), the base
+// frozen; AdamW on the adapters only, their gradient norm clipped to kSdLoraGradClip in the backward phase; no EMA.
 json run_one_sd_unet(const BenchCase& c, const OneOptions& o) {
+  const bool lora = c.kind == CaseKind::sd_unet_lora;
   const int64_t batch = batch_of(c, o.sizes);
   set_child_threads(o.threads);
   at::manual_seed(0);
   auto unet = models::build(c.arch, c.fields);
+  if (lora) nn::apply_lora(*unet, sd_unet_lora_options());
   unet->to(o.device);
   unet->train();
-  training::NamedTensors params;
-  int64_t nparams = 0;
+  training::NamedTensors params;  // what trains: every parameter, or the adapters
+  int64_t nparams = 0, trainable = 0;
   for (const auto& kv : unet->named_parameters()) {
-    params.emplace_back(kv.key(), kv.value());
     nparams += kv.value().numel();
+    if (!kv.value().requires_grad()) continue;
+    params.emplace_back(kv.key(), kv.value());
+    trainable += kv.value().numel();
   }
   training::OptimOptions oo;
   oo.lr = kSdLr;
   training::Optimizer opt(params, oo);
-  training::EMA ema(params, training::EmaSpec{kEmaDecay});
+  std::optional<training::EMA> ema;
+  if (!lora) ema.emplace(params, training::EmaSpec{kEmaDecay});
   const diffusion::DiffusionProcess process(sd_unet_preset());
   auto data_gen = at::detail::createCPUGenerator(1);
   std::vector<int64_t> shape = {batch};
@@ -514,7 +521,8 @@ json run_one_sd_unet(const BenchCase& c, const OneOptions& o) {
                      .to(o.device);  // [B, L, D]
   auto step_gen = at::detail::createCPUGenerator(2);
 
-  // Phases: forward (the inputs, the UNet and the loss), backward, optimizer (AdamW, the EMA, zero_grad).
+  // Phases: forward (the inputs, the UNet and the loss), backward (LoRA: with the clip), optimizer (AdamW, the
+  // EMA, zero_grad).
   std::optional<at::Tensor> loss;
   double loss_value = 0;
   const Timings t = timed_loop(
@@ -527,17 +535,20 @@ json run_one_sd_unet(const BenchCase& c, const OneOptions& o) {
         loss.emplace(2 * process.loss(unet->forward(in.net_input, in.model_time, cond), in));
         clock.lap();
         loss->backward();
+        if (lora) training::clip_grad_norm(params, kSdLoraGradClip);
         clock.lap();
         opt.step(kSdLr);
-        ema.update(params, i);
+        if (ema) ema->update(params, i);
         opt.zero_grad();
       },
       [&](int64_t, StepClock&) {
         loss_value = loss->item<double>();
         loss.reset();
       });
-  DEW_CHECK(std::isfinite(loss_value), "bench sd_unet: non-finite loss ", loss_value);
-  return step_result(t.total, t.phase(0), t.phase(1), t.phase(2), batch, nparams, loss_value, t.peak_rss_mb);
+  DEW_CHECK(std::isfinite(loss_value), "bench ", c.name, ": non-finite loss ", loss_value);
+  json out = step_result(t.total, t.phase(0), t.phase(1), t.phase(2), batch, nparams, loss_value, t.peak_rss_mb);
+  out["trainable"] = trainable;
+  return out;
 }
 
 // warmup + steps training steps of sd3 or flux as diffusers' train_dreambooth_sd3.py / train_dreambooth_flux.py take
@@ -686,7 +697,8 @@ json run_one(const BenchCase& c, const OneOptions& o) {
     case CaseKind::jepa: return run_one_jepa(c, o);
     case CaseKind::dpo: return run_one_dpo(c, o);
     case CaseKind::grpo_rollout: return run_one_grpo_rollout(c, o);
-    case CaseKind::sd_unet: return run_one_sd_unet(c, o);
+    case CaseKind::sd_unet:
+    case CaseKind::sd_unet_lora: return run_one_sd_unet(c, o);
     case CaseKind::sd_vae: return run_one_sd_vae(c, o);
     case CaseKind::sd3:
     case CaseKind::flux: return run_one_flow_transformer(c, o);

@@ -7,6 +7,7 @@
 #include "dew/data/tokenizer.h"
 #include "dew/nn/lora.h"
 #include "dew/runs/lm_run.h"
+#include "dew/runs/lora_run.h"
 #include "dew/sampling/generate.h"
 
 namespace dew::cli {
@@ -18,10 +19,12 @@ int cmd_generate(const std::vector<std::string>& args_in) {
           << "usage: dew generate RUN [--prompt TEXT ...] [--max-new-tokens 200] [--temperature 0.8 (0 = greedy)]\n"
              "       [--top-k 0] [--top-p 1] [--min-p 0] [--repetition-penalty 1] [--seed 0] [--weights ema|live]\n"
              "       [--stop S ...] [--padding left|right] [--threads N] [--step N] [--device auto|cpu|cuda[:N]]\n"
-             "       [--lora DIR] [--no-eos] [--json]\n"
+             "       [--lora DIR [--lora.strict]] [--no-eos] [--json]\n"
              "Continues each prompt (an empty or missing prompt starts a new document) with the run's model;\n"
              "--json prints one object per prompt with the tokens, log-probs and finish reason. --lora applies a\n"
-             "PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to the model at load.\n";
+             "PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to the model at load; an adapter\n"
+             "whose base_model_name_or_path names another base than RUN (RUN itself, its init_from or LoRA base)\n"
+             "gets a warning, or is refused with --lora.strict.\n";
       return 0;
     }
   }
@@ -31,7 +34,7 @@ int cmd_generate(const std::vector<std::string>& args_in) {
   auto f = parse_flags(args,
                        {"max-new-tokens", "temperature", "top-k", "top-p", "min-p", "repetition-penalty", "seed",
                         "weights", "padding", "threads", "step", "device", "lora"},
-                       {"json", "no-eos"});
+                       {"json", "no-eos", "lora.strict"});
   DEW_CHECK(f.positional.size() == 1, "generate: expected one RUN directory, got ", f.positional.size(), " arguments");
   // Batch-1 generation: one-row GEMMs the row-parallel split leaves alone, so OpenBLAS gets the cores.
   set_threads(f.get_int("threads", 0), Workload::kGemm);
@@ -49,7 +52,15 @@ int cmd_generate(const std::vector<std::string>& args_in) {
   g.stop = stops;
   sampling::validate(g);  // bad flag values fail before the model loads
   const std::string lora = f.get("lora", "");
-  if (!lora.empty()) nn::read_peft_adapter_config(lora);  // so does a folder that is not an adapter
+  DEW_CHECK(!lora.empty() || !f.has("lora.strict"), "--lora.strict: applies to --lora DIR, which is not given");
+  if (!lora.empty()) {  // so does a folder that is not an adapter, or one for another base with --lora.strict
+    const std::string why =
+        runs::lora_adapter_base_mismatch(nn::read_peft_adapter_config(lora).base_model_name_or_path, f.positional[0]);
+    DEW_CHECK(why.empty() || !f.has("lora.strict"), "--lora ", lora, ": ", why, " (--lora.strict)");
+    if (!why.empty())
+      std::cerr << "generate: warning: --lora " << lora << ": " << why << "; its shapes fit (checked at load), "
+                << "its weights may not (--lora.strict refuses)\n";
+  }
   auto run = runs::open_lm_run(f.positional[0], open_options(f));
   if (!lora.empty()) {
     // Unmerged: each adapted layer adds scale * B(A(x)) to its output, as PEFT's model does before merging.

@@ -205,6 +205,55 @@ training::TensorMap merged_lora_weights(const training::TensorMap& adapters, con
   return w;
 }
 
+namespace {
+
+std::string last_component(std::string s) {
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  const size_t slash = s.rfind('/');
+  return slash == std::string::npos ? s : s.substr(slash + 1);
+}
+
+// A local path as one spelling (absolute, no "." / ".." / trailing slash, links resolved); "" when there is none.
+std::string local_path(const std::string& s) {
+  std::error_code ec;
+  if (s.empty() || !fs::exists(s, ec)) return "";
+  const fs::path c = fs::weakly_canonical(s, ec);
+  return ec ? "" : c.string();
+}
+
+}  // namespace
+
+std::string lora_adapter_base_mismatch(const std::string& adapter_base, const std::string& run_dir) {
+  if (adapter_base.empty()) return "";
+  const json record = read_record(run_dir);
+  std::vector<std::string> bases = {run_dir};
+  const auto add = [&bases](const json& v) {
+    if (v.is_string() && !v.get<std::string>().empty()) bases.push_back(v.get<std::string>());
+  };
+  add(record.value("init_from", json()));
+  add(record.value(json::json_pointer("/derived/lora/base/path"), json()));
+  // A transformers folder among them may say what it was saved from (save_pretrained's _name_or_path).
+  for (size_t i = 0, n = bases.size(); i < n; ++i) {
+    const fs::path config = fs::path(bases[i]) / "config.json";
+    std::error_code ec;
+    if (!fs::is_regular_file(config, ec)) continue;
+    std::ifstream in(config);
+    const json c = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (c.is_object()) add(c.value("_name_or_path", json()));
+  }
+  const std::string wanted = local_path(adapter_base);
+  for (const std::string& b : bases) {
+    if (b == adapter_base) return "";
+    const std::string here = local_path(b);
+    if (!wanted.empty() && wanted == here) return "";
+    if (wanted.empty() && last_component(b) == last_component(adapter_base)) return "";  // "org/name" vs ".../name"
+  }
+  std::string list;
+  for (const std::string& b : bases) list += (list.empty() ? "" : ", ") + b;
+  return "the adapter was trained on base_model_name_or_path \"" + adapter_base + "\" (adapter_config.json), and " +
+         run_dir + " stands for " + list;
+}
+
 std::string export_lora_adapters(const std::string& run_dir, const OpenOptions& o, const std::string& dest) {
   const json record = read_record(run_dir);
   const std::string kind = record.value("kind", "");

@@ -67,6 +67,13 @@ training::TensorMap merged_lora_weights(const training::TensorMap& adapters, con
 /// Why a resumed run's base differs from the one it recorded ("" when it does not).
 std::string lora_base_change(const json& recorded, const json& now);
 
+/// Why a PEFT adapter whose adapter_config.json names `adapter_base` (base_model_name_or_path) may not belong on
+/// run `run_dir`, or "" when it names none or one of the run's bases: the run itself, its init_from, its LoRA base,
+/// or the `_name_or_path` of a transformers folder among them. Local paths compare after canonicalisation; a name
+/// that is no local path (a hub id "org/name") matches a base whose last path component is "name". Reads run.json
+/// and config.json files only. `dew generate --lora` warns with this (`--lora.strict` refuses).
+std::string lora_adapter_base_mismatch(const std::string& adapter_base, const std::string& run_dir);
+
 /// `dew export RUN DEST --adapter`: the adapters of a LoRA run's checkpoint (o: weights and step) as a PEFT
 /// adapter folder (language-model runs) or a diffusers pytorch_lora_weights.safetensors file (diffusion runs;
 /// DEST is the file). dew::Error for a run without adapters. Returns what was written, for the report.

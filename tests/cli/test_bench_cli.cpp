@@ -42,6 +42,10 @@ bool have_python_torch() { return std::system(DEW_PYTHON " -c 'import torch' >/d
 // 2, 4 latent channels), printed by `sum(p.numel() for p in Model(**config).parameters())`.
 constexpr int64_t kSdUnetParams = 4399684;
 constexpr int64_t kSdVaeParams = 5120039;
+// sd_unet_lora's adapters: rank 4 on the 4 projections of the UNet's 12 attention layers (self and cross attention
+// of 5 transformer blocks at width 64 and the mid-block's at 128), r (in + out) each: 5 x 4096 + 4096 + 3584. peft's
+// add_adapter on the same UNet counts 4,427,844 parameters in all (bench/sd_peer.py checks it against C++).
+constexpr int64_t kSdUnetLoraAdapters = 28160;
 // The flow transformers' (dew/bench/cases.cpp: width 4 heads x 32, text 64, pooled 64, 16 latent channels):
 // FluxTransformer2DModel's count as diffusers 0.42.1 prints it (2 double + 4 single blocks, guidance embedding);
 // SD3Transformer2DModel's (4 joint blocks) is diffusers' 2,292,544 less the last block's attn.add_q_proj
@@ -163,6 +167,13 @@ TEST(BenchCli, SdChildrenBuildTheDiffusersConfigs) {
   EXPECT_EQ(j.at("params").get<int64_t>(), kSdUnetParams);
   EXPECT_GT(j.at("ms_per_step").get<double>(), 0.0);
   EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+  // The LoRA step: the same UNet with its adapters, only they train (the optimizer holds them alone).
+  r = run_dew("bench --one sd_unet_lora --threads 1 --steps 2 --warmup 0 --batch 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  j = result_line(r);
+  EXPECT_EQ(j.at("params").get<int64_t>(), kSdUnetParams + kSdUnetLoraAdapters);
+  EXPECT_EQ(j.at("trainable").get<int64_t>(), kSdUnetLoraAdapters);
+  EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
   r = run_dew("bench --one sd_vae --threads 1 --steps 1 --warmup 0 --batch 1");
   ASSERT_EQ(r.code, 0) << r.output;
   j = result_line(r);
@@ -199,10 +210,14 @@ TEST(BenchCli, SdRunsBothSidesWithDiffusers) {
   // parameter count), from the environment's pinned diffusers (scripts/setup installs it).
   if (!have_diffusers()) GTEST_SKIP() << "bench/sd_peer.py --probe cannot import diffusers";
   auto r = run_dew(
-      "bench --models sd_unet,sd_vae --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1 "
-      "--no-compile");
+      "bench --models sd_unet,sd_unet_lora,sd_vae --steps 1 --warmup 0 --batch 1 --threads 1 --blas-threads 1 "
+      "--rounds 1 --no-compile");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("peer: unavailable"), std::string::npos) << r.output;
+  // Three step rows in the summary, sd_unet_lora's with the eager ratio; its section.
+  for (const char* needle : {"| sd_unet | ms/step | ", "| sd_unet_lora | ms/step | ",
+                             "### sd_unet_lora: a LoRA training step of the same UNet"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/step / C++ ms/step): "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Speed-up (Python ms/pass / C++ ms/pass): "), std::string::npos) << r.output;
 }

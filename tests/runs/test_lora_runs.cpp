@@ -123,10 +123,18 @@ TEST(LoraRuns, SftFromAFolderTrainsOnlyAdaptersResumesExportsAndGenerates) {
   EXPECT_EQ(config["lora_alpha"], 4.0);
   const auto peft = dew::io::load_safetensors(tmp.file("peft/adapter_model.safetensors"));
   EXPECT_TRUE(peft.at("base_model.model." + q + ".lora_A.weight").equal(adapters.at(q + ".lora_A.weight")));
-  r = run_dew("generate " + tmp.file("base") + " --weights live --lora " + tmp.file("peft") +
-              " --prompt '<|user|>3+4' --temperature 0 --max-new-tokens 6 --no-eos --json");
+  const std::string gen = " --weights live --lora " + tmp.file("peft") +
+                          " --prompt '<|user|>3+4' --temperature 0 --max-new-tokens 6 --no-eos --json";
+  r = run_dew("generate " + tmp.file("base") + gen);
   ASSERT_EQ(r.code, 0) << r.output;
-  const auto line = dew::json::parse(r.output.substr(0, r.output.find('\n')));
+  // The adapter names its base (the folder hf, exported from base but not recorded as its source): a warning
+  // line ahead of the result; refused under --lora.strict (BadInputIsOneLineAndLeavesRunsAsTheyWere).
+  EXPECT_EQ(r.output.find("generate: warning: --lora " + tmp.file("peft") +
+                          ": the adapter was trained on base_model_name_or_path \"" + tmp.file("hf") + "\""),
+            0u)
+      << r.output;
+  const size_t json_at = r.output.find('{');
+  const auto line = dew::json::parse(r.output.substr(json_at, r.output.find('\n', json_at) - json_at));
   {
     auto run = dew::runs::open_lm_run(tmp.file("base"), live);
     at::NoGradGuard no_grad;
@@ -144,6 +152,14 @@ TEST(LoraRuns, SftFromAFolderTrainsOnlyAdaptersResumesExportsAndGenerates) {
     ASSERT_EQ(lp.size(), res.raw_logprobs[0].size());
     for (size_t i = 0; i < lp.size(); ++i) EXPECT_NEAR(lp[i], res.raw_logprobs[0][i], 1e-4) << i;
   }
+  // A hub id whose last component is the run's folder name counts as that base: no warning, even strict.
+  auto config_with_hub_base = config;
+  config_with_hub_base["base_model_name_or_path"] = "some-org/base";
+  std::ofstream(tmp.file("peft/adapter_config.json")) << config_with_hub_base.dump();
+  r = run_dew("generate " + tmp.file("base") + gen + " --lora.strict");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+  EXPECT_EQ(dew::json::parse(r.output.substr(0, r.output.find('\n')))["tokens"], line["tokens"]);
   // The run itself generates from its merged weights.
   r = run_dew("generate " + tmp.file("lora") + " --prompt 'x' --max-new-tokens 3");
   EXPECT_EQ(r.code, 0) << r.output;
@@ -235,6 +251,8 @@ TEST(LoraRuns, BadInputIsOneLineAndLeavesRunsAsTheyWere) {
   const std::string lora = "train sft --init_from " + tmp.file("hf") + data + " --trainer.steps 2 --run ";
   r = run_dew(lora + tmp.file("lora") + " --lora.targets q_proj");
   ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew("export " + tmp.file("lora") + " " + tmp.file("peft") + " --adapter");  // trained on hf, not base
+  ASSERT_EQ(r.code, 0) << r.output;
   const std::string record = read_bytes(tmp.path / "lora/run.json");
   std::ofstream(tmp.file("pairs.jsonl")) << "{\"prompt\":\"1+1\",\"chosen\":\"2\",\"rejected\":\"3\"}\n";
 
@@ -257,6 +275,11 @@ TEST(LoraRuns, BadInputIsOneLineAndLeavesRunsAsTheyWere) {
       // The run was trained with other adapters: resuming with these is refused.
       {lora + tmp.file("lora") + " --lora.targets v_proj", "was trained with lora"},
       {"generate " + tmp.file("base") + " --lora " + tmp.file("nowhere"), "nowhere/adapter_config.json"},
+      {"generate " + tmp.file("base") + " --lora " + tmp.file("peft") + " --lora.strict",
+       "--lora " + tmp.file("peft") + ": the adapter was trained on base_model_name_or_path \"" + tmp.file("hf") +
+           "\" (adapter_config.json), and " + tmp.file("base") + " stands for " + tmp.file("base") +
+           " (--lora.strict)"},
+      {"generate " + tmp.file("base") + " --lora.strict", "--lora.strict: applies to --lora DIR, which is not given"},
       {"export " + tmp.file("base") + " " + tmp.file("x") + " --adapter", "trained no LoRA adapters"},
   };
   for (const auto& c : cases) {
