@@ -33,9 +33,11 @@ struct LatentOptions {
              "the posterior's mean, or a sample of it (from (seed, \"latents/cache\") when cached, the step's "
              "generator otherwise)");
     v("cache", cache, "encode the training set once at the start and keep the latents in memory");
-    v.choice("scale", scale, {"auto", "autoencoder", "std"},
-             "autoencoder: its scaling_factor / shift_factor (a diffusers VAE's); std: 1 / std of the first "
-             "scale_items latents (LDM's scale_by_std); auto: std for a dew run, autoencoder for a folder");
+    v.choice(
+        "scale", scale, {"auto", "autoencoder", "std"},
+        "autoencoder: its scaling_factor / shift_factor (a diffusers VAE's); std: 1 / std of the first "
+        "scale_items latents (LDM's scale_by_std); auto: std for a dew run, autoencoder for a folder, and the base's "
+        "scaling when init_from is a diffusion run on the same autoencoder");
     v("scale_items", scale_items, "std: the first training items, whose latents set the scale");
     v("batch_size", batch_size, "items per encoder / decoder call");
   }

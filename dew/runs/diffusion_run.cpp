@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include <chrono>
+#include <optional>
 
 #include "dew/core/device.h"
 #include "dew/core/log.h"
@@ -165,16 +166,26 @@ LatentSpacePtr open_latent_space(json& r, const c10::Device& device) {
   return std::make_shared<LatentSpace>(ae, options, LatentScaling{});
 }
 
-// Fixes the scaling of the latents (LDM's scale_by_std from the first scale_items images, or the
-// autoencoder's own) and, with latent.cache, encodes every image once: the returned dataset holds "latent"
-// (float32 [N, c, h, w], what the denoiser sees) in place of the images. Deterministic: posterior samples
-// draw from (seed, "latents/cache") and, for the scale without a cache, (seed, "latents/scale").
+// The latent scaling a run started from `init_from` (a dew diffusion run) keeps under latent.scale auto: the
+// base's own, when the base saw latents of the same autoencoder (its record's section equals `autoencoder`),
+// so the fine-tuned model is fed latents on the scale it learned, not one estimated anew from other data.
+std::optional<LatentScaling> base_latent_scaling(const std::string& init_from, const json& autoencoder) {
+  const json base = read_record(init_from);
+  const json scaling = base.value(json::json_pointer("/derived/latent_scaling"), json());
+  if (!scaling.is_object() || base.value("autoencoder", json()) != autoencoder) return std::nullopt;
+  return LatentScaling::from_json(scaling, init_from + "/run.json derived.latent_scaling");
+}
+
+// Fixes the scaling of the latents (`inherited`, a fine-tuned base's; else LDM's scale_by_std from the first
+// scale_items images, or the autoencoder's own) and, with latent.cache, encodes every image once: the returned
+// dataset holds "latent" (float32 [N, c, h, w], what the denoiser sees) in place of the images. Deterministic:
+// posterior samples draw from (seed, "latents/cache") and, for the scale without a cache, (seed, "latents/scale").
 data::DatasetPtr prepare_latents(LatentSpace& space, const json& r, const data::DatasetPtr& dataset,
-                                 const std::string& image_field) {
+                                 const std::string& image_field, const std::optional<LatentScaling>& inherited) {
   const LatentOptions& o = space.options();
   const uint64_t seed = r["seed"].get<uint64_t>();
   const bool from_run = !r["autoencoder"]["run"].get<std::string>().empty();
-  const std::string mode = o.scale == "auto" ? (from_run ? "std" : "autoencoder") : o.scale;
+  const std::string mode = o.scale == "auto" ? (inherited ? "inherited" : from_run ? "std" : "autoencoder") : o.scale;
   const at::Tensor& images = dataset->field(image_field);
   at::Tensor z;
   if (o.cache) {
@@ -183,7 +194,9 @@ data::DatasetPtr prepare_latents(LatentSpace& space, const json& r, const data::
     log::info("latent.cache: encoded ", images.size(0), " images into latents ", shape_text(z.sizes().slice(1).vec()),
               " in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
   }
-  if (mode == "std") {
+  if (mode == "inherited") {
+    space.set_scaling(*inherited);
+  } else if (mode == "std") {
     const int64_t k = std::min(o.scale_items, images.size(0));
     space.set_scaling(scaling_by_std(
         z.defined() ? z.slice(0, 0, k)
@@ -299,14 +312,18 @@ Built build_diffusion(json& r, const c10::Device& device) {
               ", batch " + std::to_string(lo.batch_size);
   if (latent) {
     // Every field is checked by now; the encoding of the training set comes last.
-    b.loader = std::make_shared<data::DataLoader>(prepare_latents(*latent, r, dataset, obj_opts.image_field), lo);
+    const auto inherited =
+        init_step >= 0 ? base_latent_scaling(init_from, r["autoencoder"]) : std::optional<LatentScaling>{};
+    b.loader =
+        std::make_shared<data::DataLoader>(prepare_latents(*latent, r, dataset, obj_opts.image_field, inherited), lo);
     b.derived["image_shape"] = image_shape;
     b.derived["latent_scaling"] = latent->scaling().to_json();
     b.derived["autoencoder"] = latent->autoencoder().config();
     b.summary += ", latents " + shape_text(shape) + " of the frozen " +
                  latent->autoencoder().config().value("architecture", std::string("autoencoder")) + " (" +
                  std::to_string(parameter_count(latent->autoencoder())) + " parameters, scale " +
-                 std::to_string(latent->scaling().scaling_factor) + (latent->options().cache ? ", cached" : "") + ")";
+                 std::to_string(latent->scaling().scaling_factor) + (inherited ? " of init_from" : "") +
+                 (latent->options().cache ? ", cached" : "") + ")";
   }
   if (!init_from.empty())
     b.init_weights = [model, arch, init_from, init_step] { init_model_from(*model, arch, init_from, init_step); };

@@ -250,6 +250,31 @@ TEST_F(LatentDiffusion, ResumesBitForBitThroughTheCliAndSamplesDecodedImages) {
   EXPECT_NE(r.output.find("was trained with autoencoder"), std::string::npos) << r.output;
 }
 
+TEST_F(LatentDiffusion, AFineTunedRunKeepsItsBasesLatentScaling) {
+  // The base trains on the fixture's blobs; the fine-tuning run on other blobs (seed 1), whose own scale_by_std
+  // differs. The model learned the base's scale, so a run from init_from keeps it (latent.scale auto).
+  auto base = dew::runs::prepare("diffusion", recipe(file("scale_base")));
+  dew::runs::train(base);
+  const json base_scaling = dew::runs::read_record(file("scale_base"))["derived"]["latent_scaling"];
+  json ft = recipe(file("scale_ft"));
+  ft["data"] = json::parse(R"({"name":"gaussian_blobs","count":24,"size":16,"classes":3,"seed":1})");
+  json own = ft;  // the same data and autoencoder without a base: the scale estimated on these blobs
+  const json own_scaling = dew::runs::prepare("diffusion", own).record["derived"]["latent_scaling"];
+  ASSERT_EQ(own_scaling["source"], "std");
+  EXPECT_NE(own_scaling["scaling_factor"], base_scaling["scaling_factor"]);
+  ft["init_from"] = file("scale_base");
+  EXPECT_EQ(dew::runs::prepare("diffusion", ft).record["derived"]["latent_scaling"], base_scaling);
+  // On another checkpoint of the autoencoder the base's latents were other latents: estimated anew.
+  ft["autoencoder"]["step"] = 10;
+  own["autoencoder"]["step"] = 10;
+  EXPECT_EQ(dew::runs::prepare("diffusion", ft).record["derived"]["latent_scaling"],
+            dew::runs::prepare("diffusion", own).record["derived"]["latent_scaling"]);
+  // An explicit latent.scale is kept as asked.
+  ft["autoencoder"]["step"] = 20;
+  ft["latent"]["scale"] = "std";
+  EXPECT_EQ(dew::runs::prepare("diffusion", ft).record["derived"]["latent_scaling"], own_scaling);
+}
+
 TEST_F(LatentDiffusion, ADiffusersAutoencoderFolderUsesItsOwnScalingFactor) {
   const std::string vae = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/vae";  // 3 channels, 2 levels, 4 latents
   const std::string dir = file("folder");
