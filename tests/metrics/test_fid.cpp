@@ -82,7 +82,7 @@ TEST(Fid, InceptionLoaderRefusesWrongFilesByName) {
 
   // The published weights file is a legacy torch.save pickle: refused with the conversion command.
   const auto e3 = dew::test::error_of(
-      [&] { dew::metrics::load_inception(dir.write("pt_inception.pth", std::string("\x80\x02\x8a\x0alegacy", 14))); });
+      [&] { dew::metrics::load_inception(dir.write("pt_inception.pth", std::string("\x80\x02\x8a\x0a") + "legacy")); });
   EXPECT_NE(e3.find("python -c"), std::string::npos) << e3;
   EXPECT_NE(dew::test::error_of([&] { dew::metrics::find_inception(dir.file("absent.safetensors")); }), "");
   EXPECT_NE(dew::test::error_of([] { dew::metrics::load_inception(""); }).find("--inception"), std::string::npos);
