@@ -257,7 +257,7 @@ Registry<TensorDataset>& datasets() {
     r->add<FashionMnistOptions>("fashion_mnist", "Fashion-MNIST IDX files: uint8 [N, 1, 28, 28] images, 10 labels",
                                 [=](const FashionMnistOptions& o) {
                                   return tag(
-                                      select_classes(pad_images(load_fashion_mnist(o.split, o.dir), o.pad), o.classes),
+                                      pad_images(select_classes(load_fashion_mnist(o.split, o.dir), o.classes), o.pad),
                                       "fashion_mnist", to_json(o));
                                 });
     r->add<ImageFolderOptions>("image_folder", "png/jpg images, class = sub-folder, centre-cropped and resized",

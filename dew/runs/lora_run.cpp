@@ -10,6 +10,7 @@
 
 #include "dew/core/strings.h"
 #include "dew/interop/hf_decoder.h"
+#include "dew/io/files.h"
 #include "dew/io/safetensors.h"
 #include "dew/runs/post_training_run.h"
 #include "dew/training/checkpoint.h"
@@ -237,9 +238,10 @@ std::string lora_adapter_base_mismatch(const std::string& adapter_base, const st
     const fs::path config = fs::path(bases[i]) / "config.json";
     std::error_code ec;
     if (!fs::is_regular_file(config, ec)) continue;
-    std::ifstream in(config);
-    const json c = json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (c.is_object()) add(c.value("_name_or_path", json()));
+    try {  // through io::parse_json, which bounds the nesting; a config that does not parse names nothing
+      const json c = io::parse_json(io::read_file(config.string(), "config"), config.string());
+      if (c.is_object()) add(c.value("_name_or_path", json()));
+    } catch (const Error&) {}
   }
   const std::string wanted = local_path(adapter_base);
   for (const std::string& b : bases) {
