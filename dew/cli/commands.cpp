@@ -4,6 +4,7 @@
 
 #include "dew/cli/help.h"
 #include "dew/core/registry.h"
+#include "dew/io/stops.h"
 #include "dew/runs/registries.h"
 
 namespace dew::cli {
@@ -64,18 +65,23 @@ int run(const std::vector<std::string>& args) {
   const std::string& cmd = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (cmd == "list") return cmd_list(rest);
+  if (cmd == "sample" || cmd == "eval" || cmd == "generate" || cmd == "pairs") {
+    // A first SIGINT / SIGTERM stops these at their next sampling step or batch, before any output is
+    // written (io::Stopped; main exits 128 + the signal); a second one at once.
+    const io::StopScope stops(io::OnStop::kAtCheck);
+    if (cmd == "sample") return cmd_sample(rest);
+    if (cmd == "eval") return cmd_eval(rest);
+    if (cmd == "generate") return cmd_generate(rest);
+    return cmd_pairs(rest);
+  }
   if (cmd == "train") return cmd_train(rest);
   if (cmd == "launch") return cmd_launch(rest);
-  if (cmd == "sample") return cmd_sample(rest);
   if (cmd == "models") return cmd_models(rest);
   if (cmd == "bench") return cmd_bench(rest);
   if (cmd == "tune") return cmd_tune(rest);
-  if (cmd == "eval") return cmd_eval(rest);
-  if (cmd == "generate") return cmd_generate(rest);
   if (cmd == "tokenize") return cmd_tokenize(rest);
   if (cmd == "export") return cmd_export(rest);
   if (cmd == "forward") return cmd_forward(rest);
-  if (cmd == "pairs") return cmd_pairs(rest);
   if (cmd == "task") return cmd_task(rest);
   if (cmd == "version" || cmd == "--version") {
     std::cout << "dew " << DEW_VERSION << "\n";

@@ -162,6 +162,8 @@ int cmd_sample(const std::vector<std::string>& args) {
   DEW_CHECK(nrow >= 1, "--nrow: must be >= 1, got ", nrow);
   validate(g, *run.process);  // before the sampling work
   g.clamp = !run.latent;      // a latent run's samples are decoded
+  std::cout << "sampling " << g.count << (video ? " videos" : " samples") << " from " << f.positional[0] << " step "
+            << run.step << " (Ctrl-C stops without writing them)" << std::endl;
   auto images = run.images(sample_diffusion(*run.model, *run.process, g)).cpu();
   const std::string out = f.get("out", (fs::path(training::RunDir(f.positional[0]).samples()) /
                                         ("sample_step_" + std::to_string(run.step) + ".png"))
@@ -319,6 +321,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   std::cout << "| solver | steps | guidance | samples | accuracy | frechet distance | FD floor |"
             << (fid ? " FID | FID floor |" : "") << " seconds |\n|---|---|---|---|---|---|---|"
             << (fid ? "---|---|" : "") << "---|\n";
+  std::vector<json> rows;  // eval.jsonl's, one per plan
   for (const auto& g : plans) {
     const std::string& solver = g.solver;
     const auto t0 = std::chrono::steady_clock::now();
@@ -373,8 +376,10 @@ int cmd_eval(const std::vector<std::string>& args) {
       line["clip_score"] = clip->score(images, run->text->captions(g.labels));
       std::cout << "CLIP score (torchmetrics CLIPScore, " << f.get("clip", "") << "): " << line["clip_score"] << "\n";
     }
-    append_eval_row(dir, line, args);
+    rows.push_back(line);
   }
+  // Written once every plan is measured: a stopped eval (io::Stopped) leaves the run as it was.
+  for (const json& line : rows) append_eval_row(dir, line, args);
   md << per_class.str();
   io::write_file_atomic(dir + "/eval.md", md.str());
   std::cout << "rows appended to " << training::RunDir(dir).eval_log() << ", tables in " << dir << "/eval.md\n";

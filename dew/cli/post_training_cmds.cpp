@@ -9,6 +9,7 @@
 #include "dew/cli/commands.h"
 #include "dew/cli/recipe.h"
 #include "dew/core/threads.h"
+#include "dew/io/stops.h"
 #include "dew/objectives/rollouts.h"
 #include "dew/runs/lm_run.h"
 #include "dew/runs/post_training_run.h"
@@ -80,8 +81,9 @@ int cmd_eval_policy(const std::vector<std::string>& args) {  // `dew eval --help
   post_training::make_rewards(eo.reward, "", ro);  // a bad reward fails before the model loads
   auto p = open_policy(f);
   post_training::ChatEvaluator ev(eo, p.format, p.run.options.max_seq_len(), ro);
-  const std::string samples =
-      (fs::temp_directory_path() / ("dew_eval_" + std::to_string(::getpid()) + ".txt")).string();
+  const io::TempFile samples_file(
+      (fs::temp_directory_path() / ("dew_eval_" + std::to_string(::getpid()) + ".txt")).string());
+  const std::string& samples = samples_file.path();
   auto m = ev.evaluate(*p.run.model, samples);
   std::cout << "run:     " << p.run.dir << " step " << p.run.step << "\n";
   std::cout << "prompts: " << eo.prompts << (eo.count > 0 ? " (first " + std::to_string(eo.count) + ")" : "") << "\n";
@@ -93,7 +95,6 @@ int cmd_eval_policy(const std::vector<std::string>& args) {  // `dew eval --help
     std::ifstream s(samples);
     std::cout << "samples:\n" << s.rdbuf();
   }
-  fs::remove(samples);
   return 0;
 }
 
@@ -141,7 +142,8 @@ int cmd_pairs(const std::vector<std::string>& args) {
       chosen_rows.push_back(&pr);
     }
   auto cr = chosen_field.empty() ? post_training::Rollout{} : post_training::score(chosen_rows, chosen_texts, rewards);
-  const fs::path tmp = out + ".tmp";
+  const io::TempFile guard(out + ".tmp");  // gone unless renamed into place
+  const fs::path tmp = guard.path();
   if (fs::path(out).has_parent_path()) fs::create_directories(fs::path(out).parent_path());
   std::ofstream o(tmp, std::ios::binary);
   DEW_CHECK(o.good(), "--out: cannot write ", out);

@@ -12,6 +12,7 @@
 #include "dew/core/error.h"
 #include "dew/core/strings.h"
 #include "dew/data/tokenizer.h"
+#include "dew/io/files.h"
 
 namespace dew {
 namespace data {
@@ -290,6 +291,7 @@ ChatRole parse_chat_role(const std::string& name) {
 
 Conversation parse_chat_record(const std::string& json_text, const std::string& where) {
   json j;
+  io::check_json_depth(json_text, where);
   try {
     j = json::parse(json_text);
   } catch (const json::exception& e) {

@@ -11,6 +11,7 @@
 
 #include "dew/core/error.h"
 #include "dew/data/chat.h"
+#include "dew/io/files.h"
 
 namespace fs = std::filesystem;
 
@@ -539,7 +540,9 @@ ChatTemplate recognise_chat_template(const std::string& model_dir) {
             ": no chat_template.jinja or tokenizer_config.json, so no chat template");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_text(config, where));
+    const std::string text = read_text(config, where);
+    io::check_json_depth(text, where + ": " + config.filename().string());
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(where, ": ", config.filename().string(), " is not JSON (", e.what(), ")");
   }

@@ -117,11 +117,14 @@ ClipTokenizer::ClipTokenizer(const std::string& path) {
   std::error_code ec;
   fs::path file(path);
   if (fs::is_directory(file, ec)) {
+    io::check_folder_links(path, "clip tokenizer");
     if (fs::is_regular_file(file / "tokenizer.json", ec)) file /= "tokenizer.json";
     else if (fs::is_regular_file(file / "vocab.json", ec)) file /= "vocab.json";
     else fail("clip tokenizer: folder \"", path, "\" holds neither tokenizer.json nor vocab.json (+ merges.txt)");
   }
-  json j = json::parse(io::read_file(file.string(), "clip tokenizer"), nullptr, false);
+  const std::string text = io::read_file(file.string(), "clip tokenizer");
+  io::check_json_depth(text, "clip tokenizer: " + file.string());
+  json j = json::parse(text, nullptr, false);
   DEW_CHECK(!j.is_discarded() && j.is_object(), "clip tokenizer: \"", file.string(), "\" is not a JSON object");
 
   auto add_vocab = [&](const json& v, const std::string& where) {
@@ -193,7 +196,9 @@ ClipTokenizer::ClipTokenizer(const std::string& path) {
   pad_ = eos_;
   const fs::path config = file.parent_path() / "tokenizer_config.json";
   if (fs::is_regular_file(config, ec)) {
-    json c = json::parse(io::read_file(config.string(), "clip tokenizer"), nullptr, false);
+    const std::string text = io::read_file(config.string(), "clip tokenizer");
+    io::check_json_depth(text, "clip tokenizer: " + config.string());
+    json c = json::parse(text, nullptr, false);
     if (c.is_object() && c.contains("pad_token")) {
       const std::string pad = detail::token_text(c["pad_token"]);
       DEW_CHECK(id_of(pad) >= 0, "clip tokenizer: pad_token \"", pad, "\" of \"", config.string(),

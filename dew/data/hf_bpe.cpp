@@ -121,6 +121,7 @@ class HfBpeTokenizer : public Tokenizer {
   explicit HfBpeTokenizer(const HfBpeOptions& o) : path_(o.path) {
     DEW_CHECK(!o.path.empty(), "hf_bpe: field \"path\" is required (a tokenizer.json file)");
     raw_ = io::read_file(o.path, "hf_bpe");
+    io::check_json_depth(raw_, "hf_bpe: " + o.path);
     json j = json::parse(raw_, nullptr, false);
     DEW_CHECK(!j.is_discarded() && j.is_object(), "hf_bpe: \"", o.path, "\" is not a JSON object");
     DEW_CHECK(j.contains("model") && j["model"].is_object(), "hf_bpe: \"", o.path, "\" has no \"model\" object");
@@ -366,7 +367,11 @@ class HfBpeTokenizer : public Tokenizer {
     fs::path config = fs::path(path_).parent_path() / "tokenizer_config.json";
     std::error_code ec;
     json c;
-    if (fs::is_regular_file(config, ec)) c = json::parse(io::read_file(config.string(), "hf_bpe"), nullptr, false);
+    if (fs::is_regular_file(config, ec)) {
+      const std::string text = io::read_file(config.string(), "hf_bpe");
+      io::check_json_depth(text, "hf_bpe: " + config.string());
+      c = json::parse(text, nullptr, false);
+    }
     auto from_config = [&](const char* key) -> int64_t {
       if (!c.is_object() || !c.contains(key)) return -1;
       return piece_to_id(detail::token_text(c[key]));

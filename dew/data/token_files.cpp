@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "dew/core/error.h"
+#include "dew/io/files.h"
 
 namespace fs = std::filesystem;
 
@@ -40,14 +41,11 @@ std::string encode(const std::vector<int64_t>& ids, int64_t width, int64_t vocab
 }
 
 void write_atomic(const fs::path& path, const std::string& bytes) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    DEW_CHECK(f.good(), "write_token_files: cannot write ", tmp.string());
-    f.write(bytes.data(), std::streamsize(bytes.size()));
-    DEW_CHECK(f.good(), "write_token_files: writing ", tmp.string(), " failed (disk full?)");
+  try {
+    io::write_file_atomic(path.string(), bytes);
+  } catch (const Error& e) {
+    fail("write_token_files: ", e.what());
   }
-  fs::rename(tmp, path);
 }
 
 }  // namespace
@@ -115,7 +113,7 @@ TokenFiles::TokenFiles(const std::string& dir, bool check_ids) : dir_(dir) {
             ": missing (expected {tokenizer, vocab_size, dtype, train_tokens, val_tokens, eos_id})");
   json j;
   try {
-    j = json::parse(f);
+    j = io::parse_json(std::string(std::istreambuf_iterator<char>(f), {}), meta_path.string());
   } catch (const std::exception& e) {
     fail(meta_path.string(), ": invalid JSON (", e.what(), ")");
   }

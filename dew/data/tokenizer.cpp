@@ -255,6 +255,7 @@ TokenizerPtr load_tokenizer(const std::string& spec) {
   std::error_code ec;
   fs::path p(spec);
   if (fs::is_directory(p, ec)) {
+    io::check_folder_links(spec, "tokenizer");
     if (fs::is_regular_file(p / "tokenizer.json", ec)) p /= "tokenizer.json";
     else if (fs::is_regular_file(p / "tokenizer.model", ec)) p /= "tokenizer.model";
     else fail("tokenizer: folder \"", spec, "\" holds neither tokenizer.json nor tokenizer.model");

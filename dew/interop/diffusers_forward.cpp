@@ -33,6 +33,7 @@ std::string class_list() {
 json read_config(const std::string& folder) {
   const fs::path path = fs::path(folder) / "config.json";
   DEW_CHECK(fs::is_directory(folder), folder, ": not a folder (expected a diffusers model folder with config.json)");
+  io::check_folder_links(folder, "model folder");
   DEW_CHECK(fs::exists(path), path.string(), ": missing (a diffusers model folder has config.json beside its weights)");
   // Nesting bounded before parsing: the config is copied into options and quoted in errors (recursive).
   return io::parse_json(io::read_file(path.string(), "model config"), path.string());

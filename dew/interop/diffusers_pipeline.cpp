@@ -12,6 +12,7 @@
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
 #include "dew/io/files.h"
+#include "dew/io/stops.h"
 #include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/unet_2d_condition.h"
@@ -34,6 +35,7 @@ json read_pipeline_json(const fs::path& path) {
 
 json read_model_index(const std::string& dir, const std::vector<std::string>& accepted, std::string& class_name) {
   DEW_CHECK(fs::is_directory(dir), dir, ": not a folder (expected a diffusers pipeline folder with model_index.json)");
+  io::check_folder_links(dir, "pipeline folder");
   const fs::path file = fs::path(dir) / "model_index.json";
   json index = read_pipeline_json(file);
   DEW_CHECK(index.contains("_class_name") && index["_class_name"].is_string(), file.string(), ": no \"_class_name\"");
@@ -254,6 +256,7 @@ PipelineResult TextToImagePipeline::run(const PipelineRequest& r, const PromptEm
   }
   const auto noise = sampling::seeded_noise(r.seed);
   for (int64_t i = 0; i < scheduler_->num_steps(); ++i) {
+    io::check_stop();
     const Tensor in = scheduler_->scale_model_input(cfg ? at::cat({x, x}) : x, i);
     const Tensor t = at::full({in.size(0)}, scheduler_->timestep(i), at::TensorOptions().dtype(at::kFloat));
     Tensor out = unet->forward(in, t, cond);

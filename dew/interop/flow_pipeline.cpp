@@ -16,6 +16,7 @@
 #include "dew/core/rng.h"
 #include "dew/io/files.h"
 #include "dew/io/safetensors.h"
+#include "dew/io/stops.h"
 #include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/flux_transformer.h"
@@ -312,6 +313,7 @@ PipelineResult FlowPipeline::run(const PipelineRequest& r, const PromptEmbedding
   if (guidance_embeds_)
     cond.extra["guidance"] = at::full({cond.pooled.size(0)}, r.guidance, at::TensorOptions().dtype(at::kFloat));
   for (int64_t i = 0; i < scheduler_->num_steps(); ++i) {
+    io::check_stop();
     const Tensor in = cfg ? at::cat({x, x}) : x;
     const Tensor t = at::full({in.size(0)}, scheduler_->timestep(i), at::TensorOptions().dtype(at::kFloat));
     Tensor v = model->forward(in, t, cond);

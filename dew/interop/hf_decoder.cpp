@@ -7,6 +7,7 @@
 #include <set>
 
 #include "dew/data/tokenizer.h"
+#include "dew/io/files.h"
 #include "dew/io/safetensors.h"
 #include "dew/io/weights.h"
 
@@ -38,9 +39,9 @@ void write_json(const fs::path& path, const json& j) {
 }
 
 json read_json(const fs::path& path, const std::string& what) {
-  std::ifstream f(path);
-  DEW_CHECK(f.good(), what, ": cannot read \"", path.string(), "\"");
-  json j = json::parse(f, nullptr, false);
+  const std::string text = io::read_file(path.string(), what);
+  io::check_json_depth(text, path.string());  // before parsing: copies and error quotes recurse per level
+  json j = json::parse(text, nullptr, false);
   DEW_CHECK(!j.is_discarded() && j.is_object(), what, ": \"", path.string(), "\" is not a JSON object");
   return j;
 }
@@ -179,6 +180,7 @@ void add_chat_template(const std::string& dir, const std::string& jinja) {
 
 nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
   fs::path root(dir);
+  io::check_folder_links(dir, "model folder");
   json config = read_json(root / "config.json", "import");
   bool dew_layout = config.value("architecture", "") == "causal_transformer";
   nn::CausalTransformerOptions options =

@@ -30,6 +30,14 @@ nlohmann::json parse_json(const std::string& text, const std::string& what);
 /// the path.
 void write_file_atomic(const std::string& path, const std::string& content);
 
+/// Refuses (dew::Error naming `what`, the link and its target) a model, pipeline, adapter or tokenizer folder
+/// that holds a symbolic link resolving outside the folder, so that nothing Dew reads through it leaves the
+/// tree the user named. The folder itself may be a link. A folder inside a Hugging Face cache snapshot
+/// (`.../models--ORG--NAME/snapshots/REV/...`) may link anywhere inside its repository's cache folder (its files
+/// are links into `blobs/`). Links to folders are followed (inside the tree, 32 levels at most); a folder of
+/// more than 100000 entries is refused. A missing folder or a file is left to the caller.
+void check_folder_links(const std::string& dir, const std::string& what);
+
 /// fsync of a file or a directory (so a rename inside it is durable); a path that cannot be opened is
 /// skipped.
 void fsync_path(const std::string& path);

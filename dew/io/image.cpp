@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dew/core/error.h"
+#include "dew/io/files.h"
 #include "dew/io/image_decode.h"
 
 // The stb writer and resizer implementations live in this translation unit only (one definition per
@@ -97,11 +98,11 @@ void save_png(const std::string& path, const at::Tensor& image) {
   };
   if (!stbi_write_png_to_func(append, &png, w, h, c, hwc.data_ptr<uint8_t>(), w * c))
     fail(where, ": PNG encoding failed");
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail(where, ": cannot open for writing: ", std::strerror(errno));
-  out.write(reinterpret_cast<const char*>(png.data()), std::streamsize(png.size()));
-  out.close();
-  if (!out) fail(where, ": write failed: ", std::strerror(errno));
+  try {
+    write_file_atomic(path, std::string(png.begin(), png.end()));  // a stopped command leaves no torn PNG
+  } catch (const Error& e) {
+    fail(where, ": ", e.what());
+  }
 }
 
 at::Tensor make_grid(const at::Tensor& images, int64_t nrow, int64_t padding, double pad_value) {

@@ -12,6 +12,7 @@
 
 #include "dew/core/error.h"
 #include "dew/core/options.h"
+#include "dew/io/stops.h"
 
 // The format stores little-endian bytes and this code copies them as they are.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
@@ -262,33 +263,29 @@ void save_safetensors(const std::string& path, const std::map<std::string, at::T
   DEW_CHECK(text.size() <= kMaxHeaderBytes, file, ": header of ", text.size(), " bytes exceeds the ", kMaxHeaderBytes,
             " bytes readers accept; store less metadata");
 
-  const std::string tmp = path + ".tmp";
+  const TempFile guard(path + ".tmp");  // removed on any failure, and by a signal that ends the process
+  const std::string& tmp = guard.path();
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.fd < 0) fail(file, ": cannot create '", tmp, "': ", errno_text(errno));
-  try {
-    uint8_t len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-    write_all(fd.fd, len, 8, file);
-    write_all(fd.fd, text.data(), text.size(), file);
-    for (const Item& it : items) {
-      if (it.bytes == 0) continue;
-      at::Tensor cpu;
-      try {
-        // One tensor at a time, so a GPU model never needs a second full copy in host memory.
-        cpu = it.tensor->detach().to(at::kCPU).contiguous();
-      } catch (const c10::Error& e) {
-        fail(file, ": tensor ", json(*it.name).dump(), " cannot be copied to the CPU: ", e.what_without_backtrace());
-      }
-      write_all(fd.fd, cpu.data_ptr(), it.bytes, file);
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  write_all(fd.fd, len, 8, file);
+  write_all(fd.fd, text.data(), text.size(), file);
+  for (const Item& it : items) {
+    if (it.bytes == 0) continue;
+    at::Tensor cpu;
+    try {
+      // One tensor at a time, so a GPU model never needs a second full copy in host memory.
+      cpu = it.tensor->detach().to(at::kCPU).contiguous();
+    } catch (const c10::Error& e) {
+      fail(file, ": tensor ", json(*it.name).dump(), " cannot be copied to the CPU: ", e.what_without_backtrace());
     }
-    if (::fsync(fd.fd) != 0) fail(file, ": fsync of '", tmp, "' failed: ", errno_text(errno));
-    if (fd.close() != 0) fail(file, ": close of '", tmp, "' failed: ", errno_text(errno));
-    if (::rename(tmp.c_str(), path.c_str()) != 0)
-      fail(file, ": cannot rename '", tmp, "' into place: ", errno_text(errno));
-  } catch (...) {
-    ::unlink(tmp.c_str());  // never leave a partial file behind
-    throw;
+    write_all(fd.fd, cpu.data_ptr(), it.bytes, file);
   }
+  if (::fsync(fd.fd) != 0) fail(file, ": fsync of '", tmp, "' failed: ", errno_text(errno));
+  if (fd.close() != 0) fail(file, ": close of '", tmp, "' failed: ", errno_text(errno));
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    fail(file, ": cannot rename '", tmp, "' into place: ", errno_text(errno));
   sync_directory_of(path);
 }
 

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "dew/core/error.h"
+#include "dew/io/files.h"
 #include "dew/io/image.h"
 
 namespace dew::io {
@@ -177,17 +178,7 @@ std::vector<uint8_t> encode_gif(const at::Tensor& frames_in, int64_t delay_cs) {
 
 void save_gif(const std::string& path, const at::Tensor& videos, int64_t nrow, int64_t delay_cs) {
   const auto bytes = encode_gif(video_frames(videos, nrow), delay_cs);
-  namespace fs = std::filesystem;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    DEW_CHECK(f.good(), "save_gif: cannot write ", path);
-    f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-    DEW_CHECK(f.good(), "save_gif: write failed for ", path);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  DEW_CHECK(!ec, "save_gif: cannot rename into ", path, ": ", ec.message());
+  write_file_atomic(path, std::string(bytes.begin(), bytes.end()));
 }
 
 void save_png_sequence(const std::string& dir, const at::Tensor& videos, int64_t nrow) {

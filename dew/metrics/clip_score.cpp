@@ -8,6 +8,7 @@
 #include "dew/core/device.h"
 #include "dew/core/error.h"
 #include "dew/io/files.h"
+#include "dew/io/stops.h"
 #include "dew/io/weights.h"
 
 namespace fs = std::filesystem;
@@ -19,6 +20,7 @@ using at::Tensor;
 namespace {
 json clip_score_read_json(const fs::path& path) {
   const std::string text = io::read_file(path.string(), "CLIP folder file");
+  io::check_json_depth(text, "CLIP folder: " + path.string());
   try {
     return json::parse(text);
   } catch (const std::exception& e) {
@@ -133,6 +135,7 @@ Tensor clip_preprocess(const Tensor& images_in, const ClipImageProcessing& p) {
 ClipScorer::ClipScorer(const std::string& folder, const std::string& device) : device_(parse_device(device)) {
   const fs::path dir(folder);
   DEW_CHECK(fs::is_directory(dir), "--clip: \"", folder, "\" is not a folder (a transformers CLIPModel folder)");
+  io::check_folder_links(folder, "--clip");
   const json config = clip_score_read_json(dir / "config.json");
   const std::string where = (dir / "config.json").string();
   DEW_CHECK(config.contains("vision_config") && config["vision_config"].is_object(), where,
@@ -180,9 +183,11 @@ Tensor ClipScorer::image_embeds(const Tensor& images) {
   torch::NoGradGuard no_grad;
   const Tensor pixels = clip_preprocess(images, processing);  // checks the shape and channels first
   std::vector<Tensor> out;
-  for (int64_t b = 0; b < pixels.size(0); b += kClipScoreBatch)
+  for (int64_t b = 0; b < pixels.size(0); b += kClipScoreBatch) {
+    io::check_stop();  // `dew eval` stopped by a signal
     out.push_back(
         vision->forward(pixels.slice(0, b, b + kClipScoreBatch).to(device_)).image_embeds.to(at::kCPU, at::kFloat));
+  }
   return at::cat(out);
 }
 

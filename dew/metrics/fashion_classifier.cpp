@@ -6,6 +6,7 @@
 #include "dew/core/log.h"
 #include "dew/core/rng.h"
 #include "dew/io/safetensors.h"
+#include "dew/io/stops.h"
 
 namespace fs = std::filesystem;
 
@@ -39,6 +40,7 @@ std::pair<at::Tensor, at::Tensor> classify(FashionClassifier& model, const at::T
   model->eval();
   std::vector<at::Tensor> feats, preds;
   for (int64_t i = 0; i < images.size(0); i += batch) {
+    io::check_stop();
     auto x = images.slice(0, i, std::min(i + batch, images.size(0))).to(at::kFloat);
     auto f = model->features(x);
     feats.push_back(f);

@@ -14,6 +14,7 @@
 #include "dew/io/files.h"
 #include "dew/io/image.h"
 #include "dew/io/npz.h"
+#include "dew/io/stops.h"
 #include "dew/io/weights.h"
 #include "dew/metrics/fashion_classifier.h"
 #include "dew/metrics/metrics.h"
@@ -394,6 +395,7 @@ at::Tensor inception_features(InceptionV3& net, const at::Tensor& images01, FidM
   const auto p = net->parameters().front();
   std::vector<at::Tensor> out;
   for (int64_t i = 0; i < images01.size(0); i += batch) {
+    io::check_stop();  // `dew eval` stopped by a signal
     auto x = images01.slice(0, i, std::min(i + batch, images01.size(0)));
     if (x.size(1) == 1) x = x.expand({-1, 3, -1, -1});
     if (mode == FidMode::clean) {

@@ -8,6 +8,7 @@
 
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
+#include "dew/io/stops.h"
 #include "dew/training/optim.h"
 
 namespace dew::metrics {
@@ -54,6 +55,7 @@ double linear_probe_accuracy(const at::Tensor& train_x, const at::Tensor& train_
   training::Optimizer opt({{"weight", w}, {"bias", b}}, oo);
   const at::Tensor ytr = train_y.cpu();
   for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
+    io::check_stop();  // `dew eval` stopped by a signal (a no-op during training)
     auto gen = rng::generator(o.seed, uint64_t(epoch), "linear_probe");
     const at::Tensor order = at::randperm(n, gen, at::kLong);
     for (int64_t s = 0; s < n; s += o.batch_size) {

@@ -7,6 +7,7 @@
 
 #include "dew/core/device.h"
 #include "dew/io/image.h"
+#include "dew/io/stops.h"
 #include "dew/metrics/metrics.h"
 #include "dew/training/run_dir.h"
 
@@ -39,6 +40,7 @@ ReconstructionScores score_reconstructions(AutoencoderImpl& autoencoder, const a
   s.items = images.size(0);
   double psnr_sum = 0, ssim_sum = 0, l1_sum = 0, kl_sum = 0;
   for (int64_t b = 0; b < s.items; b += batch) {
+    io::check_stop();  // `dew eval` stopped by a signal (a no-op during training)
     const at::Tensor chunk = images.slice(0, b, b + batch);
     const at::Tensor x = (chunk.scalar_type() == at::kByte ? data::to_model_range(chunk) : chunk.to(at::kFloat));
     const DiagonalGaussian q = autoencoder.encode(x.to(device));

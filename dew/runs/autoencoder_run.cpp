@@ -5,6 +5,7 @@
 #include "dew/core/log.h"
 #include "dew/core/threads.h"
 #include "dew/data/dataset.h"
+#include "dew/io/stops.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/runs/kinds.h"
 
@@ -181,6 +182,7 @@ ReconstructionScores score_autoencoder_run(const std::string& run_dir, const Ope
   AutoencoderRun run = open_autoencoder_run(run_dir, o);
   const at::Tensor images = autoencoder_held_out_images(run, run_dir, items);
   if (step) *step = run.step;
+  log::info("reconstructing ", images.size(0), " held-out images of ", run_dir, " (step ", run.step, ")");
   return score_reconstructions(*run.autoencoder, images);
 }
 
@@ -201,6 +203,7 @@ double lpips_autoencoder_run(const std::string& run_dir, metrics::LpipsImpl& lpi
   lpips.to(device);
   double sum = 0;
   for (int64_t b = 0; b < images.size(0); b += batch) {
+    io::check_stop();
     const at::Tensor x = data::to_model_range(images.slice(0, b, b + batch)).to(device);
     const at::Tensor x_hat = run.autoencoder->decode(run.autoencoder->encode(x).mean).to(at::kFloat).clamp(-1, 1);
     sum += lpips.forward(x_hat, x).to(at::kDouble).sum().item<double>();

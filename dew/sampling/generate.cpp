@@ -4,6 +4,7 @@
 
 #include "dew/core/error.h"
 #include "dew/core/rng.h"
+#include "dew/io/stops.h"
 
 namespace dew::sampling {
 
@@ -110,6 +111,7 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
                            .squeeze(1);  // [B, V]
   std::vector<bool> done(static_cast<size_t>(b), false);
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
+    io::check_stop();
     Tensor proc = process_logits(next_logits, seen, o);
     Tensor tok;
     if (o.temperature == 0) {

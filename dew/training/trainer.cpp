@@ -1,6 +1,5 @@
 #include "dew/training/trainer.h"
 
-#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -12,38 +11,16 @@
 #include "dew/core/log.h"
 #include "dew/core/rng.h"
 #include "dew/io/files.h"
+#include "dew/io/stops.h"
 #include "dew/io/tensorboard.h"
 #include "dew/io/weights.h"
 #include "dew/training/run_dir.h"
 
 namespace dew::training {
 
+using io::stop_requested;
+
 namespace {
-
-std::atomic<bool> g_stop{false};
-// The first SIGINT / SIGTERM asks the loop to checkpoint and return after the current step; a second one
-// stops the process at once, by the signal's default action.
-extern "C" void on_signal(int sig) {
-  if (g_stop.exchange(true)) {
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-  }
-}
-
-// Installs the handlers for the lifetime of fit() and restores the previous ones after.
-struct SignalScope {
-  void (*old_int)(int);
-  void (*old_term)(int);
-  SignalScope() {
-    g_stop.store(false);
-    old_int = std::signal(SIGINT, on_signal);
-    old_term = std::signal(SIGTERM, on_signal);
-  }
-  ~SignalScope() {
-    std::signal(SIGINT, old_int);
-    std::signal(SIGTERM, old_term);
-  }
-};
 
 // Autocast on or off for one device type (CPU or CUDA), in `dtype` when on.
 void set_autocast(c10::DeviceType type, bool enabled, at::ScalarType dtype) {
@@ -91,8 +68,6 @@ std::string format_duration(double s) {
 }
 
 }  // namespace
-
-bool stop_requested() { return g_stop.load(); }
 
 void validate(const TrainerOptions& o) {
   DEW_CHECK(o.steps >= 1, "trainer.steps: must be >= 1, got ", o.steps);
@@ -335,7 +310,9 @@ TrainResult Trainer::fit() {
   obj_->begin(step_, run_dir_);
   begun_ = true;
   TrainResult res;
-  SignalScope signals;
+  // The first SIGINT / SIGTERM asks the loop to checkpoint and return after the current step; a second one
+  // stops the process at once, by the signal's default action.
+  io::StopScope signals(io::OnStop::kAfterStep);
   std::ofstream metrics;
   if (main) metrics.open(RunDir(run_dir_).metrics(), std::ios::app);
   // TensorBoard follows metrics.jsonl (truncated with it above): one event file per start, the recipe (run.json)
@@ -461,7 +438,7 @@ TrainResult Trainer::fit() {
     if (dist_) {
       // Every rank stops at the same step: a signal to one rank, or rank 0's clock, stops them all.
       const auto flags = dist_->sum({stop_requested() ? 1.0 : 0.0, out_of_time && main ? 1.0 : 0.0});
-      if (flags[0] > 0 && !stop_requested()) g_stop.store(true);
+      if (flags[0] > 0 && !stop_requested()) io::note_stop(SIGTERM);
       out_of_time = flags[1] > 0;
     }
     if (to_.val_every > 0 && step_ % to_.val_every == 0 && step_ < to_.steps && !out_of_time) run_validation();

@@ -141,7 +141,4 @@ void truncate_metrics(const std::string& run_dir, int64_t step);
 /// Model state of a module: parameters and buffers by path (what model.safetensors holds).
 TensorMap module_state(torch::nn::Module& m);
 
-/// True once SIGINT or SIGTERM arrived while a Trainer was running.
-bool stop_requested();
-
 }  // namespace dew::training

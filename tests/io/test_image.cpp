@@ -77,7 +77,7 @@ TEST(Image, SaveRejectsBadInputAndNamesThePath) {
   const auto missing = dir.file("no/such/dir/d.png");
   auto m4 = error_of([&] { dew::io::save_png(missing, at::zeros({1, 4, 4}, at::kByte)); });
   EXPECT_NE(m4.find(missing), std::string::npos) << m4;
-  EXPECT_NE(m4.find("cannot open for writing"), std::string::npos) << m4;
+  EXPECT_NE(m4.find("cannot write"), std::string::npos) << m4;
 }
 
 TEST(Image, LoadErrorsNameTheFile) {

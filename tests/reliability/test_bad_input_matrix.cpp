@@ -161,6 +161,14 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
                                                    repeat("[", 100000) + repeat("]", 100000) + "}");
   write_file(T / "deep_model/config.json", "{\"_class_name\": \"AutoencoderKL\", \"block_out_channels\": " +
                                                repeat("[", 1000000) + repeat("]", 1000000) + "}");
+  // Model folders with a link out of themselves (a pipeline's component folder, a model's weights file).
+  fs::create_directories(T / "pipe_link");
+  fs::copy_file(golden + "/pipeline/model_index.json", T / "pipe_link/model_index.json");
+  fs::create_directory_symlink(golden + "/pipeline/unet", T / "pipe_link/unet");
+  fs::create_directories(T / "model_link");
+  fs::copy_file(golden + "/vae_sd3/config.json", T / "model_link/config.json");
+  fs::create_symlink(golden + "/vae_sd3/diffusion_pytorch_model.safetensors",
+                     T / "model_link/diffusion_pytorch_model.safetensors");
   dew::test::write_tiny_tokens((T / "tokens").string());
   dew::test::write_tiny_tokens((T / "tokens_bad").string());
   write_file(T / "tokens_bad/meta.json",
@@ -284,6 +292,9 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
       {"sample --pipeline " + t + "/pipe_bad --prompt x --out " + t + "/p.png", "model_index.json"},
       {"sample --pipeline " + t + "/pipe_deep --prompt x --out " + t + "/p.png", "pipe_deep/model_index.json"},
       {"sample --pipeline " + golden + "/pipeline --prompt x --out " + t + "/p.jpg", "--out"},
+      {"sample --pipeline " + t + "/pipe_link --prompt x --out " + t + "/p.png", "pipe_link/unet\" is a symbolic link"},
+      {"forward " + t + "/model_link --inputs " + t + "/bad/wrong_names.safetensors --out " + t + "/f.safetensors",
+       "model_link/diffusion_pytorch_model.safetensors\" is a symbolic link"},
       {"sample --pipeline " + golden + "/pipeline --prompt x --size 0x0 --out " + t + "/p.png", "--size"},
       {"forward " + t + "/nowhere --inputs " + t + "/bad/wrong_names.safetensors --out " + t + "/f.safetensors",
        "nowhere"},

@@ -1,6 +1,7 @@
 // The bounds behind "validate everything, bound every size, then write" (issue 44, item 7), at the library's
 // entry points: JSON nesting is bounded before a document is parsed, a model's integer fields before it is
-// built, and a checkpoint is judged complete or damaged from its headers before a resume loads it.
+// built, and a checkpoint is judged complete or damaged from its headers before a resume loads it; a model
+// folder's symbolic links stay inside it (item 5).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -150,6 +151,68 @@ TEST(InputBounds, AFailedCheckpointWriteRemovesItsTemporaryDirectoryAndSaysWhatI
   const std::string first = dew::test::error_of([&] { dew::training::save_checkpoint(tmp.file("fresh"), c, 10); });
   EXPECT_NE(first.find("; the run has no earlier checkpoint; rerun the same command to start again"), std::string::npos)
       << first;
+}
+
+TEST(InputBounds, AModelFoldersLinksStayInsideItOrItsHuggingFaceCacheRepository) {
+  dew::test::TempDir tmp("folder_links");
+  const fs::path t(tmp.path);
+  auto write = [](const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  };
+  auto refusal = [](const fs::path& dir) {
+    return dew::test::error_of([&] { dew::io::check_folder_links(dir.string(), "model folder"); });
+  };
+  // Links inside the folder, a link to a folder inside it, a loop and the folder itself a link: accepted.
+  write(t / "m/unet/config.json", "{}");
+  fs::create_symlink("config.json", t / "m/unet/alias.json");
+  fs::create_directory_symlink("unet", t / "m/unet_alias");
+  fs::create_directory_symlink(".", t / "m/unet/loop");
+  fs::create_directory_symlink("m", t / "m_link");
+  EXPECT_EQ(refusal(t / "m"), "");
+  EXPECT_EQ(refusal(t / "m_link"), "");
+
+  // A file linked out of the tree, however deep, and a folder linked out of it: refused, naming the link,
+  // where it points and the folder.
+  write(t / "secret.bin", "x");
+  fs::create_symlink("../../secret.bin", t / "m/unet/diffusion_pytorch_model.safetensors");
+  std::string e = refusal(t / "m");
+  EXPECT_NE(e.find("model folder: \"" + (t / "m/unet/diffusion_pytorch_model.safetensors").string() +
+                   "\" is a symbolic link to \"" + fs::canonical(t / "secret.bin").string() +
+                   "\", outside the folder \"" + fs::canonical(t / "m").string() + "\""),
+            std::string::npos)
+      << e;
+  EXPECT_NE(refusal(t / "m/unet"), "");  // a component folder alike
+  fs::remove(t / "m/unet/diffusion_pytorch_model.safetensors");
+  fs::create_directory_symlink(t, t / "m/tokenizer");  // absolute, to an ancestor
+  EXPECT_NE(refusal(t / "m").find("m/tokenizer\" is a symbolic link"), std::string::npos) << refusal(t / "m");
+  fs::remove(t / "m/tokenizer");
+  fs::create_symlink("/nowhere/at/all", t / "m/dangling");  // a dangling link out of the tree
+  EXPECT_NE(refusal(t / "m").find("/nowhere/at/all"), std::string::npos) << refusal(t / "m");
+  fs::remove(t / "m/dangling");
+  EXPECT_EQ(refusal(t / "m"), "");
+
+  // A Hugging Face cache snapshot: its files link into the repository's blobs/, which is outside the snapshot
+  // but inside the repository folder; accepted for the snapshot and for a component inside it. A link out of
+  // the repository is still refused.
+  const fs::path repo = t / "hub/models--org--tiny";
+  write(repo / "blobs/3f2a", "{}");
+  write(repo / "blobs/9c1d", "weights");
+  fs::create_directories(repo / "snapshots/abc123/unet");
+  fs::create_symlink("../../../blobs/3f2a", repo / "snapshots/abc123/unet/config.json");
+  fs::create_symlink("../../../blobs/9c1d", repo / "snapshots/abc123/unet/diffusion_pytorch_model.safetensors");
+  EXPECT_EQ(refusal(repo / "snapshots/abc123"), "");
+  EXPECT_EQ(refusal(repo / "snapshots/abc123/unet"), "");
+  fs::create_symlink("../../../../../secret.bin", repo / "snapshots/abc123/unet/extra.bin");
+  EXPECT_NE(refusal(repo / "snapshots/abc123/unet").find("outside the folder \"" + fs::canonical(repo).string()),
+            std::string::npos)
+      << refusal(repo / "snapshots/abc123/unet");
+  // The same layout outside a cache (no models--ORG--NAME above snapshots/): blobs/ is out of the tree.
+  const fs::path plain = t / "plain";
+  write(plain / "blobs/3f2a", "{}");
+  fs::create_directories(plain / "snapshots/abc123");
+  fs::create_symlink("../../blobs/3f2a", plain / "snapshots/abc123/config.json");
+  EXPECT_NE(refusal(plain / "snapshots/abc123"), "");
 }
 
 }  // namespace input_bounds
