@@ -55,6 +55,31 @@ LossOutput DiffusionObjective::loss_of_rows(const data::Batch& batch, int64_t be
   return loss_rows(batch, begin, end, gen);
 }
 
+TextEncoding DiffusionObjective::caption_encoding(const at::Tensor& labels, const c10::Device& device) {
+  bool frozen = true;
+  for (const auto& p : text_.encoder->parameters()) frozen = frozen && !p.requires_grad();
+  if (!frozen) {
+    caption_cache_ = {};
+    return text_.encoder->forward(caption_ids_.index_select(0, labels).to(device),
+                                  caption_mask_.index_select(0, labels).to(device));
+  }
+  // As diffusers' training scripts precompute a frozen encoder's prompt embeddings: the num_classes + 1
+  // captions are encoded once (no dropout; no graph, nothing trains there), then each batch indexes them.
+  if (!caption_cache_.context.defined() || caption_cache_.context.device() != device) {
+    at::NoGradGuard no_grad;
+    const bool was_training = text_.encoder->is_training();
+    text_.encoder->eval();
+    caption_cache_ = text_.encoder->forward(caption_ids_.to(device), caption_mask_.to(device));
+    text_.encoder->train(was_training);
+  }
+  const at::Tensor rows = labels.to(device);
+  TextEncoding e;
+  e.context = caption_cache_.context.index_select(0, rows);
+  if (caption_cache_.mask.defined()) e.mask = caption_cache_.mask.index_select(0, rows);
+  if (caption_cache_.pooled.defined()) e.pooled = caption_cache_.pooled.index_select(0, rows);
+  return e;
+}
+
 LossOutput DiffusionObjective::loss_rows(const data::Batch& batch, int64_t begin, int64_t end, at::Generator gen) {
   const auto device = module_device(*model_);
   at::Tensor x0;
@@ -76,8 +101,7 @@ LossOutput DiffusionObjective::loss_rows(const data::Batch& batch, int64_t begin
     auto labels = at::where(drop, at::full_like(lt->second, num_classes_), lt->second);
     if (text_.encoder) {
       // The dropped rows get the empty caption, the unconditional datum of guidance.
-      auto enc = text_.encoder->forward(caption_ids_.index_select(0, labels).to(device),
-                                        caption_mask_.index_select(0, labels).to(device));
+      const TextEncoding enc = caption_encoding(labels, device);
       c.context = enc.context;
       c.context_mask = enc.mask;
       if (model_->takes_pooled()) c.pooled = enc.pooled;

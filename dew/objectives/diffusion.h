@@ -68,6 +68,10 @@ class DiffusionObjective : public Objective {
  private:
   // loss() of rows [begin, end) of the batch (end < 0: every row); the draws are those of the whole batch.
   LossOutput loss_rows(const data::Batch& batch, int64_t begin, int64_t end, at::Generator gen);
+  // The encoding of the captions of `labels` [B] on `device`. A frozen encoder (no parameter that trains, e.g.
+  // text_encoder.trainable false or a LoRA run) is a fixed function of the caption: every caption is encoded
+  // once, in eval mode, and batches index the cached rows.
+  TextEncoding caption_encoding(const at::Tensor& labels, const c10::Device& device);
 
   BackbonePtr model_;
   diffusion::DiffusionProcess process_;
@@ -76,6 +80,7 @@ class DiffusionObjective : public Objective {
   std::vector<int64_t> sample_shape_;
   TextConditioner text_;
   at::Tensor caption_ids_, caption_mask_;  // text runs: tokenized caption of each class, last row ""
+  TextEncoding caption_cache_;             // a frozen encoder's encoding of those rows (caption_encoding)
   LatentSpacePtr latent_;
 };
 

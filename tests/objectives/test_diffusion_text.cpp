@@ -1,5 +1,6 @@
 // Text conditioning of the diffusion objective: captions of labels, the empty caption as the null
-// datum, the encoder trained jointly with the backbone, and prompts in generate().
+// datum, the encoder trained jointly with the backbone or, frozen, its captions encoded once, and prompts in
+// generate().
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -81,6 +82,39 @@ TEST(DiffusionText, TheEncoderTrainsWithTheBackboneInOneModuleTree) {
   const auto& emb = r.encoder->named_parameters()["token_embedding.weight"].grad();
   EXPECT_GT(emb[int('s') + 1].abs().max().item<double>(), 0.0);
   EXPECT_EQ(emb[int('Z') + 1].abs().max().item<double>(), 0.0);
+}
+
+TEST(DiffusionText, AFrozenEncodersCaptionsAreEncodedOnceAndGiveTheLossOfEncodingEachBatch) {
+  // Two runs with the same weights, one encoder trainable (encodes each batch), one frozen (cached captions);
+  // half the labels dropped to the empty caption. Same batch, same draws: the same loss, up to the rounding of
+  // encoding 4 rows rather than all 4 captions.
+  auto trained = text_run(0.5), frozen = text_run(0.5);
+  for (auto* r : {&trained, &frozen}) {
+    torch::manual_seed(1);
+    torch::NoGradGuard ng;
+    for (auto& q : r->model->parameters()) q.add_(torch::randn_like(q) * 0.05);
+  }
+  for (auto& p : frozen.encoder->parameters()) p.set_requires_grad(false);
+  dew::data::Batch b = {{"image", torch::randint(0, 256, {6, 1, 8, 8}).to(at::kByte)},
+                        {"label", torch::tensor({0, 1, 2, 1, 0, 2}, at::kLong)}};
+  auto loss = [&](TextRun& r) { return r.objective->loss(b, 0, at::detail::createCPUGenerator(5)).loss; };
+  const at::Tensor a = loss(trained), c = loss(frozen);
+  EXPECT_NEAR(c.item<double>(), a.item<double>(), 1e-6 * std::abs(a.item<double>()));
+  auto fresh = text_run(0.5);
+  EXPECT_NE(a.item<double>(), loss(fresh).item<double>());  // the loss depends on the model's weights
+  // The frozen encoder trains nothing and its captions are not encoded again: moving its weights now changes
+  // the trainable run's loss, not the frozen one's.
+  c.backward();
+  for (const auto& p : frozen.encoder->parameters()) EXPECT_FALSE(p.grad().defined());
+  for (auto* r : {&trained, &frozen}) {
+    torch::NoGradGuard ng;
+    for (auto& q : r->encoder->parameters()) q.add_(0.1);
+  }
+  EXPECT_EQ(loss(frozen).item<double>(), c.item<double>());
+  EXPECT_GT(std::abs(loss(trained).item<double>() - a.item<double>()), 1e-6);
+  // Trainable again (a parameter requires its gradient): encoded per batch, with the moved weights.
+  for (auto& p : frozen.encoder->parameters()) p.set_requires_grad(true);
+  EXPECT_NEAR(loss(frozen).item<double>(), loss(trained).item<double>(), 1e-6 * std::abs(a.item<double>()));
 }
 
 TEST(DiffusionText, DroppedRowsSeeTheEmptyCaption) {
