@@ -440,12 +440,8 @@ json lora_config_json(const LoraOptions& o, const std::map<std::string, Tensor>&
 
 PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
   const std::string path = dir + "/adapter_config.json";
-  json j;
-  try {
-    j = json::parse(io::read_file(path, "PEFT adapter config"));
-  } catch (const json::parse_error& e) {
-    fail("LoRA: ", path, " is not valid JSON: ", e.what());
-  }
+  io::check_folder_links(dir, "PEFT adapter folder");
+  const json j = io::parse_json(io::read_file(path, "PEFT adapter config"), "LoRA: " + path);
   DEW_CHECK(j.is_object(), "LoRA: ", path, " is not a JSON object");
   const auto is_set = [&](const char* k) {
     if (!j.contains(k) || j[k].is_null()) return false;
@@ -612,6 +608,7 @@ LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path
   bool rslora = false;
   const auto meta = file.metadata();
   if (auto it = meta.find(kDiffusersMetadataKey); it != meta.end()) {
+    io::check_json_depth(it->second, path + " (metadata " + kDiffusersMetadataKey + ")");
     try {
       const json j = json::parse(it->second);
       meta_alpha = j.value(pre + "lora_alpha", -1.0);
@@ -638,6 +635,70 @@ void save_kohya_lora(const std::string& path, const torch::nn::Module& model, co
   io::save_safetensors(path, tensors, {{"format", "pt"}});
 }
 
+namespace {
+
+// kohya trains SDXL on its own copy of the original (SGM / LDM) UNet, so its SDXL files name modules as that UNet
+// does: input_blocks.I.J, middle_block.I, output_blocks.I.J, and inside a resnet in_layers.2 / out_layers.3 /
+// emb_layers.1 / skip_connection. The diffusers name (flattened with '_') of such a flattened name, laid out by
+// the model's own blocks: input block I >= 1 is down block (I - 1) / (L + 1), its resnet or attention
+// (I - 1) % (L + 1), the last index of a block its downsampler ("op"); output block I is up block I / (L + 1), layer
+// I % (L + 1), J = 2 (or 1 in a block without attention) its upsampler; L = resnets per down block. "" when `flat`
+// is not of that naming.
+std::string diffusers_flat_of_sgm(const std::string& flat, const std::vector<std::string>& modules) {
+  static const std::map<std::string, std::string> fixed = {{"input_blocks_0_0", "conv_in"},
+                                                           {"out_2", "conv_out"},
+                                                           {"time_embed_0", "time_embedding_linear_1"},
+                                                           {"time_embed_2", "time_embedding_linear_2"},
+                                                           {"label_emb_0_0", "add_embedding_linear_1"},
+                                                           {"label_emb_0_2", "add_embedding_linear_2"}};
+  if (auto it = fixed.find(flat); it != fixed.end()) return it->second;
+  const auto resnet = [](const std::string& rest) {
+    for (const auto& [from, to] :
+         std::vector<std::pair<std::string, std::string>>{{"in_layers_2", "conv1"},
+                                                          {"out_layers_3", "conv2"},
+                                                          {"emb_layers_1", "time_emb_proj"},
+                                                          {"skip_connection", "conv_shortcut"}})
+      if (rest == from) return to;
+    return rest;
+  };
+  const auto has_prefix = [&](const std::string& p) {
+    return std::any_of(modules.begin(), modules.end(), [&](const std::string& m) { return m.rfind(p, 0) == 0; });
+  };
+  int64_t per = 0;  // resnets per down block + 1
+  while (has_prefix("down_blocks.0.resnets." + std::to_string(per) + ".")) ++per;
+  ++per;
+  static const std::regex block(R"((input_blocks|output_blocks)_(\d{1,4})_(\d)_(.+))"),
+      middle(R"(middle_block_(\d)_(.+))");
+  std::smatch m;
+  if (std::regex_match(flat, m, block)) {
+    const int64_t i = std::stoll(m[2]), j = std::stoll(m[3]);
+    const std::string rest = m[4];
+    if (m[1] == "input_blocks") {
+      if (i < 1) return "";
+      const std::string b = std::to_string((i - 1) / per), k = std::to_string((i - 1) % per);
+      if (rest == "op") return "down_blocks_" + b + "_downsamplers_0_conv";
+      if (j == 0) return "down_blocks_" + b + "_resnets_" + k + "_" + resnet(rest);
+      if (j == 1) return "down_blocks_" + b + "_attentions_" + k + "_" + rest;
+      return "";
+    }
+    const std::string b = std::to_string(i / per), k = std::to_string(i % per);
+    const bool attends = has_prefix("up_blocks." + b + ".attentions.");
+    if (j == 0) return "up_blocks_" + b + "_resnets_" + k + "_" + resnet(rest);
+    if (j == 1 && attends) return "up_blocks_" + b + "_attentions_" + k + "_" + rest;
+    if (j == 2 || j == 1) return "up_blocks_" + b + "_upsamplers_0_" + rest;
+    return "";
+  }
+  if (std::regex_match(flat, m, middle)) {
+    const std::string rest = m[2];
+    if (m[1] == "0") return "mid_block_resnets_0_" + resnet(rest);
+    if (m[1] == "1") return "mid_block_attentions_0_" + rest;
+    if (m[1] == "2") return "mid_block_resnets_1_" + resnet(rest);
+  }
+  return "";
+}
+
+}  // namespace
+
 LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix) {
   const auto file = io::SafetensorsFile::open(path);
   // kohya flattens module names with '_', which cannot be undone by text: match against the model's
@@ -655,12 +716,19 @@ LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, co
     candidates.push_back(flat);
   }
   std::map<std::string, FileEntry> entries;
+  std::vector<std::string> modules;  // every module name, for the original UNet's naming (filled when needed)
   for (const auto& key : file.names()) {
     if (key.rfind(prefix + "_", 0) != 0) continue;  // another component (lora_te_, lora_te1_, ...)
     const size_t dot = key.find('.');
     DEW_CHECK(dot != std::string::npos, "LoRA: ", path, " key ", key, " has no '.' (expected <name>.lora_down.weight)");
     const std::string flat = key.substr(0, dot), suffix = key.substr(dot + 1);
-    const auto it = by_flat.find(flat);
+    auto it = by_flat.find(flat);
+    if (it == by_flat.end()) {  // the original UNet's naming (kohya's SDXL files)?
+      if (modules.empty())
+        for (const auto& kv : model.named_modules("", /*include_self=*/false)) modules.push_back(kv.key());
+      const std::string mapped = diffusers_flat_of_sgm(flat.substr(prefix.size() + 1), modules);
+      if (!mapped.empty()) it = by_flat.find(prefix + "_" + mapped);
+    }
     DEW_CHECK(it != by_flat.end(), "LoRA: ", path, " key ", key,
               " names no Linear or Conv2d of the model; nearest: ", nearest(flat, candidates));
     FileEntry& e = entries[it->second];

@@ -185,7 +185,10 @@ void save_kohya_lora(const std::string& path, const torch::nn::Module& model, co
 
 /// Reads that layout onto `model`, resolving each flattened name against the model's Linear / Conv2d
 /// names flattened the same way (a name that resolves to none is refused with the nearest ones); alpha
-/// from ".alpha" (any dtype), else the rank. Keys of other components (lora_te_...) are ignored.
+/// from ".alpha" (any dtype), else the rank. Keys of other components (lora_te_...) are ignored. A UNet's
+/// files may also use the original (SGM / LDM) UNet's names kohya trains SDXL with (lora_unet_input_blocks_4_1_...,
+/// ..._in_layers_2, lora_unet_middle_block_1_..., lora_unet_output_blocks_...): mapped to the diffusers
+/// names by the model's block layout.
 LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix = "lora_unet");
 
 /// A LoRA file in kohya's layout (a key starting with "<kohya_prefix>_") or else diffusers' (keys

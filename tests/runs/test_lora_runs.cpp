@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "dew/core/strings.h"
 #include "dew/data/tokenizer.h"
@@ -363,22 +364,15 @@ TEST(LoraPipelineCli, ScaleZeroIsTheBasePipelineAndFilesOfBothLayoutsAgree) {
   }
 }
 
-// diffusers' load_lora_weights + set_adapters(0.5) on the same folder and latents
-// (tests/golden/lora_pipeline_reference.py): dew's PNG is its image quantised as numpy_to_pil does.
-TEST(LoraPipelineCli, MatchesDiffusersLoadLoraWeights) {
-  dew::test::TempDir tmp("lora_pipeline_golden");
-  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/pipeline_lora";
-  const auto io = dew::io::load_safetensors(golden + "/io.safetensors");
-  const std::string cmd = "sample --pipeline " + std::string(DEW_SOURCE_DIR) +
-                          "/tests/golden/sd/pipeline --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32"
-                          " --latents " +
-                          golden + "/io.safetensors --out " + tmp.file("x.png");
+// `dew sample CMD` without and with `--lora LORA` against diffusers' images of the same folder and latents
+// (io's image_base, image_lora): dew's PNG is the image quantised as numpy_to_pil does.
+void expect_diffusers_images(const std::string& cmd, const std::string& lora, const std::string& png,
+                             const std::map<std::string, at::Tensor>& io) {
   for (const std::string which : {"base", "lora"}) {
     SCOPED_TRACE(which);
-    const auto r =
-        run_dew(cmd + (which == "lora" ? " --lora " + golden + "/pytorch_lora_weights.safetensors:0.5" : ""));
+    const auto r = run_dew(cmd + (which == "lora" ? " --lora " + lora : "") + " --out " + png);
     ASSERT_EQ(r.code, 0) << r.output;
-    const at::Tensor ours = dew::io::load_image(tmp.file("x.png"), 3).to(at::kInt);  // [3, 32, 32]
+    const at::Tensor ours = dew::io::load_image(png, 3).to(at::kInt);  // [3, H, W]
     const at::Tensor ref = (io.at("image_" + which)[0] * 255).round().clamp(0, 255).to(at::kInt);
     const int64_t off = (ours - ref).abs().gt(1).sum().item<int64_t>();
     const double same = (ours == ref).to(at::kDouble).mean().item<double>();
@@ -387,6 +381,34 @@ TEST(LoraPipelineCli, MatchesDiffusersLoadLoraWeights) {
     EXPECT_EQ(off, 0);
     EXPECT_GE(same, 0.99);
   }
+}
+
+// diffusers' load_lora_weights + set_adapters(0.5) on the same folder and latents
+// (tests/golden/lora_pipeline_reference.py).
+TEST(LoraPipelineCli, MatchesDiffusersLoadLoraWeights) {
+  dew::test::TempDir tmp("lora_pipeline_golden");
+  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/pipeline_lora";
+  expect_diffusers_images("sample --pipeline " + std::string(DEW_SOURCE_DIR) +
+                              "/tests/golden/sd/pipeline --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32"
+                              " --latents " +
+                              golden + "/io.safetensors",
+                          golden + "/pytorch_lora_weights.safetensors:0.5", tmp.file("x.png"),
+                          dew::io::load_safetensors(golden + "/io.safetensors"));
+}
+
+// A kohya file of the SDXL UNet in the original (SGM) naming kohya trains SDXL with, on the tiny SDXL folder:
+// diffusers' load_lora_weights of the same file + set_adapters(0.5) (tests/golden/lora_kohya_sgm_reference.py; 174
+// modules of every kind: attention, feed-forward, resnet convs and time projections, shortcuts, samplers, conv_in /
+// conv_out, the time and added-condition embeddings).
+TEST(LoraPipelineCli, SdxlKohyaFileInTheOriginalUNetNamingMatchesDiffusers) {
+  dew::test::TempDir tmp("lora_kohya_sgm_golden");
+  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/kohya_sgm";
+  expect_diffusers_images("sample --pipeline " + std::string(DEW_SOURCE_DIR) +
+                              "/tests/golden/sd/pipeline_sdxl --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32"
+                              " --latents " +
+                              golden + "/io.safetensors",
+                          golden + "/sdxl_kohya_sgm.safetensors:0.5", tmp.file("x.png"),
+                          dew::io::load_safetensors(golden + "/io.safetensors"));
 }
 
 // The same for SD3 and Flux (schnell) folders (tests/golden/lora_flow_pipeline_reference.py): diffusers'
