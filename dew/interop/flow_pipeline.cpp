@@ -253,13 +253,16 @@ PromptEmbeddings FlowPipeline::encode(const PipelineRequest& r, int64_t max_sequ
 }
 
 int64_t FlowPipeline::add_lora(const std::string& path, double scale) {
-  // kohya / sd-scripts files for SD3 and Flux name the original checkpoints' modules (joint_blocks,
-  // double_blocks with fused qkv), not diffusers' that dew's transformers carry.
+  // kohya / sd-scripts files name the original checkpoints' modules: FLUX's (double_blocks with fused qkv, ...)
+  // nn::load_kohya_lora maps onto diffusers' names; SD3's (joint_blocks) are not read.
+  std::string original;
   for (const auto& key : io::SafetensorsFile::open(path).names())
-    DEW_CHECK(key.rfind("lora_unet_", 0) != 0, "LoRA: ", path, " is in kohya's layout (", key,
-              "), which names the original SD3 / FLUX modules; SD3 and Flux folders take diffusers' layout "
-              "(transformer.* keys, what save_lora_weights writes)");
-  return detail::merge_lora_file(*transformer_.module, weights_dtype_, path, scale, "transformer", "lora_transformer");
+    if (original.empty() && key.rfind("lora_unet_", 0) == 0) original = key;
+  DEW_CHECK(original.empty() || flux(), "LoRA: ", path, " is in kohya's layout (", original,
+            "), which names the original SD3 modules; SD3 folders take diffusers' layout (transformer.* keys, what "
+            "save_lora_weights writes)");
+  return detail::merge_lora_file(*transformer_.module, weights_dtype_, path, scale, "transformer",
+                                 original.empty() ? "lora_transformer" : "lora_unet");
 }
 
 int64_t FlowPipeline::hold_weights_in(at::ScalarType dtype) {

@@ -534,6 +534,10 @@ namespace {
 // The keys of one module's adapter in a file.
 struct FileEntry {
   std::string a, b, alpha;  // alpha: "" when the file has none for it
+  // The rows of B this module takes, as (first row, count) pieces concatenated in order; empty: all of B. A
+  // fused original module (FLUX's qkv) is one adapter whose B stacks its parts' rows: each part gets A and
+  // its rows of B, which is the same update.
+  std::vector<std::pair<int64_t, int64_t>> b_rows;
 };
 
 // Attaches and loads the adapters `entries` (module name -> keys) of `file`: alpha from `meta_alpha` when
@@ -554,7 +558,18 @@ LoraReport attach_from_file(torch::nn::Module& model, const io::SafetensorsFile&
               "LoRA: ", path, " names module ", name, ", a ", (*m)->name(), ", not a Linear or Conv2d");
   }
   for (const auto& [name, e] : entries) {
-    const Tensor a = file.tensor(e.a), b = file.tensor(e.b);
+    const Tensor a = file.tensor(e.a);
+    Tensor b = file.tensor(e.b);
+    if (!e.b_rows.empty()) {
+      std::vector<Tensor> pieces;
+      for (const auto& [first, count] : e.b_rows) {
+        DEW_CHECK(b.dim() == 2 && first + count <= b.size(0), "LoRA: ", path, " key ", e.b, " has shape ", b.sizes(),
+                  "; its rows ", first, "..", first + count, " belong to ", name,
+                  " (the modules it stands for have more rows: a file for another model size?)");
+        pieces.push_back(b.narrow(0, first, count));
+      }
+      b = at::cat(pieces);
+    }
     LoraOptions o;
     o.rank(a.size(0));
     o.use_rslora(rslora);
@@ -697,6 +712,66 @@ std::string diffusers_flat_of_sgm(const std::string& flat, const std::vector<std
   return "";
 }
 
+// FLUX.1's original (Black Forest Labs) module names, which kohya / sd-scripts trains FLUX with: the diffusers
+// modules each stands for, with their rows of B. q, k and v are one `qkv` Linear in a double block and, with
+// the MLP's input, one `linear1` in a single block; the final layer's modulation holds shift then scale, where
+// diffusers' norm_out holds scale then shift. Row counts come from the model's modules, so any FLUX size maps.
+// Empty when `flat` is not of that naming or names a module the model lacks.
+std::vector<std::pair<std::string, std::vector<std::pair<int64_t, int64_t>>>> flux_targets_of_original(
+    const std::string& flat, torch::nn::Module& model) {
+  const auto modules = model.named_modules("", /*include_self=*/false);
+  const auto rows_of = [&](const std::string& name) -> int64_t {
+    const auto* m = modules.find(name);
+    const auto* lin = m ? dynamic_cast<torch::nn::LinearImpl*>(m->get()) : nullptr;
+    return lin ? lin->options.out_features() : -1;
+  };
+  std::vector<std::string> parts;
+  bool swap_halves = false;
+  std::smatch m;
+  static const std::regex dbl(R"(double_blocks_(\d{1,4})_(img|txt)_(attn_qkv|attn_proj|mlp_0|mlp_2|mod_lin))"),
+      single(R"(single_blocks_(\d{1,4})_(linear1|linear2|modulation_lin))");
+  static const std::map<std::string, std::string> fixed = {
+      {"img_in", "x_embedder"},
+      {"txt_in", "context_embedder"},
+      {"time_in_in_layer", "time_text_embed.timestep_embedder.linear_1"},
+      {"time_in_out_layer", "time_text_embed.timestep_embedder.linear_2"},
+      {"vector_in_in_layer", "time_text_embed.text_embedder.linear_1"},
+      {"vector_in_out_layer", "time_text_embed.text_embedder.linear_2"},
+      {"guidance_in_in_layer", "time_text_embed.guidance_embedder.linear_1"},
+      {"guidance_in_out_layer", "time_text_embed.guidance_embedder.linear_2"},
+      {"final_layer_linear", "proj_out"},
+      {"final_layer_adaLN_modulation_1", "norm_out.linear"}};
+  if (std::regex_match(flat, m, dbl)) {
+    const std::string d = "transformer_blocks." + m[1].str() + ".", what = m[3];
+    const bool img = m[2] == "img";
+    if (what == "attn_qkv")
+      for (const char* p : {"q", "k", "v"})
+        parts.push_back(d + (img ? std::string("attn.to_") + p : std::string("attn.add_") + p + "_proj"));
+    else if (what == "attn_proj") parts = {d + (img ? "attn.to_out.0" : "attn.to_add_out")};
+    else if (what == "mlp_0") parts = {d + (img ? "ff" : "ff_context") + ".net.0.proj"};
+    else if (what == "mlp_2") parts = {d + (img ? "ff" : "ff_context") + ".net.2"};
+    else parts = {d + (img ? "norm1" : "norm1_context") + ".linear"};
+  } else if (std::regex_match(flat, m, single)) {
+    const std::string d = "single_transformer_blocks." + m[1].str() + ".";
+    if (m[2] == "linear1") parts = {d + "attn.to_q", d + "attn.to_k", d + "attn.to_v", d + "proj_mlp"};
+    else if (m[2] == "linear2") parts = {d + "proj_out"};
+    else parts = {d + "norm.linear"};
+  } else if (auto it = fixed.find(flat); it != fixed.end()) {
+    parts = {it->second};
+    swap_halves = flat == "final_layer_adaLN_modulation_1";
+  }
+  std::vector<std::pair<std::string, std::vector<std::pair<int64_t, int64_t>>>> out;
+  int64_t first = 0;
+  for (const auto& p : parts) {
+    const int64_t rows = rows_of(p);
+    if (rows < 0) return {};
+    if (swap_halves) out.push_back({p, {{rows / 2, rows - rows / 2}, {0, rows / 2}}});
+    else out.push_back({p, {{first, rows}}});
+    first += rows;
+  }
+  return out;
+}
+
 }  // namespace
 
 LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix) {
@@ -717,27 +792,56 @@ LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, co
   }
   std::map<std::string, FileEntry> entries;
   std::vector<std::string> modules;  // every module name, for the original UNet's naming (filled when needed)
+  std::map<std::string, std::vector<std::pair<std::string, std::vector<std::pair<int64_t, int64_t>>>>> resolved;
   for (const auto& key : file.names()) {
     if (key.rfind(prefix + "_", 0) != 0) continue;  // another component (lora_te_, lora_te1_, ...)
     const size_t dot = key.find('.');
     DEW_CHECK(dot != std::string::npos, "LoRA: ", path, " key ", key, " has no '.' (expected <name>.lora_down.weight)");
     const std::string flat = key.substr(0, dot), suffix = key.substr(dot + 1);
-    auto it = by_flat.find(flat);
-    if (it == by_flat.end()) {  // the original UNet's naming (kohya's SDXL files)?
-      if (modules.empty())
-        for (const auto& kv : model.named_modules("", /*include_self=*/false)) modules.push_back(kv.key());
-      const std::string mapped = diffusers_flat_of_sgm(flat.substr(prefix.size() + 1), modules);
-      if (!mapped.empty()) it = by_flat.find(prefix + "_" + mapped);
+    auto targets = resolved.find(flat);
+    if (targets == resolved.end()) {
+      // The model's own names flattened; else the original UNet's (kohya's SDXL files); else FLUX's original ones.
+      std::vector<std::pair<std::string, std::vector<std::pair<int64_t, int64_t>>>> found;
+      auto it = by_flat.find(flat);
+      if (it == by_flat.end()) {
+        if (modules.empty())
+          for (const auto& kv : model.named_modules("", /*include_self=*/false)) modules.push_back(kv.key());
+        const std::string mapped = diffusers_flat_of_sgm(flat.substr(prefix.size() + 1), modules);
+        if (!mapped.empty()) it = by_flat.find(prefix + "_" + mapped);
+      }
+      if (it != by_flat.end()) found.push_back({it->second, {}});
+      else found = flux_targets_of_original(flat.substr(prefix.size() + 1), model);
+      DEW_CHECK(!found.empty(), "LoRA: ", path, " key ", key,
+                " names no Linear or Conv2d of the model; nearest: ", nearest(flat, candidates));
+      targets = resolved.emplace(flat, std::move(found)).first;
     }
-    DEW_CHECK(it != by_flat.end(), "LoRA: ", path, " key ", key,
-              " names no Linear or Conv2d of the model; nearest: ", nearest(flat, candidates));
-    FileEntry& e = entries[it->second];
-    if (suffix == "lora_down.weight") e.a = key;
-    else if (suffix == "lora_up.weight") e.b = key;
-    else if (suffix == "alpha") e.alpha = key;
-    else fail("LoRA: ", path, " key ", key, " is not a LoRA tensor (lora_down.weight, lora_up.weight, alpha)");
+    for (const auto& [module, rows] : targets->second) {
+      FileEntry& e = entries[module];
+      DEW_CHECK(e.b_rows.empty() || e.b_rows == rows, "LoRA: ", path, " adapts ", module, " twice");
+      e.b_rows = rows;
+      if (suffix == "lora_down.weight") e.a = key;
+      else if (suffix == "lora_up.weight") e.b = key;
+      else if (suffix == "alpha") e.alpha = key;
+      else fail("LoRA: ", path, " key ", key, " is not a LoRA tensor (lora_down.weight, lora_up.weight, alpha)");
+    }
   }
   DEW_CHECK(!entries.empty(), "LoRA: ", path, " holds no key starting with ", prefix, "_");
+  // A fused original module's B must hold exactly its parts' rows (a file for another size would otherwise
+  // load its first rows).
+  for (const auto& [flat, targets] : resolved) {
+    if (targets.front().second.empty()) continue;  // a module of its own: its shapes are checked at load
+    int64_t rows = 0;
+    std::string names;
+    for (const auto& [module, pieces] : targets) {
+      for (const auto& piece : pieces) rows += piece.second;
+      names += (names.empty() ? "" : ", ") + module;
+    }
+    const FileEntry& e = entries.at(targets.front().first);
+    if (e.b.empty()) continue;  // refused by attach_from_file, naming the missing half
+    const at::Tensor b = file.tensor(e.b);
+    DEW_CHECK(b.dim() == 2 && b.size(0) == rows, "LoRA: ", path, " key ", e.b, " has shape ", b.sizes(),
+              "; the modules it stands for (", names, ") have ", rows, " rows in all (a file for another model size?)");
+  }
   return attach_from_file(model, file, entries, -1.0, false, prefix + "_");
 }
 

@@ -188,7 +188,10 @@ void save_kohya_lora(const std::string& path, const torch::nn::Module& model, co
 /// from ".alpha" (any dtype), else the rank. Keys of other components (lora_te_...) are ignored. A UNet's
 /// files may also use the original (SGM / LDM) UNet's names kohya trains SDXL with (lora_unet_input_blocks_4_1_...,
 /// ..._in_layers_2, lora_unet_middle_block_1_..., lora_unet_output_blocks_...): mapped to the diffusers
-/// names by the model's block layout.
+/// names by the model's block layout. A FLUX transformer's files may use FLUX.1's original names
+/// (lora_unet_double_blocks_0_img_attn_qkv, ..._single_blocks_0_linear1, img_in, final_layer_...): a fused
+/// module's adapter becomes one per part (the file's A, the part's rows of B; the final modulation's halves
+/// swapped into diffusers' order), and a B whose rows do not add up to the parts' is refused.
 LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix = "lora_unet");
 
 /// A LoRA file in kohya's layout (a key starting with "<kohya_prefix>_") or else diffusers' (keys

@@ -413,7 +413,7 @@ TEST(LoraPipelineCli, SdxlKohyaFileInTheOriginalUNetNamingMatchesDiffusers) {
 
 // The same for SD3 and Flux (schnell) folders (tests/golden/lora_flow_pipeline_reference.py): diffusers'
 // load_lora_weights + set_adapters(0.5) on the transformer, against `dew sample --pipeline --lora FILE:0.5`; a kohya
-// file (lora_unet_ keys, the original modules' names) is refused in one line.
+// file of SD3's original modules (lora_unet_joint_blocks_...) is refused in one line.
 TEST(LoraPipelineCli, SD3AndFluxMatchDiffusersLoadLoraWeights) {
   dew::test::TempDir tmp("lora_flow_golden");
   const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/";
@@ -444,15 +444,90 @@ TEST(LoraPipelineCli, SD3AndFluxMatchDiffusersLoadLoraWeights) {
       EXPECT_GE(same, 0.98);
     }
   }
-  // A kohya-layout file: refused before anything runs, naming the layout.
+  // A kohya file of SD3's original modules: refused before anything runs, naming the layout.
   dew::io::save_safetensors(tmp.file("kohya.safetensors"),
-                            {{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", at::zeros({2, 16})}});
-  const auto r = run_dew("sample --pipeline " + golden + "flux/pipeline_schnell --prompt cat --steps 1 --lora " +
+                            {{"lora_unet_joint_blocks_0_x_block_attn_qkv.lora_down.weight", at::zeros({2, 16})}});
+  const auto r = run_dew("sample --pipeline " + golden + "sd3/pipeline --prompt cat --steps 1 --lora " +
                          tmp.file("kohya.safetensors") + " --out " + tmp.file("bad.png"));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
   EXPECT_NE(r.output.find("kohya's layout"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(tmp.path / "bad.png"));
+}
+
+// A kohya file of FLUX.1 in the original module naming (fused q/k/v, the modulations, the embedders, the final
+// layer with shift and scale in the original order), on the tiny schnell folder: diffusers' load_lora_weights of the
+// same file + set_adapters(0.5) (tests/golden/lora_kohya_flux_reference.py).
+TEST(LoraPipelineCli, FluxKohyaFileInTheOriginalNamingMatchesDiffusers) {
+  dew::test::TempDir tmp("lora_kohya_flux_golden");
+  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/kohya_flux";
+  expect_diffusers_images("sample --pipeline " + std::string(DEW_SOURCE_DIR) +
+                              "/tests/golden/flux/pipeline_schnell --prompt 'a photo of a cat on the moon' --steps 4"
+                              " --size 16x16 --max-sequence-length 16 --latents " +
+                              golden + "/io.safetensors",
+                          golden + "/flux_kohya_bfl.safetensors:0.5", tmp.file("x.png"),
+                          dew::io::load_safetensors(golden + "/io.safetensors"));
+}
+
+// What diffusers does not check (its reader splits a single block's linear1 at FLUX.1-dev's widths, and drops the
+// embedders' and the final layer's adapters): linear1 is one Linear whose rows are to_q, to_k, to_v and proj_mlp
+// stacked, so its update scale * B A lands on those modules by rows; the final layer's modulation rows are (shift,
+// scale) where norm_out's are (scale, shift); img_in is the x_embedder.
+// A file for another width is refused, naming the key and the rows.
+TEST(LoraFiles, FluxOriginalFusedModulesLandOnTheirPartsByRows) {
+  dew::test::TempDir tmp("lora_kohya_flux_rows");
+  const std::string folder = std::string(DEW_SOURCE_DIR) + "/tests/golden/flux/pipeline_schnell/transformer";
+  auto model = dew::interop::load_diffusers_folder(folder);
+  std::map<std::string, at::Tensor> base;
+  for (const auto& kv : model.module->named_parameters()) base[kv.key()] = kv.value().detach().clone();
+  const int64_t d = base.at("single_transformer_blocks.0.attn.to_q.weight").size(0);  // 16
+  at::manual_seed(3);
+  const at::Tensor a1 = at::randn({2, d}), b1 = at::randn({7 * d, 2}), a2 = at::randn({2, d}),
+                   b2 = at::randn({2 * d, 2});
+  const at::Tensor a3 = at::randn({2, base.at("x_embedder.weight").size(1)}), b3 = at::randn({d, 2});
+  dew::io::save_safetensors(tmp.file("k.safetensors"),
+                            {{"lora_unet_single_blocks_0_linear1.lora_down.weight", a1},
+                             {"lora_unet_single_blocks_0_linear1.lora_up.weight", b1},
+                             {"lora_unet_single_blocks_0_linear1.alpha", at::tensor(4.0)},
+                             {"lora_unet_final_layer_adaLN_modulation_1.lora_down.weight", a2},
+                             {"lora_unet_final_layer_adaLN_modulation_1.lora_up.weight", b2},
+                             {"lora_unet_img_in.lora_down.weight", a3},
+                             {"lora_unet_img_in.lora_up.weight", b3}});
+  const auto report = dew::nn::load_lora_file(*model.module, tmp.file("k.safetensors"), 0.5);
+  EXPECT_EQ(report.targets.size(), 6u);
+  dew::nn::fold_lora(*model.module);
+  const auto after = model.module->named_parameters();
+  const std::string s = "single_transformer_blocks.0.";
+  const std::vector<std::pair<std::string, int64_t>> parts = {
+      {s + "attn.to_q", 0}, {s + "attn.to_k", d}, {s + "attn.to_v", 2 * d}, {s + "proj_mlp", 3 * d}};
+  for (const auto& [name, first] : parts) {
+    const at::Tensor w = after[name + ".weight"], w0 = base.at(name + ".weight");
+    // alpha 4 over rank 2, times the file's scale 0.5
+    const at::Tensor expected = w0 + 1.0 * b1.narrow(0, first, w0.size(0)).matmul(a1);
+    EXPECT_TRUE(at::allclose(w, expected, 1e-5, 1e-6)) << name << " max diff " << (w - expected).abs().max();
+  }
+  // no alpha: alpha = rank, scale 1 x 0.5
+  const at::Tensor swapped = at::cat({b2.narrow(0, d, d), b2.narrow(0, 0, d)});
+  const at::Tensor expected = base.at("norm_out.linear.weight") + 0.5 * swapped.matmul(a2);
+  EXPECT_TRUE(at::allclose(after["norm_out.linear.weight"], expected, 1e-5, 1e-6));
+  const at::Tensor embed = base.at("x_embedder.weight") + 0.5 * b3.matmul(a3);  // img_in is the x_embedder
+  EXPECT_TRUE(at::allclose(after["x_embedder.weight"], embed, 1e-5, 1e-6));
+  for (const auto& kv : after)
+    if (kv.key().find("to_q") == std::string::npos && kv.key().find("to_k") == std::string::npos &&
+        kv.key().find("to_v") == std::string::npos && kv.key().find("proj_mlp") == std::string::npos &&
+        kv.key() != "norm_out.linear.weight" && kv.key() != "x_embedder.weight")
+      EXPECT_TRUE(kv.value().equal(base.at(kv.key()))) << kv.key();
+
+  // A linear1 of another width: refused before anything is attached.
+  auto fresh = dew::interop::load_diffusers_folder(folder);
+  dew::io::save_safetensors(tmp.file("wide.safetensors"),
+                            {{"lora_unet_single_blocks_0_linear1.lora_down.weight", a1},
+                             {"lora_unet_single_blocks_0_linear1.lora_up.weight", at::randn({7 * d + 8, 2})}});
+  const std::string e =
+      dew::test::error_of([&] { dew::nn::load_lora_file(*fresh.module, tmp.file("wide.safetensors")); });
+  EXPECT_NE(e.find("lora_unet_single_blocks_0_linear1.lora_up.weight has shape [120, 2]"), std::string::npos) << e;
+  EXPECT_NE(e.find("have 112 rows in all"), std::string::npos) << e;
+  EXPECT_TRUE(dew::nn::lora_parameters(*fresh.module).empty());
 }
 
 }  // namespace lora_runs_test
