@@ -84,26 +84,41 @@ std::shared_ptr<AutoencoderImpl> DiffusersModel::autoencoder() const {
   return a;
 }
 
-DiffusersModel load_diffusers_folder(const std::string& folder, const DiffusersLoadOptions& options) {
-  DEW_CHECK(options.dtype == at::kFloat || options.dtype == at::kDouble, "diffusers folder ", folder,
-            ": dtype must be float32 or float64, got ", c10::toString(options.dtype));
+DiffusersModelSpec diffusers_model_spec(const std::string& folder, const std::string& class_name) {
   const json config = read_config(folder);
-  DiffusersModel m;
-  m.folder = folder;
-  m.dtype = options.dtype;
-  m.device = options.device;
-  m.class_name = options.class_name;
-  if (m.class_name.empty()) {
-    m.class_name = reference_class_of(config);
-    DEW_CHECK(!m.class_name.empty(), folder,
+  DiffusersModelSpec s;
+  s.class_name = class_name;
+  if (s.class_name.empty()) {
+    s.class_name = reference_class_of(config);
+    DEW_CHECK(!s.class_name.empty(), folder,
               "/config.json: no \"_class_name\" (diffusers) or \"architectures\" (transformers); pass the class "
               "(accepted: ",
               class_list(), ")");
   }
-  DEW_CHECK(diffusers_classes().count(m.class_name), folder, ": class \"", m.class_name,
+  DEW_CHECK(diffusers_classes().count(s.class_name), folder, ": class \"", s.class_name,
             "\" is not supported; accepted: ", class_list());
-  m.family = family_of(m.class_name);
-  m.fields = models::fields_from_reference_config(m.family, config);
+  s.family = family_of(s.class_name);
+  s.fields = models::fields_from_reference_config(s.family, config);
+  return s;
+}
+
+bool is_model_folder(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / "config.json", ec) &&
+         !fs::exists(fs::path(path) / "run.json", ec);
+}
+
+DiffusersModel load_diffusers_folder(const std::string& folder, const DiffusersLoadOptions& options) {
+  DEW_CHECK(options.dtype == at::kFloat || options.dtype == at::kDouble, "diffusers folder ", folder,
+            ": dtype must be float32 or float64, got ", c10::toString(options.dtype));
+  const DiffusersModelSpec spec = diffusers_model_spec(folder, options.class_name);
+  DiffusersModel m;
+  m.folder = folder;
+  m.dtype = options.dtype;
+  m.device = options.device;
+  m.class_name = spec.class_name;
+  m.family = spec.family;
+  m.fields = spec.fields;
   m.module = models::build_module(m.family, m.fields);
   // Parameters take the model dtype before loading, so a float64 run reads the file's values straight
   // into float64 (an fp64 checkpoint keeps every bit).

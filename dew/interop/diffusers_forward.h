@@ -67,6 +67,17 @@ struct DiffusersModel {
 /// the wrong shape is a dew::Error naming the file.
 DiffusersModel load_diffusers_folder(const std::string& folder, const DiffusersLoadOptions& options = {});
 
+/// What load_diffusers_folder builds, from config.json alone (no weight read): the class (`class_name` "" = the
+/// config's), its family and the family's fields. The same errors.
+struct DiffusersModelSpec {
+  std::string class_name, family;
+  json fields;
+};
+DiffusersModelSpec diffusers_model_spec(const std::string& folder, const std::string& class_name = "");
+
+/// Whether `path` is a model folder (a config.json, no dew run.json) rather than a dew run or a file.
+bool is_model_folder(const std::string& path);
+
 /// The methods of a class ("" is the first: forward for a UNet, encode for a VAE) with the input names each
 /// reads and the output names it writes.
 struct DiffusersMethod {

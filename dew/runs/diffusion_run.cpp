@@ -64,7 +64,8 @@ json diffusion_defaults() {
       // (objective.caption_template) into the model's context; "none" = class labels.
       // trainable false freezes it (a pretrained clip_text with weights).
       {"text_encoder", {{"architecture", "none"}, {"fields", json::object()}, {"trainable", true}}},
-      // A run directory or .safetensors file to start the model from (unet -> unet_3d inflates).
+      // A run directory, a .safetensors file or a diffusers model folder (e.g. a pipeline's unet/, whose config.json
+      // then sets model.architecture and model.fields) to start the model from (unet -> unet_3d inflates).
       {"init_from", ""},
       // LoRA adapters on the init_from model (docs/lora.md): empty targets = every parameter trains.
       {"lora", lora_recipe_defaults()},
@@ -119,6 +120,17 @@ TextEncoderPtr build_text_encoder(const json& record) {
 // weights (unet_3d from a 2D unet) reads them through its inflation key map (what it adds stays at its
 // initialisation).
 void init_model_from(BackboneImpl& model, const std::string& arch, const std::string& source, int64_t step) {
+  if (interop::is_model_folder(source)) {
+    // A diffusers folder: its names through the family's key map. The folder holds the denoiser alone: a text
+    // encoder in the model's tree has its own weights (its fields), adapters theirs.
+    const auto weights = io::WeightSource::open(source);
+    io::KeyMap map = models::family(arch).reference_key_map(model.config()["fields"], weights);
+    map.allow_missing(R"(.*\.lora_[AB]\.weight)").allow_missing(R"(text_encoder\..*)");
+    io::LoadOptions lo;
+    lo.require_buffers = false;
+    log::info("init_from ", source, ": ", io::load_weights(model, weights, map, lo).summary());
+    return;
+  }
   OpenOptions o;
   o.step = step;
   const auto weights = fs::is_directory(source) ? run_weight_source(source, o) : io::WeightSource::open(source);
@@ -223,6 +235,16 @@ std::string diffusion_help(const json& recipe) {
 }
 
 Built build_diffusion(json& r, const c10::Device& device) {
+  // init_from a diffusers model folder: the model is that folder's (architecture and fields from its config.json).
+  const bool from_folder = r["init_from"].is_string() && interop::is_model_folder(r["init_from"]);
+  if (from_folder) {
+    const std::string folder = r["init_from"];
+    const auto spec = interop::diffusers_model_spec(folder);
+    DEW_CHECK(models::registry().contains(spec.family), "init_from: ", folder, " holds a ", spec.class_name, " (",
+              spec.family, "), which is not a denoiser");
+    r["model"] = {{"architecture", spec.family}, {"fields", spec.fields}};
+    log::info("init_from ", folder, ": model ", spec.family, " from its config.json (", spec.class_name, ")");
+  }
   DEW_CHECK(r["model"].is_object() && r["model"].contains("architecture") && r["model"]["architecture"].is_string(),
             "model: expected {\"architecture\": NAME, \"fields\": {...}}, got ", r["model"].dump());
   const std::string arch = r["model"]["architecture"];
@@ -236,16 +258,25 @@ Built build_diffusion(json& r, const c10::Device& device) {
   auto obj_opts = from_json<DiffusionObjectiveOptions>(r["objective"], "objective");
   auto preset = diffusion::presets().build(r["preset"]);
   auto text_encoder = build_text_encoder(r["text_encoder"]);
-  DEW_CHECK(r["init_from"].is_string(), "init_from: expected a run directory or .safetensors path, got ",
+  DEW_CHECK(r["init_from"].is_string(),
+            "init_from: expected a run directory, a .safetensors path or a diffusers model folder, got ",
             r["init_from"].dump());
   const std::string init_from = r["init_from"];
   int64_t init_step = -1;  // fixed now: the run it starts from may go on training
   if (!init_from.empty()) {
     DEW_CHECK(fs::is_directory(init_from) || fs::is_regular_file(init_from), "init_from: ", init_from,
               " is neither a run directory nor a file");
-    if (fs::is_directory(init_from)) init_step = training::latest_checkpoint(init_from);  // it must hold one
+    if (fs::is_directory(init_from) && !from_folder)
+      init_step = training::latest_checkpoint(init_from);  // it must hold one
   }
   const auto lora = lora_options_of(r);
+  // The adapters' base is the folder's denoiser and, in the model's tree, the text encoder: one that loads its
+  // weights (fields.weights) is rebuilt from them to open the run; one initialised at random could not be.
+  DEW_CHECK(!lora || !from_folder || !text_encoder ||
+                r["text_encoder"].value("fields", json::object()).value("weights", std::string()) != "",
+            "lora: init_from ", init_from, " gives the denoiser's weights; the text encoder ",
+            r["text_encoder"].value("architecture", std::string()),
+            " must load its own (text_encoder.fields.weights), or the adapters' base could not be rebuilt");
   DEW_CHECK(!lora || !models::family(arch).inflation_map, "lora: ", arch, " starts from ",
             models::family(arch).inflates_from,
             " weights inflated (init_from), which are not its own base weights; LoRA needs a base of the "
@@ -303,8 +334,10 @@ Built build_diffusion(json& r, const c10::Device& device) {
   model->to(device);  // with the text encoder the objective attached to its tree
   json lora_record = nullptr;
   if (lora)  // after the objective attached the text encoder (its layers may be targets), before any weight loads
-    lora_record = apply_lora_to_run(
-        *model, *lora, init_step >= 0 ? lora_base("run", init_from, init_step) : lora_base("file", init_from));
+    lora_record = apply_lora_to_run(*model, *lora,
+                                    from_folder      ? lora_base("diffusers", init_from, -1, r["text_encoder"])
+                                    : init_step >= 0 ? lora_base("run", init_from, init_step)
+                                                     : lora_base("file", init_from));
   b.preview = ".png";
   b.derived = {{"sample_shape", shape}, {"class_names", dataset->class_names()}};
   b.summary = "training " + arch + " (" + std::to_string(parameter_count(*model)) + " parameters) on " +

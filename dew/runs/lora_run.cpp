@@ -9,9 +9,11 @@
 #include <sstream>
 
 #include "dew/core/strings.h"
+#include "dew/interop/diffusers_forward.h"
 #include "dew/interop/hf_decoder.h"
 #include "dew/io/files.h"
 #include "dew/io/safetensors.h"
+#include "dew/nn/text_encoder.h"
 #include "dew/runs/post_training_run.h"
 #include "dew/training/checkpoint.h"
 #include "dew/training/run_dir.h"
@@ -76,7 +78,14 @@ training::TensorMap base_weights(const json& base) {
     auto model = interop::load_pretrained_decoder(path);
     return training::module_state(*model);
   }
-  DEW_CHECK(kind == "file", "lora base: unknown kind \"", kind, "\"; accepted: run, hf, file");
+  if (kind == "diffusers") {
+    training::TensorMap w = training::module_state(*interop::load_diffusers_folder(path).module);
+    if (base.contains("text_encoder"))
+      for (auto& [name, t] : training::module_state(*text_encoders::build(base["text_encoder"])))
+        w["text_encoder." + name] = t;
+    return w;
+  }
+  DEW_CHECK(kind == "file", "lora base: unknown kind \"", kind, "\"; accepted: run, hf, diffusers, file");
   return io::load_safetensors(path);
 }
 
@@ -120,22 +129,26 @@ std::optional<nn::LoraOptions> lora_options_of(json& r) {
   return o;
 }
 
-json lora_base(const std::string& kind, const std::string& path, int64_t step) {
+json lora_base(const std::string& kind, const std::string& path, int64_t step, const json& text_encoder) {
   json b = {{"kind", kind}, {"path", path}};
   std::vector<fs::path> files;
+  if (kind == "diffusers" && text_encoder.is_object() && text_encoder.value("architecture", "none") != "none") {
+    b["text_encoder"] = text_encoder;
+    b["text_encoder"].erase("trainable");
+  }
   if (kind == "run") {
     b["step"] = step;
     b["weights"] = "ema";
     const fs::path dir = training::RunDir(path).checkpoint(step);
     files = {dir / "model.safetensors", dir / "ema.safetensors"};
-  } else if (kind == "hf") {
+  } else if (kind == "hf" || kind == "diffusers") {
     DEW_CHECK(fs::is_directory(path), "lora base: ", path, " is not a directory");
     for (const auto& e : fs::directory_iterator(path))
       if (e.path().extension() == ".safetensors") files.push_back(e.path());
     std::sort(files.begin(), files.end());
     files.push_back(fs::path(path) / "config.json");
   } else {
-    DEW_CHECK(kind == "file", "lora base: unknown kind \"", kind, "\"; accepted: run, hf, file");
+    DEW_CHECK(kind == "file", "lora base: unknown kind \"", kind, "\"; accepted: run, hf, diffusers, file");
     files = {fs::path(path)};
   }
   json fp = json::array();
@@ -179,8 +192,8 @@ training::TensorMap merged_lora_weights(const training::TensorMap& adapters, con
             ": state.json's \"lora\" needs the adapters' options and their base");
   const auto o = from_json<nn::LoraOptions>(lora["options"], where + " lora.options");
   const json& recorded = lora["base"];
-  const json now =
-      lora_base(recorded.value("kind", ""), recorded.value("path", ""), recorded.value("step", int64_t(-1)));
+  const json now = lora_base(recorded.value("kind", ""), recorded.value("path", ""),
+                             recorded.value("step", int64_t(-1)), recorded.value("text_encoder", json()));
   const std::string change = lora_base_change(recorded, now);
   DEW_CHECK(change.empty(), where, ": its adapters were trained on the base ", recorded.value("path", "?"),
             ", which has changed since (", change, "); adapters do not carry over to another base");

@@ -48,8 +48,10 @@ std::optional<nn::LoraOptions> lora_options_of(json& r);
 
 /// The base a LoRA run trains on, with a fingerprint of its files (size and a hash of their first and last
 /// MiB) that notices a base replaced or retrained under the same path. kind "run": a dew run's checkpoint
-/// `step` (its "ema" weights, as init_from reads them); "hf": a transformers folder; "file": a .safetensors.
-json lora_base(const std::string& kind, const std::string& path, int64_t step = -1);
+/// `step` (its "ema" weights, as init_from reads them); "hf": a transformers folder; "diffusers": a diffusers
+/// model folder (the denoiser) with, when `text_encoder` is a recipe's encoder other than "none", that encoder,
+/// rebuilt from its fields (its weights file) for the tree's "text_encoder."; "file": a .safetensors.
+json lora_base(const std::string& kind, const std::string& path, int64_t step = -1, const json& text_encoder = nullptr);
 
 /// Attaches the adapters to `model` (nn::apply_lora: everything else frozen) and returns the run's LoRA
 /// record {"options", "base", "adapted", "trainable", "frozen"}, which checkpoints keep in state.json.

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -239,6 +240,73 @@ TEST(LoraRuns, DiffusionFromARunTrainsOnlyAdaptersResumesAndSamples) {
   EXPECT_TRUE(file.count("transformer." + fc1 + ".lora_A.weight")) << "the diffusers key layout";
 }
 
+// init_from a diffusers UNet folder (the tiny SD pipeline's unet/, its vae/ for the latents, its CLIP text tower
+// frozen as the text encoder): model.architecture and fields come from its config.json; a full fine-tune starts
+// at the folder's weights exactly (one step at lr 1e-30 leaves them); a LoRA run trains only its adapters,
+// reopens from them through the folder (and the text encoder's own weights), resumes bit for bit and samples.
+TEST(LoraRuns, DiffusionFromADiffusersUNetFolderStartsAtItsWeights) {
+  dew::test::TempDir tmp("lora_diffusers_unet");
+  const std::string g = std::string(DEW_SOURCE_DIR) + "/tests/golden/sd/pipeline";
+  const std::string train =
+      "train diffusion --init_from " + g + "/unet --autoencoder.folder " + g +
+      "/vae --data '{\"name\":\"gaussian_blobs\",\"count\":32,\"size\":16,\"channels\":3,\"classes\":3}'"
+      " --text_encoder.architecture clip_text --text_encoder.trainable false --text_encoder.fields '{\"weights\":\"" +
+      g + "/text_encoder/model.safetensors\",\"tokenizer\":\"" + g +
+      "/tokenizer/tokenizer.json\",\"vocab_size\":537,\"hidden_size\":16,\"intermediate_size\":64,"
+      "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"bos_token_id\":535,\"eos_token_id\":536}'"
+      " --loader.batch_size 4 --trainer.log_every 2 --trainer.val_every 0 --trainer.checkpoint_every 2"
+      " --objective.steps 2 --objective.preview_per_class 1";
+  const auto folder = dew::interop::load_diffusers_folder(g + "/unet");
+  std::map<std::string, at::Tensor> unet;
+  for (const auto& kv : folder.module->named_parameters()) unet[kv.key()] = kv.value().detach();
+  dew::runs::OpenOptions live;
+  live.weights = "live";
+
+  auto r = run_dew(train + " --trainer.steps 1 --optim.lr 1e-30 --run " + tmp.file("full"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("model unet_2d_condition from its config.json"), std::string::npos) << r.output;
+  const auto full = dew::runs::run_weights(tmp.file("full"), live);
+  for (const auto& [name, w] : unet) {
+    ASSERT_TRUE(full.count(name)) << name;
+    EXPECT_TRUE(at::allclose(full.at(name), w, 0, 1e-20)) << name << " is not the folder's";
+  }
+
+  const std::string lora =
+      train + " --trainer.steps 4 --lora.targets to_q,to_v --lora.rank 2 --lora.alpha 2 --optim.lr 1e-2 --run " +
+      tmp.file("lora");
+  r = run_dew(lora);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto adapters = expect_adapters_only(tmp.path / "lora/checkpoints/step_4/model.safetensors", 24);
+  const auto merged = dew::runs::run_weights(tmp.file("lora"), live);
+  size_t adapted = 0;
+  for (const auto& [name, w] : unet) {
+    const std::string module = name.substr(0, name.rfind('.'));
+    if (adapters.count(module + ".lora_A.weight") && dew::ends_with(name, ".weight")) {
+      ++adapted;
+      const at::Tensor expected =
+          w + adapters.at(module + ".lora_B.weight").matmul(adapters.at(module + ".lora_A.weight"));
+      EXPECT_TRUE(at::allclose(merged.at(name), expected, 1e-6, 1e-7)) << name;
+      EXPECT_FALSE(merged.at(name).equal(w)) << name;
+    } else {
+      EXPECT_TRUE(merged.at(name).equal(w)) << name;
+    }
+  }
+  EXPECT_EQ(adapted, 24u);  // to_q and to_v of 12 attentions
+  EXPECT_TRUE(merged.count("text_encoder.text_model.final_layer_norm.weight") ||
+              std::any_of(merged.begin(), merged.end(),
+                          [](const auto& kv) { return kv.first.rfind("text_encoder.", 0) == 0; }));
+  expect_resumes_bit_for_bit(lora, tmp.file("lora"));
+  r = run_dew("sample " + tmp.file("lora") + " --steps 2 --count 3 --out " + tmp.file("s.png"));
+  EXPECT_EQ(r.code, 0) << r.output;
+
+  // Adapters on this base need a text encoder that loads its own weights: one initialised at random is refused.
+  r = run_dew("train diffusion --init_from " + g +
+              "/unet --text_encoder.architecture byte_text_encoder --lora.targets to_q --run " + tmp.file("bad"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("text_encoder.fields.weights"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(tmp.path / "bad"));
+}
+
 TEST(LoraRuns, BadInputIsOneLineAndLeavesRunsAsTheyWere) {
   dew::test::TempDir tmp("lora_bad");
   const std::string sums = tmp.file("sums");
@@ -364,36 +432,39 @@ TEST(LoraPipelineCli, ScaleZeroIsTheBasePipelineAndFilesOfBothLayoutsAgree) {
   }
 }
 
-// `dew sample CMD` without and with `--lora LORA` against diffusers' images of the same folder and latents
-// (io's image_base, image_lora): dew's PNG is the image quantised as numpy_to_pil does.
-void expect_diffusers_images(const std::string& cmd, const std::string& lora, const std::string& png,
-                             const std::map<std::string, at::Tensor>& io) {
+// `dew sample --pipeline tests/golden/FOLDER FLAGS --latents GOLDEN/io.safetensors`, without and with `--lora
+// GOLDEN/FILE:0.5`, against diffusers' images of the same folder and latents (io.safetensors' image_base and
+// image_lora): dew's PNG is the image quantised as numpy_to_pil does, no byte more than one level off.
+void expect_diffusers_images(const std::string& folder, const std::string& golden, const std::string& file,
+                             const std::string& flags, double min_same = 0.99) {
+  dew::test::TempDir tmp("lora_golden_images");
+  const std::string root = std::string(DEW_SOURCE_DIR) + "/tests/golden/", dir = root + golden;
+  const auto io = dew::io::load_safetensors(dir + "/io.safetensors");
+  const std::string cmd =
+      "sample --pipeline " + root + folder + flags + " --latents " + dir + "/io.safetensors --out " + tmp.file("x.png");
   for (const std::string which : {"base", "lora"}) {
-    SCOPED_TRACE(which);
-    const auto r = run_dew(cmd + (which == "lora" ? " --lora " + lora : "") + " --out " + png);
+    SCOPED_TRACE(golden + " " + which);
+    const auto r = run_dew(cmd + (which == "lora" ? " --lora " + dir + "/" + file + ":0.5" : ""));
     ASSERT_EQ(r.code, 0) << r.output;
-    const at::Tensor ours = dew::io::load_image(png, 3).to(at::kInt);  // [3, H, W]
+    if (which == "lora") {
+      EXPECT_NE(r.output.find("layers adapted"), std::string::npos) << r.output;
+    }
+    const at::Tensor ours = dew::io::load_image(tmp.file("x.png"), 3).to(at::kInt);  // [3, H, W]
     const at::Tensor ref = (io.at("image_" + which)[0] * 255).round().clamp(0, 255).to(at::kInt);
     const int64_t off = (ours - ref).abs().gt(1).sum().item<int64_t>();
     const double same = (ours == ref).to(at::kDouble).mean().item<double>();
-    std::printf("  %s: %.4f of the bytes equal diffusers' image, %lld off by more than one\n", which.c_str(), same,
-                static_cast<long long>(off));
+    std::printf("  %s %s: %.4f of the bytes equal diffusers' image, %lld off by more than one\n", golden.c_str(),
+                which.c_str(), same, static_cast<long long>(off));
     EXPECT_EQ(off, 0);
-    EXPECT_GE(same, 0.99);
+    EXPECT_GE(same, min_same);
   }
 }
 
 // diffusers' load_lora_weights + set_adapters(0.5) on the same folder and latents
 // (tests/golden/lora_pipeline_reference.py).
 TEST(LoraPipelineCli, MatchesDiffusersLoadLoraWeights) {
-  dew::test::TempDir tmp("lora_pipeline_golden");
-  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/pipeline_lora";
-  expect_diffusers_images("sample --pipeline " + std::string(DEW_SOURCE_DIR) +
-                              "/tests/golden/sd/pipeline --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32"
-                              " --latents " +
-                              golden + "/io.safetensors",
-                          golden + "/pytorch_lora_weights.safetensors:0.5", tmp.file("x.png"),
-                          dew::io::load_safetensors(golden + "/io.safetensors"));
+  expect_diffusers_images("sd/pipeline", "lora/pipeline_lora", "pytorch_lora_weights.safetensors",
+                          " --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32");
 }
 
 // A kohya file of the SDXL UNet in the original (SGM) naming kohya trains SDXL with, on the tiny SDXL folder:
@@ -401,49 +472,21 @@ TEST(LoraPipelineCli, MatchesDiffusersLoadLoraWeights) {
 // modules of every kind: attention, feed-forward, resnet convs and time projections, shortcuts, samplers, conv_in /
 // conv_out, the time and added-condition embeddings).
 TEST(LoraPipelineCli, SdxlKohyaFileInTheOriginalUNetNamingMatchesDiffusers) {
-  dew::test::TempDir tmp("lora_kohya_sgm_golden");
-  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/kohya_sgm";
-  expect_diffusers_images("sample --pipeline " + std::string(DEW_SOURCE_DIR) +
-                              "/tests/golden/sd/pipeline_sdxl --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32"
-                              " --latents " +
-                              golden + "/io.safetensors",
-                          golden + "/sdxl_kohya_sgm.safetensors:0.5", tmp.file("x.png"),
-                          dew::io::load_safetensors(golden + "/io.safetensors"));
+  expect_diffusers_images("sd/pipeline_sdxl", "lora/kohya_sgm", "sdxl_kohya_sgm.safetensors",
+                          " --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32");
 }
 
 // The same for SD3 and Flux (schnell) folders (tests/golden/lora_flow_pipeline_reference.py): diffusers'
 // load_lora_weights + set_adapters(0.5) on the transformer, against `dew sample --pipeline --lora FILE:0.5`; a kohya
 // file of SD3's original modules (lora_unet_joint_blocks_...) is refused in one line.
 TEST(LoraPipelineCli, SD3AndFluxMatchDiffusersLoadLoraWeights) {
+  const std::string flow = " --prompt 'a photo of a cat on the moon' --steps 4 --size 16x16 --max-sequence-length 16";
+  expect_diffusers_images("sd3/pipeline", "lora/sd3_lora", "pytorch_lora_weights.safetensors",
+                          flow + " --negative-prompt 'blurry, low quality' --guidance 5", 0.98);
+  expect_diffusers_images("flux/pipeline_schnell", "lora/flux_lora", "pytorch_lora_weights.safetensors", flow, 0.98);
+
   dew::test::TempDir tmp("lora_flow_golden");
   const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/";
-  struct Case {
-    std::string lora, folder, flags;
-  };
-  for (const Case& c : {Case{"sd3_lora", "sd3/pipeline", " --negative-prompt 'blurry, low quality' --guidance 5"},
-                        Case{"flux_lora", "flux/pipeline_schnell", ""}}) {
-    const std::string dir = golden + "lora/" + c.lora;
-    const auto io = dew::io::load_safetensors(dir + "/io.safetensors");
-    const std::string cmd = "sample --pipeline " + golden + c.folder + " --prompt 'a photo of a cat on the moon'" +
-                            c.flags + " --steps 4 --size 16x16 --max-sequence-length 16 --latents " + dir +
-                            "/io.safetensors --out " + tmp.file("x.png");
-    for (const std::string which : {"base", "lora"}) {
-      SCOPED_TRACE(c.lora + " " + which);
-      const auto r = run_dew(cmd + (which == "lora" ? " --lora " + dir + "/pytorch_lora_weights.safetensors:0.5" : ""));
-      ASSERT_EQ(r.code, 0) << r.output;
-      if (which == "lora") {
-        EXPECT_NE(r.output.find("transformer layers adapted"), std::string::npos) << r.output;
-      }
-      const at::Tensor ours = dew::io::load_image(tmp.file("x.png"), 3).to(at::kInt);  // [3, 16, 16]
-      const at::Tensor ref = (io.at("image_" + which)[0] * 255).round().clamp(0, 255).to(at::kInt);
-      const int64_t off = (ours - ref).abs().gt(1).sum().item<int64_t>();
-      const double same = (ours == ref).to(at::kDouble).mean().item<double>();
-      std::printf("  %s %s: %.4f of the bytes equal diffusers' image, %lld off by more than one\n", c.lora.c_str(),
-                  which.c_str(), same, static_cast<long long>(off));
-      EXPECT_EQ(off, 0);
-      EXPECT_GE(same, 0.98);
-    }
-  }
   // A kohya file of SD3's original modules: refused before anything runs, naming the layout.
   dew::io::save_safetensors(tmp.file("kohya.safetensors"),
                             {{"lora_unet_joint_blocks_0_x_block_attn_qkv.lora_down.weight", at::zeros({2, 16})}});
@@ -459,14 +502,8 @@ TEST(LoraPipelineCli, SD3AndFluxMatchDiffusersLoadLoraWeights) {
 // layer with shift and scale in the original order), on the tiny schnell folder: diffusers' load_lora_weights of the
 // same file + set_adapters(0.5) (tests/golden/lora_kohya_flux_reference.py).
 TEST(LoraPipelineCli, FluxKohyaFileInTheOriginalNamingMatchesDiffusers) {
-  dew::test::TempDir tmp("lora_kohya_flux_golden");
-  const std::string golden = std::string(DEW_SOURCE_DIR) + "/tests/golden/lora/kohya_flux";
-  expect_diffusers_images("sample --pipeline " + std::string(DEW_SOURCE_DIR) +
-                              "/tests/golden/flux/pipeline_schnell --prompt 'a photo of a cat on the moon' --steps 4"
-                              " --size 16x16 --max-sequence-length 16 --latents " +
-                              golden + "/io.safetensors",
-                          golden + "/flux_kohya_bfl.safetensors:0.5", tmp.file("x.png"),
-                          dew::io::load_safetensors(golden + "/io.safetensors"));
+  expect_diffusers_images("flux/pipeline_schnell", "lora/kohya_flux", "flux_kohya_bfl.safetensors",
+                          " --prompt 'a photo of a cat on the moon' --steps 4 --size 16x16 --max-sequence-length 16");
 }
 
 // What diffusers does not check (its reader splits a single block's linear1 at FLUX.1-dev's widths, and drops the
