@@ -31,6 +31,9 @@ namespace {
 // summing past 256 index past its 257-entry size list and write past its 256-entry value list (found by
 // fuzz/image_fuzz.cpp; upstream checks the sum since 2.28). We cannot patch the system header, so the
 // file's markers are walked here, as stb walks them, and such a table is refused before stb reads it.
+// Likewise a scan that decodes with a Huffman table no DHT defined before it: stb leaves its tables
+// uninitialised (malloc'd), so the symbol index it computes from one is garbage and it reads far outside
+// the table (fuzz/image_fuzz.cpp, finding 20).
 void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::string& path) {
   // SOI, after any number of 0xFF fill bytes (stb skips them there too); anything else is not a JPEG.
   size_t i = 0;
@@ -39,6 +42,13 @@ void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::stri
   ++i;
   // Past the end stb reads zeros; so does this.
   auto at = [&](size_t k) -> unsigned { return k < n ? b[k] : 0u; };
+  bool defined[2][4] = {};  // DHT tables seen so far: [DC 0 / AC 1][id]
+  bool progressive = false;
+  auto need = [&](unsigned cls, unsigned id) {
+    if (id < 4)  // stb refuses larger ids itself
+      DEW_CHECK(defined[cls][id], "cannot decode image \"", path, "\": corrupt JPEG: a scan decodes with ",
+                cls == 0 ? "DC" : "AC", " Huffman table ", id, ", which no DHT segment before it defines");
+  };
   while (i + 1 < n) {
     const unsigned m = b[i + 1];
     // Outside a segment: entropy-coded data, fill bytes, stuffed zeros and restart markers are stepped
@@ -56,10 +66,23 @@ void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::stri
       while (left > 0) {
         size_t count = 0;
         for (size_t k = 1; k <= 16; ++k) count += at(p + k);
+        if ((at(p) >> 4) <= 1 && (at(p) & 15) < 4) defined[at(p) >> 4][at(p) & 15] = true;
         DEW_CHECK(count <= 256, "cannot decode image \"", path, "\": corrupt JPEG: a Huffman table lists ", count,
                   " symbols, more than the 256 accepted");
         p += 17 + count;
         left -= long(17 + count);
+      }
+    } else if (m == 0xC0 || m == 0xC1 || m == 0xC2) {
+      progressive = m == 0xC2;
+    } else if (m == 0xDA) {
+      // SOS: components (selector, DC << 4 | AC), then Ss, Se, Ah << 4 | Al. A baseline scan decodes with both
+      // tables; a progressive one with the DC table in a first DC pass, the AC table in an AC pass.
+      const size_t components = at(i + 4), after = i + 5 + 2 * components;
+      const unsigned ss = at(after), ah = at(after + 2) >> 4;
+      for (size_t k = 0; k < components; ++k) {
+        const unsigned tables = at(i + 6 + 2 * k);
+        if (!progressive || (ss == 0 && ah == 0)) need(0, tables >> 4);
+        if (!progressive || ss > 0) need(1, tables & 15);
       }
     }
     i += 2 + length;
