@@ -1,6 +1,8 @@
 #include "dew/io/image_decode.h"
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 
 #include "dew/core/error.h"
@@ -33,7 +35,11 @@ namespace {
 // file's markers are walked here, as stb walks them, and such a table is refused before stb reads it.
 // Likewise a scan that decodes with a Huffman table no DHT defined before it: stb leaves its tables
 // uninitialised (malloc'd), so the symbol index it computes from one is garbage and it reads far outside
-// the table (fuzz/image_fuzz.cpp, finding 20).
+// the table (fuzz/image_fuzz.cpp, finding 20). And a file too short for the blocks its frame declares: stb
+// decodes past the end from zeros, so a 776-byte file declaring 23302 x 768 pixels took seconds (finding 21).
+// Every 8 x 8 block of a sequential scan costs at least 2 bits (a DC and an end-of-block code of at least one
+// bit each), of a progressive DC scan at least 1; the bytes after the first scan's header must hold that
+// for the component with the fewest blocks.
 void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::string& path) {
   // SOI, after any number of 0xFF fill bytes (stb skips them there too); anything else is not a JPEG.
   size_t i = 0;
@@ -44,6 +50,15 @@ void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::stri
   auto at = [&](size_t k) -> unsigned { return k < n ? b[k] : 0u; };
   bool defined[2][4] = {};  // DHT tables seen so far: [DC 0 / AC 1][id]
   bool progressive = false;
+  double fewest_blocks = 0;  // of the frame's components (SOF)
+  size_t scan_bytes = 0;     // bytes after the first SOS header, segments excepted
+  bool scanning = false;
+  auto check_length = [&] {
+    const double bits = fewest_blocks * (progressive ? 1 : 2);
+    DEW_CHECK(!scanning || double(scan_bytes) * 8 >= bits, "cannot decode image \"", path,
+              "\": truncated JPEG: its frame needs at least ", uint64_t(std::ceil(bits / 8)),
+              " bytes of scan data, the file holds ", scan_bytes);
+  };
   auto need = [&](unsigned cls, unsigned id) {
     if (id < 4)  // stb refuses larger ids itself
       DEW_CHECK(defined[cls][id], "cannot decode image \"", path, "\": corrupt JPEG: a scan decodes with ",
@@ -55,9 +70,13 @@ void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::stri
     // over one byte at a time (stb also searches byte by byte for the next marker).
     if (b[i] != 0xFF || m == 0xFF || m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {
       ++i;
+      if (scanning) ++scan_bytes;
       continue;
     }
-    if (m == 0xD9) return;  // EOI
+    if (m == 0xD9) {  // EOI
+      check_length();
+      return;
+    }
     const size_t length = (size_t(at(i + 2)) << 8) | at(i + 3);
     if (m == 0xC4) {
       // As stb's DHT loop: tables follow one another while the segment's length lasts.
@@ -74,9 +93,25 @@ void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::stri
       }
     } else if (m == 0xC0 || m == 0xC1 || m == 0xC2) {
       progressive = m == 0xC2;
+      // height, width, components (id, H << 4 | V, table): each component's blocks at its sampling
+      const double height = (at(i + 5) << 8) | at(i + 6), width = (at(i + 7) << 8) | at(i + 8);
+      const size_t components = at(i + 9);
+      unsigned hmax = 1, vmax = 1;
+      for (size_t k = 0; k < components; ++k) {
+        hmax = std::max(hmax, at(i + 11 + 3 * k) >> 4);
+        vmax = std::max(vmax, at(i + 11 + 3 * k) & 15u);
+      }
+      fewest_blocks = 0;
+      for (size_t k = 0; k < components; ++k) {
+        const unsigned h = at(i + 11 + 3 * k) >> 4, v = at(i + 11 + 3 * k) & 15u;
+        if (h == 0 || v == 0) continue;  // stb refuses these itself
+        const double blocks = std::ceil(std::ceil(width * h / hmax) / 8) * std::ceil(std::ceil(height * v / vmax) / 8);
+        fewest_blocks = k == 0 || fewest_blocks == 0 ? blocks : std::min(fewest_blocks, blocks);
+      }
     } else if (m == 0xDA) {
       // SOS: components (selector, DC << 4 | AC), then Ss, Se, Ah << 4 | Al. A baseline scan decodes with both
       // tables; a progressive one with the DC table in a first DC pass, the AC table in an AC pass.
+      scanning = true;
       const size_t components = at(i + 4), after = i + 5 + 2 * components;
       const unsigned ss = at(after), ah = at(after + 2) >> 4;
       for (size_t k = 0; k < components; ++k) {
@@ -87,6 +122,7 @@ void check_jpeg_huffman_tables(const unsigned char* b, size_t n, const std::stri
     }
     i += 2 + length;
   }
+  check_length();  // no EOI: the data ends with the file
 }
 
 // stb 2.27 reads the width, height and maxval of a PNM header into an int without a bound: ten digits
