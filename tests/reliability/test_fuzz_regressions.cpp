@@ -129,11 +129,11 @@ TEST(FuzzRegressions, ImagesAreRefusedOrDecodedWhole) {
       EXPECT_TRUE(img.width > 0 && img.height > 0 && img.pixels) << path;
     } catch (const dew::Error&) {}
   }
-  for (const char* name :
-       {"jpeg_huffman_counts_over_256.jpg", "jpeg_fill_before_soi_huffman_over_256.jpg", "pnm_zero_width.ppm",
-        "pnm_16bit_channel_conversion.pgm", "pnm_maxval_many_digits.pgm", "gif_254_megapixels.gif",
-        "png_idat_declares_gigabytes.png", "tga_declares_59_megapixels_holds_57_bytes.tga",
-        "jpeg_scan_before_its_huffman_table.jpg", "jpeg_776_bytes_declare_23302x768.jpg"}) {
+  for (const char* name : {"jpeg_huffman_counts_over_256.jpg", "jpeg_fill_before_soi_huffman_over_256.jpg",
+                           "pnm_zero_width.ppm", "pnm_16bit_channel_conversion.pgm", "pnm_maxval_many_digits.pgm",
+                           "gif_254_megapixels.gif", "png_idat_declares_gigabytes.png",
+                           "tga_declares_59_megapixels_holds_57_bytes.tga", "jpeg_scan_before_its_huffman_table.jpg",
+                           "jpeg_776_bytes_declare_23302x768.jpg", "bmp_50_bytes_declare_18639x150.bmp"}) {
     const std::string path = std::string(DEW_SOURCE_DIR) + "/fuzz/regressions/image/" + name;
     const std::string bytes = dew::io::read_file(path, "regression");
     EXPECT_NE(error_of([&] {
@@ -142,6 +142,24 @@ TEST(FuzzRegressions, ImagesAreRefusedOrDecodedWhole) {
               "")
         << path;
   }
+}
+
+// The seed images are real files (written by Pillow): none of decode_image's checks before stb (JPEG tables
+// and scan length, PNG chunks, PNM and TGA headers, BMP rows) may refuse one.
+TEST(FuzzRegressions, EverySeedImageDecodes) {
+  size_t seen = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(DEW_SOURCE_DIR) + "/fuzz/seed/image")) {
+    const std::string path = e.path().string(), bytes = dew::io::read_file(path, "seed");
+    EXPECT_EQ(error_of([&] {
+                const auto img =
+                    dew::io::decode_image(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), 3, path);
+                EXPECT_TRUE(img.width > 0 && img.height > 0 && img.pixels) << path;
+              }),
+              "")
+        << path;
+    ++seen;
+  }
+  EXPECT_GE(seen, 19u);
 }
 
 TEST(FuzzRegressions, ChatLinesAreRefusedWithAMessage) {
