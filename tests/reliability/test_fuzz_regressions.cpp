@@ -129,11 +129,12 @@ TEST(FuzzRegressions, ImagesAreRefusedOrDecodedWhole) {
       EXPECT_TRUE(img.width > 0 && img.height > 0 && img.pixels) << path;
     } catch (const dew::Error&) {}
   }
-  for (const char* name : {"jpeg_huffman_counts_over_256.jpg", "jpeg_fill_before_soi_huffman_over_256.jpg",
-                           "pnm_zero_width.ppm", "pnm_16bit_channel_conversion.pgm", "pnm_maxval_many_digits.pgm",
-                           "gif_254_megapixels.gif", "png_idat_declares_gigabytes.png",
-                           "tga_declares_59_megapixels_holds_57_bytes.tga", "jpeg_scan_before_its_huffman_table.jpg",
-                           "jpeg_776_bytes_declare_23302x768.jpg", "bmp_50_bytes_declare_18639x150.bmp"}) {
+  for (const char* name :
+       {"jpeg_huffman_counts_over_256.jpg", "jpeg_fill_before_soi_huffman_over_256.jpg", "pnm_zero_width.ppm",
+        "pnm_16bit_channel_conversion.pgm", "pnm_maxval_many_digits.pgm", "gif_254_megapixels.gif",
+        "png_idat_declares_gigabytes.png", "tga_declares_59_megapixels_holds_57_bytes.tga",
+        "jpeg_scan_before_its_huffman_table.jpg", "jpeg_776_bytes_declare_23302x768.jpg",
+        "bmp_50_bytes_declare_18639x150.bmp", "tga_rle_41_bytes_declare_3855x3855.tga"}) {
     const std::string path = std::string(DEW_SOURCE_DIR) + "/fuzz/regressions/image/" + name;
     const std::string bytes = dew::io::read_file(path, "regression");
     EXPECT_NE(error_of([&] {
