@@ -20,12 +20,13 @@ std::string lm_tmp(const std::string& name) {
   return d.string();
 }
 
-std::string tiny_tokens() { return dew::test::write_tiny_tokens(lm_tmp("tokens")); }
+// Each test its own token folder: CTest runs the tests of this file side by side.
+std::string tiny_tokens(const std::string& test) { return dew::test::write_tiny_tokens(lm_tmp("tokens_" + test)); }
 
 }  // namespace
 
 TEST(LmCli, TrainsAndGenerates) {
-  const std::string data = tiny_tokens(), dir = lm_tmp("run");
+  const std::string data = tiny_tokens("run"), dir = lm_tmp("run");
   const std::string tiny = " --data.name tokens --data.dir " + data +
                            " --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64}'"
                            " --objective.seq_len 16 --objective.sample_tokens 8 --loader.batch_size 4"
@@ -53,7 +54,7 @@ TEST(LmCli, TrainsAndGenerates) {
 }
 
 TEST(LmCli, BadInputIsOneLineAndExitTwo) {
-  const std::string data = tiny_tokens(), dir = lm_tmp("bad");
+  const std::string data = tiny_tokens("bad"), dir = lm_tmp("bad");
   for (std::string args :
        {std::string("train lm --model.fields.num_heads 3 --data.name tokens --data.dir ") + data,
         std::string("train lm --objective.loss_role everything --data.name tokens --data.dir ") + data,
