@@ -6,6 +6,12 @@
 // times the k3 KL to the frozen reference. The rollout buffer is part of every checkpoint, so a resumed run
 // continues bit for bit; every rollout's prompt, completion and rewards are appended to RUN/rollouts.jsonl.
 //
+//
+// Data-parallel (docs/distributed.md): each rank rolls out its rows of the batch's prompts (whole groups, so the
+// advantages need no other rank), then the ranks gather the rollout: every rank holds the whole buffer, the one
+// a single process makes (a row's sampling stream is its own), and each takes an equal slice of every
+// mini-batch, its loss scaled so the ranks' sum is the mini-batch's loss over all its rows.
+//
 //   batch: {"index": int64 [P]} (rows of the prompt list); metrics: pg_loss, pg_clipfrac, pg_clipfrac_lower,
 //   ppo_kl, kl, reward, reward/NAME, reward/NAME_std, completion_length
 #pragma once
@@ -57,6 +63,9 @@ class GRPOObjective : public ReferencePolicyObjective {
                 std::shared_ptr<post_training::ChatEvaluator> eval);
   std::string name() const override { return "grpo"; }
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
+  LossOutput loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                          at::Generator gen) override;
+  void bind_distributed(std::shared_ptr<training::Distributed> dist) override { dist_ = std::move(dist); }
   void begin(int64_t step, const std::string& run_dir) override;
   std::map<std::string, at::Tensor> state() const override { return buffer_; }
   void load_state(const std::map<std::string, at::Tensor>& state) override;
@@ -66,7 +75,9 @@ class GRPOObjective : public ReferencePolicyObjective {
   int64_t updates_per_rollout() const { return o_.epochs * o_.mini_batches; }
 
  private:
-  void roll_out(const at::Tensor& index, int64_t step, at::Generator& gen);
+  // Rolls out prompts [begin, end) of `index` (all of them in one process) into buffer_, the whole rollout's.
+  void roll_out(const at::Tensor& index, int64_t begin, int64_t end, int64_t step, at::Generator& gen);
+  std::shared_ptr<training::Distributed> dist_;
   GRPOObjectiveOptions o_;
   data::ChatFormat fmt_;
   std::vector<data::Prompt> prompts_;

@@ -43,6 +43,12 @@ Rollout score(const std::vector<const data::Prompt*>& prompts, std::vector<Compl
   return r;
 }
 
+std::string completion_text(const data::ChatFormat& fmt, const std::vector<int64_t>& ids, bool conversational) {
+  std::string text = fmt.tokenizer->decode(ids, /*skip_special=*/true);
+  const size_t cut = conversational ? text.find(fmt.end_of_turn()) : std::string::npos;
+  return cut == std::string::npos ? text : text.substr(0, cut);
+}
+
 Rollout roll_out(nn::CausalTransformerImpl& model, const data::ChatFormat& fmt,
                  const std::vector<const data::Prompt*>& prompts, sampling::GenerationOptions g,
                  const std::vector<RewardPtr>& rewards, const std::vector<double>& weights, int64_t chunk) {
@@ -69,15 +75,13 @@ Rollout roll_out(nn::CausalTransformerImpl& model, const data::ChatFormat& fmt,
       gc.max_new_tokens = std::min<int64_t>(gc.max_new_tokens, room - int64_t(prompts[i]->ids.size()));
     }
     DEW_CHECK(gc.max_new_tokens > 0, prompts[s]->where, ": the prompt fills the model's context of ", room, " tokens");
-    gc.seed = g.seed + uint64_t(s);  // each chunk its own stream, the same for every run of these options
+    gc.first_row = g.first_row + int64_t(s);  // each row its own stream: the chunking changes no draw
     auto res = sampling::generate_tokens(model, ids, gc);
     for (size_t i = 0; i < ids.size(); ++i) {
       Completion c;
       c.ids = res.tokens[i];
       c.finish = res.finish_reason[i];
-      c.text = tok.decode(c.ids, /*skip_special=*/true);
-      const size_t cut = c.text.find(eot);
-      if (prompts[0]->conversational && cut != std::string::npos) c.text = c.text.substr(0, cut);
+      c.text = completion_text(fmt, c.ids, prompts[0]->conversational);
       out.push_back(std::move(c));
     }
   }

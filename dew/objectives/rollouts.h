@@ -26,6 +26,10 @@ struct Completion {
   std::string finish;        // eos | stop | length
 };
 
+/// What the rewards score of a completion's tokens: decoded without special tokens and, for a conversational
+/// prompt, cut before the format's end-of-turn marker.
+std::string completion_text(const data::ChatFormat& fmt, const std::vector<int64_t>& ids, bool conversational);
+
 /// Completions of a batch of prompts and their rewards.
 struct Rollout {
   std::vector<Completion> completions;                // one per prompt given

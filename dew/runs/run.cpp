@@ -188,11 +188,17 @@ training::TrainResult train(PreparedRun& p) {
   // written, so a rendezvous failure leaves the run directory as it was.
   std::shared_ptr<training::Distributed> dist;
   if (p.dist_env.world_size > 1) {
-    // GRPO samples its rollouts inside the loss and keeps them in the objective's state: sharding its prompts
-    // and gathering the rewards for the group statistics is not built yet.
-    DEW_CHECK(p.kind != "grpo", "train grpo: data-parallel training (WORLD_SIZE ", p.dist_env.world_size,
-              ") is not supported yet; run grpo as one process (docs/distributed.md)");
-    training::check_global_batch(p.built.loader->options().batch_size, p.dist_env.world_size);
+    const int64_t batch = p.built.loader->options().batch_size, world = p.dist_env.world_size;
+    training::check_global_batch(batch, world);
+    if (p.kind == "grpo") {
+      // Every rank takes an equal slice of every mini-batch of a rollout: each needs at least one completion.
+      const json& o = p.record.at("objective");
+      const int64_t per_mini_batch = batch * o.at("group_size").get<int64_t>() / o.at("mini_batches").get<int64_t>();
+      DEW_CHECK(per_mini_batch >= world, "objective.mini_batches: a mini-batch of ", per_mini_batch,
+                " completions (loader.batch_size x objective.group_size / objective.mini_batches) leaves some of the ",
+                world, " ranks none; accepted: at most ", batch * o.at("group_size").get<int64_t>() / world,
+                " mini-batches on ", world, " ranks");
+    }
     dist = std::make_shared<training::Distributed>(p.dist_env, p.dist, p.device);
   }
   const bool main = !dist || dist->is_main();

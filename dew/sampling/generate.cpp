@@ -19,6 +19,7 @@ void validate(const GenerationOptions& o) {
   DEW_CHECK(o.repetition_penalty > 0, "generate: repetition_penalty must be > 0 (1 = off), got ", o.repetition_penalty);
   DEW_CHECK(o.padding == "left" || o.padding == "right", "generate: padding: got \"", o.padding,
             "\", accepted: left, right");
+  DEW_CHECK(o.first_row >= 0, "generate: first_row must be >= 0, got ", o.first_row);
   for (const auto& s : o.stop) DEW_CHECK(!s.empty(), "generate: stop strings must not be empty");
   DEW_CHECK(o.stop.empty() || o.decode, "generate: stop strings need a decode function");
 }
@@ -53,6 +54,25 @@ Tensor process_logits(const Tensor& logits, const Tensor& seen, const Generation
   }
   return x;
 }
+
+namespace {
+
+// One draw per row from probs [B, V] (rows summing to 1, float): the first token whose cumulative probability
+// (float64) exceeds u * total, u in [0, 1) from (seed, row, step) alone. A token of probability 0 is never
+// drawn (its cumulative sum equals its predecessor's).
+Tensor draw_rows(const Tensor& probs, uint64_t seed, int64_t first_row, int64_t step) {
+  const int64_t b = probs.size(0);
+  std::vector<double> u(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) {
+    const uint64_t row = rng::derive(seed, uint64_t(first_row + i), "generate/sample");
+    u[size_t(i)] = double(rng::derive(row, uint64_t(step), "token") >> 11) * 0x1p-53;
+  }
+  const Tensor cdf = probs.to(at::kDouble).cumsum(-1);  // [B, V]
+  const Tensor target = at::tensor(u, at::kDouble).view({b, 1}) * cdf.narrow(1, probs.size(1) - 1, 1);
+  return at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(probs.size(1) - 1);
+}
+
+}  // namespace
 
 GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::vector<std::vector<int64_t>>& prompts,
                                  const GenerationOptions& o) {
@@ -104,7 +124,6 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
   const bool was_training = model.is_training();
   model.eval();
   at::NoGradGuard ng;
-  at::Generator gen = rng::generator(o.seed, 0, "generate/sample");
   nn::KVCache cache;
   Tensor logits = model.forward_tokens(ids, {}, {}, mask, &cache);  // [B, L, V]
   Tensor next_logits = logits.gather(1, at::tensor(last, at::kLong).to(device).view({b, 1, 1}).expand({b, 1, vocab}))
@@ -117,7 +136,7 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
     if (o.temperature == 0) {
       tok = proc.argmax(-1);  // [B]
     } else {
-      tok = at::multinomial(at::softmax(proc, -1).cpu(), 1, /*replacement=*/false, gen).squeeze(1).to(device);
+      tok = draw_rows(at::softmax(proc, -1).cpu(), o.seed, o.first_row, step).to(device);
     }
     Tensor tok_col = tok.view({b, 1});
     // log p of the chosen tokens only: logit - logsumexp, no [B, V] log-softmax. Without any processing

@@ -12,7 +12,9 @@
 //   std::string text = tok->decode(out.tokens[0]);
 //
 // Logit processing order (as Hugging Face transformers): repetition penalty, temperature, top-k, top-p,
-// min-p; sampling draws from the processed distribution with a generator seeded from `seed`.
+// min-p; sampling draws from the processed distribution by inverting its CDF at a uniform that is a pure
+// function of (seed, first_row + row, token index): a row's tokens do not depend on the other rows of its
+// batch, so prompts split over chunks or ranks sample what one batch of them samples.
 #pragma once
 #include <functional>
 #include <string>
@@ -33,6 +35,7 @@ struct GenerationOptions {
   std::vector<std::string> stop;    // a row stops once its decoded new text contains one of these
   std::function<std::string(const std::vector<int64_t>&)> decode;  // needed for `stop`
   uint64_t seed = 0;             // sampling is a pure function of (model, prompts, options)
+  int64_t first_row = 0;         // row i draws from the stream of row first_row + i (see generate_tokens)
   std::string padding = "left";  // left | right: where a short prompt's padding goes in the batch
   int64_t pad_id = 0;            // id placed in padding slots (masked out; any valid id)
 };

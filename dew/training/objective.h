@@ -7,6 +7,9 @@
 #include "dew/training/optim.h"
 
 namespace dew {
+namespace training {
+class Distributed;
+}
 
 /// A scalar loss to minimise and metrics to log (already reduced to numbers).
 struct LossOutput {
@@ -32,6 +35,9 @@ class Objective {
     for (const auto& [name, t] : batch) rows[name] = t.dim() > 0 ? t.narrow(0, begin, end - begin) : t;
     return loss(rows, step, gen);
   }
+  /// Data-parallel training: the trainer hands its process group over before the first step (never in a
+  /// one-process run), for objectives that need collectives of their own (GRPO gathers its rollouts).
+  virtual void bind_distributed(std::shared_ptr<training::Distributed> dist) {}
   /// Validation (run with the EMA weights swapped in): metrics to log; may write files under run_dir.
   virtual std::map<std::string, double> validate(int64_t step, const std::string& run_dir) { return {}; }
   /// Which parameters the trainer averages and with what decay (a constant, a ramp, 1.0 = frozen copy).

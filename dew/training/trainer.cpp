@@ -152,6 +152,7 @@ void Trainer::restore(const Checkpoint& c) {
 
 void Trainer::set_distributed(std::shared_ptr<Distributed> dist) {
   if (dist) check_global_batch(loader_->options().batch_size, dist->world_size());
+  if (dist) obj_->bind_distributed(dist);
   dist_ = std::move(dist);
 }
 

@@ -11,6 +11,7 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -94,6 +95,11 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
 }  // namespace ddp_test
 
 TEST(Distributed, TwoRanksEqualOneRankAndRepeatBitwise) {
@@ -152,6 +158,71 @@ TEST(Distributed, TwoRankCheckpointResumesWithOneRank) {
   const double diff = max_weight_diff(tmp.file("run"), tmp.file("whole"), 12);
   std::printf("2 ranks to step 6 then 1 rank, vs 2 ranks throughout, step 12: max |weight difference| %.3g\n", diff);
   EXPECT_LT(diff, 1e-4);
+}
+
+// GRPO: each rank rolls out its prompts' groups and the ranks gather the rollout, so 2 ranks write the
+// rollouts.jsonl one process writes (every row samples from its own stream) and train to the same weights at
+// float-sum tolerance; the rollout buffer in a 2-rank checkpoint is the whole rollout's, so one process resumes
+// it mid-rollout.
+TEST(Distributed, GrpoTwoRanksRollOutWhatOneRankDoesAndResumeWithOne) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_grpo");
+  const std::string sums = tmp.file("sums");
+  auto r = run_dew("task sums --digits 1 --test 20 --out " + sums);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew("train sft --data " + sums +
+              "/sft.jsonl --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,\"max_seq_len\":64}'"
+              " --trainer.steps 6 --trainer.val_every 0 --loader.batch_size 8 --threads 1 --run " +
+              tmp.file("sft"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  // 4 prompts x 4 completions per rollout, 2 mini-batches of 8: a rollout feeds 2 steps. The reward (a digit in
+  // the completion) splits most groups of this barely trained model, so the policy moves.
+  const std::string grpo = "train grpo --init_from " + tmp.file("sft") + " --prompts " + sums +
+                           "/train_prompts.jsonl --reward format --reward_options.format '[\\s\\S]*[0-9][\\s\\S]*'"
+                           " --optim.lr 1e-3 --optim.warmup_steps 0 --loader.batch_size 4"
+                           " --objective.group_size 4 --objective.max_new_tokens 4 --trainer.val_every 0"
+                           " --trainer.time_limit_minutes 0 --dist.timeout 20 --threads 1";
+  r = run_dew(grpo + " --trainer.steps 6 --run " + tmp.file("one"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew(launch(2) + grpo + " --trainer.steps 6 --run " + tmp.file("two"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string rollouts = slurp(tmp.file("one") + "/rollouts.jsonl");
+  EXPECT_EQ(std::count(rollouts.begin(), rollouts.end(), '\n'), 48);  // 3 rollouts of 16 rows
+  EXPECT_EQ(slurp(tmp.file("two") + "/rollouts.jsonl"), rollouts);
+  const double moved = max_weight_diff(tmp.file("sft"), tmp.file("one"), 6);
+  EXPECT_GT(moved, 1e-3) << "GRPO did not move the policy";
+  double diff = max_weight_diff(tmp.file("one"), tmp.file("two"), 6);
+  std::printf("grpo, 2 ranks vs 1 rank, step 6: max |weight difference| %.3g\n", diff);
+  EXPECT_LT(diff, 1e-4);
+  // The logged rollout statistics are those of the whole rollout on both.
+  auto rewards = [](const std::string& dir) {
+    std::vector<double> out;
+    std::ifstream f(dir + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const auto j = dew::json::parse(line);
+      if (j.contains("train/reward")) out.push_back(j["train/reward"].get<double>());
+    }
+    return out;
+  };
+  const auto one = rewards(tmp.file("one")), two = rewards(tmp.file("two"));
+  ASSERT_EQ(one.size(), two.size());
+  ASSERT_FALSE(one.empty());
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(one[i], two[i], 1e-12) << i;
+  // 2 ranks to step 3 (inside the second rollout), then one process to step 6.
+  r = run_dew(launch(2) + grpo + " --trainer.steps 3 --run " + tmp.file("switch"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew(grpo + " --trainer.steps 6 --run " + tmp.file("switch"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming"), std::string::npos) << r.output;
+  EXPECT_EQ(slurp(tmp.file("switch") + "/rollouts.jsonl"), rollouts);
+  diff = max_weight_diff(tmp.file("one"), tmp.file("switch"), 6);
+  std::printf("grpo, 2 ranks to step 3 then 1 rank, vs 1 rank, step 6: max |weight difference| %.3g\n", diff);
+  EXPECT_LT(diff, 1e-4);
+  // A mini-batch smaller than the world is refused before the run is written.
+  r = run_dew(launch(2) + grpo + " --trainer.steps 2 --objective.mini_batches 16 --run " + tmp.file("small"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("objective.mini_batches: a mini-batch of 1 completions"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(tmp.file("small") + "/run.json"));
 }
 
 TEST(Distributed, KilledRankEndsTheLaunchWithOneLine) {
