@@ -89,6 +89,58 @@ struct Distributed::Impl {
   c10::Device device{c10::kCPU};
   double timeout = 300;
   int64_t bucket_bytes = 25 << 20;
+  bool overlap = true;
+  std::shared_ptr<Overlap> ov;  // built at the first arm_overlap; its hooks hold it too
+};
+
+// The reducer of dist.overlap. The parameters' hooks run on the backward's thread; they hold this by a
+// shared pointer, so a hook of a parameter that outlives the group finds it disarmed.
+struct Distributed::Overlap {
+  struct Bucket {
+    std::vector<size_t> members;  // indices into params
+    at::Tensor flat;
+    int64_t pending = 0;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  c10::intrusive_ptr<c10d::Backend> pg;
+  std::vector<at::Tensor> params;
+  std::vector<size_t> bucket_of;
+  std::vector<int64_t> offset_of;  // where each parameter's gradient sits in its bucket
+  std::vector<bool> filled;
+  std::vector<Bucket> buckets;
+  size_t next = 0;  // the next bucket to start: they start in order, the same on every rank
+  std::chrono::steady_clock::time_point first_start;
+  bool armed = false;
+  bool late = false;  // a gradient arrived for a bucket already started (a parameter fed twice)
+
+  at::Tensor slot(size_t i) {
+    return buckets[bucket_of[i]].flat.narrow(0, offset_of[i], params[i].numel()).view(params[i].sizes());
+  }
+  void start_ready() {
+    for (; next < buckets.size() && buckets[next].pending == 0; ++next) {
+      if (next == 0) first_start = std::chrono::steady_clock::now();
+      std::vector<at::Tensor> v{buckets[next].flat};
+      c10d::AllreduceOptions ao;
+      ao.reduceOp = c10d::ReduceOp::SUM;
+      buckets[next].work = pg->allreduce(v, ao);
+    }
+  }
+  void on_grad(size_t i, const at::Tensor& g) {
+    if (!armed) return;
+    at::NoGradGuard ng;
+    Bucket& b = buckets[bucket_of[i]];
+    if (filled[i]) {
+      if (b.work) late = true;
+      else slot(i).add_(g);
+      return;
+    }
+    filled[i] = true;
+    const at::Tensor& before = params[i].grad();  // earlier micro-batches' sum; the engine adds g after us
+    at::Tensor here = slot(i);
+    if (before.defined()) at::add_out(here, before, g);
+    else here.copy_(g);
+    if (--b.pending == 0) start_ready();
+  }
 };
 
 Distributed::Distributed(const DistEnv& env, const DistOptions& o, const c10::Device& device)
@@ -100,6 +152,7 @@ Distributed::Distributed(const DistEnv& env, const DistOptions& o, const c10::De
   impl_->device = device;
   impl_->timeout = o.timeout;
   impl_->bucket_bytes = std::max<int64_t>(1, int64_t(o.bucket_mb * 1024 * 1024));
+  impl_->overlap = o.overlap;
   backend_ = o.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : o.backend;
   DEW_CHECK(backend_ != "nccl" || device.is_cuda(), "dist.backend: nccl runs on CUDA devices, this run's device is ",
             device.str(), "; accepted on the CPU: gloo, auto");
@@ -226,7 +279,96 @@ void Distributed::broadcast_module(torch::nn::Module& m) {
   collective_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+void Distributed::arm_overlap(const NamedTensors& params) {
+  if (!impl_->overlap) return;
+  auto& ov = impl_->ov;
+  if (!ov) {
+    ov = std::make_shared<Overlap>();
+    ov->pg = impl_->pg;
+    for (const auto& kv : params) ov->params.push_back(kv.second);
+    ov->bucket_of.resize(params.size());
+    ov->offset_of.resize(params.size());
+    // The parameters in reverse (backward reaches the last layers first); the first bucket at most 1 MB, so
+    // its all-reduce starts early, the others up to dist.bucket_mb; one dtype and device per bucket.
+    int64_t bytes = 0, cap = std::min<int64_t>(impl_->bucket_bytes, 1 << 20);
+    for (size_t i = params.size(); i-- > 0;) {
+      const at::Tensor& p = ov->params[i];
+      const int64_t b = p.numel() * int64_t(p.element_size());
+      const bool fits = !ov->buckets.empty() && bytes + b <= cap &&
+                        ov->buckets.back().flat.scalar_type() == p.scalar_type() &&
+                        ov->buckets.back().flat.device() == p.device();
+      if (!fits) {
+        if (!ov->buckets.empty()) cap = impl_->bucket_bytes;
+        ov->buckets.emplace_back();
+        ov->buckets.back().flat = at::empty({0}, p.options());
+        bytes = 0;
+      }
+      auto& bucket = ov->buckets.back();
+      ov->offset_of[i] = bytes / int64_t(p.element_size());
+      bucket.members.push_back(i);
+      ov->bucket_of[i] = ov->buckets.size() - 1;
+      bytes += b;
+    }
+    for (auto& bucket : ov->buckets) {
+      int64_t n = 0;
+      for (size_t i : bucket.members) n += ov->params[i].numel();
+      bucket.flat = at::empty({n}, bucket.flat.options());
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::shared_ptr<Overlap> held = ov;
+      ov->params[i].register_hook([held, i](const at::Tensor& g) { held->on_grad(i, g); });
+    }
+  }
+  DEW_CHECK(ov->params.size() == params.size(), "distributed: arm_overlap: ", params.size(),
+            " parameters, the reducer was built for ", ov->params.size());
+  ov->filled.assign(params.size(), false);
+  for (auto& bucket : ov->buckets) {
+    bucket.pending = int64_t(bucket.members.size());
+    bucket.work.reset();
+  }
+  ov->next = 0;
+  ov->late = false;
+  ov->armed = true;
+}
+
+void Distributed::finish_overlap(const NamedTensors& params) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Overlap& ov = *impl_->ov;
+  ov.armed = false;
+  overlapped_ = double(ov.next) / double(std::max<size_t>(1, ov.buckets.size()));
+  at::NoGradGuard ng;
+  // Parameters backward did not reach (unused this step) contribute what they hold; then every bucket starts.
+  for (size_t i = 0; i < ov.params.size(); ++i) {
+    if (ov.filled[i]) continue;
+    const at::Tensor& g = ov.params[i].grad();
+    if (g.defined()) ov.slot(i).copy_(g);
+    else ov.slot(i).zero_();
+    --ov.buckets[ov.bucket_of[i]].pending;
+  }
+  ov.start_ready();
+  for (auto& bucket : ov.buckets) wait_for(bucket.work, "gradient all-reduce", rank_, world_, impl_->timeout);
+  const auto t1 = std::chrono::steady_clock::now();
+  collective_s_ += std::chrono::duration<double>(t1 - t0).count();
+  inflight_s_ = std::chrono::duration<double>(t1 - ov.first_start).count();
+  if (ov.late) {
+    // Every rank sees the same graph, so every rank lands here: reduce the finished gradients again, whole.
+    static bool warned = false;
+    if (!warned && rank_ == 0)
+      log::warn("distributed: a parameter received two gradients in one backward after its bucket's all-reduce ",
+                "started; those steps all-reduce after backward (set dist.overlap false to always do so)");
+    warned = true;
+    return average_gradients(params);  // disarmed: the whole-backward path
+  }
+  for (auto& bucket : ov.buckets) bucket.flat.div_(double(world_));
+  for (size_t i = 0; i < ov.params.size(); ++i) {
+    at::Tensor& g = ov.params[i].mutable_grad();
+    if (!g.defined()) g = at::zeros_like(ov.params[i]);
+    g.copy_(ov.slot(i));
+  }
+}
+
 void Distributed::average_gradients(const NamedTensors& params) {
+  if (impl_->ov && impl_->ov->armed) return finish_overlap(params);
   const auto t0 = std::chrono::steady_clock::now();
   at::NoGradGuard ng;
   // Buckets of consecutive parameters sharing dtype and device, up to bucket_bytes each (one at least).

@@ -48,12 +48,16 @@ struct DistOptions {
   std::string backend = "auto";
   double timeout = 300;
   double bucket_mb = 25;
+  bool overlap = true;
   template <class V>
   void visit(V& v) {
     v.choice("backend", backend, {"auto", "gloo", "nccl"},
              "collective backend when WORLD_SIZE > 1 (auto = nccl on CUDA, gloo on the CPU)");
     v("timeout", timeout, "seconds a rendezvous or collective waits for the other ranks before failing");
     v("bucket_mb", bucket_mb, "size of the flattened gradient buckets of one all-reduce, in MB");
+    v("overlap", overlap,
+      "start each bucket's all-reduce as soon as backward has produced its gradients (the first bucket holds "
+      "the last layers, at most 1 MB, as DDP's); false: all-reduce after the whole backward");
   }
 };
 
@@ -84,6 +88,12 @@ class Distributed {
   /// and device), one SUM all-reduce each, divided by the world size. An undefined gradient counts as zeros
   /// (and becomes a zero tensor), so every rank runs the same collectives.
   void average_gradients(const NamedTensors& params);
+  /// With dist.overlap: called before the backward of a step's last micro-batch. Hooks on `params` copy each
+  /// gradient (plus what earlier micro-batches accumulated) into its bucket as backward produces it and start
+  /// the bucket's all-reduce once it is full, buckets in a fixed order on every rank (the parameters in
+  /// reverse); the average_gradients() that follows waits for them and writes the means into the gradients,
+  /// the same numbers the whole-backward path gives. Without dist.overlap it does nothing.
+  void arm_overlap(const NamedTensors& params);
   /// Element-wise sum of `values` over the ranks (float64 on the wire).
   std::vector<double> sum(const std::vector<double>& values);
   /// True on every rank when `flag` is true on any rank.
@@ -91,14 +101,24 @@ class Distributed {
   void barrier();
   /// Wall time spent in collectives since construction (the all-reduce share of a step).
   double collective_seconds() const { return collective_s_; }
+  /// With dist.overlap: the share of the last step's gradient buckets whose all-reduce started during backward.
+  double overlapped_share() const { return overlapped_; }
+  /// With dist.overlap: seconds from the last step's first bucket all-reduce start to the end of the last one
+  /// (the all-reduce in flight, overlapped or not); collective time outside backward is what average_gradients
+  /// waited.
+  double inflight_seconds() const { return inflight_s_; }
 
  private:
   struct Impl;
+  struct Overlap;
+  void finish_overlap(const NamedTensors& params);
   std::unique_ptr<Impl> impl_;
   int64_t rank_ = 0;
   int64_t world_ = 1;
   std::string backend_;
   double collective_s_ = 0;
+  double overlapped_ = 0;
+  double inflight_s_ = 0;
 };
 
 }  // namespace dew::training

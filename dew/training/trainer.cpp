@@ -242,6 +242,7 @@ StepOutcome Trainer::train_step() {
     }
     // Each rank's share times the world size: after the average over the ranks the gradient is that of the
     // global batch's mean loss.
+    if (dist_ && k + 1 == to_.accumulation) dist_->arm_overlap(params_);  // all-reduces start during backward
     if (dist_) (lo.loss * (share * double(world) / double(to_.accumulation))).backward();
     else (lo.loss / double(to_.accumulation)).backward();
     out.loss += l / double(to_.accumulation);
@@ -274,6 +275,7 @@ StepOutcome Trainer::train_step() {
     const auto tc = clock::now();
     dist_->average_gradients(params_);
     out.allreduce_s = secs(tc, clock::now());
+    out.allreduce_inflight_s = dist_->overlapped_share() > 0 ? dist_->inflight_seconds() : out.allreduce_s;
     out.collective_s += out.allreduce_s;
   }
   out.grad_norm = clip_grad_norm(params_, oo_.grad_clip);
@@ -413,6 +415,7 @@ TrainResult Trainer::fit() {
       if (dist_) {
         line["world_size"] = dist_->world_size();
         line["allreduce_share"] = window_collective / std::max(1e-12, window_busy);
+        line["allreduce_overlapped"] = dist_->overlapped_share();  // buckets started during the last backward
       }
       log_line(line);
       std::string extra;

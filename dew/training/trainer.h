@@ -70,12 +70,14 @@ struct StepOutcome {
   std::map<std::string, double> metrics;  // the objective's metrics, averaged over the micro-batches
   // Wall time of the step's parts, summed over its micro-batches (clock reads around each; on CUDA the
   // loss ends with the device sync of the finite check and the backward with that of the gradient norm):
-  double data_s = 0;        // waiting for the loader's batches
-  double loss_s = 0;        // the objective's loss (the forward) and the finite check
-  double backward_s = 0;    // backward and the gradient norm and clip
-  double update_s = 0;      // zero_grad, the optimizer step and the EMA update
-  double collective_s = 0;  // data-parallel runs: the all-reduces of the loss and the gradients (in backward_s)
-  double allreduce_s = 0;   // data-parallel runs: the gradient average alone (part of collective_s)
+  double data_s = 0;                // waiting for the loader's batches
+  double loss_s = 0;                // the objective's loss (the forward) and the finite check
+  double backward_s = 0;            // backward and the gradient norm and clip
+  double update_s = 0;              // zero_grad, the optimizer step and the EMA update
+  double collective_s = 0;          // data-parallel runs: the all-reduces of the loss and the gradients (in backward_s)
+  double allreduce_s = 0;           // data-parallel runs: the gradient average alone (part of collective_s): with
+                                    // dist.overlap the wait after backward, the part backward did not hide
+  double allreduce_inflight_s = 0;  // with dist.overlap: first bucket's start to the last one's end
 };
 
 class Trainer {

@@ -58,7 +58,9 @@ TEST(BenchCli, DdpChildTimesTheGradientAllReduceOnRankZeroOnly) {
   EXPECT_GT(ar, 0.0);
   EXPECT_LT(ar, ms);
   EXPECT_NEAR(share, ar / ms, 1e-9 + 1e-9 * share);
-  EXPECT_EQ(j2["allreduce_exposed_ms"].get<double>(), ar);  // dew's all-reduce follows the whole backward
+  // dist.overlap: the buckets are in flight during backward; what backward did not hide is a part of it.
+  EXPECT_GT(j2["allreduce_exposed_ms"].get<double>(), 0.0);
+  EXPECT_LE(j2["allreduce_exposed_ms"].get<double>(), ar);
   // samples/s counts the global batch: 4 items per step of ms_per_step.
   EXPECT_NEAR(j2["samples_per_s"].get<double>() * ms / 1e3, 4.0, 1e-9);
   EXPECT_EQ(j2["params"], j1["params"]);

@@ -123,6 +123,29 @@ TEST(Distributed, TwoRanksEqualOneRankAndRepeatBitwise) {
   EXPECT_NE(first.find("\"world_size\":2"), std::string::npos) << first;
 }
 
+// dist.overlap (the default) starts each bucket's all-reduce during backward; with small buckets most start
+// there, and the weights are byte for byte those of the all-reduce after the whole backward.
+TEST(Distributed, OverlappedAllReduceGivesTheSameBits) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_overlap");
+  const std::string cmd = kDiffusion + " --trainer.steps 10 --trainer.checkpoint_every 10 --dist.bucket_mb 0.004";
+  auto r = run_dew(launch(2) + cmd + " --run " + tmp.file("overlap"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew(launch(2) + cmd + " --dist.overlap false --run " + tmp.file("after"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  dew::test::expect_same_checkpoint(tmp.file("overlap"), tmp.file("after"), 10);
+  auto overlapped = [](const std::string& dir) {
+    std::ifstream f(dir + "/metrics.jsonl");
+    std::string line;
+    std::getline(f, line);
+    return dew::json::parse(line).value("allreduce_overlapped", -1.0);
+  };
+  const double share = overlapped(tmp.file("overlap"));
+  std::printf("buckets whose all-reduce started during backward: %.2f\n", share);
+  EXPECT_GT(share, 0.5);
+  EXPECT_EQ(overlapped(tmp.file("after")), 0.0);
+}
+
 TEST(Distributed, LanguageModelTwoRanksEqualOneRank) {
   using namespace ddp_test;
   dew::test::TempDir tmp("ddp_lm");
