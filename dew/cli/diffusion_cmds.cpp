@@ -76,7 +76,8 @@ int cmd_train(const std::vector<std::string>& args) {
   std::cout << "run:        " << dir.path() << "\n"
             << "checkpoint: " << res.last_checkpoint << "\n"
             << "metrics:    " << dir.metrics() << "\n";
-  if (!run.built.preview.empty()) std::cout << "preview:    " << dir.sample(res.step, run.built.preview) << "\n";
+  const std::string preview = run.built.preview.empty() ? "" : dir.sample(res.step, run.built.preview);
+  if (!preview.empty() && std::filesystem::exists(preview)) std::cout << "preview:    " << preview << "\n";
   std::cout << "steps:      " << res.step << (res.interrupted ? " (stopped early)" : "") << "\n";
   if (res.stopped_by_signal)
     std::cout << "stopped by a signal after step " << res.step << ", checkpointed; rerun the same command to resume\n";

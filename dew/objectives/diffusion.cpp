@@ -36,6 +36,8 @@ DiffusionObjective::DiffusionObjective(BackbonePtr model, diffusion::Preset pres
   DEW_CHECK(o_.unconditional_prob >= 0 && o_.unconditional_prob <= 1,
             "objective.unconditional_prob: must be in [0, 1], got ", o_.unconditional_prob);
   DEW_CHECK(o_.steps >= 1, "objective.steps: must be >= 1, got ", o_.steps);
+  DEW_CHECK(o_.preview_per_class >= 0, "objective.preview_per_class: must be >= 0 (0 = no preview), got ",
+            o_.preview_per_class);
   sampling::make_solver(o_.sampler);  // fail early on an unknown sampler
   sampling::validate(o_.guidance);
 }
@@ -132,6 +134,7 @@ std::map<std::string, double> DiffusionObjective::validate(int64_t step, const s
   g.clamp = !latent_;  // latents are decoded as they are
   if (text_.encoder) g.text = &text_;
   int64_t nrow = 8;
+  if (num_classes_ > 0 && o_.preview_per_class == 0) return {};  // no preview asked for
   if (num_classes_ > 0) {
     // every grid row holds one sample of each class, in class order
     g.count = num_classes_ * o_.preview_per_class;

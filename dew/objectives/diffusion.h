@@ -32,7 +32,8 @@ struct DiffusionObjectiveOptions {
     v("sampler", sampler, "solver of the validation preview");
     v("guidance", guidance, "classifier-free guidance of the preview");
     v("steps", steps, "sampling steps of the preview");
-    v("preview_per_class", preview_per_class, "preview samples per class (16 in all for an unconditional model)");
+    v("preview_per_class", preview_per_class,
+      "preview samples per class (16 in all for an unconditional model; 0 = no preview of a conditional one)");
     v("image_field", image_field, "batch field holding uint8 images");
     v("label_field", label_field, "batch field holding int64 labels (if the model is class-conditional)");
     v("caption_template", caption_template,

@@ -55,6 +55,16 @@ TEST(Cli, TrainsSamplesAndResumes) {
   EXPECT_NE(r.output.find("was trained with model"), std::string::npos) << r.output;
 }
 
+// objective.preview_per_class 0: a conditional run writes no preview grid (and names none), and ends well.
+TEST(Cli, NoPreviewWhenNoneIsAskedFor) {
+  auto dir = tmp("no_preview");
+  auto r = run_dew("train diffusion --run " + dir + " --trainer.steps 3 --objective.preview_per_class 0" + kTiny);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_3"));
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "samples" / "step_3.png"));
+  EXPECT_EQ(r.output.find("preview:"), std::string::npos) << r.output;
+}
+
 TEST(Cli, BadInputIsOneLineAndExitTwo) {
   auto one_line_error = [](const Result& r, const std::string& needle) {
     EXPECT_EQ(r.code, 2) << r.output;

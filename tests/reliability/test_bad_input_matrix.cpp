@@ -182,6 +182,7 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
       {"train bogus --run " + N, "\"bogus\""},
       {kDiffusion + " --bogus 1 --run " + N, "--bogus"},
       {kDiffusion + " --trainer.steps 0 --run " + N, "trainer.steps"},
+      {kDiffusion + " --objective.preview_per_class -1 --run " + N, "objective.preview_per_class"},
       {kDiffusion + " --trainer.steps 1e30 --run " + N, "trainer.steps"},
       {kDiffusion + " --trainer.steps 18446744073709551615 --run " + N, "trainer.steps"},
       {kDiffusion + " --trainer.steps ten --run " + N, "trainer.steps"},

@@ -1,0 +1,147 @@
+"""The golden of LoRA files that adapt the text encoders as well as the UNet, as kohya / sd-scripts trains them by
+default (`lora_te_text_model_encoder_layers_0_self_attn_q_proj`, SDXL's `lora_te1_` / `lora_te2_`) and as diffusers
+saves them (`text_encoder.text_model...lora_A.weight`, `text_encoder_2.`). Reference: diffusers' own
+load_lora_weights of those files on the tiny SD and SDXL folders (tests/golden/sd/pipeline, pipeline_sdxl), with
+diffusers 0.42.1, peft 0.21.2, transformers 5.25.0 and torch 2.13.0 as installed. Not run by CI; rerun by hand
+(deterministic):
+
+    .venv/bin/python tests/golden/lora_text_encoder_reference.py
+
+How the files are made: peft LoraConfigs added to the folder's UNet (r 2, lora_alpha 4 on to_q / to_k / to_v /
+to_out.0) and to each text encoder (r 2, lora_alpha 2 on q_proj / k_proj / v_proj / out_proj / fc1 / fc2; alpha =
+r, so diffusers' file, which records no text-encoder alpha when it equals the rank, and kohya's agree), every
+lora_A / lora_B set to 0.1 randn under torch.manual_seed(46) (UNet) and 47 / 48 (text encoders). Written twice:
+by diffusers' save_lora_weights (its naming, the UNet's alpha in the file's metadata) and renamed by this script
+into kohya's (`lora_unet_<module with _>`, `lora_te[1|2]_<module with _>`, `.lora_down.weight`, `.lora_up.weight`,
+`.alpha` float32). The renaming is checked by diffusers itself: both files must give the same image (to 1e-6).
+
+Writes tests/golden/lora/text_encoder/:
+  sd_kohya_te.safetensors, sd_diffusers_te.safetensors, sdxl_kohya_te.safetensors, sdxl_diffusers_te.safetensors;
+  io.safetensors  `sd_latents` [1, 4, 16, 16] and `sdxl_latents` (each folder's pipeline_io latents) and the images
+      (output_type "pt": [0, 1], NCHW, float32) of each folder's pipeline (its own scheduler, 3 steps, guidance
+      7.5, prompt "a cat", 32 x 32) on those latents: `sd_image_base` / `sdxl_image_base` without LoRA and
+      `sd_image_lora` / `sdxl_image_lora` after load_lora_weights(kohya file, adapter_name="x") and
+      set_adapters(["x"], adapter_weights=[0.5]) (the weight applies to the UNet's and the text encoders'
+      adapters alike). `sd_image_te_only` / `sdxl_image_te_only`: the same with the text encoders' adapters alone
+      (a file without UNet keys), weight 1.
+"""
+import os
+import shutil
+import sys
+import tempfile
+
+import diffusers
+import peft
+import torch
+import transformers
+from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+from peft.utils import get_peft_model_state_dict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lora_pipeline_reference import add_random_adapters  # noqa: E402
+from st_io import VERSION as ST_VERSION, read_st, write_st  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "lora", "text_encoder")
+PROMPT = "a cat"
+STEPS = 3
+GUIDANCE = 7.5
+SCALE = 0.5
+UNET = dict(r=2, lora_alpha=4, init_lora_weights=False, target_modules=["to_q", "to_k", "to_v", "to_out.0"])
+TEXT = dict(r=2, lora_alpha=2, init_lora_weights=False,
+            target_modules=["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"])
+FOLDERS = {"sd": (StableDiffusionPipeline, "pipeline", {"text_encoder": "lora_te"}),
+           "sdxl": (StableDiffusionXLPipeline, "pipeline_sdxl",
+                    {"text_encoder": "lora_te1", "text_encoder_2": "lora_te2"})}
+
+
+def load(cls, folder):
+    pipe = cls.from_pretrained(os.path.join(HERE, "sd", folder))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run(pipe, latents):
+    with torch.no_grad():
+        h = latents.shape[2] * pipe.vae_scale_factor
+        return pipe(prompt=PROMPT, latents=latents, height=h, width=h, num_inference_steps=STEPS,
+                    guidance_scale=GUIDANCE, output_type="pt").images
+
+
+def kohya_of(state, prefix, alpha):
+    out = {}
+    for m in sorted({k[: -len(".lora_A.weight")] for k in state if k.endswith(".lora_A.weight")}):
+        flat = prefix + "_" + m.replace(".", "_")
+        out[flat + ".lora_down.weight"] = state[m + ".lora_A.weight"]
+        out[flat + ".lora_up.weight"] = state[m + ".lora_B.weight"]
+        out[flat + ".alpha"] = torch.tensor(float(alpha))
+    return out
+
+
+def main():
+    torch.set_grad_enabled(False)
+    if os.path.isdir(OUT):
+        shutil.rmtree(OUT)
+    os.makedirs(OUT)
+    io = []
+    for name, (cls, folder, encoders) in FOLDERS.items():
+        latents, _ = read_st(os.path.join(HERE, "sd", folder, "pipeline_io.safetensors"))
+        latents = latents["latents"]
+        base = run(load(cls, folder), latents)
+
+        pipe = load(cls, folder)
+        unet_meta = add_random_adapters(pipe.unet, UNET, 46)
+        unet_state = get_peft_model_state_dict(pipe.unet)
+        text_states = {}
+        for i, component in enumerate(encoders):
+            add_random_adapters(getattr(pipe, component), TEXT, 47 + i)
+            text_states[component] = get_peft_model_state_dict(getattr(pipe, component))
+
+        kohya = kohya_of(unet_state, "lora_unet", UNET["lora_alpha"])
+        for component, prefix in encoders.items():
+            kohya.update(kohya_of(text_states[component], prefix, TEXT["lora_alpha"]))
+        kohya_file = os.path.join(OUT, f"{name}_kohya_te.safetensors")
+        write_st(kohya_file, kohya, {"ss_network_module": "networks.lora", "ss_network_dim": str(UNET["r"]),
+                                     "source": f"tests/golden/lora_text_encoder_reference.py, peft {peft.__version__}"})
+        te_only = {k: v for k, v in kohya.items() if not k.startswith("lora_unet_")}
+
+        with tempfile.TemporaryDirectory() as tmp:
+            layers = {f"{c}_lora_layers": s for c, s in text_states.items()}
+            cls.save_lora_weights(tmp, unet_lora_layers=unet_state, unet_lora_adapter_metadata=unet_meta, **layers)
+            shutil.copy(os.path.join(tmp, "pytorch_lora_weights.safetensors"),
+                        os.path.join(OUT, f"{name}_diffusers_te.safetensors"))
+            ref = load(cls, folder)
+            ref.load_lora_weights(tmp, adapter_name="x")
+            ref.set_adapters(["x"], adapter_weights=[SCALE])
+            via_diffusers_names = run(ref, latents)
+
+        pipe = load(cls, folder)
+        pipe.load_lora_weights(kohya_file, adapter_name="x")
+        pipe.set_adapters(["x"], adapter_weights=[SCALE])
+        lora = run(pipe, latents)
+        assert not torch.equal(lora, base)
+        diff = float((lora - via_diffusers_names).abs().max())
+        assert diff < 1e-6, f"{name}: the kohya file loads differently from diffusers' naming: {diff}"
+
+        with tempfile.TemporaryDirectory() as tmp:
+            te_file = os.path.join(tmp, "te.safetensors")
+            write_st(te_file, te_only, {})
+            pipe = load(cls, folder)
+            pipe.load_lora_weights(te_file, adapter_name="t")
+            te = run(pipe, latents)
+        assert not torch.equal(te, base)
+        print(f"{name}: {len(kohya) // 3} adapted modules; image rms change {float((lora - base).pow(2).mean().sqrt()):.4g}"
+              f" (text encoders alone {float((te - base).pow(2).mean().sqrt()):.4g}); max difference to diffusers' "
+              f"naming {diff:.3g}")
+        io += [(f"{name}_latents", latents), (f"{name}_image_base", base), (f"{name}_image_lora", lora),
+               (f"{name}_image_te_only", te)]
+
+    write_st(os.path.join(OUT, "io.safetensors"), io,
+             {"source": f"diffusers {diffusers.__version__} load_lora_weights + set_adapters, peft {peft.__version__}, "
+                        f"transformers {transformers.__version__}, torch {torch.__version__}, safetensors {ST_VERSION}",
+              "prompt": PROMPT, "steps": str(STEPS), "guidance_scale": str(GUIDANCE), "adapter_weight": str(SCALE),
+              "unet_lora_config": repr(UNET), "text_encoder_lora_config": repr(TEXT)})
+
+
+if __name__ == "__main__":
+    main()
