@@ -15,8 +15,8 @@ namespace dew::bench {
 struct Config {
   int64_t intra = 1, blas = 1;
   std::vector<Measurement> cpp, py, pyc;
-  int64_t ranks = 1;    // ddp: processes (each with `intra` threads)
-  bool overlap = true;  // ddp: dist.overlap; false: C++ only, the all-reduce after the whole backward
+  int64_t ranks = 1;     // ddp: processes (each with `intra` threads)
+  bool overlap = false;  // ddp: dist.overlap on (C++ only; otherwise the recipe's auto)
 };
 
 /// One case of a sweep: the fields its peer builds the model from (JSON text), its parameter count and its

@@ -162,7 +162,7 @@ json run_default_train(const BenchCase& c, const OneOptions& o, bool data_parall
   if (data_parallel) set_child_threads(o.threads);
   TempDir dir("bench_" + what);
   auto run = prepare_default_train(dir.path.string(), o.threads, batch_of(c, o.sizes), o.device);
-  run.dist.overlap = o.overlap;
+  if (!o.overlap.empty()) run.dist.overlap = o.overlap;
   std::shared_ptr<training::Distributed> dist;
   if (data_parallel && run.dist_env.world_size > 1) {
     training::check_global_batch(run.built.loader->options().batch_size, run.dist_env.world_size);

@@ -20,7 +20,7 @@ struct OneOptions {
   int64_t threads = 1;            // LibTorch intra-op threads; the BLAS's come from OPENBLAS_NUM_THREADS
   std::string profile;            // non-empty: a Chrome trace of the timed steps (lm: FILE.generate.json too)
   c10::Device device{c10::kCPU};  // both the model and the batch
-  bool overlap = true;            // ddp: dist.overlap (false: the gradient all-reduce after the whole backward)
+  std::string overlap;            // ddp: dist.overlap (auto, on, off); empty: the recipe's
 };
 
 /// Times case c and returns its result line: ms_per_step, samples_per_s, peak_rss_mb, params, threads,

@@ -90,7 +90,7 @@ std::string sweep(const SweepOptions& o, std::ostream& log) {
     Row row{c, is_sd(*c) ? reference_config(*c).dump() : m.fields.dump(), m.params, {}};
     if (c->kind == CaseKind::ddp) {  // the cores in one rank's threads, then one thread per rank
       row.configs.push_back({kDdpCores, kDdpCores, {}, {}, {}, 1});
-      row.configs.push_back({1, 1, {}, {}, {}, kDdpCores, false});  // what overlapping the all-reduce wins
+      row.configs.push_back({1, 1, {}, {}, {}, kDdpCores, true});  // what overlapping the all-reduce wins
       row.configs.push_back({1, 1, {}, {}, {}, kDdpCores});
     } else {
       for (int64_t intra : o.threads)
@@ -108,15 +108,15 @@ std::string sweep(const SweepOptions& o, std::ostream& log) {
       for (auto& cfg : row.configs) {
         const auto common = child_args(*row.c, o.sizes, cfg.intra, ctx.device);
         const std::string ranks = (cfg.ranks > 1 ? " " + std::to_string(cfg.ranks) + " ranks" : "") +
-                                  (cfg.overlap ? "" : " (all-reduce after backward)");
+                                  (cfg.overlap ? " (all-reduce overlapping backward)" : "");
         auto cpp_argv = std::vector<std::string>{o.program, "bench", "--one", name};
         cpp_argv.insert(cpp_argv.end(), common.begin(), common.end());
-        if (!cfg.overlap) cpp_argv.push_back("--no-overlap");
+        if (cfg.overlap) cpp_argv.insert(cpp_argv.end(), {"--overlap", "on"});
         if (cfg.ranks > 1) cpp_argv = launched(cpp_argv, cfg.ranks, cfg.intra, true);
         cfg.cpp.push_back(measure_child(cpp_argv, cfg.intra, cfg.blas, name + " C++" + ranks));
         print_progress(log, round, o.rounds, name + "  C++   " + ranks, cfg.cpp.back());
         auto py_argv = peer_argv(peers, *row.c, row.fields, row.params, args);
-        if (py_argv.empty() || !cfg.overlap) continue;  // DDP's peer runs with its own overlap
+        if (py_argv.empty() || cfg.overlap) continue;  // DDP's peer always overlaps
         py_argv.insert(py_argv.end(), common.begin(), common.end());
         auto py_env = peers.env;
         if (cfg.ranks > 1) {

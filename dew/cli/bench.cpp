@@ -143,10 +143,10 @@ const char* kBenchUsage =
     "                  is kept for reuse, as the dew program does for itself; see docs/training.md)\n"
     "  --out FILE.md   also write the report to FILE.md\n"
     "\n"
-    "dew bench --one MODEL --threads T [--steps N] [--warmup W] [--profile FILE.json] [--no-overlap] runs one C++\n"
+    "dew bench --one MODEL --threads T [--steps N] [--warmup W] [--profile FILE.json] [--overlap on|off] runs one C++\n"
     "configuration in this process and prints its JSON line; --profile writes a Chrome trace of the timed\n"
     "steps' operators (chrome://tracing, Perfetto); for lm, FILE.generate.json has the timed generations'.\n"
-    "--no-overlap (ddp): the gradient all-reduce after the whole backward (dist.overlap false).\n";
+    "--overlap (ddp): dist.overlap, the gradient all-reduce during backward (on) or after it (off).\n";
 
 // The flags naming a peer script, each a key of bench::PeerOptions::files.
 const std::vector<std::string> kPeerFlags = {"peer",    "lm-peer",    "jepa-peer",   "dpo-peer", "grpo-rollout-peer",
@@ -182,8 +182,8 @@ int cmd_bench(const std::vector<std::string>& args) {
                                      "lm-peer",    "jepa-peer",    "dpo-peer",      "grpo-rollout-peer",
                                      "profile",    "device",       "sd-peer",       "diffusers-src",
                                      "train-peer", "images",       "sample-steps",  "sample-peer",
-                                     "fid-peer",   "ddp-peer"},
-                              {"no-peer", "no-compile", "help", "all", "peer-malloc-like-dew", "no-overlap"});
+                                     "fid-peer",   "ddp-peer",     "overlap"},
+                              {"no-peer", "no-compile", "help", "all", "peer-malloc-like-dew"});
   if (f.has("help")) {
     std::cout << kBenchUsage;
     return 0;
@@ -218,7 +218,9 @@ int cmd_bench(const std::vector<std::string>& args) {
     o.threads = threads[0];
     o.profile = f.get("profile", "");
     o.device = device;
-    o.overlap = !f.has("no-overlap");
+    o.overlap = f.get("overlap", "");
+    DEW_CHECK(o.overlap.empty() || o.overlap == "auto" || o.overlap == "on" || o.overlap == "off", "--overlap: got \"",
+              o.overlap, "\"; accepted: auto, on, off");
     const json line = bench::run_one(bench::find_case(f.get("one", "")), o);
     if (!line.is_null()) std::cout << line.dump() << std::endl;  // null: a ddp rank other than 0
     return 0;

@@ -83,9 +83,10 @@ class TextToImagePipeline {
   /// `--weights-dtype`: every component's matrix weights held in `dtype` (nn::hold_weights_in); encode and
   /// run then compute under nn::InferenceAutocast(dtype). Returns the bytes the components' parameters hold.
   int64_t hold_weights_in(at::ScalarType dtype);
-  /// `dew sample --pipeline DIR --lora FILE[:SCALE]`: a LoRA file of the UNet (diffusers'
-  /// pytorch_lora_weights.safetensors layout, "unet." keys, or kohya's "lora_unet_" keys; nn::load_lora_file)
-  /// merged into its weights with each adapter's scale times `scale` (nn::fold_lora), so several files add
+  /// `dew sample --pipeline DIR --lora FILE[:SCALE]`: a LoRA file of the UNet and / or the text encoders
+  /// (diffusers' pytorch_lora_weights.safetensors layout, "unet." / "text_encoder." / "text_encoder_2." keys, or
+  /// kohya's "lora_unet_" / "lora_te_" (SDXL: "lora_te1_", "lora_te2_") keys; nn::load_lora_file) merged into
+  /// each component's weights with each adapter's scale times `scale` (nn::fold_lora), so several files add
   /// up, one after another. Before hold_weights_in. Returns the number of adapted layers.
   int64_t add_lora(const std::string& path, double scale);
   /// Runs the request with the embeddings of encode().

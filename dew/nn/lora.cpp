@@ -845,6 +845,12 @@ LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, co
   return attach_from_file(model, file, entries, -1.0, false, prefix + "_");
 }
 
+bool lora_file_has(const std::string& path, const std::string& diffusers_prefix, const std::string& kohya_prefix) {
+  for (const auto& key : io::SafetensorsFile::open(path).names())
+    if (key.rfind(diffusers_prefix + ".", 0) == 0 || key.rfind(kohya_prefix + "_", 0) == 0) return true;
+  return false;
+}
+
 LoraReport load_lora_file(torch::nn::Module& model, const std::string& path, double scale,
                           const std::string& diffusers_prefix, const std::string& kohya_prefix) {
   DEW_CHECK(std::isfinite(scale), "LoRA: the scale of ", path, " must be a finite number, got ", scale);

@@ -197,6 +197,10 @@ LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, co
 /// A LoRA file in kohya's layout (a key starting with "<kohya_prefix>_") or else diffusers' (keys
 /// "<diffusers_prefix>.<module>..."), read onto `model` with each adapter's scale multiplied by `scale`
 /// (`dew sample --lora FILE:SCALE`; 0 leaves the model's output as it was).
+/// Whether the file at `path` holds a key of a component: "<diffusers_prefix>." or "<kohya_prefix>_"
+/// ("text_encoder" / "lora_te" is not "text_encoder_2" / "lora_te2").
+bool lora_file_has(const std::string& path, const std::string& diffusers_prefix, const std::string& kohya_prefix);
+
 LoraReport load_lora_file(torch::nn::Module& model, const std::string& path, double scale = 1.0,
                           const std::string& diffusers_prefix = "unet", const std::string& kohya_prefix = "lora_unet");
 

@@ -75,6 +75,8 @@ void validate(const DistOptions& o) {
             "\"; accepted: auto, gloo, nccl");
   DEW_CHECK(o.timeout > 0, "dist.timeout: must be > 0 seconds, got ", o.timeout);
   DEW_CHECK(o.bucket_mb > 0, "dist.bucket_mb: must be > 0, got ", o.bucket_mb);
+  DEW_CHECK(o.overlap == "auto" || o.overlap == "on" || o.overlap == "off", "dist.overlap: got \"", o.overlap,
+            "\"; accepted: auto, on, off");
 }
 
 void check_global_batch(int64_t batch_size, int64_t world_size) {
@@ -152,8 +154,8 @@ Distributed::Distributed(const DistEnv& env, const DistOptions& o, const c10::De
   impl_->device = device;
   impl_->timeout = o.timeout;
   impl_->bucket_bytes = std::max<int64_t>(1, int64_t(o.bucket_mb * 1024 * 1024));
-  impl_->overlap = o.overlap;
   backend_ = o.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : o.backend;
+  impl_->overlap = o.overlap == "on" || (o.overlap == "auto" && backend_ == "nccl");
   DEW_CHECK(backend_ != "nccl" || device.is_cuda(), "dist.backend: nccl runs on CUDA devices, this run's device is ",
             device.str(), "; accepted on the CPU: gloo, auto");
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);

@@ -48,16 +48,17 @@ struct DistOptions {
   std::string backend = "auto";
   double timeout = 300;
   double bucket_mb = 25;
-  bool overlap = true;
+  std::string overlap = "auto";
   template <class V>
   void visit(V& v) {
     v.choice("backend", backend, {"auto", "gloo", "nccl"},
              "collective backend when WORLD_SIZE > 1 (auto = nccl on CUDA, gloo on the CPU)");
     v("timeout", timeout, "seconds a rendezvous or collective waits for the other ranks before failing");
     v("bucket_mb", bucket_mb, "size of the flattened gradient buckets of one all-reduce, in MB");
-    v("overlap", overlap,
-      "start each bucket's all-reduce as soon as backward has produced its gradients (the first bucket holds "
-      "the last layers, at most 1 MB, as DDP's); false: all-reduce after the whole backward");
+    v.choice("overlap", overlap, {"auto", "on", "off"},
+             "on: start each bucket's all-reduce as soon as backward has produced its gradients (the first "
+             "bucket holds the last layers, at most 1 MB, as DDP's); off: all-reduce after the whole backward; "
+             "auto: on with nccl, off with gloo (CPU ranks share the cores backward uses: measured slower on)");
   }
 };
 
@@ -88,11 +89,11 @@ class Distributed {
   /// and device), one SUM all-reduce each, divided by the world size. An undefined gradient counts as zeros
   /// (and becomes a zero tensor), so every rank runs the same collectives.
   void average_gradients(const NamedTensors& params);
-  /// With dist.overlap: called before the backward of a step's last micro-batch. Hooks on `params` copy each
+  /// With dist.overlap on: called before the backward of a step's last micro-batch. Hooks on `params` copy each
   /// gradient (plus what earlier micro-batches accumulated) into its bucket as backward produces it and start
   /// the bucket's all-reduce once it is full, buckets in a fixed order on every rank (the parameters in
   /// reverse); the average_gradients() that follows waits for them and writes the means into the gradients,
-  /// the same numbers the whole-backward path gives. Without dist.overlap it does nothing.
+  /// the same numbers the whole-backward path gives. With overlap off it does nothing.
   void arm_overlap(const NamedTensors& params);
   /// Element-wise sum of `values` over the ranks (float64 on the wire).
   std::vector<double> sum(const std::vector<double>& values);

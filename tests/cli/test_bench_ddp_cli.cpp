@@ -86,10 +86,10 @@ TEST(BenchCli, DdpComparesOneAndTwoRanksOnBothSides) {
   EXPECT_EQ(r.output.find("## dew bench: summary"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| dew | 1 x 2 | "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("| dew | 2 x 1 | "), std::string::npos) << r.output;
-  // dew's overlap against its own all-reduce after backward, in the same run (DDP's peer has no such row).
-  EXPECT_NE(r.output.find("| dew | 2 x 1, all-reduce after backward | "), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("| PyTorch DDP | 2 x 1, all-reduce after backward"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("dew's overlap (dist.overlap) at 2 ranks: "), std::string::npos) << r.output;
+  // dew's overlap against its recipe's default in the same run (DDP's peer has no such row).
+  EXPECT_NE(r.output.find("| dew | 2 x 1, dist.overlap on | "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("| PyTorch DDP | 2 x 1, dist.overlap on"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dew with dist.overlap on at 2 ranks: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Scaling efficiency (2-rank samples/s / 1-rank samples/s): dew "), std::string::npos)
       << r.output;
   if (peer) {

@@ -15,15 +15,14 @@ by diffusers' save_lora_weights (its naming, the UNet's alpha in the file's meta
 into kohya's (`lora_unet_<module with _>`, `lora_te[1|2]_<module with _>`, `.lora_down.weight`, `.lora_up.weight`,
 `.alpha` float32). The renaming is checked by diffusers itself: both files must give the same image (to 1e-6).
 
-Writes tests/golden/lora/text_encoder/:
-  sd_kohya_te.safetensors, sd_diffusers_te.safetensors, sdxl_kohya_te.safetensors, sdxl_diffusers_te.safetensors;
-  io.safetensors  `sd_latents` [1, 4, 16, 16] and `sdxl_latents` (each folder's pipeline_io latents) and the images
-      (output_type "pt": [0, 1], NCHW, float32) of each folder's pipeline (its own scheduler, 3 steps, guidance
-      7.5, prompt "a cat", 32 x 32) on those latents: `sd_image_base` / `sdxl_image_base` without LoRA and
-      `sd_image_lora` / `sdxl_image_lora` after load_lora_weights(kohya file, adapter_name="x") and
-      set_adapters(["x"], adapter_weights=[0.5]) (the weight applies to the UNet's and the text encoders'
-      adapters alike). `sd_image_te_only` / `sdxl_image_te_only`: the same with the text encoders' adapters alone
-      (a file without UNet keys), weight 1.
+Writes tests/golden/lora/te_sd/ and te_sdxl/, each:
+  kohya_te.safetensors (UNet and text encoders, kohya's names), diffusers_te.safetensors (the same adapters as
+      diffusers' save_lora_weights wrote them), kohya_te_only.safetensors (kohya_te without its lora_unet_ keys);
+  io.safetensors  `latents` [1, 4, 16, 16] (the folder's pipeline_io latents) and the images (output_type "pt":
+      [0, 1], NCHW, float32) of the folder's pipeline (its own scheduler, 3 steps, guidance 7.5, prompt "a cat",
+      32 x 32) on those latents: `image_base` without LoRA, `image_lora` after load_lora_weights(kohya_te,
+      adapter_name="x") and set_adapters(["x"], adapter_weights=[0.5]) (the weight applies to the UNet's and the
+      text encoders' adapters alike), `image_te_only` after load_lora_weights(kohya_te_only) alone (weight 1).
 """
 import os
 import shutil
@@ -42,7 +41,7 @@ from lora_pipeline_reference import add_random_adapters  # noqa: E402
 from st_io import VERSION as ST_VERSION, read_st, write_st  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "lora", "text_encoder")
+OUT = os.path.join(HERE, "lora")
 PROMPT = "a cat"
 STEPS = 3
 GUIDANCE = 7.5
@@ -80,11 +79,11 @@ def kohya_of(state, prefix, alpha):
 
 def main():
     torch.set_grad_enabled(False)
-    if os.path.isdir(OUT):
-        shutil.rmtree(OUT)
-    os.makedirs(OUT)
-    io = []
     for name, (cls, folder, encoders) in FOLDERS.items():
+        out = os.path.join(OUT, "te_" + name)
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        os.makedirs(out)
         latents, _ = read_st(os.path.join(HERE, "sd", folder, "pipeline_io.safetensors"))
         latents = latents["latents"]
         base = run(load(cls, folder), latents)
@@ -100,7 +99,7 @@ def main():
         kohya = kohya_of(unet_state, "lora_unet", UNET["lora_alpha"])
         for component, prefix in encoders.items():
             kohya.update(kohya_of(text_states[component], prefix, TEXT["lora_alpha"]))
-        kohya_file = os.path.join(OUT, f"{name}_kohya_te.safetensors")
+        kohya_file = os.path.join(out, "kohya_te.safetensors")
         write_st(kohya_file, kohya, {"ss_network_module": "networks.lora", "ss_network_dim": str(UNET["r"]),
                                      "source": f"tests/golden/lora_text_encoder_reference.py, peft {peft.__version__}"})
         te_only = {k: v for k, v in kohya.items() if not k.startswith("lora_unet_")}
@@ -109,7 +108,7 @@ def main():
             layers = {f"{c}_lora_layers": s for c, s in text_states.items()}
             cls.save_lora_weights(tmp, unet_lora_layers=unet_state, unet_lora_adapter_metadata=unet_meta, **layers)
             shutil.copy(os.path.join(tmp, "pytorch_lora_weights.safetensors"),
-                        os.path.join(OUT, f"{name}_diffusers_te.safetensors"))
+                        os.path.join(out, "diffusers_te.safetensors"))
             ref = load(cls, folder)
             ref.load_lora_weights(tmp, adapter_name="x")
             ref.set_adapters(["x"], adapter_weights=[SCALE])
@@ -123,24 +122,22 @@ def main():
         diff = float((lora - via_diffusers_names).abs().max())
         assert diff < 1e-6, f"{name}: the kohya file loads differently from diffusers' naming: {diff}"
 
-        with tempfile.TemporaryDirectory() as tmp:
-            te_file = os.path.join(tmp, "te.safetensors")
-            write_st(te_file, te_only, {})
-            pipe = load(cls, folder)
-            pipe.load_lora_weights(te_file, adapter_name="t")
-            te = run(pipe, latents)
+        te_file = os.path.join(out, "kohya_te_only.safetensors")
+        write_st(te_file, te_only, {"source": "kohya_te.safetensors without its lora_unet_ keys"})
+        pipe = load(cls, folder)
+        pipe.load_lora_weights(te_file, adapter_name="t")
+        te = run(pipe, latents)
         assert not torch.equal(te, base)
         print(f"{name}: {len(kohya) // 3} adapted modules; image rms change {float((lora - base).pow(2).mean().sqrt()):.4g}"
               f" (text encoders alone {float((te - base).pow(2).mean().sqrt()):.4g}); max difference to diffusers' "
               f"naming {diff:.3g}")
-        io += [(f"{name}_latents", latents), (f"{name}_image_base", base), (f"{name}_image_lora", lora),
-               (f"{name}_image_te_only", te)]
-
-    write_st(os.path.join(OUT, "io.safetensors"), io,
-             {"source": f"diffusers {diffusers.__version__} load_lora_weights + set_adapters, peft {peft.__version__}, "
+        write_st(os.path.join(out, "io.safetensors"),
+                 [("latents", latents), ("image_base", base), ("image_lora", lora), ("image_te_only", te)],
+                 {"source": f"diffusers {diffusers.__version__} load_lora_weights + set_adapters, peft {peft.__version__}, "
                         f"transformers {transformers.__version__}, torch {torch.__version__}, safetensors {ST_VERSION}",
-              "prompt": PROMPT, "steps": str(STEPS), "guidance_scale": str(GUIDANCE), "adapter_weight": str(SCALE),
-              "unet_lora_config": repr(UNET), "text_encoder_lora_config": repr(TEXT)})
+                  "pipeline": f"tests/golden/sd/{folder}", "prompt": PROMPT, "steps": str(STEPS),
+                  "guidance_scale": str(GUIDANCE), "adapter_weight": str(SCALE), "unet_lora_config": repr(UNET),
+                  "text_encoder_lora_config": repr(TEXT)})
 
 
 if __name__ == "__main__":
