@@ -593,6 +593,15 @@ LoraReport attach_from_file(torch::nn::Module& model, const io::SafetensorsFile&
 
 }  // namespace
 
+namespace {
+
+// transformers 5's CLIPTextModel has no text_model wrapper; transformers 4's (and dew's ClipText) has one. A text
+// encoder's adapter file names its modules either way (diffusers' loader strips the wrapper likewise): a name
+// the model lacks is looked for under it.
+constexpr const char* kTextModel = "text_model.";
+
+}  // namespace
+
 LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path, const std::string& prefix) {
   const auto file = io::SafetensorsFile::open(path);
   const std::string pre = prefix + ".";
@@ -619,6 +628,13 @@ LoraReport load_diffusers_lora(torch::nn::Module& model, const std::string& path
               " is not an adapter tensor (.lora_A.weight, .lora_B.weight, .lora.down.weight, .lora.up.weight, .alpha)");
   }
   DEW_CHECK(!entries.empty(), "LoRA: ", path, " holds no key starting with ", pre, " (the prefix of the component)");
+  if (model.named_children().contains("text_model")) {
+    const auto modules = model.named_modules("", /*include_self=*/false);
+    std::map<std::string, FileEntry> wrapped;
+    for (auto& [name, e] : entries)
+      wrapped[!modules.contains(name) && modules.contains(kTextModel + name) ? kTextModel + name : name] = e;
+    entries = std::move(wrapped);
+  }
   double meta_alpha = -1;
   bool rslora = false;
   const auto meta = file.metadata();
@@ -789,6 +805,11 @@ LoraReport load_kohya_lora(torch::nn::Module& model, const std::string& path, co
     std::replace(flat.begin(), flat.end(), '.', '_');
     by_flat[flat] = item.key();
     candidates.push_back(flat);
+    if (item.key().rfind(kTextModel, 0) == 0) {  // also without the wrapper (transformers 5's names)
+      std::string bare = prefix + "_" + item.key().substr(std::string(kTextModel).size());
+      std::replace(bare.begin(), bare.end(), '.', '_');
+      by_flat.emplace(bare, item.key());
+    }
   }
   std::map<std::string, FileEntry> entries;
   std::vector<std::string> modules;  // every module name, for the original UNet's naming (filled when needed)

@@ -436,17 +436,18 @@ TEST(LoraPipelineCli, ScaleZeroIsTheBasePipelineAndFilesOfBothLayoutsAgree) {
 // GOLDEN/FILE:0.5`, against diffusers' images of the same folder and latents (io.safetensors' image_base and
 // image_lora): dew's PNG is the image quantised as numpy_to_pil does, no byte more than one level off.
 void expect_diffusers_images(const std::string& folder, const std::string& golden, const std::string& file,
-                             const std::string& flags, double min_same = 0.99) {
+                             const std::string& flags, double min_same = 0.99, const std::string& image = "lora",
+                             const std::string& scale = "0.5") {
   dew::test::TempDir tmp("lora_golden_images");
   const std::string root = std::string(DEW_SOURCE_DIR) + "/tests/golden/", dir = root + golden;
   const auto io = dew::io::load_safetensors(dir + "/io.safetensors");
   const std::string cmd =
       "sample --pipeline " + root + folder + flags + " --latents " + dir + "/io.safetensors --out " + tmp.file("x.png");
-  for (const std::string which : {"base", "lora"}) {
-    SCOPED_TRACE(golden + " " + which);
-    const auto r = run_dew(cmd + (which == "lora" ? " --lora " + dir + "/" + file + ":0.5" : ""));
+  for (const std::string which : {std::string("base"), image}) {
+    SCOPED_TRACE(golden + " " + file + " " + which);
+    const auto r = run_dew(cmd + (which != "base" ? " --lora " + dir + "/" + file + ":" + scale : ""));
     ASSERT_EQ(r.code, 0) << r.output;
-    if (which == "lora") {
+    if (which != "base") {
       EXPECT_NE(r.output.find("layers adapted"), std::string::npos) << r.output;
     }
     const at::Tensor ours = dew::io::load_image(tmp.file("x.png"), 3).to(at::kInt);  // [3, H, W]
@@ -474,6 +475,21 @@ TEST(LoraPipelineCli, MatchesDiffusersLoadLoraWeights) {
 TEST(LoraPipelineCli, SdxlKohyaFileInTheOriginalUNetNamingMatchesDiffusers) {
   expect_diffusers_images("sd/pipeline_sdxl", "lora/kohya_sgm", "sdxl_kohya_sgm.safetensors",
                           " --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32");
+}
+
+// Files that adapt the text encoders as well as the UNet, as kohya trains by default (lora_te_, SDXL's lora_te1_ /
+// lora_te2_, in transformers 4's text_model names) and as diffusers saves them (text_encoder. / text_encoder_2.,
+// in transformers 5's names, without text_model): diffusers' pipeline with peft's LoRA layers on the same modules
+// at weight 0.5 (tests/golden/lora_text_encoder_reference.py; diffusers' own converter reads the kohya names onto
+// those modules there). A file of the text encoders alone changes the image too.
+TEST(LoraPipelineCli, TextEncoderAdaptersMatchDiffusersWithPeft) {
+  const std::string flags = " --prompt 'a cat' --steps 3 --guidance 7.5 --size 32x32";
+  for (const auto& [folder, golden] : std::vector<std::pair<std::string, std::string>>{
+           {"sd/pipeline", "lora/te_sd"}, {"sd/pipeline_sdxl", "lora/te_sdxl"}}) {
+    expect_diffusers_images(folder, golden, "kohya_te.safetensors", flags);
+    expect_diffusers_images(folder, golden, "diffusers_te.safetensors", flags);
+    expect_diffusers_images(folder, golden, "kohya_te_only.safetensors", flags, 0.99, "te_only", "1");
+  }
 }
 
 // The same for SD3 and Flux (schnell) folders (tests/golden/lora_flow_pipeline_reference.py): diffusers'
