@@ -7,6 +7,7 @@
 #include "dew/core/error.h"
 #include "dew/data/tokenizer.h"
 #include "dew/sampling/generate.h"
+#include "dew/training/distributed.h"
 #include "dew/training/run_dir.h"
 
 namespace fs = std::filesystem;
@@ -96,14 +97,7 @@ std::tuple<Tensor, Tensor, int64_t> LMObjective::sums(const data::Batch& batch) 
   };
   const Tensor inputs = tokens.narrow(1, 0, s), targets = tokens.narrow(1, 1, s);
   Tensor h = model_->hidden_states(inputs, field("positions"), field("segment_ids"));  // [B, S, D]
-  Tensor keep;  // [B, S] bool: targets that carry loss
-  if (o_.pad_id >= 0) keep = targets != o_.pad_id;
-  if (o_.loss_role == "loss_mask") {
-    auto f = batch.find("loss_mask");
-    DEW_CHECK(f != batch.end(), "objective lm: loss_role \"loss_mask\" needs a batch field \"loss_mask\"");
-    Tensor m = f->second.narrow(1, 1, s).to(device, at::kBool);
-    keep = keep.defined() ? keep.logical_and(m) : m;
-  }
+  const Tensor keep = carries(batch, device);
   Tensor hf = h.reshape({-1, h.size(-1)}), tf = targets.reshape({-1});
   if (keep.defined()) {
     Tensor idx = keep.reshape({-1}).nonzero().squeeze(1);
@@ -112,6 +106,42 @@ std::tuple<Tensor, Tensor, int64_t> LMObjective::sums(const data::Batch& batch) 
   }
   auto ce = chunked_cross_entropy(hf, model_->head_weight(), tf, model_->options.final_logit_softcap(), o_.vocab_chunk);
   return {ce.loss_sum, ce.correct, tf.size(0)};
+}
+
+Tensor LMObjective::carries(const data::Batch& batch, const c10::Device& device) const {
+  const int64_t s = o_.seq_len;
+  Tensor keep;
+  if (o_.pad_id >= 0) keep = batch.at("tokens").narrow(1, 1, s).to(device) != o_.pad_id;
+  if (o_.loss_role == "loss_mask") {
+    auto f = batch.find("loss_mask");
+    DEW_CHECK(f != batch.end(), "objective lm: loss_role \"loss_mask\" needs a batch field \"loss_mask\"");
+    Tensor m = f->second.narrow(1, 1, s).to(device, at::kBool);
+    keep = keep.defined() ? keep.logical_and(m) : m;
+  }
+  return keep;
+}
+
+LossOutput LMObjective::loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                                     at::Generator gen) {
+  auto it = batch.find("tokens");
+  DEW_CHECK(it != batch.end(), "objective lm: the batch has no \"tokens\" field");
+  const int64_t rows = it->second.size(0);
+  const Tensor keep = carries(batch, at::kCPU);
+  const int64_t total = keep.defined() ? keep.sum().item<int64_t>() : rows * o_.seq_len;
+  DEW_CHECK(total > 0, "objective lm: the batch has no target that carries loss (all padding or masked)");
+  data::Batch mine;
+  for (const auto& [name, t] : batch) mine[name] = t.dim() > 0 ? t.narrow(0, begin, end - begin) : t;
+  auto [loss_sum, correct, count] = sums(mine);
+  // The trainer weighs this rank's loss by its share of the rows; its part of the token mean is loss_sum / total.
+  const double share = double(end - begin) / double(rows);
+  Tensor loss = count > 0 ? loss_sum / (double(total) * share) : model_->head_weight().sum() * 0.0;
+  const double part = count > 0 ? loss_sum.item<double>() : 0.0;
+  const double ce = (dist_ ? dist_->sum({part})[0] : part) / double(total);
+  return {loss,
+          {{"ce", ce},  // the whole batch's, on every rank: its share-weighted sum is itself
+           {"perplexity", std::exp(ce)},
+           {"token_accuracy", (count > 0 ? correct.item<double>() : 0.0) / (double(total) * share)},
+           {"tokens", double(count) / share}}};
 }
 
 LossOutput LMObjective::loss(const data::Batch& batch, int64_t step, at::Generator gen) {

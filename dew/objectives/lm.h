@@ -62,6 +62,13 @@ class LMObjective : public Objective {
   /// batch: "tokens" int64 [B, S + 1] (+ "segment_ids", "positions" [B, S + 1], "loss_mask" bool [B, S + 1]
   /// for loss_role loss_mask: entry t + 1 marks target t). Metrics: ce, perplexity, token_accuracy, tokens.
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
+  /// Data-parallel: rows [begin, end) of the batch, their summed CE over the target count of the whole batch
+  /// (every rank holds it), so the ranks' parts add up to the one-process token mean even when the loss mask
+  /// leaves the rows different counts; the logged ce and perplexity are the whole batch's (one sum over the
+  /// ranks).
+  LossOutput loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                          at::Generator gen) override;
+  void bind_distributed(std::shared_ptr<training::Distributed> dist) override { dist_ = std::move(dist); }
   /// val/ce, val/perplexity, val/token_accuracy over the fixed validation windows; writes one sampled text
   /// to RUN/samples/step_N.txt.
   std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
@@ -75,6 +82,9 @@ class LMObjective : public Objective {
  private:
   // Summed CE, correct count and target count of a batch (differentiable loss_sum).
   std::tuple<at::Tensor, at::Tensor, int64_t> sums(const data::Batch& batch);
+  // [B, S] bool on `device`: the targets that carry loss (not padding; the loss mask's); undefined = all.
+  at::Tensor carries(const data::Batch& batch, const c10::Device& device) const;
+  std::shared_ptr<training::Distributed> dist_;
   nn::CausalTransformer model_;
   data::LMDataPtr data_;
   LMObjectiveOptions o_;

@@ -164,6 +164,37 @@ TEST(Distributed, LanguageModelTwoRanksEqualOneRank) {
   EXPECT_LT(diff, 1e-4);
 }
 
+// SFT's loss is the mean over the assistant tokens of the whole batch; rows hold different numbers of them, so
+// each rank's part is its summed CE over the batch's count (a per-rank mean weighted by rows differed by 2e-3
+// at step 8 here).
+TEST(Distributed, SftTwoRanksEqualOneRankThoughRowsHoldDifferentTokenCounts) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_sft");
+  auto r = run_dew("task sums --digits 1 --test 20 --out " + tmp.file("sums"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string cmd = "train sft --data " + tmp.file("sums") +
+                          "/sft.jsonl --model.fields '{\"emb_features\":32,\"num_layers\":1,\"num_heads\":2,"
+                          "\"max_seq_len\":64}' --trainer.steps 8 --trainer.val_every 0 --loader.batch_size 8"
+                          " --trainer.time_limit_minutes 0 --eval.prompts '' --optim.lr 1e-3 --optim.warmup_steps 0"
+                          " --trainer.log_every 8 --threads 1 --dist.timeout 20";
+  r = run_dew(cmd + " --run " + tmp.file("one"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew(launch(2) + cmd + " --run " + tmp.file("two"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double diff = max_weight_diff(tmp.file("one"), tmp.file("two"), 8);
+  std::printf("sft, 2 ranks vs 1 rank, step 8: max |weight difference| %.3g\n", diff);
+  EXPECT_LT(diff, 1e-5);
+  auto logged = [](const std::string& dir) {
+    std::ifstream f(dir + "/metrics.jsonl");
+    std::string line;
+    std::getline(f, line);
+    return dew::json::parse(line);
+  };
+  const auto one = logged(tmp.file("one")), two = logged(tmp.file("two"));
+  EXPECT_NEAR(one["train/ce"].get<double>(), two["train/ce"].get<double>(), 1e-6);
+  EXPECT_NEAR(one["train/tokens"].get<double>(), two["train/tokens"].get<double>(), 1e-9);
+}
+
 TEST(Distributed, TwoRankCheckpointResumesWithOneRank) {
   using namespace ddp_test;
   dew::test::TempDir tmp("ddp_resume");
