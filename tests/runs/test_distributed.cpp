@@ -166,8 +166,8 @@ TEST(Distributed, LanguageModelTwoRanksEqualOneRank) {
 
 // SFT's loss is the mean over the assistant tokens of the whole batch; rows hold different numbers of them, so
 // each rank's part is its summed CE over the batch's count (a per-rank mean weighted by rows differed by 2e-3
-// at step 8 here).
-TEST(Distributed, SftTwoRanksEqualOneRankThoughRowsHoldDifferentTokenCounts) {
+// at step 8 here). DPO's is a mean over pairs.
+TEST(Distributed, SftAndDpoTwoRanksEqualOneRank) {
   using namespace ddp_test;
   dew::test::TempDir tmp("ddp_sft");
   auto r = run_dew("task sums --digits 1 --test 20 --out " + tmp.file("sums"));
@@ -193,6 +193,27 @@ TEST(Distributed, SftTwoRanksEqualOneRankThoughRowsHoldDifferentTokenCounts) {
   const auto one = logged(tmp.file("one")), two = logged(tmp.file("two"));
   EXPECT_NEAR(one["train/ce"].get<double>(), two["train/ce"].get<double>(), 1e-6);
   EXPECT_NEAR(one["train/tokens"].get<double>(), two["train/tokens"].get<double>(), 1e-9);
+
+  // DPO from it, on pairs sampled from it: means over pairs, so slicing the rows is exact.
+  r = run_dew("pairs " + tmp.file("one") + " --prompts " + tmp.file("sums") +
+              "/train_prompts.jsonl --samples 2 --max-new-tokens 6 --out " + tmp.file("pairs.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string dpo =
+      "train dpo --init_from " + tmp.file("one") + " --data " + tmp.file("pairs.jsonl") +
+      " --trainer.steps 6 --trainer.val_every 0 --loader.batch_size 8 --trainer.time_limit_minutes 0"
+      " --eval.prompts '' --optim.lr 1e-3 --optim.warmup_steps 0 --trainer.log_every 6 --threads 1"
+      " --dist.timeout 20";
+  r = run_dew(dpo + " --run " + tmp.file("dpo_one"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_dew(launch(2) + dpo + " --run " + tmp.file("dpo_two"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double dpo_diff = max_weight_diff(tmp.file("dpo_one"), tmp.file("dpo_two"), 6);
+  std::printf("dpo, 2 ranks vs 1 rank, step 6: max |weight difference| %.3g\n", dpo_diff);
+  EXPECT_LT(dpo_diff, 1e-5);
+  const auto d1 = logged(tmp.file("dpo_one")), d2 = logged(tmp.file("dpo_two"));
+  EXPECT_LT(d1["train/loss"].get<double>(), 0.68) << "DPO did not move the policy off the reference (log 2)";
+  EXPECT_NEAR(d1["train/rewards/accuracies"].get<double>(), d2["train/rewards/accuracies"].get<double>(), 1e-9);
+  EXPECT_NEAR(d1["train/loss"].get<double>(), d2["train/loss"].get<double>(), 1e-6);
 }
 
 TEST(Distributed, TwoRankCheckpointResumesWithOneRank) {
