@@ -79,10 +79,25 @@ AutoencoderObjective::AutoencoderObjective(std::shared_ptr<AutoencoderImpl> auto
 LossOutput AutoencoderObjective::loss(const data::Batch& batch, int64_t step, at::Generator gen) {
   auto it = batch.find(o_.image_field);
   DEW_CHECK(it != batch.end(), "autoencoder objective: batch has no field \"", o_.image_field, "\"");
+  return loss_of_rows(batch, 0, it->second.size(0), step, gen);
+}
+
+LossOutput AutoencoderObjective::loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                                              at::Generator gen) {
+  auto it = batch.find(o_.image_field);
+  DEW_CHECK(it != batch.end(), "autoencoder objective: batch has no field \"", o_.image_field, "\"");
   const auto device = module_device(*autoencoder_);
-  const at::Tensor x = data::to_model_range(it->second).to(device);
+  const at::Tensor x = data::to_model_range(it->second.narrow(0, begin, end - begin)).to(device);
   const DiagonalGaussian q = autoencoder_->encode(x);
-  const at::Tensor x_hat = autoencoder_->decode(o_.posterior == "sample" ? q.sample(gen) : q.mean);
+  at::Tensor z = q.mean;
+  if (o_.posterior == "sample") {
+    // The whole batch's noise, as DiagonalGaussian::sample draws it for all rows; this rank's rows of it.
+    std::vector<int64_t> shape = q.mean.sizes().vec();
+    shape[0] = it->second.size(0);
+    const at::Tensor eps = at::randn(shape, gen, at::TensorOptions().dtype(q.mean.scalar_type()));
+    z = q.mean + q.std() * eps.narrow(0, begin, end - begin).to(q.mean.device());
+  }
+  const at::Tensor x_hat = autoencoder_->decode(z);
   const AutoencoderLoss l = autoencoder_loss(x, x_hat, q, o_.reconstruction, o_.kl_weight);
   return {l.loss, {{"reconstruction", l.reconstruction.item<double>()}, {"kl", l.kl.item<double>()}}};
 }

@@ -75,6 +75,10 @@ class AutoencoderObjective : public Objective {
   torch::nn::Module& module() override { return *autoencoder_; }
   /// batch: "image" uint8 [B, C, H, W]. Metrics: reconstruction, kl.
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
+  /// Data-parallel: the draws (the posterior sample's noise) are made for the whole batch and this rank keeps its rows', so every row
+  /// gets what a one-process run gives it; the loss is a mean over rows, which the trainer's row share weighs.
+  LossOutput loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                          at::Generator gen) override;
   /// val/psnr, val/ssim, val/l1, val/kl of the held-out images; the reconstruction grid.
   std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
   training::EmaSpec ema() const override { return {o_.ema_decay}; }

@@ -160,6 +160,17 @@ LossOutput JEPAObjective::loss(const data::Batch& batch, int64_t, at::Generator 
   return loss_of(x, draw_masks(x.size(0), gen));
 }
 
+LossOutput JEPAObjective::loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                                       at::Generator gen) {
+  auto it = batch.find("image");
+  DEW_CHECK(it != batch.end(), "objective jepa: the batch has no \"image\" field");
+  // The whole batch's masks (their sizes are the batch's, as I-JEPA's collator draws them), this rank's rows.
+  const data::Masks all = draw_masks(it->second.size(0), gen);
+  const data::Masks mine{all.context.narrow(0, begin, end - begin), all.targets.narrow(1, begin, end - begin)};
+  const auto device = module_device(*encoder_);
+  return loss_of(data::to_model_range(it->second.narrow(0, begin, end - begin)).to(device), mine);
+}
+
 LossOutput JEPAObjective::loss_of(const at::Tensor& x, const data::Masks& masks) {
   const auto device = module_device(*encoder_);
   const at::Tensor ctx = masks.context.to(device), tgt = masks.targets.to(device);

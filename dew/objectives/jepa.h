@@ -89,6 +89,10 @@ class JEPAObjective : public Objective {
   /// batch: "image" uint8. Metrics: repr_std and repr_cov_offdiag of the target features (every token of the
   /// batch), context_tokens, target_tokens (per item).
   LossOutput loss(const data::Batch& batch, int64_t step, at::Generator gen) override;
+  /// Data-parallel: the draws (the context and target masks) are made for the whole batch and this rank keeps its rows', so every row
+  /// gets what a one-process run gives it; the loss is a mean over rows, which the trainer's row share weighs.
+  LossOutput loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,
+                          at::Generator gen) override;
   /// With the EMA (the target encoder) swapped in: val/linear_acc and val/knn_acc of quick probes.
   std::map<std::string, double> validate(int64_t step, const std::string& run_dir) override;
   /// EmaSpec::ramp(momentum, final_momentum) over the encoder's parameters.

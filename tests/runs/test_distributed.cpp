@@ -216,6 +216,36 @@ TEST(Distributed, SftAndDpoTwoRanksEqualOneRank) {
   EXPECT_NEAR(d1["train/loss"].get<double>(), d2["train/loss"].get<double>(), 1e-6);
 }
 
+// The autoencoder's posterior noise and JEPA's masks are drawn for the whole batch and sliced per rank, so each
+// row gets its one-process draw: 2 ranks equal 1 at float-sum tolerance.
+TEST(Distributed, AutoencoderAndJepaTwoRanksEqualOneRank) {
+  using namespace ddp_test;
+  dew::test::TempDir tmp("ddp_ae_jepa");
+  const std::string common =
+      " --loader.batch_size 8 --trainer.val_every 0 --trainer.steps 8 --trainer.checkpoint_every 8"
+      " --trainer.time_limit_minutes 0 --threads 1 --dist.timeout 20";
+  const std::string autoencoder =
+      "train autoencoder --data '{\"name\":\"gaussian_blobs\",\"count\":64,\"size\":16,\"classes\":3}'"
+      " --model.fields '{\"block_out_channels\":[8,16],\"layers_per_block\":1,\"latent_channels\":2,"
+      "\"norm_groups\":4}' --objective.posterior sample" +
+      common;
+  const std::string jepa =
+      "train jepa --data '{\"name\":\"gaussian_blobs\",\"count\":96,\"size\":16,\"classes\":4}'"
+      " --model.fields '{\"patch_size\":2,\"emb_features\":16,\"num_layers\":1,\"num_heads\":2}'"
+      " --predictor.fields '{\"emb_features\":8,\"num_layers\":1,\"num_heads\":2}'" +
+      common;
+  for (const auto& [name, cmd] :
+       std::vector<std::pair<std::string, std::string>>{{"autoencoder", autoencoder}, {"jepa", jepa}}) {
+    auto r = run_dew(cmd + " --run " + tmp.file(name + "_one"));
+    ASSERT_EQ(r.code, 0) << r.output;
+    r = run_dew(launch(2) + cmd + " --run " + tmp.file(name + "_two"));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const double diff = max_weight_diff(tmp.file(name + "_one"), tmp.file(name + "_two"), 8);
+    std::printf("%s, 2 ranks vs 1 rank, step 8: max |weight difference| %.3g\n", name.c_str(), diff);
+    EXPECT_LT(diff, 1e-5) << name;
+  }
+}
+
 TEST(Distributed, TwoRankCheckpointResumesWithOneRank) {
   using namespace ddp_test;
   dew::test::TempDir tmp("ddp_resume");
