@@ -183,6 +183,16 @@ nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
   io::check_folder_links(dir, "model folder");
   json config = read_json(root / "config.json", "import");
   bool dew_layout = config.value("architecture", "") == "causal_transformer";
+  // Qwen3-VL (Qwen-Image 2.1's text encoder): its language model, read from text_config and model.language_model.*;
+  // the vision tower is not read (text prompts only).
+  const bool vl = config.value("model_type", "") == "qwen3_vl";
+  if (vl) {
+    DEW_CHECK(config.contains("text_config") && config["text_config"].is_object(), (root / "config.json").string(),
+              ": a qwen3_vl config without text_config");
+    json text = config["text_config"];
+    if (!text.contains("tie_word_embeddings")) text["tie_word_embeddings"] = config.value("tie_word_embeddings", false);
+    config = text;
+  }
   nn::CausalTransformerOptions options =
       dew_layout ? from_json<nn::CausalTransformerOptions>(config.value("fields", json::object()), "config.json fields")
                  : nn::options_from_hf_config(config);
@@ -191,11 +201,68 @@ nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
   // model.safetensors or its shard index; transformers names carry "model." before the decoder's (a
   // save_hf_layout folder holds dew's own names).
   io::KeyMap map = dew_layout ? io::KeyMap() : nn::hf_decoder_key_map(options);
+  if (vl) map.skip(R"(model\.visual\..*)").prefix("language_model.", "");  // after "model." is dropped
   io::LoadOptions lo;
   lo.require_buffers = false;  // the RoPE tables are computed, not stored
   io::load_weights(*model, io::WeightSource::open(root.string()), map, lo);
   model->eval();
   return model;
+}
+
+namespace {
+
+// diffusers' QWENIMAGE21_SYSTEM_PROMPT and the template get_qwenimage21_prompt_embeds builds.
+constexpr const char* kQwenImageSystem = "Comprehend and analyze the provided prompt.";
+
+std::string qwen_system_turn() { return std::string("<|im_start|>system\n") + kQwenImageSystem + "<|im_end|>\n"; }
+
+}  // namespace
+
+std::string QwenImageTextEncoder::render(const std::string& prompt) {
+  return qwen_system_turn() + "<|im_start|>user\n" + (prompt.empty() ? " " : prompt) +
+         "<|im_end|>\n<|im_start|>assistant\n";
+}
+
+QwenImageTextEncoder::QwenImageTextEncoder(const std::string& text_encoder, const std::string& tokenizer)
+    : model_(load_pretrained_decoder(text_encoder)), tok_(data::load_tokenizer(tokenizer)) {
+  for (const char* special : {"<|im_start|>", "<|im_end|>"})
+    DEW_CHECK(tok_->piece_to_id(special) >= 0, "Qwen-Image text path: the tokenizer ", tokenizer, " has no ", special,
+              " token (a Qwen tokenizer.json is needed)");
+  drop_ = int64_t(tok_->encode(qwen_system_turn()).size());
+}
+
+QwenImageTextEncoder::States QwenImageTextEncoder::encode(const std::vector<std::string>& prompts) {
+  DEW_CHECK(!prompts.empty(), "Qwen-Image text path: no prompts");
+  at::NoGradGuard ng;
+  std::vector<std::vector<int64_t>> ids;
+  int64_t longest = 0, kept = 0;
+  for (const auto& p : prompts) {
+    ids.push_back(tok_->encode(render(p)));
+    DEW_CHECK(int64_t(ids.back().size()) <= model_->options.max_seq_len(), "Qwen-Image text path: a prompt of ",
+              ids.back().size(), " tokens exceeds the text encoder's max_position_embeddings ",
+              model_->options.max_seq_len());
+    longest = std::max<int64_t>(longest, int64_t(ids.back().size()));
+    kept = std::max<int64_t>(kept, int64_t(ids.back().size()) - drop_);
+  }
+  // Left-padded as the pipeline batches them; padding neither advances positions nor is attended.
+  const int64_t b = int64_t(prompts.size());
+  at::Tensor batch = at::zeros({b, longest}, at::kLong), valid = at::zeros({b, longest}, at::kBool);
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t n = int64_t(ids[size_t(i)].size());
+    batch[i].narrow(0, longest - n, n).copy_(at::tensor(ids[size_t(i)], at::kLong));
+    valid[i].narrow(0, longest - n, n).fill_(true);
+  }
+  const auto device = model_->head_weight().device();
+  const at::Tensor h = model_->hidden_states(batch.to(device), {}, {}, valid.to(device), nullptr, /*final_norm=*/false)
+                           .to(at::kFloat)
+                           .cpu();
+  States out{at::zeros({b, kept, h.size(2)}, at::kFloat), at::zeros({b, kept}, at::kLong)};
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t n = int64_t(ids[size_t(i)].size()) - drop_;
+    out.states[i].narrow(0, 0, n).copy_(h[i].narrow(0, longest - n, n));
+    out.mask[i].narrow(0, 0, n).fill_(1);
+  }
+  return out;
 }
 
 }  // namespace interop

@@ -63,7 +63,37 @@ void add_chat_template(const std::string& dir, const std::string& jinja);
 /// float32), or one written by save_hf_layout from a causal_transformer record
 /// ({"architecture": "causal_transformer", "fields": {...}}). Missing, unexpected or mis-shaped tensors
 /// are a dew::Error naming them. The model is returned in eval mode on the CPU.
+/// Qwen3-VL folders (Qwen3VLForConditionalGeneration, Qwen-Image 2.1's text encoder) give their language model:
+/// text_config, model.language_model.* (the vision tower is not read).
 nn::CausalTransformer load_pretrained_decoder(const std::string& dir);
+
+/// Qwen-Image 2.1's text path for text prompts, as diffusers' get_qwenimage21_prompt_embeds computes it: each
+/// prompt (an empty one becomes " ") in the pipeline's template (its fixed system message, the prompt as the
+/// user's turn, the assistant's turn opened), through Qwen3-VL's language model; the last decoder layer's states
+/// before the final norm, the system message's tokens dropped, right-padded with zeros.
+///
+///   dew::interop::QwenImageTextEncoder te("folder/text_encoder", "folder/tokenizer");
+///   auto s = te.encode({"a cat", "a red fox"});   // s.states [2, L, D] float32, s.mask [2, L] int64 (1 = real)
+class QwenImageTextEncoder {
+ public:
+  /// text_encoder: a Qwen3VLForConditionalGeneration folder; tokenizer: a folder (or file) with tokenizer.json
+  /// holding Qwen's <|im_start|> / <|im_end|> tokens.
+  QwenImageTextEncoder(const std::string& text_encoder, const std::string& tokenizer);
+  struct States {
+    at::Tensor states;  // [B, L, D] float32, zeros past each prompt's tokens
+    at::Tensor mask;    // [B, L] int64, 1 = a real token
+  };
+  States encode(const std::vector<std::string>& prompts);
+  /// The system message's tokens, dropped from every prompt's states.
+  int64_t system_tokens() const { return drop_; }
+  /// The pipeline's template with `prompt` in the user's turn.
+  static std::string render(const std::string& prompt);
+
+ private:
+  nn::CausalTransformer model_{nullptr};
+  std::shared_ptr<const data::Tokenizer> tok_;
+  int64_t drop_ = 0;
+};
 
 }  // namespace interop
 }  // namespace dew

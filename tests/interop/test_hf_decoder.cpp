@@ -12,6 +12,7 @@
 #include "dew/data/tokenizer.h"
 #include "dew/interop/hf_decoder.h"
 #include "dew/io/safetensors.h"
+#include "tests/golden_util.h"
 #include "tests/test_util.h"
 
 namespace fs = std::filesystem;
@@ -306,6 +307,59 @@ TEST(HfDecoder, ReadsHandWrittenConfigsAndRefusesUnsupportedOnes) {
   json l = {{"model_type", "llama"},  {"vocab_size", 10},         {"hidden_size", 8},
             {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"hidden_act", "relu"}};
   bad(l, "hidden_act \"relu\"");
+
+  // transformers 5 writes rope_parameters instead of rope_theta (Gemma 3: one per layer kind); a theta other than
+  // the default must be read from there (Qwen3 1e6, not 1e4), and a scaled rope refused.
+  json q = {{"model_type", "qwen3"},
+            {"vocab_size", 10},
+            {"hidden_size", 8},
+            {"num_hidden_layers", 1},
+            {"num_attention_heads", 2},
+            {"head_dim", 4},
+            {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e6}}}};
+  EXPECT_DOUBLE_EQ(dew::nn::options_from_hf_config(q).rope_theta(), 1e6);
+  json g5 = g;
+  g5["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}, {"rope_theta", 5e5}}},
+                           {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 2e4}}}};
+  const auto o5 = dew::nn::options_from_hf_config(g5);
+  EXPECT_DOUBLE_EQ(o5.rope_theta(), 5e5);
+  EXPECT_DOUBLE_EQ(o5.sliding_rope_theta().value_or(0.0), 2e4);
+  json qs = q;
+  qs["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0}};
+  bad(qs, "rope_parameters.factor");
+  qs["rope_parameters"].erase("factor");
+  bad(qs, "rope_parameters.rope_type \"yarn\"");
+  json vl = q;  // Qwen3-VL's text_config: M-RoPE sections are RoPE on text; a plain qwen3 config may not carry them
+  vl["model_type"] = "qwen3_vl_text";
+  vl["rope_parameters"]["mrope_section"] = {2, 1, 1};
+  EXPECT_TRUE(dew::nn::options_from_hf_config(vl).qk_norm());
+  json qm = q;
+  qm["rope_parameters"]["mrope_section"] = {2, 1, 1};
+  bad(qm, "rope_parameters.mrope_section");
+}
+
+// Qwen-Image 2.1's text path against diffusers' get_qwenimage21_prompt_embeds on a tiny Qwen3-VL and a Qwen-style
+// byte-level BPE tokenizer (tests/golden/qwen3_vl_text_reference.py): three prompts of different lengths (one
+// empty) batched with left padding, the last layer before the final norm, the system message's tokens dropped,
+// right-padded; the states by the golden rule against float32 and float64, the mask exactly.
+TEST(HfDecoder, QwenImageTextPathMatchesDiffusers) {
+  const std::string dir = std::string(DEW_SOURCE_DIR) + "/tests/golden/qwen_image/text_path";
+  const auto file = dew::io::SafetensorsFile::open(dir + "/io.safetensors");
+  const auto io = dew::io::load_safetensors(dir + "/io.safetensors");
+  const auto prompts = dew::json::parse(file.metadata().at("prompts")).get<std::vector<std::string>>();
+  dew::interop::QwenImageTextEncoder te(dir + "/text_encoder", dir + "/tokenizer");
+  EXPECT_EQ(te.system_tokens(), std::stoll(file.metadata().at("drop_idx")));
+  const auto s = te.encode(prompts);
+  ASSERT_TRUE(s.mask.equal(io.at("prompt_embeds_mask"))) << s.mask << io.at("prompt_embeds_mask");
+  dew::test::expect_golden("prompt_embeds", s.states, io.at("prompt_embeds_f32"), io.at("prompt_embeds_f64"));
+  // A prompt alone gives its rows of the batch (left padding neither moves positions nor is attended).
+  const auto alone = te.encode({prompts[0]});
+  const int64_t n = alone.mask.sum().item<int64_t>();
+  EXPECT_LT((alone.states[0].narrow(0, 0, n) - s.states[0].narrow(0, 0, n)).abs().max().item<double>(), 1e-5);
+  EXPECT_NE(dew::test::error_of([&] {
+              dew::interop::QwenImageTextEncoder(dir + "/text_encoder", "byte");
+            }).find("has no <|im_start|> token"),
+            std::string::npos);
 }
 
 TEST(HfDecoder, DewLayoutAndBadFolders) {

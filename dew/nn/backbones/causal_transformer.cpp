@@ -278,7 +278,7 @@ void CausalTransformerImpl::reset_parameters() {
 }
 
 Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& positions_in, const Tensor& segment_ids,
-                                            const Tensor& attention_mask, KVCache* cache) {
+                                            const Tensor& attention_mask, KVCache* cache, bool final_norm) {
   const auto& o = options;
   const std::string w = "causal_transformer";
   DEW_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong, w, ": ids must be int64 [B, S], got ", ids.scalar_type(),
@@ -382,7 +382,7 @@ Tensor CausalTransformerImpl::hidden_states(const Tensor& ids, const Tensor& pos
       h = layer(h, rope, mask, cache ? &cache->keys[i] : nullptr, cache ? &cache->values[i] : nullptr);
     }
   }
-  return norm(h);
+  return final_norm ? norm(h) : h;
 }
 
 const Rope& CausalTransformerImpl::rope_table(double theta, int64_t length, const c10::Device& device) {
@@ -434,10 +434,36 @@ T field(const json& config, const char* key, T fallback) {
 
 CausalTransformerOptions options_from_hf_config(const json& c) {
   std::string type = field<std::string>(c, "model_type", "");
-  DEW_CHECK(type == "llama" || type == "qwen3" || type == "gemma3_text", "import: config.json model_type \"", type,
-            "\" is not supported; accepted: llama, qwen3, gemma3_text");
+  DEW_CHECK(type == "llama" || type == "qwen3" || type == "gemma3_text" || type == "qwen3_vl_text",
+            "import: config.json model_type \"", type,
+            "\" is not supported; accepted: llama, qwen3, gemma3_text, qwen3_vl_text (Qwen3-VL's text_config)");
   auto refuse = [&](const std::string& what) { fail("import: ", type, " config.json: ", what, " is not supported"); };
+  // Qwen3-VL's language model is Qwen3's decoder with M-RoPE; on text, whose position is the same on its three
+  // axes, M-RoPE's interleaved sections give every frequency that position: plain RoPE.
+  const bool vl = type == "qwen3_vl_text";
+  if (vl) type = "qwen3";
   if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) refuse("rope_scaling " + c["rope_scaling"].dump());
+  // transformers 5 writes rope_parameters ({rope_type, rope_theta}; Gemma 3: one per layer kind) instead of rope_theta.
+  std::map<std::string, double> thetas;
+  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+    auto theta_of = [&](const json& p, const std::string& where) {
+      DEW_CHECK(p.is_object(), "import: config.json ", where, ": expected an object, got ", p.dump());
+      for (const auto& [k, v] : p.items()) {
+        const bool known =
+            k == "rope_type" || k == "rope_theta" || (vl && (k == "mrope_section" || k == "mrope_interleaved"));
+        if (!known) refuse(where + "." + k + " " + v.dump());
+      }
+      const std::string kind = p.value("rope_type", "default");
+      if (kind != "default") refuse(where + ".rope_type \"" + kind + "\"");
+      return field<double>(p, "rope_theta", 0.0);
+    };
+    const json& rp = c["rope_parameters"];
+    if (rp.contains("full_attention") || rp.contains("sliding_attention")) {
+      for (const auto& [k, v] : rp.items()) thetas[k] = theta_of(v, "rope_parameters." + k);
+    } else {
+      thetas["full_attention"] = theta_of(rp, "rope_parameters");
+    }
+  }
   if (field<double>(c, "partial_rotary_factor", 1.0) != 1.0) refuse("partial_rotary_factor != 1");
   if (field<bool>(c, "mlp_bias", false)) refuse("mlp_bias = true");
   bool gemma = type == "gemma3_text";
@@ -454,6 +480,7 @@ CausalTransformerOptions options_from_hf_config(const json& c) {
   o.mlp_features(field<int64_t>(c, "intermediate_size", 0));
   o.max_seq_len(field<int64_t>(c, "max_position_embeddings", gemma ? 131072 : type == "qwen3" ? 32768 : 2048));
   o.rope_theta(field<double>(c, "rope_theta", gemma ? 1e6 : 1e4));
+  if (thetas.count("full_attention") && thetas["full_attention"] > 0) o.rope_theta(thetas["full_attention"]);
   o.norm_eps(field<double>(c, "rms_norm_eps", 1e-6));
   o.attention_bias(field<bool>(c, "attention_bias", false));
   o.tie_embeddings(field<bool>(c, "tie_word_embeddings", gemma));
@@ -476,6 +503,8 @@ CausalTransformerOptions options_from_hf_config(const json& c) {
   o.final_logit_softcap(field<double>(c, "final_logit_softcapping", 0.0));
   o.sliding_window(field<int64_t>(c, "sliding_window", 4096));
   o.sliding_rope_theta(field<double>(c, "rope_local_base_freq", 1e4));
+  if (thetas.count("sliding_attention") && thetas["sliding_attention"] > 0)
+    o.sliding_rope_theta(thetas["sliding_attention"]);
   auto types = field<std::vector<std::string>>(c, "layer_types", {});
   if (types.empty()) {
     int64_t period = field<int64_t>(c, "sliding_window_pattern", 6);

@@ -178,8 +178,9 @@ class CausalTransformerImpl : public torch::nn::Module {
   at::Tensor forward_tokens(const at::Tensor& ids, const at::Tensor& positions = {}, const at::Tensor& segment_ids = {},
                             const at::Tensor& attention_mask = {}, KVCache* cache = nullptr);
   /// The final-normed hidden states [B, S, D] (compute dtype) of the same inputs: forward_tokens = logits(hidden).
+  /// final_norm false: the last layer's output before that norm (what Qwen-Image's text path reads).
   at::Tensor hidden_states(const at::Tensor& ids, const at::Tensor& positions = {}, const at::Tensor& segment_ids = {},
-                           const at::Tensor& attention_mask = {}, KVCache* cache = nullptr);
+                           const at::Tensor& attention_mask = {}, KVCache* cache = nullptr, bool final_norm = true);
   /// Hidden states [..., D] -> logits [..., V] float32 (head + softcap).
   at::Tensor logits(const at::Tensor& hidden);
   /// The output projection [V, D]: lm_head.weight, or embed_tokens.weight when tied.
