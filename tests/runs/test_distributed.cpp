@@ -95,7 +95,7 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
-std::string slurp(const std::string& path) {
+std::string ddp_file_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
@@ -291,9 +291,9 @@ TEST(Distributed, GrpoTwoRanksRollOutWhatOneRankDoesAndResumeWithOne) {
   ASSERT_EQ(r.code, 0) << r.output;
   r = run_dew(launch(2) + grpo + " --trainer.steps 6 --run " + tmp.file("two"));
   ASSERT_EQ(r.code, 0) << r.output;
-  const std::string rollouts = slurp(tmp.file("one") + "/rollouts.jsonl");
+  const std::string rollouts = ddp_file_text(tmp.file("one") + "/rollouts.jsonl");
   EXPECT_EQ(std::count(rollouts.begin(), rollouts.end(), '\n'), 48);  // 3 rollouts of 16 rows
-  EXPECT_EQ(slurp(tmp.file("two") + "/rollouts.jsonl"), rollouts);
+  EXPECT_EQ(ddp_file_text(tmp.file("two") + "/rollouts.jsonl"), rollouts);
   const double moved = max_weight_diff(tmp.file("sft"), tmp.file("one"), 6);
   EXPECT_GT(moved, 1e-3) << "GRPO did not move the policy";
   double diff = max_weight_diff(tmp.file("one"), tmp.file("two"), 6);
@@ -319,7 +319,7 @@ TEST(Distributed, GrpoTwoRanksRollOutWhatOneRankDoesAndResumeWithOne) {
   r = run_dew(grpo + " --trainer.steps 6 --run " + tmp.file("switch"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("resuming"), std::string::npos) << r.output;
-  EXPECT_EQ(slurp(tmp.file("switch") + "/rollouts.jsonl"), rollouts);
+  EXPECT_EQ(ddp_file_text(tmp.file("switch") + "/rollouts.jsonl"), rollouts);
   diff = max_weight_diff(tmp.file("one"), tmp.file("switch"), 6);
   std::printf("grpo, 2 ranks to step 3 then 1 rank, vs 1 rank, step 6: max |weight difference| %.3g\n", diff);
   EXPECT_LT(diff, 1e-4);
