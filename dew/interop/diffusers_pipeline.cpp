@@ -87,6 +87,21 @@ int64_t merge_lora_file(torch::nn::Module& model, at::ScalarType weights_dtype, 
   return int64_t(report.targets.size());
 }
 
+int64_t merge_lora_parts(const std::vector<LoraPart>& parts, at::ScalarType weights_dtype, const std::string& path,
+                         double scale) {
+  int64_t layers = 0;
+  std::string accepted;
+  bool any = false;
+  for (const LoraPart& part : parts) {
+    accepted += (accepted.empty() ? "" : ", ") + part.diffusers + ". or " + part.kohya + "_";
+    if (!nn::lora_file_has(path, part.diffusers, part.kohya)) continue;
+    any = true;
+    layers += merge_lora_file(*part.module, weights_dtype, path, scale, part.diffusers, part.kohya);
+  }
+  DEW_CHECK(any, "LoRA: ", path, " holds no key of this pipeline's components; accepted prefixes: ", accepted);
+  return layers;
+}
+
 }  // namespace detail
 
 using detail::expect_component;
@@ -227,26 +242,11 @@ int64_t TextToImagePipeline::hold_weights_in(at::ScalarType dtype) {
 }
 
 int64_t TextToImagePipeline::add_lora(const std::string& path, double scale) {
-  // Each component the file has keys for, as diffusers' load_lora_weights does: the UNet, and the text
-  // encoders kohya trains by default (SD 1.x / 2.x: lora_te_; SDXL: lora_te1_, lora_te2_).
-  struct Part {
-    torch::nn::Module* module;
-    std::string diffusers, kohya;
-  };
-  std::vector<Part> parts = {{unet_.module.get(), "unet", "lora_unet"}};
+  // The UNet, and the text encoders kohya trains by default (SD 1.x / 2.x: lora_te_; SDXL: lora_te1_, lora_te2_).
+  std::vector<detail::LoraPart> parts = {{unet_.module.get(), "unet", "lora_unet"}};
   if (text_encoder_) parts.push_back({text_encoder_.get(), "text_encoder", sdxl() ? "lora_te1" : "lora_te"});
   if (text_encoder_2_) parts.push_back({text_encoder_2_.get(), "text_encoder_2", "lora_te2"});
-  int64_t layers = 0;
-  std::string accepted;
-  bool any = false;
-  for (const Part& part : parts) {
-    accepted += (accepted.empty() ? "" : ", ") + part.diffusers + ". or " + part.kohya + "_";
-    if (!nn::lora_file_has(path, part.diffusers, part.kohya)) continue;
-    any = true;
-    layers += detail::merge_lora_file(*part.module, weights_dtype_, path, scale, part.diffusers, part.kohya);
-  }
-  DEW_CHECK(any, "LoRA: ", path, " holds no key of this pipeline's components; accepted prefixes: ", accepted);
-  return layers;
+  return detail::merge_lora_parts(parts, weights_dtype_, path, scale);
 }
 
 PipelineResult TextToImagePipeline::run(const PipelineRequest& r, const PromptEmbeddings& e) {

@@ -261,8 +261,13 @@ int64_t FlowPipeline::add_lora(const std::string& path, double scale) {
   DEW_CHECK(original.empty() || flux(), "LoRA: ", path, " is in kohya's layout (", original,
             "), which names the original SD3 modules; SD3 folders take diffusers' layout (transformer.* keys, what "
             "save_lora_weights writes)");
-  return detail::merge_lora_file(*transformer_.module, weights_dtype_, path, scale, "transformer",
-                                 original.empty() ? "lora_transformer" : "lora_unet");
+  // The transformer and the CLIP encoders diffusers' load_lora_weights reads (SD3's text_encoder / _2, Flux's
+  // text_encoder; kohya's lora_te1_ / lora_te2_ for them); T5's adapters are not read, as diffusers does not.
+  std::vector<detail::LoraPart> parts = {
+      {transformer_.module.get(), "transformer", original.empty() ? "lora_transformer" : "lora_unet"}};
+  if (clip_) parts.push_back({clip_.get(), "text_encoder", "lora_te1"});
+  if (clip_2_) parts.push_back({clip_2_.get(), "text_encoder_2", "lora_te2"});
+  return detail::merge_lora_parts(parts, weights_dtype_, path, scale);
 }
 
 int64_t FlowPipeline::hold_weights_in(at::ScalarType dtype) {

@@ -36,4 +36,14 @@ nn::ClipText load_clip_component(const std::filesystem::path& folder, const std:
 int64_t merge_lora_file(torch::nn::Module& model, at::ScalarType weights_dtype, const std::string& path, double scale,
                         const std::string& component, const std::string& kohya_prefix);
 
+/// A pipeline component a LoRA file may adapt: its module, diffusers' key prefix and kohya's.
+struct LoraPart {
+  torch::nn::Module* module;
+  std::string diffusers, kohya;
+};
+/// merge_lora_file for each part the file holds keys of (diffusers' load_lora_weights reads every component it
+/// finds); a file with none of them is a dew::Error listing the prefixes accepted. Returns the layers adapted.
+int64_t merge_lora_parts(const std::vector<LoraPart>& parts, at::ScalarType weights_dtype, const std::string& path,
+                         double scale);
+
 }  // namespace dew::interop::detail

@@ -34,7 +34,7 @@ import diffusers
 import peft
 import torch
 import transformers
-from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+from diffusers import FluxPipeline, StableDiffusion3Pipeline, StableDiffusionPipeline, StableDiffusionXLPipeline
 from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_lora_to_diffusers
 from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
@@ -100,8 +100,71 @@ def weigh(models, weight):
                 module.set_scale("default", weight)
 
 
+FLOW_PROMPT = "a photo of a cat on the moon"
+FLOW = {"sd3": (StableDiffusion3Pipeline, "sd3/pipeline", ["text_encoder", "text_encoder_2"],
+                dict(prompt=FLOW_PROMPT, negative_prompt="blurry, low quality", guidance_scale=5.0)),
+        "flux": (FluxPipeline, "flux/pipeline_schnell", ["text_encoder"], dict(prompt=FLOW_PROMPT))}
+FLOW_TRANSFORMER = dict(r=2, lora_alpha=4, init_lora_weights=False, target_modules=["to_q", "to_v", "ff.net.2"])
+
+
+def flow(name):
+    """SD3's CLIP-L / CLIP-G and Flux's CLIP-L adapted as well as the transformer (diffusers' load_lora_weights reads
+    those; not T5): diffusers' file (and its text-encoder keys alone), and the images with peft's layers at weight
+    0.5 and with the text encoders' alone at 1 (16 x 16, 4 steps, as lora_flow_pipeline_reference.py)."""
+    cls, folder, encoders, call = FLOW[name]
+    out = os.path.join(OUT, "te_" + name)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    os.makedirs(out)
+
+    def load_flow():
+        pipe = cls.from_pretrained(os.path.join(HERE, folder))
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def run_flow(pipe):
+        with torch.no_grad():
+            return pipe(**call, latents=latents, height=16, width=16, num_inference_steps=4, max_sequence_length=16,
+                        output_type="pt").images
+
+    latents, _ = read_st(os.path.join(HERE, folder, "pipeline_io.safetensors"))
+    latents = latents["latents"]
+    base = run_flow(load_flow())
+    pipe = load_flow()
+    meta = add_random_adapters(pipe.transformer, FLOW_TRANSFORMER, 56)
+    transformer_state = get_peft_model_state_dict(pipe.transformer)
+    text_states = {c: inject(getattr(pipe, c), TEXT, 57 + i) for i, c in enumerate(encoders)}
+    weigh([pipe.transformer] + [getattr(pipe, c) for c in encoders], SCALE)
+    lora = run_flow(pipe)
+    assert not torch.equal(lora, base)
+    pipe = load_flow()  # the text encoders' adapters alone, weight 1
+    for i, c in enumerate(encoders):
+        inject(getattr(pipe, c), TEXT, 57 + i)
+    te = run_flow(pipe)
+    assert not torch.equal(te, base)
+    layers = {f"{c}_lora_layers": state for c, state in text_states.items()}
+    cls.save_lora_weights(out, transformer_lora_layers=transformer_state, transformer_lora_adapter_metadata=meta,
+                          **layers)
+    os.rename(os.path.join(out, "pytorch_lora_weights.safetensors"), os.path.join(out, "diffusers_te.safetensors"))
+    saved, saved_meta = read_st(os.path.join(out, "diffusers_te.safetensors"))
+    assert {k.split(".")[0] for k in saved} == {"transformer", *encoders}, sorted({k.split(".")[0] for k in saved})
+    write_st(os.path.join(out, "diffusers_te_only.safetensors"),
+             {k: v for k, v in saved.items() if not k.startswith("transformer.")}, {})
+    print(f"{name}: image rms change {float((lora - base).pow(2).mean().sqrt()):.4g} (text encoders alone "
+          f"{float((te - base).pow(2).mean().sqrt()):.4g})")
+    write_st(os.path.join(out, "io.safetensors"),
+             [("latents", latents), ("image_base", base), ("image_lora", lora), ("image_te_only", te)],
+             {"source": f"diffusers {diffusers.__version__} pipeline with peft {peft.__version__} LoRA layers, "
+                        f"transformers {transformers.__version__}, torch {torch.__version__}, safetensors {ST_VERSION}",
+              "pipeline": f"tests/golden/{folder}", "call": repr(call), "steps": "4", "size": "16",
+              "max_sequence_length": "16", "adapter_weight": str(SCALE),
+              "transformer_lora_config": repr(FLOW_TRANSFORMER), "text_encoder_lora_config": repr(TEXT)})
+
+
 def main():
     torch.set_grad_enabled(False)
+    for name in FLOW:
+        flow(name)
     for name, (cls, folder, encoders) in FOLDERS.items():
         out = os.path.join(OUT, "te_" + name)
         if os.path.isdir(out):

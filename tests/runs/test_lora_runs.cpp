@@ -490,6 +490,14 @@ TEST(LoraPipelineCli, TextEncoderAdaptersMatchDiffusersWithPeft) {
     expect_diffusers_images(folder, golden, "diffusers_te.safetensors", flags);
     expect_diffusers_images(folder, golden, "kohya_te_only.safetensors", flags, 0.99, "te_only", "1");
   }
+  // SD3's CLIP-L / CLIP-G and Flux's CLIP-L (diffusers' files; diffusers reads no T5 adapters): the same check.
+  const std::string flow = " --prompt 'a photo of a cat on the moon' --steps 4 --size 16x16 --max-sequence-length 16";
+  const std::string sd3 = flow + " --negative-prompt 'blurry, low quality' --guidance 5";
+  expect_diffusers_images("sd3/pipeline", "lora/te_sd3", "diffusers_te.safetensors", sd3, 0.98);
+  expect_diffusers_images("sd3/pipeline", "lora/te_sd3", "diffusers_te_only.safetensors", sd3, 0.98, "te_only", "1");
+  expect_diffusers_images("flux/pipeline_schnell", "lora/te_flux", "diffusers_te.safetensors", flow, 0.98);
+  expect_diffusers_images("flux/pipeline_schnell", "lora/te_flux", "diffusers_te_only.safetensors", flow, 0.98,
+                          "te_only", "1");
 }
 
 // The same for SD3 and Flux (schnell) folders (tests/golden/lora_flow_pipeline_reference.py): diffusers'
