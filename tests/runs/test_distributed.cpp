@@ -95,6 +95,28 @@ std::vector<pid_t> children_of(pid_t parent) {
 
 bool alive(pid_t pid) { return kill(pid, 0) == 0; }
 
+// `cmd` as one process into NAME_one and as 2 ranks into NAME_two; the largest weight difference at `step`.
+double one_rank_against_two(const dew::test::TempDir& tmp, const std::string& cmd, const std::string& name,
+                            int64_t step) {
+  for (const bool two : {false, true}) {
+    const auto r =
+        run_dew((two ? launch(2) : std::string()) + cmd + " --run " + tmp.file(name + (two ? "_two" : "_one")));
+    EXPECT_EQ(r.code, 0) << r.output;
+  }
+  const double diff = max_weight_diff(tmp.file(name + "_one"), tmp.file(name + "_two"), step);
+  std::printf("%s, 2 ranks vs 1 rank, step %lld: max |weight difference| %.3g\n", name.c_str(),
+              static_cast<long long>(step), diff);
+  return diff;
+}
+
+// The first line of DIR/metrics.jsonl.
+dew::json first_logged(const std::string& dir) {
+  std::ifstream f(dir + "/metrics.jsonl");
+  std::string line;
+  std::getline(f, line);
+  return dew::json::parse(line);
+}
+
 std::string ddp_file_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
@@ -134,12 +156,7 @@ TEST(Distributed, OverlappedAllReduceGivesTheSameBits) {
   r = run_dew(launch(2) + cmd + " --run " + tmp.file("after"));
   ASSERT_EQ(r.code, 0) << r.output;
   dew::test::expect_same_checkpoint(tmp.file("overlap"), tmp.file("after"), 10);
-  auto overlapped = [](const std::string& dir) {
-    std::ifstream f(dir + "/metrics.jsonl");
-    std::string line;
-    std::getline(f, line);
-    return dew::json::parse(line).value("allreduce_overlapped", -1.0);
-  };
+  auto overlapped = [](const std::string& dir) { return first_logged(dir).value("allreduce_overlapped", -1.0); };
   const double share = overlapped(tmp.file("overlap"));
   std::printf("buckets whose all-reduce started during backward: %.2f\n", share);
   EXPECT_GT(share, 0.5);
@@ -177,40 +194,22 @@ TEST(Distributed, SftAndDpoTwoRanksEqualOneRank) {
                           "\"max_seq_len\":64}' --trainer.steps 8 --trainer.val_every 0 --loader.batch_size 8"
                           " --trainer.time_limit_minutes 0 --eval.prompts '' --optim.lr 1e-3 --optim.warmup_steps 0"
                           " --trainer.log_every 8 --threads 1 --dist.timeout 20";
-  r = run_dew(cmd + " --run " + tmp.file("one"));
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = run_dew(launch(2) + cmd + " --run " + tmp.file("two"));
-  ASSERT_EQ(r.code, 0) << r.output;
-  const double diff = max_weight_diff(tmp.file("one"), tmp.file("two"), 8);
-  std::printf("sft, 2 ranks vs 1 rank, step 8: max |weight difference| %.3g\n", diff);
-  EXPECT_LT(diff, 1e-5);
-  auto logged = [](const std::string& dir) {
-    std::ifstream f(dir + "/metrics.jsonl");
-    std::string line;
-    std::getline(f, line);
-    return dew::json::parse(line);
-  };
-  const auto one = logged(tmp.file("one")), two = logged(tmp.file("two"));
+  EXPECT_LT(one_rank_against_two(tmp, cmd, "sft", 8), 1e-5);
+  const auto one = first_logged(tmp.file("sft_one")), two = first_logged(tmp.file("sft_two"));
   EXPECT_NEAR(one["train/ce"].get<double>(), two["train/ce"].get<double>(), 1e-6);
   EXPECT_NEAR(one["train/tokens"].get<double>(), two["train/tokens"].get<double>(), 1e-9);
 
   // DPO from it, on pairs sampled from it: means over pairs, so slicing the rows is exact.
-  r = run_dew("pairs " + tmp.file("one") + " --prompts " + tmp.file("sums") +
+  r = run_dew("pairs " + tmp.file("sft_one") + " --prompts " + tmp.file("sums") +
               "/train_prompts.jsonl --samples 2 --max-new-tokens 6 --out " + tmp.file("pairs.jsonl"));
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string dpo =
-      "train dpo --init_from " + tmp.file("one") + " --data " + tmp.file("pairs.jsonl") +
+      "train dpo --init_from " + tmp.file("sft_one") + " --data " + tmp.file("pairs.jsonl") +
       " --trainer.steps 6 --trainer.val_every 0 --loader.batch_size 8 --trainer.time_limit_minutes 0"
       " --eval.prompts '' --optim.lr 1e-3 --optim.warmup_steps 0 --trainer.log_every 6 --threads 1"
       " --dist.timeout 20";
-  r = run_dew(dpo + " --run " + tmp.file("dpo_one"));
-  ASSERT_EQ(r.code, 0) << r.output;
-  r = run_dew(launch(2) + dpo + " --run " + tmp.file("dpo_two"));
-  ASSERT_EQ(r.code, 0) << r.output;
-  const double dpo_diff = max_weight_diff(tmp.file("dpo_one"), tmp.file("dpo_two"), 6);
-  std::printf("dpo, 2 ranks vs 1 rank, step 6: max |weight difference| %.3g\n", dpo_diff);
-  EXPECT_LT(dpo_diff, 1e-5);
-  const auto d1 = logged(tmp.file("dpo_one")), d2 = logged(tmp.file("dpo_two"));
+  EXPECT_LT(one_rank_against_two(tmp, dpo, "dpo", 6), 1e-5);
+  const auto d1 = first_logged(tmp.file("dpo_one")), d2 = first_logged(tmp.file("dpo_two"));
   EXPECT_LT(d1["train/loss"].get<double>(), 0.68) << "DPO did not move the policy off the reference (log 2)";
   EXPECT_NEAR(d1["train/rewards/accuracies"].get<double>(), d2["train/rewards/accuracies"].get<double>(), 1e-9);
   EXPECT_NEAR(d1["train/loss"].get<double>(), d2["train/loss"].get<double>(), 1e-6);
@@ -236,13 +235,7 @@ TEST(Distributed, AutoencoderAndJepaTwoRanksEqualOneRank) {
       common;
   for (const auto& [name, cmd] :
        std::vector<std::pair<std::string, std::string>>{{"autoencoder", autoencoder}, {"jepa", jepa}}) {
-    auto r = run_dew(cmd + " --run " + tmp.file(name + "_one"));
-    ASSERT_EQ(r.code, 0) << r.output;
-    r = run_dew(launch(2) + cmd + " --run " + tmp.file(name + "_two"));
-    ASSERT_EQ(r.code, 0) << r.output;
-    const double diff = max_weight_diff(tmp.file(name + "_one"), tmp.file(name + "_two"), 8);
-    std::printf("%s, 2 ranks vs 1 rank, step 8: max |weight difference| %.3g\n", name.c_str(), diff);
-    EXPECT_LT(diff, 1e-5) << name;
+    EXPECT_LT(one_rank_against_two(tmp, cmd, name, 8), 1e-5) << name;
   }
 }
 
