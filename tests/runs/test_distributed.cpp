@@ -216,8 +216,8 @@ TEST(Distributed, SftAndDpoTwoRanksEqualOneRank) {
 }
 
 // The autoencoder's posterior noise and JEPA's masks are drawn for the whole batch and sliced per rank, so each
-// row gets its one-process draw: 2 ranks equal 1 at float-sum tolerance.
-TEST(Distributed, AutoencoderAndJepaTwoRanksEqualOneRank) {
+// row gets its one-process draw: 2 ranks equal 1 at float-sum tolerance; latent diffusion on that autoencoder too.
+TEST(Distributed, AutoencoderLatentDiffusionAndJepaTwoRanksEqualOneRank) {
   using namespace ddp_test;
   dew::test::TempDir tmp("ddp_ae_jepa");
   const std::string common =
@@ -237,6 +237,18 @@ TEST(Distributed, AutoencoderAndJepaTwoRanksEqualOneRank) {
        std::vector<std::pair<std::string, std::string>>{{"autoencoder", autoencoder}, {"jepa", jepa}}) {
     EXPECT_LT(one_rank_against_two(tmp, cmd, name, 8), 1e-5) << name;
   }
+  // Latent diffusion on that autoencoder from cached latents (the default) and encoding on the fly, a posterior
+  // sample each time (the whole batch encoded and drawn on every rank).
+  const std::string latent =
+      "train diffusion --autoencoder.run " + tmp.file("autoencoder_one") +
+      " --data '{\"name\":\"gaussian_blobs\",\"count\":64,\"size\":16,\"classes\":3}'"
+      " --model.architecture unet_2d_condition --model.fields '{\"stages\":[{\"features\":8,\"heads\":1,"
+      "\"cross_attention\":false},{\"features\":16,\"heads\":1,\"cross_attention\":false}],"
+      "\"blocks_per_level\":1,\"norm_groups\":4,\"context_features\":0}' --objective.preview_per_class 0" +
+      common;
+  EXPECT_LT(one_rank_against_two(tmp, latent, "latent_cached", 8), 1e-5);
+  EXPECT_LT(one_rank_against_two(tmp, latent + " --latent.cache false --latent.sample posterior", "latent_encoded", 8),
+            1e-5);
 }
 
 TEST(Distributed, TwoRankCheckpointResumesWithOneRank) {
