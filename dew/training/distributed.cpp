@@ -92,11 +92,12 @@ struct Distributed::Impl {
   double timeout = 300;
   int64_t bucket_bytes = 25 << 20;
   bool overlap = true;
-  std::shared_ptr<Overlap> ov;  // built at the first arm_overlap; its hooks hold it too
+  std::shared_ptr<Overlap> ov;  // built at the first arm_overlap (its hooks see it through weak pointers)
 };
 
-// The reducer of dist.overlap. The parameters' hooks run on the backward's thread; they hold this by a
-// shared pointer, so a hook of a parameter that outlives the group finds it disarmed.
+// The reducer of dist.overlap. The parameters' hooks run on the backward's thread; they hold this by a weak
+// pointer (it holds the parameters, and they their hooks), so a hook of a parameter that outlives the group
+// does nothing.
 struct Distributed::Overlap {
   struct Bucket {
     std::vector<size_t> members;  // indices into params
@@ -317,8 +318,10 @@ void Distributed::arm_overlap(const NamedTensors& params) {
       bucket.flat = at::empty({n}, bucket.flat.options());
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      std::shared_ptr<Overlap> held = ov;
-      ov->params[i].register_hook([held, i](const at::Tensor& g) { held->on_grad(i, g); });
+      std::weak_ptr<Overlap> held = ov;  // not shared: the reducer holds the parameters, which hold their hooks
+      ov->params[i].register_hook([held, i](const at::Tensor& g) {
+        if (auto reducer = held.lock()) reducer->on_grad(i, g);
+      });
     }
   }
   DEW_CHECK(ov->params.size() == params.size(), "distributed: arm_overlap: ", params.size(),
