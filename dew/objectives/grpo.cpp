@@ -128,11 +128,10 @@ void GRPOObjective::roll_out(const at::Tensor& index, int64_t begin, int64_t end
   int64_t len = 0;
   for (int64_t i = 0; i < local; ++i)
     len = std::max(len, int64_t(mine[size_t(i)]->ids.size() + r.completions[size_t(i)].ids.size()));
-  if (dist_) {
-    std::vector<double> lens(size_t(dist_->world_size()), 0.0);
-    lens[size_t(dist_->rank())] = double(len);
-    for (double l : dist_->sum(lens)) len = std::max(len, int64_t(l));
-  }
+  if (dist_)  // the longest row of any rank
+    len = int64_t(gather_rows(*dist_, at::full({1, 1}, double(len), at::kDouble), dist_->rank(), dist_->world_size())
+                      .max()
+                      .item<double>());
   at::Tensor ids = at::zeros({local, len}, at::kLong), mask = at::zeros({local, len}, at::kFloat);
   auto ia = ids.accessor<int64_t, 2>();
   auto ma = mask.accessor<float, 2>();

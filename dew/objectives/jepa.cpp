@@ -152,12 +152,10 @@ data::Masks JEPAObjective::draw_masks(int64_t batch, at::Generator gen) const {
                 : data::multiblock_masks(o_.masks, encoder_->grid(), batch, gen);
 }
 
-LossOutput JEPAObjective::loss(const data::Batch& batch, int64_t, at::Generator gen) {
+LossOutput JEPAObjective::loss(const data::Batch& batch, int64_t step, at::Generator gen) {
   auto it = batch.find("image");
   DEW_CHECK(it != batch.end(), "objective jepa: the batch has no \"image\" field");
-  const auto device = module_device(*encoder_);
-  const at::Tensor x = data::to_model_range(it->second).to(device);
-  return loss_of(x, draw_masks(x.size(0), gen));
+  return loss_of_rows(batch, 0, it->second.size(0), step, gen);
 }
 
 LossOutput JEPAObjective::loss_of_rows(const data::Batch& batch, int64_t begin, int64_t end, int64_t step,

@@ -145,15 +145,9 @@ LossOutput LMObjective::loss_of_rows(const data::Batch& batch, int64_t begin, in
 }
 
 LossOutput LMObjective::loss(const data::Batch& batch, int64_t step, at::Generator gen) {
-  auto [loss_sum, correct, count] = sums(batch);
-  DEW_CHECK(count > 0, "objective lm: the batch has no target that carries loss (all padding or masked)");
-  Tensor loss = loss_sum / double(count);
-  const double ce = loss.item<double>();
-  return {loss,
-          {{"ce", ce},
-           {"perplexity", std::exp(ce)},
-           {"token_accuracy", correct.item<double>() / double(count)},
-           {"tokens", double(count)}}};
+  auto it = batch.find("tokens");
+  DEW_CHECK(it != batch.end(), "objective lm: the batch has no \"tokens\" field");
+  return loss_of_rows(batch, 0, it->second.size(0), step, gen);
 }
 
 std::map<std::string, double> LMObjective::evaluate(const data::Batch& windows) {

@@ -58,15 +58,13 @@ Tensor process_logits(const Tensor& logits, const Tensor& seen, const Generation
 namespace {
 
 // One draw per row from probs [B, V] (rows summing to 1, float): the first token whose cumulative probability
-// (float64) exceeds u * total, u in [0, 1) from (seed, row, step) alone. A token of probability 0 is never
+// (float64) exceeds u * total, u in [0, 1) from (the row's stream, step) alone. A token of probability 0 is never
 // drawn (its cumulative sum equals its predecessor's).
-Tensor draw_rows(const Tensor& probs, uint64_t seed, int64_t first_row, int64_t step) {
+Tensor draw_rows(const Tensor& probs, const std::vector<uint64_t>& streams, int64_t step) {
   const int64_t b = probs.size(0);
   std::vector<double> u(static_cast<size_t>(b));
-  for (int64_t i = 0; i < b; ++i) {
-    const uint64_t row = rng::derive(seed, uint64_t(first_row + i), "generate/sample");
-    u[size_t(i)] = double(rng::derive(row, uint64_t(step), "token") >> 11) * 0x1p-53;
-  }
+  for (int64_t i = 0; i < b; ++i)
+    u[size_t(i)] = double(rng::derive(streams[size_t(i)], uint64_t(step), "token") >> 11) * 0x1p-53;
   const Tensor cdf = probs.to(at::kDouble).cumsum(-1);  // [B, V]
   const Tensor target = at::tensor(u, at::kDouble).view({b, 1}) * cdf.narrow(1, probs.size(1) - 1, 1);
   return at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(probs.size(1) - 1);
@@ -125,6 +123,8 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
   model.eval();
   at::NoGradGuard ng;
   nn::KVCache cache;
+  std::vector<uint64_t> streams;  // each row's sampling stream, from (seed, first_row + row)
+  for (int64_t i = 0; i < b; ++i) streams.push_back(rng::derive(o.seed, uint64_t(o.first_row + i), "generate/sample"));
   Tensor logits = model.forward_tokens(ids, {}, {}, mask, &cache);  // [B, L, V]
   Tensor next_logits = logits.gather(1, at::tensor(last, at::kLong).to(device).view({b, 1, 1}).expand({b, 1, vocab}))
                            .squeeze(1);  // [B, V]
@@ -136,7 +136,7 @@ GenerationResult generate_tokens(nn::CausalTransformerImpl& model, const std::ve
     if (o.temperature == 0) {
       tok = proc.argmax(-1);  // [B]
     } else {
-      tok = draw_rows(at::softmax(proc, -1).cpu(), o.seed, o.first_row, step).to(device);
+      tok = draw_rows(at::softmax(proc, -1).cpu(), streams, step).to(device);
     }
     Tensor tok_col = tok.view({b, 1});
     // log p of the chosen tokens only: logit - logsumexp, no [B, V] log-softmax. Without any processing
