@@ -46,7 +46,7 @@ const char* sample_usage() {
          "  --threads N, --device cpu|cuda|auto\n"
          "\n"
          "a diffusers pipeline (--pipeline DIR: StableDiffusionPipeline, StableDiffusionXLPipeline,\n"
-         "StableDiffusion3Pipeline, FluxPipeline):\n"
+         "StableDiffusion3Pipeline, FluxPipeline, QwenImage21Pipeline):\n"
          "  --prompt TEXT --out F.png (required), --negative-prompt, --prompt-2, --negative-prompt-2 (SDXL's and\n"
          "  SD3's second CLIP encoder; Flux: --prompt-2 is T5's), --prompt-3, --negative-prompt-3 (SD3's T5)\n"
          "  --steps (30; SD3 / Flux 28), --guidance (7.5; SDXL 5, SD3 7, Flux dev 3.5; schnell takes none),\n"
@@ -59,7 +59,10 @@ const char* sample_usage() {
          "                       SCALE (default 1); repeat it to apply several. SD / SDXL: diffusers'\n"
          "                       pytorch_lora_weights.safetensors or kohya's lora_unet_* layout; SD3 / Flux:\n"
          "                       diffusers' (transformer.* keys, what save_lora_weights writes)\n"
-         "  --latents F          start from the tensor \"latents\" of a safetensors file; --threads N\n";
+         "  --latents F          start from the tensor \"latents\" of a safetensors file; --threads N\n"
+         "  Qwen-Image 2.1: --guidance is true_cfg_scale (default 1: none; above 1 with --negative-prompt, \"\"\n"
+         "  if not given), --steps N the linspace grid (default: the folder's sample_sigmas, else 40 steps),\n"
+         "  --size 1024x1024 by default (multiples of 32); RGBA images (the VAE's 4 channels)\n";
 }
 
 const char* eval_usage() {

@@ -1,5 +1,5 @@
-// `dew sample --pipeline DIR`: flags in, dew::interop::TextToImagePipeline (SD, SDXL) or FlowPipeline (SD3,
-// Flux), a PNG out.
+// `dew sample --pipeline DIR`: flags in, dew::interop::TextToImagePipeline (SD, SDXL), FlowPipeline (SD3, Flux)
+// or QwenImagePipeline (Qwen-Image 2.1), a PNG out.
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -117,6 +117,29 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
   };
 
   const std::string dir = f.get("pipeline", "");
+  if (interop::is_qwen_image_pipeline_folder(dir)) {  // QwenImage21Pipeline
+    set_threads(f.get_int("threads", 0), workload_of("qwen_image_transformer"));
+    DEW_CHECK(!f.has("scheduler"), "--scheduler: Qwen-Image folders run their FlowMatchEulerDiscreteScheduler");
+    DEW_CHECK(r.eta == 0.0, "--eta: only DDIMScheduler takes eta");
+    DEW_CHECK(!f.has("max-sequence-length"), "--max-sequence-length: only SD3 and Flux folders take it (T5)");
+    DEW_CHECK(loras.empty(), "--lora: QwenImage21Pipeline folders take no LoRA file (SD, SDXL, SD3 and Flux do)");
+    // true_cfg_scale: 1 (no guidance) unless asked; the negative prompt serves guidance only
+    r.guidance = f.get_double("guidance", 1.0);
+    DEW_CHECK(!f.has("negative-prompt") || r.guidance > 1.0, "--negative-prompt: used only with --guidance above 1 ",
+              "(true classifier-free guidance), got guidance ", r.guidance);
+    auto pipe = interop::QwenImagePipeline::load(dir);
+    hold_weights(pipe);
+    // the folder's sample_sigmas unless --steps asks for the linspace grid; 40 steps without either (diffusers')
+    std::vector<double> sigmas;
+    if (f.has("steps")) sigmas = interop::QwenImagePipeline::linspace_sigmas(r.steps);
+    else sigmas = pipe.sample_sigmas().empty() ? interop::QwenImagePipeline::linspace_sigmas(40) : pipe.sample_sigmas();
+    r.steps = int64_t(sigmas.size());
+    if (f.has("latents")) r.latents = read_latents();
+    pipe.check(r);  // before the text encoder and the transformer run
+    const auto res = pipe.run(r, sigmas);
+    write(res.images, "QwenImage21Pipeline, FlowMatchEulerDiscreteScheduler");
+    return 0;
+  }
   if (interop::is_flow_pipeline_folder(dir)) {  // StableDiffusion3Pipeline, FluxPipeline
     set_threads(f.get_int("threads", 0), workload_of("sd3_transformer"));
     DEW_CHECK(!f.has("scheduler"), "--scheduler: SD3 and Flux folders run their FlowMatchEulerDiscreteScheduler");

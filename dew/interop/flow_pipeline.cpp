@@ -20,6 +20,8 @@
 #include "dew/nn/backbones/autoencoder_kl.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/flux_transformer.h"
+#include "dew/nn/backbones/qwen_image_transformer.h"
+#include "dew/nn/backbones/qwen_image_vae.h"
 #include "dew/nn/backbones/sd3_transformer.h"
 
 namespace fs = std::filesystem;
@@ -58,21 +60,26 @@ std::vector<double> flux_sigma_grid(double a, double b, int64_t n) {
   return y;
 }
 
-}  // namespace
-
-bool is_flow_pipeline_folder(const std::string& dir) {
+// The class model_index.json names, "" when the file is missing or not a JSON object with a string _class_name.
+std::string index_class(const std::string& dir) {
   const fs::path file = fs::path(dir) / "model_index.json";
-  if (!fs::is_regular_file(file)) return false;
+  if (!fs::is_regular_file(file)) return "";
   std::ifstream in(file);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    io::check_json_depth(text, file.string());  // too deep: not a flow pipeline's index (read_model_index says why)
+    io::check_json_depth(text, file.string());  // too deep: read_model_index says why
   } catch (const Error&) {
-    return false;
+    return "";
   }
   const json index = json::parse(text, nullptr, false);
-  if (!index.is_object() || !index.contains("_class_name") || !index["_class_name"].is_string()) return false;
-  const auto c = index["_class_name"].get<std::string>();
+  if (!index.is_object() || !index.contains("_class_name") || !index["_class_name"].is_string()) return "";
+  return index["_class_name"].get<std::string>();
+}
+
+}  // namespace
+
+bool is_flow_pipeline_folder(const std::string& dir) {
+  const std::string c = index_class(dir);
   return c == "StableDiffusion3Pipeline" || c == "FluxPipeline";
 }
 
@@ -335,6 +342,191 @@ PipelineResult FlowPipeline::run(const PipelineRequest& r, const PromptEmbedding
   res.latents = flux() ? nn::flux_pack_latents(x) : x;  // as the pipeline holds them
   auto vae = vae_.autoencoder();
   const Tensor decoded = vae->decode(vae->from_latent(x));  // x / scaling_factor + shift_factor
+  res.images = (decoded.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
+  return res;
+}
+
+// ---- QwenImage21Pipeline ----
+
+bool is_qwen_image_pipeline_folder(const std::string& dir) { return index_class(dir) == "QwenImage21Pipeline"; }
+
+QwenImagePipeline QwenImagePipeline::load(const std::string& dir) {
+  QwenImagePipeline p;
+  p.dir_ = dir;
+  std::string class_name;
+  const json index = detail::read_model_index(dir, {"QwenImage21Pipeline"}, class_name);
+  const fs::path root(dir), index_file = root / "model_index.json";
+  expect_component(index, "transformer", {"QwenImage21Transformer2DModel"}, index_file);
+  expect_component(index, "vae", {"AutoencoderKLQwenImage21"}, index_file);
+  expect_component(index, "scheduler", {"FlowMatchEulerDiscreteScheduler"}, index_file);
+  expect_component(index, "text_encoder", {"Qwen3VLForConditionalGeneration"}, index_file);
+  expect_component(index, "processor", {"Qwen3VLProcessor"}, index_file);
+  for (const char* c : {"transformer", "vae", "scheduler", "text_encoder", "processor"})
+    DEW_CHECK(fs::is_directory(root / c), (root / c).string(), ": missing (model_index.json names ", c, " as ",
+              index_component(index, c, index_file), ")");
+  DEW_CHECK(fs::is_regular_file(root / "processor" / "tokenizer.json"), (root / "processor").string(),
+            ": no tokenizer.json (the Qwen3VLProcessor's tokenizer, which dew reads)");
+  if (index.contains("sample_sigmas") && !index["sample_sigmas"].is_null()) {
+    const json& s = index["sample_sigmas"];
+    DEW_CHECK(s.is_array() && !s.empty(), index_file.string(),
+              ": sample_sigmas must be null or a non-empty list of numbers, got ", s.dump());
+    for (const auto& v : s) {
+      DEW_CHECK(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0 && v.get<double>() <= 1,
+                index_file.string(), ": sample_sigmas holds ", v.dump(), "; accepted: numbers in (0, 1]");
+      p.sample_sigmas_.push_back(v.get<double>());
+    }
+  }
+  const fs::path scheduler_file = root / "scheduler" / "scheduler_config.json";
+  const json sched_cfg = sampling::read_scheduler_config(scheduler_file.string());
+  p.scheduler_ = std::make_unique<sampling::FlowMatchEulerScheduler>(sched_cfg, scheduler_file.string());
+
+  // The components must fit each other: checked on their config.json files, before any weight is read.
+  const auto t =
+      from_json<nn::QwenImageTransformerOptions>(diffusers_model_spec((root / "transformer").string()).fields);
+  const auto v = from_json<nn::QwenImageVaeOptions>(diffusers_model_spec((root / "vae").string()).fields);
+  const fs::path tconf = root / "transformer" / "config.json", econf = root / "text_encoder" / "config.json";
+  const json text_config = read_pipeline_json(econf);
+  const json& text = text_config.contains("text_config") ? text_config["text_config"] : text_config;
+  DEW_CHECK(text.is_object() && text.contains("hidden_size") && text["hidden_size"].is_number_integer(), econf.string(),
+            ": no text_config.hidden_size");
+  const int64_t width = text["hidden_size"].get<int64_t>();
+  p.latent_channels_ = v.z_dim();
+  p.vae_scale_factor_ = int64_t{1} << (v.dim_mult().size() - 1);
+  p.causal_condition_ = t.causal_condition();
+  DEW_CHECK(p.vae_scale_factor_ == 16, (root / "vae" / "config.json").string(), ": the VAE downsamples ",
+            p.vae_scale_factor_, "x; QwenImage21Pipeline is built for 16x (dim_mult of 5 levels)");
+  DEW_CHECK(t.in_channels() == p.latent_channels_ && t.output_channels() == p.latent_channels_, tconf.string(),
+            ": the transformer's latent channels (in ", t.in_channels(), ", out ", t.output_channels(),
+            ") must equal the VAE's z_dim ", p.latent_channels_);
+  DEW_CHECK(t.context_features() == width, tconf.string(), ": context_in_dim ", t.context_features(),
+            " must equal the text model's hidden_size ", width, " (", econf.string(), ")");
+
+  p.transformer_ = load_diffusers_folder((root / "transformer").string());
+  p.vae_ = load_diffusers_folder((root / "vae").string());
+  p.text_ = std::make_unique<QwenImageTextEncoder>((root / "text_encoder").string(), (root / "processor").string());
+  return p;
+}
+
+std::vector<double> QwenImagePipeline::linspace_sigmas(int64_t steps) {
+  DEW_CHECK(steps >= 1, "--steps: must be >= 1, got ", steps);
+  return flux_sigma_grid(1.0, 1.0 / double(steps), steps);
+}
+
+std::pair<int64_t, int64_t> QwenImagePipeline::size_of(const PipelineRequest& r) const {
+  return {r.height > 0 ? r.height : default_size(), r.width > 0 ? r.width : default_size()};
+}
+
+void QwenImagePipeline::check(const PipelineRequest& r) const {
+  DEW_CHECK(r.steps >= 1, "--steps: must be >= 1, got ", r.steps);
+  DEW_CHECK(r.count >= 1, "--count: must be >= 1, got ", r.count);
+  DEW_CHECK(std::isfinite(r.guidance), "--guidance: must be finite, got ", r.guidance);
+  DEW_CHECK(!r.prompt_2 && !r.negative_prompt_2 && !r.prompt_3 && !r.negative_prompt_3,
+            "--prompt-2 / --prompt-3: QwenImage21Pipeline has one text encoder (--prompt, --negative-prompt)");
+  const auto [h, w] = size_of(r);
+  const int64_t m = 2 * vae_scale_factor_;
+  DEW_CHECK(r.height >= 0 && r.width >= 0 && h % m == 0 && w % m == 0, "--size: ", h, "x", w,
+            " must be positive multiples of ", m, " (QwenImage21Pipeline's multiple: twice the VAE's factor ",
+            vae_scale_factor_, ")");
+  if (r.latents.defined()) {
+    const int64_t lh = h / vae_scale_factor_, lw = w / vae_scale_factor_;
+    const std::vector<int64_t> nchw{r.count, latent_channels_, lh, lw}, packed{r.count, lh * lw, latent_channels_};
+    DEW_CHECK(r.latents.sizes() == at::IntArrayRef(nchw) || r.latents.sizes() == at::IntArrayRef(packed),
+              "--latents: expected ", at::IntArrayRef(nchw), " or packed ", at::IntArrayRef(packed), ", got ",
+              r.latents.sizes());
+  }
+}
+
+QwenImageTextEncoder::States QwenImagePipeline::encode_prompts(const std::vector<std::string>& prompts) {
+  torch::NoGradGuard no_grad;
+  nn::InferenceAutocast autocast(weights_dtype_);
+  return text_->encode(prompts);
+}
+
+QwenImagePipeline::Prompts QwenImagePipeline::encode(const PipelineRequest& r) {
+  check(r);
+  // One encoding per prompt, repeated per image (the pipeline's num_images_per_prompt).
+  auto repeated = [&](const std::string& prompt) {
+    auto s = encode_prompts({prompt});
+    s.states = s.states.repeat({r.count, 1, 1});
+    s.mask = s.mask.repeat({r.count, 1});
+    return s;
+  };
+  Prompts p;
+  p.positive = repeated(r.prompt);
+  if (r.guidance > 1.0) p.negative = repeated(r.negative_prompt);
+  return p;
+}
+
+int64_t QwenImagePipeline::hold_weights_in(at::ScalarType dtype) {
+  weights_dtype_ = dtype;
+  return nn::hold_weights_in(*transformer_.module, dtype) + nn::hold_weights_in(*vae_.module, dtype) +
+         nn::hold_weights_in(*text_->model(), dtype);
+}
+
+PipelineResult QwenImagePipeline::run(const PipelineRequest& r, const std::vector<double>& sigmas, bool use_kv_cache) {
+  return run(r, encode(r), sigmas, use_kv_cache);
+}
+
+PipelineResult QwenImagePipeline::run(const PipelineRequest& r, const Prompts& prompts,
+                                      const std::vector<double>& sigmas, bool use_kv_cache) {
+  check(r);
+  for (double s : sigmas)
+    DEW_CHECK(std::isfinite(s) && s > 0 && s <= 1, "pipeline: sigmas must be numbers in (0, 1], got ", s);
+  const bool cfg = r.guidance > 1.0;
+  DEW_CHECK(prompts.positive.states.defined() && prompts.positive.states.size(0) == r.count,
+            "pipeline: the prompt states must have one row per image (", r.count, ")");
+  DEW_CHECK(!cfg || (prompts.negative.states.defined() && prompts.negative.states.size(0) == r.count),
+            "pipeline: guidance > 1 needs the negative prompt's states, one row per image");
+  torch::NoGradGuard no_grad;
+  nn::InferenceAutocast autocast(weights_dtype_);
+  const auto [h, w] = size_of(r);
+  const int64_t lh = h / vae_scale_factor_, lw = w / vae_scale_factor_;
+  auto* model = dynamic_cast<nn::QwenImageTransformerImpl*>(transformer_.backbone().get());
+  DEW_CHECK(model, "pipeline: transformer/ is not a qwen_image_transformer");
+
+  Tensor x;
+  if (r.latents.defined()) {
+    x = r.latents.to(at::kFloat);
+    if (x.dim() == 3) x = x.transpose(1, 2).reshape({r.count, latent_channels_, lh, lw});  // the pipeline's packing
+  } else {
+    // the pipeline's draw [count, 1, C, h, w], packed as a plain flatten: the same numbers as [count, C, h, w]
+    x = at::randn({r.count, latent_channels_, lh, lw}, rng::generator(r.seed, 0, "pipeline/latents"),
+                  at::TensorOptions().dtype(at::kFloat));
+  }
+  const std::vector<double> grid = !sigmas.empty()           ? sigmas
+                                   : !sample_sigmas_.empty() ? sample_sigmas_
+                                                             : linspace_sigmas(r.steps);
+  scheduler_->set_timesteps(int64_t(grid.size()), grid, scheduler_->mu_for(lh * lw, 1.15));
+
+  auto condition = [](const QwenImageTextEncoder::States& s) {
+    Conditioning c;
+    c.context = s.states;
+    c.context_mask = s.mask.to(at::kBool);
+    return c;
+  };
+  const Conditioning pos = condition(prompts.positive);
+  const Conditioning neg = cfg ? condition(prompts.negative) : Conditioning();
+  const bool cache = use_kv_cache && causal_condition_;
+  nn::QwenImageKVCache pos_cache, neg_cache;
+  auto predict = [&](const Tensor& t, const Conditioning& c, nn::QwenImageKVCache& kv, int64_t i) {
+    if (!cache) return model->forward(x, t, c);
+    return i == 0 ? model->forward_extract(x, t, c, kv) : model->forward_cached(x, t, c, kv);
+  };
+  for (int64_t i = 0; i < scheduler_->num_steps(); ++i) {
+    io::check_stop();
+    // the pipeline hands the transformer t / 1000 in float32, which it scales by 1000 again
+    const Tensor t = at::full({r.count}, scheduler_->timestep(i), at::TensorOptions().dtype(at::kFloat)) / 1000 * 1000;
+    Tensor v = predict(t, pos, pos_cache, i);
+    if (cfg) {
+      const Tensor u = predict(t, neg, neg_cache, i);
+      v = u + r.guidance * (v - u);
+    }
+    x = scheduler_->step(v, i, x, {});
+  }
+  PipelineResult res;
+  res.latents = x.flatten(2).transpose(1, 2).contiguous();  // packed [count, h w, C], as the pipeline holds them
+  auto vae = vae_.autoencoder();
+  const Tensor decoded = vae->decode(vae->from_latent(x));  // x latents_std + latents_mean, clamped to [-1, 1]
   res.images = (decoded.to(at::kFloat) / 2 + 0.5).clamp(0, 1);
   return res;
 }

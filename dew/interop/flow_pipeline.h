@@ -22,6 +22,7 @@
 
 #include "dew/interop/diffusers_forward.h"
 #include "dew/interop/diffusers_pipeline.h"
+#include "dew/interop/hf_decoder.h"
 #include "dew/nn/clip_text.h"
 #include "dew/nn/t5_encoder.h"
 #include "dew/sampling/schedulers.h"
@@ -85,6 +86,79 @@ class FlowPipeline {
   std::unique_ptr<sampling::FlowMatchEulerScheduler> scheduler_;
   int64_t default_size_ = 1024, vae_scale_factor_ = 8, patch_ = 2, latent_channels_ = 16, context_features_ = 0;
   bool guidance_embeds_ = false;
+};
+
+/// True when DIR/model_index.json names QwenImage21Pipeline (false for anything else or an unreadable file).
+bool is_qwen_image_pipeline_folder(const std::string& dir);
+
+/// A diffusers QwenImage21Pipeline folder (docs/backbones/qwen_image_transformer.md#the-pipeline): model_index.json,
+/// transformer/ (QwenImage21Transformer2DModel), vae/ (AutoencoderKLQwenImage21), text_encoder/
+/// (Qwen3VLForConditionalGeneration), processor/ (Qwen3VLProcessor: its tokenizer.json), scheduler/
+/// (FlowMatchEulerDiscreteScheduler) and the index's sample_sigmas, run as diffusers 0.42.1 runs text-to-image:
+///
+///   auto pipe = dew::interop::QwenImagePipeline::load("Qwen-Image-2.1");
+///   dew::interop::PipelineRequest r;  r.prompt = "a cat";  r.negative_prompt = "blurry";  r.guidance = 4.0;
+///   auto out = pipe.run(r);                     // out.images: [N, 4, H, W] float32 in [0, 1] (RGBA)
+///
+/// The prompt goes through the Qwen3-VL text path (QwenImageTextEncoder: the pipeline's template, the system
+/// tokens dropped, right-padded states and mask). Latents x = N(0, I) [count, C, H / 16, W / 16] (one token per
+/// latent position); sigmas = the index's sample_sigmas, else linspace(1, 1/n, n), through the scheduler with mu of
+/// the image's token count (calculate_shift); per step v = transformer(x, float32(t / 1000) x 1000, text), true
+/// classifier-free guidance v = v_neg + guidance (v - v_neg) with the negative prompt's own states when guidance > 1,
+/// x += (sigma_{i+1} - sigma_i) v. Under causal_condition the text's keys and values do not change with t: the first
+/// step fills a prefix KV cache per prompt (positive, negative) and later steps recompute only the image tokens,
+/// as the pipeline's use_kv_cache. The VAE decodes latents x latents_std + latents_mean, clamped; images are
+/// x / 2 + 0.5. Condition images (the edit pipeline's `image`) are not taken.
+class QwenImagePipeline {
+ public:
+  /// Loads and checks every component first: a missing folder or file, another class in model_index.json, a
+  /// processor without tokenizer.json, or components that do not fit (the transformer's context_in_dim against
+  /// the text model's width, its channels against the VAE's z_dim) is a dew::Error naming the file.
+  static QwenImagePipeline load(const std::string& dir);
+
+  /// The pipeline's output_resolution (1024): the default height and width.
+  int64_t default_size() const { return 1024; }
+  /// One latent per 16 x 16 pixels (the VAE's 16x, latents unpatched); sizes are multiples of 32 as the pipeline's.
+  int64_t vae_scale_factor() const { return vae_scale_factor_; }
+  /// The index's sample_sigmas (empty when null): the grid run() uses unless the request gives `sigmas`.
+  const std::vector<double>& sample_sigmas() const { return sample_sigmas_; }
+  bool causal_condition() const { return causal_condition_; }
+  /// The pipeline's grid without sample_sigmas: numpy's linspace(1, 1/steps, steps).
+  static std::vector<double> linspace_sigmas(int64_t steps);
+  sampling::FlowMatchEulerScheduler& scheduler() { return *scheduler_; }
+
+  /// Text states of a batch of prompts: states [B, L, D] float32 right-padded with zeros, mask [B, L] int64.
+  QwenImageTextEncoder::States encode_prompts(const std::vector<std::string>& prompts);
+  /// The request's prompt (and, when guidance > 1, its negative prompt) encoded, each repeated `count` times.
+  struct Prompts {
+    QwenImageTextEncoder::States positive, negative;  // negative: undefined without guidance
+  };
+  Prompts encode(const PipelineRequest& request);
+  /// Refuses a bad request before any work: steps < 1, count < 1, a non-finite guidance, sizes
+  /// that are not positive multiples of 32, a prompt_2 / prompt_3 (one text encoder),
+  /// latents of another shape than [count, C, h, w] or packed [count, h w, C].
+  void check(const PipelineRequest& request) const;
+  /// `--weights-dtype`: the transformer's, the VAE's and the text model's matrix weights held in `dtype`; encode
+  /// and run then compute under nn::InferenceAutocast(dtype). Returns the bytes the components' parameters hold.
+  int64_t hold_weights_in(at::ScalarType dtype);
+  /// `sigmas`: the grid to run (QwenImage21Pipeline's `sigmas` argument; empty = sample_sigmas or the linspace of
+  /// request.steps). `use_kv_cache` false recomputes the text every step (the same output).
+  PipelineResult run(const PipelineRequest& request, const std::vector<double>& sigmas = {}, bool use_kv_cache = true);
+  /// The same with given prompt states (the golden tests feed the reference's own). latents in the result are
+  /// packed [count, h w, C], as the pipeline holds them.
+  PipelineResult run(const PipelineRequest& request, const Prompts& prompts, const std::vector<double>& sigmas = {},
+                     bool use_kv_cache = true);
+
+ private:
+  std::pair<int64_t, int64_t> size_of(const PipelineRequest& r) const;  // image height, width
+  std::string dir_;
+  DiffusersModel transformer_, vae_;
+  std::unique_ptr<QwenImageTextEncoder> text_;
+  at::ScalarType weights_dtype_ = at::kFloat;
+  std::unique_ptr<sampling::FlowMatchEulerScheduler> scheduler_;
+  std::vector<double> sample_sigmas_;
+  int64_t vae_scale_factor_ = 16, latent_channels_ = 64;
+  bool causal_condition_ = true;
 };
 
 }  // namespace dew::interop

@@ -88,6 +88,8 @@ class QwenImageTextEncoder {
   int64_t system_tokens() const { return drop_; }
   /// The pipeline's template with `prompt` in the user's turn.
   static std::string render(const std::string& prompt);
+  /// The language model (its options: the states' width; nn::hold_weights_in).
+  nn::CausalTransformer& model() { return model_; }
 
  private:
   nn::CausalTransformer model_{nullptr};

@@ -124,3 +124,43 @@ TEST(PipelineCli, WeightsDtypeBFloat16) {
   std::printf("  sd3 --weights-dtype bfloat16: image rms against diffusers' float64 %.4f\n", rms);
   EXPECT_LT(rms, 0.06);  // diffusers' own bf16 pipeline: 0.028 (tests/golden/pipeline_bf16_reference.py)
 }
+
+// A QwenImage21Pipeline folder (tests/golden/qwen_image/pipeline): the golden's first prompt alone with its row of
+// latents replayed gives diffusers' RGBA image of that call; the same command gives the same bytes; bad flags exit 2
+// with one line before the models load.
+TEST(PipelineCli, QwenImageWritesDiffusersImageForTheSameLatents) {
+  dew::test::TempDir dir("pipeline_cli_qwen");
+  const std::string folder = std::string(DEW_SOURCE_DIR) + "/tests/golden/qwen_image/pipeline";
+  const auto io = dew::test::golden("qwen_image/pipeline/pipeline_io.safetensors");
+  dew::io::save_safetensors(dir.file("latents.safetensors"), {{"latents", io.at("latents").narrow(0, 0, 1)}});
+  const std::string args = "sample --pipeline " + folder +
+                           " --prompt 'a cat' --negative-prompt blurry --guidance 4 --steps 3 --size 64x32 --latents " +
+                           dir.file("latents.safetensors");
+  const auto r = run_dew(args + " --out " + dir.file("a.png"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("QwenImage21Pipeline"), std::string::npos) << r.output;
+  const at::Tensor ours = dew::io::load_image(dir.file("a.png"), 4).to(at::kInt);  // [4, 64, 32]
+  const at::Tensor ref = (io.at("image_first_prompt_f64")[0] * 255).round().clamp(0, 255).to(at::kInt);
+  const int64_t off = (ours - ref).abs().gt(1).sum().item<int64_t>();
+  const double same = (ours == ref).to(at::kDouble).mean().item<double>();
+  std::printf("  qwen: %.4f of the bytes equal diffusers' float64 image, %lld off by more than one\n", same,
+              static_cast<long long>(off));
+  EXPECT_EQ(off, 0);
+  EXPECT_GE(same, 0.99);
+  const auto again = run_dew(args + " --out " + dir.file("b.png"));
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_TRUE(dew::io::load_image(dir.file("b.png"), 4).equal(dew::io::load_image(dir.file("a.png"), 4)));
+
+  const std::string out = " --out " + dir.file("x.png");
+  const std::string base = "sample --pipeline " + folder + " --prompt cat";
+  for (const std::string& bad :
+       {base + " --size 48x32" + out, base + " --negative-prompt blurry" + out,
+        base + " --lora " + dir.file("latents.safetensors") + out, base + " --scheduler DDIMScheduler" + out,
+        base + " --prompt-2 dog" + out, base + " --size 32x32 --latents " + dir.file("latents.safetensors") + out}) {
+    SCOPED_TRACE(bad);
+    const auto b = run_dew(bad);
+    EXPECT_EQ(b.code, 2) << b.output;
+    EXPECT_EQ(dew::test::count_lines(b.output), 1u) << b.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("x.png")));
+}

@@ -77,11 +77,11 @@ def versions():
     return {"torch": torch.__version__, "diffusers": diffusers.__version__, "safetensors": safetensors.__version__}
 
 
-def perturb(model, seed):
+def perturb(model, seed, scale=0.2):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in model.named_parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
+            p.add_(scale * torch.randn(p.shape, generator=g))
 
 
 def shapes_list(t):

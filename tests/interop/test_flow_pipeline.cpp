@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "dew/interop/flow_pipeline.h"
 #include "dew/io/safetensors.h"
@@ -196,4 +197,124 @@ TEST(FlowPipeline, BadRequestsAndFoldersAreRefusedBeforeCompute) {
   expect_all_in(error_of([&] { dew::interop::FlowPipeline::load(p.string()); }), {"tokenizer_2", "spiece.model"});
   EXPECT_TRUE(dew::interop::is_flow_pipeline_folder(kFlux));
   EXPECT_FALSE(dew::interop::is_flow_pipeline_folder(kFlowGolden + "sd/pipeline"));
+}
+
+// dew::interop::QwenImagePipeline against diffusers' QwenImage21Pipeline: tests/golden/qwen_image/pipeline is a tiny
+// folder saved by the real diffusers / transformers code (tests/golden/qwen_image_pipeline_reference.py), its
+// pipeline_io.safetensors the outputs of two prompts with a negative prompt and true CFG 4, 3 steps.
+namespace {
+
+const std::string kQwenPipe = kFlowGolden + "qwen_image/pipeline";
+const std::vector<std::string> kQwenPrompts = {"a cat",
+                                               "A photo of a small red fox sitting in fresh snow, golden hour."};
+
+dew::interop::PipelineRequest qwen_request(const std::map<std::string, at::Tensor>& io) {
+  dew::interop::PipelineRequest r;
+  r.count = 2;
+  r.steps = 3;
+  r.guidance = 4.0;
+  r.height = 64;
+  r.width = 32;
+  r.latents = io.at("latents");  // packed [2, 8, 4], as the pipeline draws them
+  return r;
+}
+
+}  // namespace
+
+TEST(QwenImagePipeline, MatchesDiffusersFromPromptsToImage) {
+  const auto io = flow_io(kQwenPipe);
+  auto pipe = dew::interop::QwenImagePipeline::load(kQwenPipe);
+  EXPECT_TRUE(pipe.causal_condition());
+  EXPECT_TRUE(pipe.sample_sigmas().empty());
+  // the text path: each prompt's states right-padded, the mask of its real tokens
+  dew::interop::QwenImagePipeline::Prompts p;
+  p.positive = pipe.encode_prompts(kQwenPrompts);
+  p.negative = pipe.encode_prompts({"blurry", "blurry"});
+  EXPECT_TRUE(p.positive.mask.equal(io.at("prompt_embeds_mask"))) << p.positive.mask.sum(1);
+  expect_golden("qwen prompt_embeds", p.positive.states, io.at("prompt_embeds_f32"), io.at("prompt_embeds_f64"));
+  expect_golden("qwen negative_prompt_embeds", p.negative.states, io.at("negative_prompt_embeds_f32"),
+                io.at("negative_prompt_embeds_f64"));
+  // the whole run on dew's own prompt states, with the prefix KV cache (the pipeline's default)
+  const auto r = qwen_request(io);
+  const auto res = pipe.run(r, p);
+  dew::test::expect_close_f64("qwen sigmas", pipe.scheduler().sigmas(), io.at("sigmas_f64"), 1e-12);
+  expect_golden("qwen final latents", res.latents, io.at("final_latents_f32"), io.at("final_latents_f64"));
+  expect_golden("qwen image", res.images, io.at("image_f32"), io.at("image_f64"));
+  ASSERT_EQ(res.images.sizes(), at::IntArrayRef({2, 4, 64, 32}));  // RGBA, as the VAE's 4 channels
+  // without the cache: what diffusers' use_kv_cache=False gives, and the cached run's output to float tolerance
+  const auto plain = pipe.run(r, p, {}, /*use_kv_cache=*/false);
+  expect_golden("qwen final latents, no cache", plain.latents, io.at("final_latents_no_cache_f32"),
+                io.at("final_latents_f64"));
+  std::printf("  cache vs no cache: final latents max |diff| %.3e\n", dew::test::max_diff(plain.latents, res.latents));
+  EXPECT_LE(dew::test::max_diff(plain.latents, res.latents), 1e-5);
+  // the same request with the reference's prompt states: the denoising loop alone
+  dew::interop::QwenImagePipeline::Prompts ref;
+  ref.positive = {io.at("prompt_embeds_f32"), io.at("prompt_embeds_mask")};
+  ref.negative = {io.at("negative_prompt_embeds_f32"),
+                  at::ones({2, io.at("negative_prompt_embeds_f32").size(1)}, at::kLong)};
+  expect_golden("qwen final latents (reference states)", pipe.run(r, ref).latents, io.at("final_latents_f32"),
+                io.at("final_latents_f64"));
+}
+
+TEST(QwenImagePipeline, SampleSigmasAndBadInputAreReadAndRefusedBeforeCompute) {
+  namespace fs = std::filesystem;
+  dew::test::TempDir dir("qwen_pipeline");
+  auto fresh = [&](const std::string& name) {
+    const auto p = dir.path / name;
+    fs::copy(kQwenPipe, p, fs::copy_options::recursive);
+    return p;
+  };
+  auto edit_index = [](const fs::path& p, const std::function<void(json&)>& fn) {
+    std::ifstream in(p / "model_index.json");
+    json index = json::parse(in);
+    fn(index);
+    std::ofstream(p / "model_index.json") << index.dump(2);
+  };
+  // the index's sample_sigmas are the grid unless sigmas are given
+  auto p = fresh("sigmas");
+  edit_index(p, [](json& j) { j["sample_sigmas"] = {1.0, 0.5}; });
+  auto pipe = dew::interop::QwenImagePipeline::load(p.string());
+  ASSERT_EQ(pipe.sample_sigmas(), (std::vector<double>{1.0, 0.5}));
+  dew::interop::PipelineRequest r;
+  r.prompt = "a cat";
+  r.height = 32;
+  r.width = 32;
+  r.steps = 7;  // ignored: the folder's grid
+  pipe.run(r);
+  EXPECT_EQ(pipe.scheduler().num_steps(), 2);
+  pipe.run(r, dew::interop::QwenImagePipeline::linspace_sigmas(3));
+  EXPECT_EQ(pipe.scheduler().num_steps(), 3);
+  // bad requests
+  r.height = 48;
+  expect_all_in(error_of([&] { pipe.check(r); }), {"--size", "48x32", "32"});
+  r.height = 32;
+  r.latents = at::zeros({1, 4, 4, 4});
+  expect_all_in(error_of([&] { pipe.check(r); }), {"--latents", "[1, 4, 2, 2]", "[1, 4, 4]"});
+  r.latents = at::Tensor();
+  r.prompt_2 = "x";
+  expect_all_in(error_of([&] { pipe.check(r); }), {"--prompt-2", "one text encoder"});
+  // broken folders
+  p = fresh("bad_sigmas");
+  edit_index(p, [](json& j) { j["sample_sigmas"] = {1.0, 2.0}; });
+  expect_all_in(error_of([&] { dew::interop::QwenImagePipeline::load(p.string()); }),
+                {"model_index.json", "sample_sigmas", "2", "(0, 1]"});
+  p = fresh("no_tokenizer");
+  fs::remove(p / "processor" / "tokenizer.json");
+  expect_all_in(error_of([&] { dew::interop::QwenImagePipeline::load(p.string()); }), {"processor", "tokenizer.json"});
+  p = fresh("other_vae");
+  edit_index(p, [](json& j) { j["vae"] = json::array({"diffusers", "AutoencoderKL"}); });
+  expect_all_in(error_of([&] { dew::interop::QwenImagePipeline::load(p.string()); }),
+                {"model_index.json", "vae", "AutoencoderKL", "AutoencoderKLQwenImage21"});
+  p = fresh("narrow_text");
+  {
+    std::ifstream in(p / "transformer" / "config.json");
+    json c = json::parse(in);
+    c["context_in_dim"] = 16;
+    std::ofstream(p / "transformer" / "config.json") << c.dump(2);
+  }
+  expect_all_in(error_of([&] { dew::interop::QwenImagePipeline::load(p.string()); }),
+                {"context_in_dim 16", "hidden_size 32"});
+  EXPECT_TRUE(dew::interop::is_qwen_image_pipeline_folder(kQwenPipe));
+  EXPECT_FALSE(dew::interop::is_qwen_image_pipeline_folder(kFlux));
+  EXPECT_FALSE(dew::interop::is_flow_pipeline_folder(kQwenPipe));
 }

@@ -10,6 +10,7 @@
 #include "dew/nn/backbones/jepa.h"
 #include "dew/nn/backbones/mmdit.h"
 #include "dew/nn/backbones/qwen_image_transformer.h"
+#include "dew/nn/backbones/qwen_image_vae.h"
 #include "dew/nn/backbones/sd3_transformer.h"
 #include "dew/nn/backbones/simple_dit.h"
 #include "dew/nn/backbones/simple_udit.h"
@@ -495,6 +496,27 @@ Registry<AutoencoderImpl>& autoencoders() {
         "diffusers' AutoencoderKL (the SD / SDXL / SD3 / Flux VAE): encode to a diagonal Gaussian, decode, tiled "
         "decode",
         std::move(kl));
+    // Imported: diffusers' AutoencoderKLQwenImage21 (Qwen-Image 2.1's VAE) from its config.json, its names as they
+    // are. The tiny one has a temporal level and a spatial-only one, so both shortcut layouts run.
+    Family qwen{Role::kAutoencoder,
+                {{{"base_dim", 4},
+                  {"decoder_base_dim", 6},
+                  {"z_dim", 2},
+                  {"dim_mult", {1, 2, 2}},
+                  {"num_res_blocks", 1},
+                  {"temperal_downsample", {true, false}},
+                  {"latents_mean", {0.5, -1.0}},
+                  {"latents_std", {2.0, 0.5}}},
+                 {2, 4, 8, 8}},
+                [](const json& c) { return nn::qwen_image_vae_fields_from_diffusers(c); }};
+    qwen.reference_key_map = [](const json&, const io::WeightSource&) { return io::KeyMap(); };
+    qwen.reference_classes = {"AutoencoderKLQwenImage21"};
+    qwen.reference_methods = nn::qwen_image_vae_methods();
+    add_token_family<AutoencoderImpl, nn::QwenImageVaeOptions, nn::QwenImageVae>(
+        *r, "autoencoder_kl_qwen_image",
+        "diffusers' AutoencoderKLQwenImage21 (the Qwen-Image 2.1 VAE): RMS-normed residual levels with "
+        "pixel-folding shortcuts, 16x, per-channel latent statistics",
+        std::move(qwen));
     return r;
   }();
   return *r;
