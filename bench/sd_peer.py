@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""Python peer of `dew bench --models sd_unet,sd_unet_lora,sd_vae,sd3,flux`: the real diffusers classes, as installed.
+"""Python peer of `dew bench --models sd_unet,sd_unet_lora,sd_vae,sd3,flux,qwen_image`: the real diffusers classes.
 
-The models are diffusers' own UNet2DConditionModel, AutoencoderKL, SD3Transformer2DModel and
-FluxTransformer2DModel, built from the same config.json dict the C++ side builds its unet_2d_condition /
-autoencoder_kl / sd3_transformer / flux_transformer from (--config), imported from the environment's pinned
+The models are diffusers' own UNet2DConditionModel, AutoencoderKL, SD3Transformer2DModel, FluxTransformer2DModel
+and QwenImage21Transformer2DModel, built from the same config.json dict the C++ side builds its unet_2d_condition /
+autoencoder_kl / sd3_transformer / flux_transformer / qwen_image_transformer from (--config), imported from the environment's pinned
 diffusers (requirements.txt), or from a diffusers source checkout when --diffusers-src (or $DEW_DIFFUSERS_SRC)
 names one (put ahead of the installed package; its own imports come from the environment). Nothing is
 re-implemented.
@@ -37,6 +37,11 @@ re-implemented.
   in for the VAE and the text encoders. diffusers' SD3Transformer2DModel holds the last (context_pre_only) block's
   attn.add_q_proj, whose text queries feed only the discarded text output; dew's sd3_transformer does not build
   it, so that projection is left out of the count checked against --params (it still runs and trains here).
+- qwen_image: the same flow step on QwenImage21Transformer2DModel (diffusers has no Qwen-Image training script):
+  the latents packed as QwenImage21Pipeline._pack_latents does (a flatten: one token per latent), timestep u,
+  img_shapes and img_mask of the text-only layout, the target image's tokens of the output unpacked. Then sampling
+  as QwenImage21Pipeline's loop runs it (qwen_sampling): Euler steps without and with the prefix KV cache; the
+  result line adds sample_ms, sample_cached_ms (ms per step) and sample_cache_max_diff.
 
     .venv/bin/python bench/sd_peer.py --model sd_unet --config '{"_class_name": "UNet2DConditionModel", ...}' \
         --params 4399684 --batch 8 --latent-size 16 --context-len 16 --steps 20 --warmup 5 --threads 2
@@ -155,11 +160,66 @@ def sd3_unused(model, cfg):
                if k.startswith(last + "add_q_proj.") or k.startswith(last + "norm_added_q."))
 
 
+def qwen_layout(batch, text_len, side):
+    """QwenImage21Transformer2DModel's inputs of a text-only joint sequence: img_shapes (one target image of side x
+    side tokens) and img_mask (False at the text, True at the target's 2 x 2 slots), as QwenImage21Pipeline builds
+    them."""
+    img_shapes = [[(1, side, side)]] * batch
+    img_mask = torch.cat([torch.zeros(batch, text_len, dtype=torch.bool),
+                          torch.ones(batch, side * side // 4, dtype=torch.bool)], dim=1)
+    return img_shapes, img_mask
+
+
+def qwen_sampling(model, cfg, a, channels):
+    """QwenImage21Pipeline's denoising loop on the trained model (eval, no gradients, no guidance): one image of
+    --latent-size^2 tokens under a --sample-text-len prompt, --sample-steps Euler steps over linspace(1, 1/n, n) then
+    0, without and with the prefix KV cache (kv_cache_mode "extract" on the first step, "cached" after). One untimed
+    run of each, then --sample-reps timed runs of each alternating; median ms per step of each, and the two final
+    latents' max difference."""
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
+
+    model.eval()
+    g = torch.Generator().manual_seed(3)
+    S, n = a.latent_size, a.sample_steps
+    x0 = torch.randn(1, S * S, channels, generator=g)
+    text = torch.randn(1, a.sample_text_len, cfg["context_in_dim"], generator=g)
+    img_shapes, img_mask = qwen_layout(1, a.sample_text_len, S)
+    sigmas = [1.0 + i * (1.0 / n - 1.0) / (n - 1) for i in range(n)] + [0.0] if n > 1 else [1.0, 0.0]
+
+    def run(cache):
+        x = x0.clone()
+        kv = QwenImage21KVCache(len(model.transformer_blocks)) if cache else None
+        with torch.no_grad():
+            for i in range(n):
+                mode = ("extract" if i == 0 else "cached") if cache else None
+                v = model(hidden_states=x, timestep=torch.full((1,), sigmas[i]), encoder_hidden_states=text,
+                          img_shapes=img_shapes, img_mask=img_mask, kv_cache=kv, kv_cache_mode=mode,
+                          return_dict=False)[0][:, -S * S:]
+                x = x + (sigmas[i + 1] - sigmas[i]) * v
+        return x
+
+    plain, cached = run(False), run(True)
+    times = {False: [], True: []}
+    for _ in range(a.sample_reps):
+        for cache in (False, True):
+            t0 = time.perf_counter()
+            run(cache)
+            times[cache].append(time.perf_counter() - t0)
+    return {"sample_ms": statistics.median(times[False]) * 1e3 / n,
+            "sample_cached_ms": statistics.median(times[True]) * 1e3 / n,
+            "sample_cache_max_diff": float((plain - cached).abs().max())}
+
+
 def flow_step(diffusers, cfg, a):
     from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
 
-    flux = a.model == "flux"
-    if flux:
+    flux, qwen = a.model == "flux", a.model == "qwen_image"
+    if qwen:
+        from diffusers import QwenImage21Transformer2DModel
+        model = QwenImage21Transformer2DModel(**cfg)
+        channels = model.config.in_channels  # one token per latent position
+        unused = 0
+    elif flux:
         from diffusers import FluxPipeline, FluxTransformer2DModel
         model = FluxTransformer2DModel(**cfg)
         channels = model.config.in_channels // 4  # the packed 2 x 2 tokens' features are 4 x the latent channels
@@ -184,9 +244,11 @@ def flow_step(diffusers, cfg, a):
     if flux and S % 2:
         fail(f"--latent-size {S}: Flux packs 2 x 2 latent patches, so it must be even")
     latents = torch.randn(B, channels, S, S, generator=g)
-    text = torch.randn(B, a.context_len, cfg["joint_attention_dim"], generator=g)
-    pooled = torch.randn(B, cfg["pooled_projection_dim"], generator=g)
+    text = torch.randn(B, a.context_len, cfg["context_in_dim" if qwen else "joint_attention_dim"], generator=g)
+    pooled = None if qwen else torch.randn(B, cfg["pooled_projection_dim"], generator=g)
     extra = {}
+    if qwen:
+        extra["img_shapes"], extra["img_mask"] = qwen_layout(B, a.context_len, S)
     if flux:
         # train_dreambooth_flux.py: the ids of the packed grid, zero text ids, guidance when the model embeds it
         # (FLUX.1 dev), the timestep on diffusers' [0, 1] scale (the model multiplies by 1000).
@@ -202,7 +264,14 @@ def flow_step(diffusers, cfg, a):
         u = compute_density_for_timestep_sampling("logit_normal", B, logit_mean=0.0, logit_std=1.0)
         sigmas = u.view(B, 1, 1, 1)
         noisy = (1.0 - sigmas) * latents + sigmas * noise
-        if flux:
+        if qwen:
+            # QwenImage21Pipeline._pack_latents (a plain flatten), the timestep on diffusers' [0, 1] scale, the target
+            # image's tokens (the last S^2 of the joint sequence) unpacked
+            packed = noisy.flatten(2).transpose(1, 2)
+            pred = run_model(hidden_states=packed, timestep=u, encoder_hidden_states=text, return_dict=False,
+                             **extra)[0][:, -S * S:]
+            pred = pred.transpose(1, 2).reshape(B, channels, S, S)
+        elif flux:
             packed = FluxPipeline._pack_latents(noisy, B, channels, S, S)
             pred = run_model(hidden_states=packed, timestep=u, encoder_hidden_states=text,
                              pooled_projections=pooled, return_dict=False, **extra)[0]
@@ -226,7 +295,8 @@ def flow_step(diffusers, cfg, a):
             first = t3 - t0
         if i >= a.warmup:
             times.append((t3 - t0, t1 - t0, t2 - t1, t3 - t2))
-    return n, times, loss, first
+    extra_result = qwen_sampling(model, cfg, a, channels) if qwen else {}
+    return n, times, loss, first, extra_result
 
 
 def vae_step(diffusers, cfg, a):
@@ -257,7 +327,7 @@ def vae_step(diffusers, cfg, a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", choices=["sd_unet", "sd_unet_lora", "sd_vae", "sd3", "flux"])
+    ap.add_argument("--model", choices=["sd_unet", "sd_unet_lora", "sd_vae", "sd3", "flux", "qwen_image"])
     ap.add_argument("--probe", action="store_true", help="only import diffusers: print its version and path")
     ap.add_argument("--diffusers-src", default=default_src(),
                     help="the `src` folder of a diffusers checkout to import instead of the installed "
@@ -268,6 +338,9 @@ def main():
     ap.add_argument("--latent-size", type=int, default=16, help="sd_unet(_lora), sd3, flux: side of the latents")
     ap.add_argument("--context-len", type=int, default=16, help="sd_unet(_lora), sd3, flux: text tokens")
     ap.add_argument("--image-size", type=int, default=64, help="sd_vae: side of the images")
+    ap.add_argument("--sample-text-len", type=int, default=128, help="qwen_image: prompt tokens while sampling")
+    ap.add_argument("--sample-steps", type=int, default=8, help="qwen_image: Euler steps of a sampling run")
+    ap.add_argument("--sample-reps", type=int, default=3, help="qwen_image: timed sampling runs of each kind")
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
@@ -288,9 +361,13 @@ def main():
     if a.device != "cpu":
         fail("the Stable Diffusion peer runs on the CPU only")
     if a.compile and a.model == "sd_vae":
-        fail("--compile: only the training steps (sd_unet, sd_unet_lora, sd3, flux) run compiled")
-    if min(a.batch, a.steps, a.threads, a.latent_size, a.context_len, a.image_size) < 1 or a.warmup < 0:
-        fail("--batch, --steps, --threads, --latent-size, --context-len, --image-size must be >= 1, --warmup >= 0")
+        fail("--compile: only the training steps (sd_unet, sd_unet_lora, sd3, flux, qwen_image) run compiled")
+    if min(a.batch, a.steps, a.threads, a.latent_size, a.context_len, a.image_size, a.sample_text_len,
+           a.sample_steps, a.sample_reps) < 1 or a.warmup < 0:
+        fail("--batch, --steps, --threads, --latent-size, --context-len, --image-size, --sample-* must be >= 1, "
+             "--warmup >= 0")
+    if a.model == "qwen_image" and a.latent_size % 2:
+        fail(f"--latent-size {a.latent_size}: Qwen-Image's text-only layout counts 2 x 2 slots, so it must be even")
     try:
         cfg = {k: v for k, v in json.loads(a.config).items() if not k.startswith("_")}
     except (ValueError, AttributeError) as e:
@@ -299,12 +376,15 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     step = {"sd_unet": unet_step, "sd_unet_lora": unet_step, "sd_vae": vae_step, "sd3": flow_step,
-            "flux": flow_step}[a.model]
-    n, times, loss, first = step(diffusers, cfg, a)
+            "flux": flow_step, "qwen_image": flow_step}[a.model]
+    n, times, loss, first, *more = step(diffusers, cfg, a)
     if not math.isfinite(loss):
         fail(f"non-finite loss {loss}")
     med = [statistics.median(t[k] for t in times) * 1e3 for k in range(4)]
-    print(json.dumps(peer.result(med, a.batch, n, loss, **peer.compile_extra(a, first, med[0]))), flush=True)
+    result = peer.result(med, a.batch, n, loss, **peer.compile_extra(a, first, med[0]))
+    if more:
+        result.update(more[0])  # qwen_image: the sampling measurements
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

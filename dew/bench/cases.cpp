@@ -29,19 +29,19 @@ std::string sd_case_size(const std::string& inputs, const json& config, const st
   return s;
 }
 
-// A flow transformer's case: its config's family fields, latents kFlowChannels x kFlowLatent^2, kFlowContextLen
-// text tokens.
+// A flow transformer's case: its config's family fields, latents kFlowChannels x side^2, kFlowContextLen text
+// tokens (of joint_attention_dim, or Qwen-Image's context_in_dim), the pooled text where the model takes one.
 BenchCase flow_case(const std::string& name, const std::string& arch, const json& config,
-                    const std::vector<std::string>& keys, CaseKind kind) {
-  const std::string side = std::to_string(kFlowLatent);
-  const std::string in = "latents " + std::to_string(kFlowChannels) + "x" + side + "x" + side + ", text " +
-                         std::to_string(kFlowContextLen) + " x " + config.at("joint_attention_dim").dump() +
-                         ", pooled " + config.at("pooled_projection_dim").dump();
+                    const std::vector<std::string>& keys, CaseKind kind, int64_t latent = kFlowLatent) {
+  const std::string side = std::to_string(latent);
+  std::string in = "latents " + std::to_string(kFlowChannels) + "x" + side + "x" + side + ", text " +
+                   std::to_string(kFlowContextLen) + " x " + flow_text_width(config).dump();
+  if (config.contains("pooled_projection_dim")) in += ", pooled " + config.at("pooled_projection_dim").dump();
   return case_of_kind({name,
                        arch,
                        sd_case_size(in, config, keys),
                        models::fields_from_reference_config(arch, config),
-                       {kFlowChannels, kFlowLatent, kFlowLatent},
+                       {kFlowChannels, latent, latent},
                        kFlowContextLen,
                        true},
                       kind);
@@ -309,6 +309,23 @@ const json& flux_config() {
   return config;
 }
 
+// qwen_image: Qwen-Image 2.1's layout (single-stream block-causal blocks, shared modulation, causal_condition)
+// at the sd3 / flux size: 4 blocks of 4 heads x 32, SwiGLU 3 x 128, RoPE axes 8 + 12 + 12, a 64-wide text context.
+const json& qwen_image_config() {
+  static const json config = {{"_class_name", "QwenImage21Transformer2DModel"},
+                              {"patch_size", 1},
+                              {"in_channels", kFlowChannels},
+                              {"out_channels", kFlowChannels},
+                              {"num_layers", 4},
+                              {"attention_head_dim", 32},
+                              {"num_attention_heads", 4},
+                              {"context_in_dim", 64},
+                              {"mlp_ratio", 3},
+                              {"axes_dims_rope", {8, 12, 12}},
+                              {"causal_condition", true}};
+  return config;
+}
+
 const BenchCase& sd3_case() {
   static const BenchCase c =
       flow_case("sd3", "sd3_transformer", sd3_config(),
@@ -321,6 +338,13 @@ const BenchCase& flux_case() {
       flow_case("flux", "flux_transformer", flux_config(),
                 {"num_layers", "num_single_layers", "num_attention_heads", "attention_head_dim", "guidance_embeds"},
                 CaseKind::flux);
+  return c;
+}
+
+const BenchCase& qwen_image_case() {
+  static const BenchCase c = flow_case("qwen_image", "qwen_image_transformer", qwen_image_config(),
+                                       {"num_layers", "num_attention_heads", "attention_head_dim", "causal_condition"},
+                                       CaseKind::qwen_image, kQwenLatent);
   return c;
 }
 
@@ -372,7 +396,13 @@ bool is_sd(const BenchCase& c) {
          is_flow_transformer(c);
 }
 
-bool is_flow_transformer(const BenchCase& c) { return c.kind == CaseKind::sd3 || c.kind == CaseKind::flux; }
+bool is_flow_transformer(const BenchCase& c) {
+  return c.kind == CaseKind::sd3 || c.kind == CaseKind::flux || c.kind == CaseKind::qwen_image;
+}
+
+json flow_text_width(const json& config) {
+  return config.contains("joint_attention_dim") ? config.at("joint_attention_dim") : config.at("context_in_dim");
+}
 
 const json& reference_config(const BenchCase& c) {
   switch (c.kind) {
@@ -381,14 +411,16 @@ const json& reference_config(const BenchCase& c) {
     case CaseKind::sd_vae: return sd_vae_config();
     case CaseKind::sd3: return sd3_config();
     case CaseKind::flux: return flux_config();
+    case CaseKind::qwen_image: return qwen_image_config();
     default: fail("bench: case \"", c.name, "\" is not built from a diffusers config.json");
   }
 }
 
 const std::vector<const BenchCase*>& other_cases() {
   static const std::vector<const BenchCase*> v = {
-      &lm_case(),     &jepa_case(), &dpo_case(),  &grpo_rollout_case(), &sd_unet_case(), &sd_unet_lora_case(),
-      &sd_vae_case(), &sd3_case(),  &flux_case(), &train_case(),        &sample_case(),  &fid_case()};
+      &lm_case(),           &jepa_case(),   &dpo_case(), &grpo_rollout_case(), &sd_unet_case(),
+      &sd_unet_lora_case(), &sd_vae_case(), &sd3_case(), &flux_case(),         &qwen_image_case(),
+      &train_case(),        &sample_case(), &fid_case()};
   return v;
 }
 
@@ -450,7 +482,8 @@ int64_t batch_of(const BenchCase& c, const Sizes& s) {
     case CaseKind::sd_vae: return s.batch.value_or(kSdVaeBatch);
     case CaseKind::fid: return s.batch.value_or(kFidBatch);
     case CaseKind::sd3:
-    case CaseKind::flux: return s.batch.value_or(kFlowBatch);
+    case CaseKind::flux:
+    case CaseKind::qwen_image: return s.batch.value_or(kFlowBatch);
     case CaseKind::train:
     case CaseKind::ddp:
       return s.batch.value_or(runs::default_recipe("diffusion")["loader"]["batch_size"].get<int64_t>());

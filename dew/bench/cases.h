@@ -69,6 +69,15 @@ inline constexpr double kFlowLr = 1e-4;
 inline constexpr double kFlowWeightDecay = 1e-4;
 inline constexpr double kFlowGradClip = 1.0;
 inline constexpr double kFlowGuidance = 3.5;
+// qwen_image (QwenImage21Transformer2DModel, causal_condition): the same flow step on kFlowBatch latents of
+// kFlowChannels x kQwenLatent^2 (one token per latent: 256 image tokens, as sd3's and flux's) with kFlowContextLen
+// text tokens; then sampling as QwenImage21Pipeline runs it, one image of kFlowChannels x kQwenLatent^2 under a
+// kQwenSampleText-token prompt, kQwenSampleSteps Euler steps without and with the prefix KV cache, each timed
+// kQwenSampleReps times after one untimed run.
+inline constexpr int64_t kQwenLatent = 16;
+inline constexpr int64_t kQwenSampleText = 128;
+inline constexpr int64_t kQwenSampleSteps = 8;
+inline constexpr int64_t kQwenSampleReps = 3;
 // `dew sample RUN` on the default recipe's model: kSampleImages images with `dew sample`'s defaults (solver
 // euler, kSampleSteps grid points, guidance kSampleGuidance on a class-conditional run, chunks of
 // DiffusionSampleOptions' batch_size); kSampleRuns timed sampling runs after kSampleWarmup untimed ones
@@ -102,6 +111,7 @@ enum class CaseKind {
   sd_vae,
   sd3,
   flux,
+  qwen_image,
   train,
   sample,
   fid,
@@ -133,6 +143,7 @@ const BenchCase& sd_unet_lora_case();
 const BenchCase& sd_vae_case();
 const BenchCase& sd3_case();
 const BenchCase& flux_case();
+const BenchCase& qwen_image_case();
 const BenchCase& train_case();
 const BenchCase& sample_case();
 const BenchCase& fid_case();
@@ -149,11 +160,14 @@ std::vector<const BenchCase*> select_cases(const std::string& models);
 bool any_of_kind(const std::vector<const BenchCase*>& cases, CaseKind k);
 /// The items of a comma-separated list; an empty item is a dew::Error naming --flag.
 std::vector<std::string> split_list(const std::string& s, const std::string& flag);
-/// sd_unet, sd_unet_lora, sd_vae, sd3 or flux: built from a diffusers config.json dict, timed against diffusers' own class
+/// sd_unet, sd_unet_lora, sd_vae, sd3, flux or qwen_image: built from a diffusers config.json dict, timed against diffusers' own class
 /// (bench/sd_peer.py).
 bool is_sd(const BenchCase& c);
-/// sd3 or flux: a flow-matching transformer's training step.
+/// sd3, flux or qwen_image: a flow-matching transformer's training step.
 bool is_flow_transformer(const BenchCase& c);
+/// The text width of a flow transformer's diffusers config: joint_attention_dim (SD3, Flux) or context_in_dim
+/// (Qwen-Image).
+json flow_text_width(const json& config);
 
 /// The sizes the flags set; an unset one takes each case's default.
 struct Sizes {

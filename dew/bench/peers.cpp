@@ -75,6 +75,9 @@ Measurement measure_child(const std::vector<std::string>& argv, int64_t intra, i
   m.tokens_per_s = j.value("tokens_per_s", 0.0);
   m.gen_ms_per_token = j.value("gen_ms_per_token", 0.0);
   m.prefill_ms = j.value("prefill_ms", 0.0);
+  m.sample_ms = j.value("sample_ms", 0.0);
+  m.sample_cached_ms = j.value("sample_cached_ms", 0.0);
+  m.sample_cache_max_diff = j.value("sample_cache_max_diff", 0.0);
   m.data_ms = j.value("data_ms", 0.0);
   m.compile_s = j.value("compile_s", 0.0);
   m.ranks = j.value("ranks", int64_t(1));
@@ -151,7 +154,8 @@ Peers find_peers(const PeerOptions& o, const std::vector<const BenchCase*>& case
       }
     }
     if (!sd_peer.empty())
-      for (CaseKind k : {CaseKind::sd_unet, CaseKind::sd_unet_lora, CaseKind::sd_vae, CaseKind::sd3, CaseKind::flux})
+      for (CaseKind k : {CaseKind::sd_unet, CaseKind::sd_unet_lora, CaseKind::sd_vae, CaseKind::sd3, CaseKind::flux,
+                         CaseKind::qwen_image})
         p.scripts[k] = sd_peer;
     if (!p.sd_note.empty())
       log << p.sd_note << "; the diffusers cases (" << diffusers_case_names(cases) << ") run C++ only\n";
@@ -205,8 +209,12 @@ std::vector<std::string> peer_argv(const Peers& peers, const BenchCase& c, const
       break;
     case CaseKind::sd3:
     case CaseKind::flux:
+    case CaseKind::qwen_image:
       add({"--model", c.name, "--config", fields, "--params", n, "--diffusers-src", peers.diffusers_src});
       add({"--latent-size", std::to_string(c.item[1]), "--context-len", std::to_string(c.context_len)});
+      if (c.kind == CaseKind::qwen_image)
+        add({"--sample-text-len", std::to_string(kQwenSampleText), "--sample-steps", std::to_string(kQwenSampleSteps),
+             "--sample-reps", std::to_string(kQwenSampleReps)});
       break;
     case CaseKind::train:
     case CaseKind::ddp:

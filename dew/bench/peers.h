@@ -24,7 +24,9 @@ struct Measurement {
   double ms = 0, samples_per_s = 0, peak_mb = 0;
   double fwd = 0, bwd = 0, opt = 0;
   double tokens_per_s = 0, gen_ms_per_token = 0, prefill_ms = 0;  // lm, dpo, grpo_rollout
-  double data_ms = 0;                                             // train: waiting for the loader
+  double sample_ms = 0, sample_cached_ms = 0;  // qwen_image: ms per sampling step without / with the KV cache
+  double sample_cache_max_diff = 0;            // qwen_image: the two samplings' final latents apart
+  double data_ms = 0;                          // train: waiting for the loader
   double compile_s = 0;  // the Python peer under torch.compile: its first step's time beyond a steady step
   int64_t ranks = 1;     // ddp: the processes of the data-parallel run
   double allreduce_ms = 0, allreduce_share = 0;  // ddp: the gradient all-reduce per step and its share of the step

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <sstream>
 
@@ -36,6 +37,13 @@ const Measurement& fastest(const std::vector<Config>& configs, std::vector<Measu
   const Measurement* out = fastest_of(configs, side, key);
   DEW_CHECK(out != nullptr, "bench: no measurement of this side");
   return *out;
+}
+
+// 2.1e-06: a small difference, two significant digits.
+std::string scientific(double v) {
+  std::ostringstream s;
+  s << std::scientific << std::setprecision(1) << v;
+  return s.str();
 }
 
 // 1234567 -> "1,234,567".
@@ -492,6 +500,56 @@ class ReportWriter {
     }
   }
 
+  // Qwen-Image 2.1's transformer against diffusers' QwenImage21Transformer2DModel: the training step, then
+  // sampling without and with the prefix KV cache.
+  void qwen_image(const Row& r) {
+    const bool with_peer = !ctx_.peers.script(CaseKind::qwen_image).empty();
+    const BenchCase& c = *r.c;
+    const int64_t batch = batch_of(c, s_);
+    md_ << "## dew bench: Qwen-Image 2.1 transformer on the CPU\n\n"
+        << "Both sides build the model from the same diffusers config.json dict (below): C++ through "
+        << "models::fields_from_reference_config (qwen_image_transformer), Python (bench/sd_peer.py) as diffusers' "
+        << "own QwenImage21Transformer2DModel (" << ctx_.peers.diffusers << "); the parameter counts must agree. "
+        << "Training step (the SD3 / Flux step of train_dreambooth_sd3.py; there is no Qwen-Image training script in "
+        << "diffusers): batch " << batch << " latents " << kFlowChannels << " x " << kQwenLatent << " x " << kQwenLatent
+        << " (one token per latent), sigma ~ logit-normal(0, 1), noisy = (1 - sigma) latents + sigma "
+        << "noise, the transformer on (noisy, timestep sigma on diffusers' [0, 1] scale, a fixed [" << batch << ", "
+        << kFlowContextLen << ", context_in_dim] text context; Python: the latents packed, img_shapes and img_mask "
+        << "of the text-only layout, the target tokens of the output unpacked), MSE against noise - latents; "
+        << "backward; the gradient norm clipped to " << kFlowGradClip << "; AdamW (lr " << kFlowLr << ", weight decay "
+        << kFlowWeightDecay << "); zero_grad. Sampling (QwenImage21Pipeline's loop on the "
+        << "trained model in eval mode, without gradients or guidance): one image of " << kFlowChannels << " x "
+        << kQwenLatent << " x " << kQwenLatent << " latents under a " << kQwenSampleText << "-token prompt, "
+        << kQwenSampleSteps << " Euler steps over sigmas linspace(1, 1/n, n), once recomputing the text every step "
+        << "and once with the prefix KV cache (the first step extracts the text's keys and values, later steps "
+        << "recompute only the image tokens: the pipeline's use_kv_cache); one untimed run of each, then "
+        << kQwenSampleReps
+        << " timed runs of each, median. Each configuration runs in a fresh process: " << warmup_of(c, s_)
+        << " warm-up + " << steps_of(c, s_) << " timed training steps, median; " << ctx_.rounds
+        << " round(s) per side, the fastest reported.\n\n"
+        << machine(r, with_peer);
+    if (!ctx_.peers.sd_note.empty()) md_ << ctx_.peers.sd_note << "; C++ side only.\n\n";
+    md_ << "### qwen_image: a QwenImage21Transformer2DModel training step\n\nModel: " << c.arch << ", " << c.size
+        << ", " << grouped(r.params) << " parameters; config `" << r.fields << "`.\n\n";
+    step_tables(r, with_peer, "samples/s");
+    const auto cached = &Measurement::sample_cached_ms;
+    md_ << "\n### qwen_image: sampling with and without the prefix KV cache\n\n"
+        << "| side | best config | ms/step, no cache | ms/step, KV cache | cache speed-up | final latents apart |\n"
+        << "|---|---|---:|---:|---:|---:|\n";
+    for (const auto& [side, member] : sides_of(with_peer)) {
+      const auto& m = fastest(r.configs, member, cached);
+      md_ << "| " << side << " | " << config_name(m) << " | " << fixed(m.sample_ms, 1) << " | "
+          << fixed(m.sample_cached_ms, 1) << " | " << fixed(m.sample_ms / m.sample_cached_ms, 2) << "x | "
+          << scientific(m.sample_cache_max_diff) << " |\n";
+    }
+    if (with_peer)
+      md_ << "\nSampling speed-up with the cache (Python ms/step / C++ ms/step): "
+          << fixed(fastest(r.configs, &Config::py, cached).sample_cached_ms /
+                       fastest(r.configs, &Config::cpp, cached).sample_cached_ms,
+                   2)
+          << "x\n";
+  }
+
   void train(const Row& r) {
     const bool with_peer = !ctx_.peers.script(CaseKind::train).empty();
     const json& rec = ctx_.train_record;
@@ -700,6 +758,8 @@ class ReportWriter {
                                                                                  : "ms/step";
       line(r, kind == CaseKind::lm ? "lm training" : r.c->name, unit, &Measurement::ms);
       if (kind == CaseKind::lm) line(r, "lm generation", "ms/token", &Measurement::gen_ms_per_token);
+      if (kind == CaseKind::qwen_image)
+        line(r, "qwen_image sampling, KV cache", "ms/step", &Measurement::sample_cached_ms);
     }
     out << "\n";
     return out.str();
@@ -732,6 +792,10 @@ class ReportWriter {
     if (row(CaseKind::sd3) || row(CaseKind::flux)) {
       if (!md_.str().empty()) md_ << "\n";
       flow_transformers(row(CaseKind::sd3), row(CaseKind::flux));
+    }
+    if (row(CaseKind::qwen_image)) {
+      if (!md_.str().empty()) md_ << "\n";
+      qwen_image(*row(CaseKind::qwen_image));
     }
     if (row(CaseKind::train)) {
       if (!md_.str().empty()) md_ << "\n";

@@ -16,6 +16,7 @@
 #include "dew/metrics/inception.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/causal_transformer.h"
+#include "dew/nn/backbones/qwen_image_transformer.h"
 #include "dew/nn/roles.h"
 #include "dew/objectives/diffusion.h"
 #include "dew/objectives/dpo.h"
@@ -555,6 +556,50 @@ json run_one_sd_unet(const BenchCase& c, const OneOptions& o) {
   return out;
 }
 
+// Qwen-Image sampling as QwenImage21Pipeline runs it, on the trained bench model in eval mode: one image of `item`
+// latents under a kQwenSampleText-token prompt, kQwenSampleSteps Euler steps over sigmas linspace(1, 1/n, n) then
+// 0 (the model at 1000 sigma), without guidance; once recomputing the text every step, once with the prefix KV
+// cache (extract on the first step, cached after). One untimed run of each, then kQwenSampleReps timed runs of each
+// alternating. Adds sample_ms and sample_cached_ms (median ms per step) and sample_cache_max_diff (the two runs'
+// final latents apart) to `out`.
+void qwen_image_sampling(nn::QwenImageTransformerImpl& model, int64_t text_width, const std::vector<int64_t>& item,
+                         const c10::Device& device, json& out) {
+  model.eval();
+  at::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(3);
+  const at::Tensor x0 = at::randn({1, item[0], item[1], item[2]}, gen).to(device);
+  Conditioning cond;
+  cond.context = at::randn({1, kQwenSampleText, text_width}, gen).to(device);
+  std::vector<double> sigmas;
+  for (int64_t i = 0; i < kQwenSampleSteps; ++i)
+    sigmas.push_back(1.0 + double(i) * (1.0 / double(kQwenSampleSteps) - 1.0) / double(kQwenSampleSteps - 1));
+  sigmas.push_back(0.0);
+  auto run = [&](bool cache) {
+    at::Tensor x = x0.clone();
+    nn::QwenImageKVCache kv;
+    for (int64_t i = 0; i < kQwenSampleSteps; ++i) {
+      const at::Tensor t = at::full({1}, 1000.0 * sigmas[size_t(i)], x.options());
+      const at::Tensor v = !cache   ? model.forward(x, t, cond)
+                           : i == 0 ? model.forward_extract(x, t, cond, kv)
+                                    : model.forward_cached(x, t, cond, kv);
+      x = x + (sigmas[size_t(i) + 1] - sigmas[size_t(i)]) * v;
+    }
+    return x;
+  };
+  const at::Tensor plain = run(false), cached = run(true);  // untimed
+  std::vector<double> plain_s, cached_s;
+  for (int64_t r = 0; r < kQwenSampleReps; ++r) {
+    for (bool cache : {false, true}) {
+      const auto t0 = synced_now(device);
+      run(cache);
+      (cache ? cached_s : plain_s).push_back(std::chrono::duration<double>(synced_now(device) - t0).count());
+    }
+  }
+  out["sample_ms"] = median(plain_s) * 1e3 / double(kQwenSampleSteps);
+  out["sample_cached_ms"] = median(cached_s) * 1e3 / double(kQwenSampleSteps);
+  out["sample_cache_max_diff"] = (plain - cached).abs().max().item<double>();
+}
+
 // warmup + steps training steps of sd3 or flux as diffusers' train_dreambooth_sd3.py / train_dreambooth_flux.py take
 // them (flow matching without output preconditioning; the flow preset's continuous sigmas where the scripts index
 // a scheduler table): sigma ~ logit-normal(0, 1) and noise ~ N(0, I) drawn, noisy = (1 - sigma) latents + sigma
@@ -590,9 +635,10 @@ json run_one_flow_transformer(const BenchCase& c, const OneOptions& o) {
   shape.insert(shape.end(), c.item.begin(), c.item.end());
   const at::Tensor latents = at::randn(shape, data_gen).to(o.device);  // [B, 16, 32, 32]
   Conditioning cond;
-  cond.context = at::randn({batch, c.context_len, config.at("joint_attention_dim").get<int64_t>()}, data_gen)
-                     .to(o.device);  // [B, L, D]
-  cond.pooled = at::randn({batch, config.at("pooled_projection_dim").get<int64_t>()}, data_gen).to(o.device);
+  const int64_t text_width = flow_text_width(config).get<int64_t>();
+  cond.context = at::randn({batch, c.context_len, text_width}, data_gen).to(o.device);  // [B, L, D]
+  if (config.contains("pooled_projection_dim"))
+    cond.pooled = at::randn({batch, config.at("pooled_projection_dim").get<int64_t>()}, data_gen).to(o.device);
   if (config.value("guidance_embeds", false))
     cond.extra["guidance"] = at::full({batch}, kFlowGuidance, at::TensorOptions().device(o.device));
   auto step_gen = at::detail::createCPUGenerator(2);
@@ -619,7 +665,17 @@ json run_one_flow_transformer(const BenchCase& c, const OneOptions& o) {
         loss.reset();
       });
   DEW_CHECK(std::isfinite(loss_value), "bench ", c.name, ": non-finite loss ", loss_value);
-  return step_result(t.total, t.phase(0), t.phase(1), t.phase(2), batch, nparams, loss_value, t.peak_rss_mb);
+  json sampling = json::object();
+  if (c.kind == CaseKind::qwen_image) {
+    auto* qwen = dynamic_cast<nn::QwenImageTransformerImpl*>(model.get());
+    DEW_CHECK(qwen, "bench ", c.name, ": not a qwen_image_transformer");
+    qwen_image_sampling(*qwen, text_width, c.item, o.device, sampling);
+  }
+  // after the sampling: step_result's BLAS probe turns oneMKL's verbose mode on and off, after which oneMKL still
+  // prints the first calls of routines it had not run yet (the sampling's matrix-vector products)
+  json out = step_result(t.total, t.phase(0), t.phase(1), t.phase(2), batch, nparams, loss_value, t.peak_rss_mb);
+  out.update(sampling);
+  return out;
 }
 
 // warmup + steps encode + decode passes of sd_vae without gradients, as a pipeline runs them:
@@ -705,7 +761,8 @@ json run_one(const BenchCase& c, const OneOptions& o) {
     case CaseKind::sd_unet_lora: return run_one_sd_unet(c, o);
     case CaseKind::sd_vae: return run_one_sd_vae(c, o);
     case CaseKind::sd3:
-    case CaseKind::flux: return run_one_flow_transformer(c, o);
+    case CaseKind::flux:
+    case CaseKind::qwen_image: return run_one_flow_transformer(c, o);
     case CaseKind::train: return run_default_train(c, o, /*data_parallel=*/false);
     case CaseKind::ddp: return run_default_train(c, o, /*data_parallel=*/true);
     case CaseKind::sample: return run_one_sample(c, o);

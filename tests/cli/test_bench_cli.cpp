@@ -52,6 +52,9 @@ constexpr int64_t kSdUnetLoraAdapters = 28160;
 // (128 x 128 + 128), which feeds only the discarded text output and which dew does not build.
 constexpr int64_t kSd3Params = 2292544 - (128 * 128 + 128);
 constexpr int64_t kFluxParams = 2358080;
+// diffusers' QwenImage21Transformer2DModel of qwen_image_config() counts these too (bench/sd_peer.py refuses to run
+// otherwise: QwenImageRunsBothSidesWithItsCacheTable).
+constexpr int64_t kQwenImageParams = 1012032;
 
 // The diffusers the SD peer imports (the environment's pinned package, or $DEW_DIFFUSERS_SRC's checkout), asked
 // of the peer itself (`sd_peer.py --probe`), so an environment whose imports fail here skips too.
@@ -235,6 +238,34 @@ TEST(BenchCli, FlowTransformerChildrenBuildTheDiffusersConfigs) {
     EXPECT_GT(j.at("peak_rss_mb").get<double>(), 0.0) << name;
     EXPECT_TRUE(std::isfinite(j.at("loss").get<double>())) << name;
   }
+}
+
+TEST(BenchCli, QwenImageChildTrainsAndSamplesWithAndWithoutTheCache) {
+  // `dew bench --one qwen_image` at its smallest: the flow step, then the sampling runs with and without the prefix
+  // KV cache, which end on the same latents.
+  auto r = run_dew("bench --one qwen_image --threads 1 --steps 1 --warmup 0 --batch 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;  // the result line alone
+  auto j = result_line(r);
+  EXPECT_EQ(j.at("params").get<int64_t>(), kQwenImageParams);
+  EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+  EXPECT_GT(j.at("sample_ms").get<double>(), 0.0);
+  EXPECT_GT(j.at("sample_cached_ms").get<double>(), 0.0);
+  EXPECT_LE(j.at("sample_cache_max_diff").get<double>(), 1e-5);
+}
+
+TEST(BenchCli, QwenImageRunsBothSidesWithItsCacheTable) {
+  if (!have_diffusers()) GTEST_SKIP() << "bench/sd_peer.py --probe cannot import diffusers";
+  auto r = run_dew(
+      "bench --models qwen_image --steps 2 --warmup 0 --batch 1 --threads 1 --blas-threads 1 --rounds 1 --no-compile");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("peer: unavailable"), std::string::npos) << r.output;
+  for (const char* needle :
+       {"## dew bench: Qwen-Image 2.1 transformer on the CPU", "### qwen_image: a QwenImage21Transformer2DModel",
+        "### qwen_image: sampling with and without the prefix KV cache", "| C++ | intra 1, blas 1 |",
+        "| Python | intra 1, blas 1 |", "Sampling speed-up with the cache (Python ms/step / C++ ms/step): ",
+        "| qwen_image sampling, KV cache | ms/step | "})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
 }
 
 TEST(BenchCli, Sd3RunsBothSidesAndPrintsTheRatio) {
