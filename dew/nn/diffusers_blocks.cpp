@@ -235,7 +235,7 @@ Tensor Transformer2DImpl::forward(const Tensor& x, const Tensor& context, const 
 
 // ---- time projection ----
 
-Tensor timestep_embedding(const Tensor& t, int64_t dim, bool cosine_first, double shift, bool wide) {
+Tensor timestep_embedding(const Tensor& t, int64_t dim, bool cosine_first, double shift, bool wide, double scale) {
   DEW_CHECK(t.dim() == 1, "timestep embedding: t must be [B], got ", t.sizes());
   DEW_CHECK(dim >= 2, "timestep embedding: dim must be >= 2, got ", dim);
   const int64_t half = dim / 2;
@@ -245,7 +245,8 @@ Tensor timestep_embedding(const Tensor& t, int64_t dim, bool cosine_first, doubl
   const auto dt = wide ? at::kDouble : at::kFloat;
   const Tensor exponent = at::arange(0, half, at::TensorOptions().dtype(dt).device(t.device())) * (-std::log(10000.0)) /
                           (static_cast<double>(half) - shift);
-  const Tensor args = t.to(dt).unsqueeze(1) * at::exp(exponent).unsqueeze(0);  // [B, half]
+  Tensor args = t.to(dt).unsqueeze(1) * at::exp(exponent).unsqueeze(0);  // [B, half]
+  if (scale != 1.0) args = args * scale;
   Tensor emb = cosine_first ? at::cat({at::cos(args), at::sin(args)}, 1) : at::cat({at::sin(args), at::cos(args)}, 1);
   if (dim % 2 == 1) emb = at::constant_pad_nd(emb, {0, 1});
   return emb;

@@ -185,10 +185,12 @@ class Transformer2DImpl : public torch::nn::Module {
 TORCH_MODULE(Transformer2D);
 
 /// diffusers' sinusoidal time projection (Timesteps / get_timestep_embedding): half = dim / 2,
-/// f_i = exp(-ln(10000) i / (half - shift)), emb = [sin(t f), cos(t f)] ([cos, sin] when cosine_first),
-/// zero-padded to an odd dim. Computed in float32 as diffusers does, or in float64 throughout when `wide` (a
-/// float64 model's, whose float32 sinusoid would differ between CPUs in its last bits).
+/// f_i = exp(-ln(10000) i / (half - shift)), emb = [sin(scale t f), cos(scale t f)] ([cos, sin] when
+/// cosine_first; scale multiplies the product t f, as diffusers' `scale`), zero-padded to an odd dim. Computed in
+/// float32 as diffusers does, or in float64 throughout when `wide` (a float64 model's, whose float32 sinusoid would
+/// differ between CPUs in its last bits).
 /// t: [B] -> [B, dim] float32 (float64 when wide).
-at::Tensor timestep_embedding(const at::Tensor& t, int64_t dim, bool cosine_first, double shift, bool wide = false);
+at::Tensor timestep_embedding(const at::Tensor& t, int64_t dim, bool cosine_first, double shift, bool wide = false,
+                              double scale = 1.0);
 
 }  // namespace dew::nn

@@ -9,6 +9,7 @@
 #include "dew/nn/backbones/hybrid_dit.h"
 #include "dew/nn/backbones/jepa.h"
 #include "dew/nn/backbones/mmdit.h"
+#include "dew/nn/backbones/qwen_image1_transformer.h"
 #include "dew/nn/backbones/qwen_image_transformer.h"
 #include "dew/nn/backbones/qwen_image_vae.h"
 #include "dew/nn/backbones/sd3_transformer.h"
@@ -376,6 +377,28 @@ Registry<BackboneImpl>& registry() {
           *r, "qwen_image_transformer",
           "diffusers' QwenImage21Transformer2DModel (Qwen-Image 2.1): one block-causal sequence over text and "
           "latents, shared modulation, 3-axis RoPE, prefix KV cache (needs text)",
+          std::move(f));
+    }
+    {
+      // Imported: diffusers' QwenImageTransformer2DModel (Qwen-Image 1) from its config.json, its names as they
+      // are. Variant: a non-square grid with an odd number of packed rows (the centred RoPE's uneven halves) and
+      // other channel counts, two blocks.
+      const json qwen1 = {
+          {"in_channels", 1},         {"output_channels", 1},    {"context_features", 8},      {"num_layers", 1},
+          {"num_attention_heads", 2}, {"attention_head_dim", 8}, {"axes_dims_rope", {2, 2, 4}}};
+      Family f{denoiser, {qwen1, {2, 1, 8, 8}, 8, /*zero_output_at_init=*/false}, [](const json& c) {
+                 return nn::qwen_image1_transformer_fields_from_diffusers(c);
+               }};
+      f.variants.push_back({with(with(qwen1, rgb_to_2), {{"num_layers", 2}}), {2, 3, 6, 10}, 8, false});
+      f.reference_key_map = [](const json& fields, const io::WeightSource&) {
+        return nn::qwen_image1_transformer_key_map(from_json<nn::QwenImage1TransformerOptions>(fields));
+      };
+      f.reference_classes = {"QwenImageTransformer2DModel"};
+      f.reference_methods = {nn::qwen_image1_transformer_forward_method()};
+      add_family<nn::QwenImage1TransformerOptions, nn::QwenImage1Transformer>(
+          *r, "qwen_image1_transformer",
+          "diffusers' QwenImageTransformer2DModel (Qwen-Image 1): packed 2x2 latents, dual-stream blocks with "
+          "per-stream modulation, centred 3-axis RoPE, masked text (needs text)",
           std::move(f));
     }
     return r;

@@ -128,8 +128,8 @@ FluxFeedForwardImpl::FluxFeedForwardImpl(int64_t dim) {
 
 Tensor FluxFeedForwardImpl::forward(const Tensor& x) { return dense(activation(dense(x, proj), "gelu_tanh"), out); }
 
-FluxAttentionImpl::FluxAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim_, bool joint_)
-    : heads_count(heads), head_dim(head_dim_), joint(joint_) {
+FluxAttentionImpl::FluxAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim_, bool joint_, bool text_out_)
+    : heads_count(heads), head_dim(head_dim_), joint(joint_), text_out(text_out_) {
   const int64_t inner = heads * head_dim;
   auto norm = [&](const char* name) {
     return register_module(name, HeadNorm(HeadNormOptions(head_dim).kind("rms").eps(1e-6)));
@@ -142,12 +142,12 @@ FluxAttentionImpl::FluxAttentionImpl(int64_t dim, int64_t heads, int64_t head_di
   if (joint) {
     out = torch::nn::Linear(inner, dim);
     to_out = register_module("to_out", torch::nn::ModuleList(out));
-    norm_added_q = norm("norm_added_q");
+    if (text_out) norm_added_q = norm("norm_added_q");
     norm_added_k = norm("norm_added_k");
-    add_q_proj = register_module("add_q_proj", torch::nn::Linear(dim, inner));
+    if (text_out) add_q_proj = register_module("add_q_proj", torch::nn::Linear(dim, inner));
     add_k_proj = register_module("add_k_proj", torch::nn::Linear(dim, inner));
     add_v_proj = register_module("add_v_proj", torch::nn::Linear(dim, inner));
-    to_add_out = register_module("to_add_out", torch::nn::Linear(inner, dim));
+    if (text_out) to_add_out = register_module("to_add_out", torch::nn::Linear(inner, dim));
   }
 }
 
@@ -161,7 +161,7 @@ std::vector<Tensor> FluxAttentionImpl::heads(const Tensor& x) {
 }
 
 std::vector<Tensor> FluxAttentionImpl::added_heads(const Tensor& txt) {
-  DEW_CHECK(joint, "FluxAttention: a single-stream attention has no text projections");
+  DEW_CHECK(joint && text_out, "FluxAttention: this attention has no text query projections");
   auto split = [&](const torch::nn::Linear& l) {
     return dense(txt, l).view({txt.size(0), txt.size(1), heads_count, head_dim});
   };

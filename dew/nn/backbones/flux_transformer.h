@@ -110,16 +110,18 @@ TORCH_MODULE(FluxFeedForward);
 /// diffusers' FluxAttention: to_q / to_k / to_v with bias, RMSNorm (eps 1e-6) of each head's queries and keys;
 /// the double-stream form also projects the text (add_q_proj / add_k_proj / add_v_proj, norm_added_q / _k) and
 /// has both output projections (to_out.0, to_add_out); the single-stream form (pre_only) has neither.
+/// `text_out` false (double-stream only): the text gives keys and values alone (no add_q_proj, norm_added_q,
+/// to_add_out), for a last block whose text output nobody reads.
 class FluxAttentionImpl : public torch::nn::Module {
  public:
-  FluxAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, bool joint);
+  FluxAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, bool joint, bool text_out = true);
   /// Heads of the image (or single-stream) tokens x [B, S, D]: {q, k, v}, each [B, H, S, head_dim], q and k
   /// normalised (norm_q, norm_k).
   std::vector<at::Tensor> heads(const at::Tensor& x);
   /// The same for the text tokens of the double-stream form (add_*_proj, norm_added_q / _k).
   std::vector<at::Tensor> added_heads(const at::Tensor& txt);
   int64_t heads_count, head_dim;
-  bool joint;
+  bool joint, text_out;
   HeadNorm norm_q{nullptr}, norm_k{nullptr}, norm_added_q{nullptr}, norm_added_k{nullptr};
   torch::nn::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, add_q_proj{nullptr}, add_k_proj{nullptr},
       add_v_proj{nullptr}, to_add_out{nullptr};

@@ -69,6 +69,16 @@ struct QwenRope {
 /// computed in float32 (also for float64 x) and returned in x's dtype.
 at::Tensor qwen_apply_rope(const at::Tensor& x, const QwenRope& rope);
 
+namespace qwen_image_detail {
+/// The rotary tables of positions pos [S, 3] (frame, height, width; int64, negative allowed): per axis of width d,
+/// the frequencies 1 / 10000^(2j / d) and their products with the positions in float32, then torch.polar, as
+/// diffusers' rope_params builds them (QwenImage21Rope and Qwen-Image 1's QwenEmbedRope alike).
+QwenRope qwen_rope(const at::Tensor& pos, const std::vector<int64_t>& axes_dims);
+/// diffusers' RMSNorm over the last axis: the variance in float32 (even for float64 x), the product in x's dtype;
+/// half types take HeadNorm's float32 path.
+at::Tensor qwen_rms_heads(const at::Tensor& x, HeadNorm& norm);
+}  // namespace qwen_image_detail
+
 /// The joint sequence's layout, shared by every block of one forward: which positions hold image tokens, which
 /// image block each belongs to, the rotary tables and which keys may be attended.
 struct QwenImageLayout {
