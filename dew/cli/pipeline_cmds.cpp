@@ -122,12 +122,14 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
     DEW_CHECK(!f.has("scheduler"), "--scheduler: Qwen-Image folders run their FlowMatchEulerDiscreteScheduler");
     DEW_CHECK(r.eta == 0.0, "--eta: only DDIMScheduler takes eta");
     DEW_CHECK(!f.has("max-sequence-length"), "--max-sequence-length: only SD3 and Flux folders take it (T5)");
-    DEW_CHECK(loras.empty(), "--lora: QwenImage21Pipeline folders take no LoRA file (SD, SDXL, SD3 and Flux do)");
     // true_cfg_scale: 1 (no guidance) unless asked; the negative prompt serves guidance only
     r.guidance = f.get_double("guidance", 1.0);
     DEW_CHECK(!f.has("negative-prompt") || r.guidance > 1.0, "--negative-prompt: used only with --guidance above 1 ",
               "(true classifier-free guidance), got guidance ", r.guidance);
     auto pipe = interop::QwenImagePipeline::load(dir);
+    for (const auto& [path, scale] : loras)
+      std::cout << "LoRA " << path << " (scale " << scale << "): " << pipe.add_lora(path, scale)
+                << " transformer layers adapted\n";
     hold_weights(pipe);
     // the folder's sample_sigmas unless --steps asks for the linspace grid; 40 steps without either (diffusers')
     std::vector<double> sigmas;

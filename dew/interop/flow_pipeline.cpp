@@ -457,6 +457,11 @@ QwenImagePipeline::Prompts QwenImagePipeline::encode(const PipelineRequest& r) {
   return p;
 }
 
+int64_t QwenImagePipeline::add_lora(const std::string& path, double scale) {
+  return detail::merge_lora_parts({{transformer_.module.get(), "transformer", "lora_unet"}}, weights_dtype_, path,
+                                  scale);
+}
+
 int64_t QwenImagePipeline::hold_weights_in(at::ScalarType dtype) {
   weights_dtype_ = dtype;
   return nn::hold_weights_in(*transformer_.module, dtype) + nn::hold_weights_in(*vae_.module, dtype) +

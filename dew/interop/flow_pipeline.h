@@ -141,6 +141,11 @@ class QwenImagePipeline {
   /// `--weights-dtype`: the transformer's, the VAE's and the text model's matrix weights held in `dtype`; encode
   /// and run then compute under nn::InferenceAutocast(dtype). Returns the bytes the components' parameters hold.
   int64_t hold_weights_in(at::ScalarType dtype);
+  /// `dew sample --pipeline DIR --lora FILE[:SCALE]`: a LoRA file of the transformer in diffusers'
+  /// pytorch_lora_weights.safetensors layout ("transformer." keys, what QwenImage21Pipeline.save_lora_weights
+  /// writes and its load_lora_weights reads), merged into its weights with each adapter's scale times `scale`;
+  /// before hold_weights_in. Returns the number of layers adapted.
+  int64_t add_lora(const std::string& path, double scale);
   /// `sigmas`: the grid to run (QwenImage21Pipeline's `sigmas` argument; empty = sample_sigmas or the linspace of
   /// request.steps). `use_kv_cache` false recomputes the text every step (the same output).
   PipelineResult run(const PipelineRequest& request, const std::vector<double>& sigmas = {}, bool use_kv_cache = true);

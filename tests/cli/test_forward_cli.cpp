@@ -123,9 +123,12 @@ TEST(ForwardCli, MissingAndExtraInputsAreOneLineNamingThem) {
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(dew::test::count_lines(r.output), 1u) << r.output;
   // Every class of the family table is listed (sorted), transformers' text encoders among them.
-  EXPECT_NE(r.output.find("accepted: AutoencoderKL, CLIPTextModel, CLIPTextModelWithProjection, "), std::string::npos)
+  EXPECT_NE(
+      r.output.find("accepted: AutoencoderKL, AutoencoderKLQwenImage21, CLIPTextModel, CLIPTextModelWithProjection, "),
+      std::string::npos)
       << r.output;
-  for (const char* cls : {"FluxTransformer2DModel", "SD3Transformer2DModel", "T5EncoderModel", "UNet2DConditionModel"})
+  for (const char* cls : {"FluxTransformer2DModel", "QwenImage21Transformer2DModel", "QwenImageTransformer2DModel",
+                          "SD3Transformer2DModel", "T5EncoderModel", "UNet2DConditionModel"})
     EXPECT_NE(r.output.find(cls), std::string::npos) << cls << ": " << r.output;
   r = run_dew(base + " --dtype float16");
   EXPECT_EQ(r.code, 2);

@@ -155,7 +155,7 @@ TEST(PipelineCli, QwenImageWritesDiffusersImageForTheSameLatents) {
   const std::string base = "sample --pipeline " + folder + " --prompt cat";
   for (const std::string& bad :
        {base + " --size 48x32" + out, base + " --negative-prompt blurry" + out,
-        base + " --lora " + dir.file("latents.safetensors") + out, base + " --scheduler DDIMScheduler" + out,
+        base + " --lora " + dir.file("nowhere.safetensors") + out, base + " --scheduler DDIMScheduler" + out,
         base + " --prompt-2 dog" + out, base + " --size 32x32 --latents " + dir.file("latents.safetensors") + out}) {
     SCOPED_TRACE(bad);
     const auto b = run_dew(bad);

@@ -55,3 +55,38 @@ def float64_sinusoids():
         yield
     finally:
         embeddings.get_timestep_embedding, q21.QwenImage21TemporalTimesteps.forward = saved
+
+
+def _qwen21_rope_params_f64(index, dim, theta=10000):
+    """QwenImage21Rope.rope_params with the angles and their unit complex numbers in float64 (complex128)."""
+    freqs = torch.outer(index.double(), 1.0 / torch.pow(theta, torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+def _apply_rotary_emb_qwen_f64(x, freqs_cis, use_real=True, use_real_unbind_dim=-1):
+    """apply_rotary_emb_qwen (use_real False) rotating a float64 x in complex128 instead of x.float()."""
+    assert not use_real, "only the complex form is patched"
+    x_rotated = torch.view_as_complex(x.double().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(x_rotated * freqs_cis.unsqueeze(1)).flatten(3).type_as(x)
+
+
+@contextlib.contextmanager
+def float64_qwen21_rope(transformer):
+    """Within: a float64 QwenImage21Transformer2DModel's rotary tables and rotations in float64 (complex128), so the
+    truth of a pipeline golden does not carry the float32 cos / sin of the CPU that made it (oneMKL's kernels differ
+    in the last bit between Intel and AMD CPUs, and a few denoising steps with guidance amplify that past the float32
+    reference's own error). The transformer goldens keep diffusers' complex64 tables, which dew's float64 model
+    reproduces."""
+    from diffusers.models.transformers import transformer_qwenimage21 as q21
+
+    rope = transformer.pos_embed
+    saved = rope.freqs, q21.apply_rotary_emb_qwen
+    rope.freqs = [torch.cat([_qwen21_rope_params_f64(torch.arange(8192), dim, rope.theta),
+                             _qwen21_rope_params_f64(torch.arange(1024).flip(0) * -1 - 1, dim, rope.theta)], dim=0)
+                  for dim in rope.axes_dim]
+    q21.apply_rotary_emb_qwen = _apply_rotary_emb_qwen_f64
+    try:
+        yield
+    finally:
+        rope.freqs, q21.apply_rotary_emb_qwen = saved
+

@@ -24,8 +24,10 @@ float32 and the float64 pipeline, the same float32 run without the KV cache (use
 the first prompt alone with the first row of latents (image_first_prompt_*: another image than the batch's first
 row: the transformer's output for a row changes with the batch's padded text length). The float64
 pipeline: components deep-copied and .double(), under torch.set_default_dtype(float64), with the scheduler module
-loaded again from its source with float32 -> float64 (sd_reference.f64_scheduler_class) and the transformer's
-timestep sinusoid in float64 (f64_truth.py); diffusers keeps the RoPE tables in complex64 there.
+loaded again from its source with float32 -> float64 (sd_reference.f64_scheduler_class), the transformer's
+timestep sinusoid in float64 and its RoPE tables and rotations in complex128 (f64_truth.py: diffusers keeps them in
+complex64, whose float32 cos / sin differ in the last bit between Intel's and AMD's oneMKL kernels; three guided
+steps amplify that past the float32 run's own error, so the truth is made float64 there).
 """
 import copy
 import json
@@ -40,7 +42,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import sd_reference as sdr  # noqa: E402  (asserts the pinned versions)
-from f64_truth import float64_sinusoids  # noqa: E402
+from f64_truth import float64_qwen21_rope, float64_sinusoids  # noqa: E402
 from qwen3_vl_text_reference import TEMPLATE  # noqa: E402
 from st_io import write_st  # noqa: E402
 
@@ -125,7 +127,7 @@ def main():
 
     s64_cls, n_rep = sdr.f64_scheduler_class(FlowMatchEulerDiscreteScheduler)
     c64 = {k: (copy.deepcopy(v).double().eval() if isinstance(v, torch.nn.Module) else v) for k, v in c32.items()}
-    with sdr.default_dtype(torch.float64), float64_sinusoids():
+    with sdr.default_dtype(torch.float64), float64_sinusoids(), float64_qwen21_rope(c64["transformer"]):
         c64["scheduler"] = s64_cls.from_config(c32["scheduler"].config)
         pipe64 = QwenImage21Pipeline(**c64)
         with torch.no_grad():

@@ -437,7 +437,7 @@ TEST(LoraPipelineCli, ScaleZeroIsTheBasePipelineAndFilesOfBothLayoutsAgree) {
 // image_lora): dew's PNG is the image quantised as numpy_to_pil does, no byte more than one level off.
 void expect_diffusers_images(const std::string& folder, const std::string& golden, const std::string& file,
                              const std::string& flags, double min_same = 0.99, const std::string& image = "lora",
-                             const std::string& scale = "0.5") {
+                             const std::string& scale = "0.5", int64_t channels = 3) {
   dew::test::TempDir tmp("lora_golden_images");
   const std::string root = std::string(DEW_SOURCE_DIR) + "/tests/golden/", dir = root + golden;
   const auto io = dew::io::load_safetensors(dir + "/io.safetensors");
@@ -450,7 +450,7 @@ void expect_diffusers_images(const std::string& folder, const std::string& golde
     if (which != "base") {
       EXPECT_NE(r.output.find("layers adapted"), std::string::npos) << r.output;
     }
-    const at::Tensor ours = dew::io::load_image(tmp.file("x.png"), 3).to(at::kInt);  // [3, H, W]
+    const at::Tensor ours = dew::io::load_image(tmp.file("x.png"), channels).to(at::kInt);  // [channels, H, W]
     const at::Tensor ref = (io.at("image_" + which)[0] * 255).round().clamp(0, 255).to(at::kInt);
     const int64_t off = (ours - ref).abs().gt(1).sum().item<int64_t>();
     const double same = (ours == ref).to(at::kDouble).mean().item<double>();
@@ -503,6 +503,15 @@ TEST(LoraPipelineCli, TextEncoderAdaptersMatchDiffusersWithPeft) {
 // The same for SD3 and Flux (schnell) folders (tests/golden/lora_flow_pipeline_reference.py): diffusers'
 // load_lora_weights + set_adapters(0.5) on the transformer, against `dew sample --pipeline --lora FILE:0.5`; a kohya
 // file of SD3's original modules (lora_unet_joint_blocks_...) is refused in one line.
+// A QwenImage21Pipeline folder (tests/golden/lora_qwen_image_reference.py): diffusers' QwenImageLoraLoaderMixin
+// load_lora_weights + set_adapters(0.5) on the transformer (attention, feed-forward and text-input layers), its RGBA
+// images against `dew sample --pipeline --lora FILE:0.5`.
+TEST(LoraPipelineCli, QwenImageMatchesDiffusersLoadLoraWeights) {
+  expect_diffusers_images("qwen_image/pipeline", "lora/qwen_image_lora", "pytorch_lora_weights.safetensors",
+                          " --prompt 'a cat' --negative-prompt blurry --guidance 4 --steps 3 --size 64x32", 0.98,
+                          "lora", "0.5", 4);
+}
+
 TEST(LoraPipelineCli, SD3AndFluxMatchDiffusersLoadLoraWeights) {
   const std::string flow = " --prompt 'a photo of a cat on the moon' --steps 4 --size 16x16 --max-sequence-length 16";
   expect_diffusers_images("sd3/pipeline", "lora/sd3_lora", "pytorch_lora_weights.safetensors",

@@ -196,10 +196,11 @@ Tensor QwenImage1TransformerImpl::forward_packed(const Tensor& tokens, const Ten
   const QwenImage1Rope rope = qwen_image1_rope(img_shapes, L, o.axes_dims_rope(), w, device);
 
   Tensor h = dense(tokens.to(dt), img_in);  // [B, S, D]
-  // QwenTimestepProjEmbeddings: Timesteps(256, flip_sin_to_cos, shift 0, scale 1000) of t in [0, 1]
+  // QwenTimestepProjEmbeddings: Timesteps(256, flip_sin_to_cos, shift 0, scale 1000) of t in [0, 1], computed in
+  // float64 and rounded to the compute dtype (as qwen_image_transformer's: diffusers' float32 sinusoid is its
+  // float32 model's largest error and differs between CPU kernels)
   const Tensor temb = timestep_embedder(
-      timestep_embedding(timestep.to(device).to(dt), 256, /*cosine_first=*/true, 0.0, dt == at::kDouble, 1000.0)
-          .to(dt));
+      timestep_embedding(timestep.to(device).to(dt), 256, /*cosine_first=*/true, 0.0, /*wide=*/true, 1000.0).to(dt));
   Tensor txt = dense(qwen_rms_heads(context.to(device).to(dt), txt_norm), txt_in);  // [B, L, D]
 
   const bool use_remat = o.remat() && is_training() && at::GradMode::is_enabled();

@@ -345,15 +345,17 @@ Tensor QwenImageTransformerImpl::forward_joint(const Tensor& tokens, const Tenso
   }
 
   // temb from the sinusoid of 1000 t (QwenImage21TemporalTimesteps: diffusers' get_timestep_embedding with cos
-  // first and no shift, float32; float64 in a float64 model); with causal_condition an extra row at t = 0 that the
-  // text and condition-image tokens modulate from.
+  // first and no shift), with causal_condition an extra row at t = 0 that the text and condition-image tokens
+  // modulate from. The sinusoid is computed in float64 and rounded to the compute dtype: diffusers' float32 one is
+  // the largest error of its float32 model, and its float32 sin / cos of arguments up to 1000 differ between
+  // oneMKL's Intel and AMD kernels, which a few guided sampling steps amplify (QwenImagePipeline's golden).
   const bool causal = o.causal_condition();
   Tensor t = time.to(device).to(at::kFloat);
   if (causal) t = at::cat({t, at::zeros({1}, t.options())});
   const Tensor temb =  // [B (+1), D]
-      dense(at::silu(
-                dense(timestep_embedding(t, 256, /*cosine_first=*/true, 0.0, dt == at::kDouble).to(dt), time_linear_1)),
-            time_linear_2);
+      dense(
+          at::silu(dense(timestep_embedding(t, 256, /*cosine_first=*/true, 0.0, /*wide=*/true).to(dt), time_linear_1)),
+          time_linear_2);
   const auto mod = dense(at::silu(temb), modulation).chunk(4, 1);  // scale1, gate1, scale2, gate2
   Tensor target;
   if (causal)
