@@ -420,6 +420,8 @@ void QwenImagePipeline::check(const PipelineRequest& r) const {
   DEW_CHECK(r.steps >= 1, "--steps: must be >= 1, got ", r.steps);
   DEW_CHECK(r.count >= 1, "--count: must be >= 1, got ", r.count);
   DEW_CHECK(std::isfinite(r.guidance), "--guidance: must be finite, got ", r.guidance);
+  QwenImageTextEncoder::check_prompt(r.prompt, 0);
+  QwenImageTextEncoder::check_prompt(r.negative_prompt, 1);
   DEW_CHECK(!r.prompt_2 && !r.negative_prompt_2 && !r.prompt_3 && !r.negative_prompt_3,
             "--prompt-2 / --prompt-3: QwenImage21Pipeline has one text encoder (--prompt, --negative-prompt)");
   const auto [h, w] = size_of(r);

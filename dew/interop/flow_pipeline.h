@@ -134,7 +134,8 @@ class QwenImagePipeline {
     QwenImageTextEncoder::States positive, negative;  // negative: undefined without guidance
   };
   Prompts encode(const PipelineRequest& request);
-  /// Refuses a bad request before any work: steps < 1, count < 1, a non-finite guidance, sizes
+  /// Refuses a bad request before any work: an edit prompt (QwenImageTextEncoder::check_prompt; the negative prompt
+  /// is prompt 1), steps < 1, count < 1, a non-finite guidance, sizes
   /// that are not positive multiples of 32, a prompt_2 / prompt_3 (one text encoder),
   /// latents of another shape than [count, C, h, w] or packed [count, h w, C].
   void check(const PipelineRequest& request) const;

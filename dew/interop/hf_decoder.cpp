@@ -231,8 +231,17 @@ QwenImageTextEncoder::QwenImageTextEncoder(const std::string& text_encoder, cons
   drop_ = int64_t(tok_->encode(qwen_system_turn()).size());
 }
 
+void QwenImageTextEncoder::check_prompt(const std::string& prompt, size_t index) {
+  // The edit pipeline's prompts carry images at these tokens, which only its vision tower can fill.
+  for (const char* vision : {"<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"})
+    DEW_CHECK(prompt.find(vision) == std::string::npos, "Qwen-Image text path: prompt ", index, " holds ", vision,
+              ": image-conditioned (edit) prompts are not supported; accepted: text-to-image prompts, without the "
+              "vision tokens");
+}
+
 QwenImageTextEncoder::States QwenImageTextEncoder::encode(const std::vector<std::string>& prompts) {
   DEW_CHECK(!prompts.empty(), "Qwen-Image text path: no prompts");
+  for (size_t i = 0; i < prompts.size(); ++i) check_prompt(prompts[i], i);
   at::NoGradGuard ng;
   std::vector<std::vector<int64_t>> ids;
   int64_t longest = 0, kept = 0;

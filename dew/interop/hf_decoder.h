@@ -83,7 +83,11 @@ class QwenImageTextEncoder {
     at::Tensor states;  // [B, L, D] float32, zeros past each prompt's tokens
     at::Tensor mask;    // [B, L] int64, 1 = a real token
   };
+  /// A prompt longer than the model's max_position_embeddings, or one check_prompt refuses, is a dew::Error.
   States encode(const std::vector<std::string>& prompts);
+  /// A prompt with the vision tokens (<|vision_start|>, <|image_pad|>, <|vision_end|>, <|video_pad|>: an edit
+  /// prompt's image slots) is a dew::Error naming it and its index.
+  static void check_prompt(const std::string& prompt, size_t index = 0);
   /// The system message's tokens, dropped from every prompt's states.
   int64_t system_tokens() const { return drop_; }
   /// The pipeline's template with `prompt` in the user's turn.

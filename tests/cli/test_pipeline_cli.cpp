@@ -156,7 +156,8 @@ TEST(PipelineCli, QwenImageWritesDiffusersImageForTheSameLatents) {
   for (const std::string& bad :
        {base + " --size 48x32" + out, base + " --negative-prompt blurry" + out,
         base + " --lora " + dir.file("nowhere.safetensors") + out, base + " --scheduler DDIMScheduler" + out,
-        base + " --prompt-2 dog" + out, base + " --size 32x32 --latents " + dir.file("latents.safetensors") + out}) {
+        base + " --prompt-2 dog" + out, "sample --pipeline " + folder + " --prompt '<|image_pad|> a cat'" + out,
+        base + " --size 32x32 --latents " + dir.file("latents.safetensors") + out}) {
     SCOPED_TRACE(bad);
     const auto b = run_dew(bad);
     EXPECT_EQ(b.code, 2) << b.output;

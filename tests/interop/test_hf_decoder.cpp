@@ -360,6 +360,15 @@ TEST(HfDecoder, QwenImageTextPathMatchesDiffusers) {
               dew::interop::QwenImageTextEncoder(dir + "/text_encoder", "byte");
             }).find("has no <|im_start|> token"),
             std::string::npos);
+  // An edit prompt's image slots and a prompt beyond the positions the model has are refused by name.
+  const std::string edit = dew::test::error_of([&] { te.encode({"a cat", "<|vision_start|><|image_pad|>a dog"}); });
+  EXPECT_NE(edit.find("prompt 1 holds <|vision_start|>: image-conditioned (edit) prompts are not supported"),
+            std::string::npos)
+      << edit;
+  std::string longer;
+  for (int i = 0; i < 200; ++i) longer += "cat ";
+  const std::string too_long = dew::test::error_of([&] { te.encode({longer}); });
+  EXPECT_NE(too_long.find("exceeds the text encoder's max_position_embeddings 128"), std::string::npos) << too_long;
 }
 
 TEST(HfDecoder, DewLayoutAndBadFolders) {
