@@ -335,21 +335,7 @@ Tensor FluxTransformerImpl::forward_packed(const Tensor& tokens, const Tensor& c
   const FluxRope rope = flux_rope(at::cat({txt_ids.to(device), img_ids.to(device)}, 0), o.axes_dims_rope());
 
   const bool use_remat = o.remat() && is_training() && at::GradMode::is_enabled();
-  for (auto& block : blocks) {
-    if (use_remat) {
-      // Captured by value: backward runs the function after this frame is gone.
-      FluxTransformerBlock b = block;
-      RematFn fn = [b, rope, key_mask](const std::vector<Tensor>& in) mutable {
-        auto out = b(in[0], in[1], in[2], rope, key_mask);
-        return std::vector<Tensor>{out.first, out.second};
-      };
-      auto out = remat(fn, {h, txt, temb}, b->parameters());
-      h = out[0];
-      txt = out[1];
-    } else {
-      std::tie(h, txt) = block(h, txt, temb, rope, key_mask);
-    }
-  }
+  run_double_stream_blocks(blocks, h, txt, temb, rope, key_mask, use_remat);
   // The single-stream blocks run on [text; image]; diffusers splits and re-joins between blocks, which
   // changes nothing.
   Tensor joint = at::cat({txt, h}, 1);

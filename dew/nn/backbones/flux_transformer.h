@@ -24,12 +24,14 @@
 #include <torch/nn/modules/linear.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "dew/nn/attention.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/backbones/unet_2d_condition.h"  // TimestepMLP: diffusers' TimestepEmbedding
+#include "dew/nn/blocks.h"
 #include "dew/nn/option_fields.h"
 
 namespace dew::nn {
@@ -154,6 +156,28 @@ class FluxTransformerBlockImpl : public torch::nn::Module {
   FluxFeedForward ff{nullptr}, ff_context{nullptr};
 };
 TORCH_MODULE(FluxTransformerBlock);
+
+/// Runs double-stream blocks (FluxTransformerBlock, QwenImage1Block: forward(x, txt, temb, rope, key_mask) ->
+/// {x, txt}) over the image tokens h and the text tokens txt in place; with `remat_on` each block's activations are
+/// recomputed in backward (the block and its inputs captured by value: backward runs after the caller returns).
+template <class Block, class Rope>
+void run_double_stream_blocks(std::vector<Block>& blocks, at::Tensor& h, at::Tensor& txt, const at::Tensor& temb,
+                              const Rope& rope, const at::Tensor& key_mask, bool remat_on) {
+  for (auto& block : blocks) {
+    if (!remat_on) {
+      std::tie(h, txt) = block(h, txt, temb, rope, key_mask);
+      continue;
+    }
+    Block b = block;
+    RematFn fn = [b, rope, key_mask](const std::vector<at::Tensor>& in) mutable {
+      auto out = b(in[0], in[1], in[2], rope, key_mask);
+      return std::vector<at::Tensor>{out.first, out.second};
+    };
+    auto out = remat(fn, {h, txt, temb}, b->parameters());
+    h = out[0];
+    txt = out[1];
+  }
+}
 
 /// diffusers' FluxSingleTransformerBlock. Parameters: norm.linear [3 D, D], proj_mlp [4 D, D],
 /// proj_out [D, 5 D], attn.{to_q, to_k, to_v, norm_q, norm_k}.

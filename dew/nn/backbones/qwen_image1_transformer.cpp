@@ -203,22 +203,8 @@ Tensor QwenImage1TransformerImpl::forward_packed(const Tensor& tokens, const Ten
       timestep_embedding(timestep.to(device).to(dt), 256, /*cosine_first=*/true, 0.0, /*wide=*/true, 1000.0).to(dt));
   Tensor txt = dense(qwen_rms_heads(context.to(device).to(dt), txt_norm), txt_in);  // [B, L, D]
 
-  const bool use_remat = o.remat() && is_training() && at::GradMode::is_enabled();
-  for (auto& block : blocks) {
-    if (use_remat) {
-      // Captured by value: backward runs the function after this frame is gone.
-      QwenImage1Block b = block;
-      RematFn fn = [b, rope, key_mask](const std::vector<Tensor>& in) mutable {
-        auto out = b(in[0], in[1], in[2], rope, key_mask);
-        return std::vector<Tensor>{out.first, out.second};
-      };
-      auto out = remat(fn, {h, txt, temb}, b->parameters());
-      h = out[0];
-      txt = out[1];
-    } else {
-      std::tie(h, txt) = block(h, txt, temb, rope, key_mask);
-    }
-  }
+  run_double_stream_blocks(blocks, h, txt, temb, rope, key_mask,
+                           o.remat() && is_training() && at::GradMode::is_enabled());
   // AdaLayerNormContinuous: scale first, then shift.
   const auto m = norm_out(temb);
   h = modulate(layer_norm_fp32(h, 1e-6), m[1], m[0]);
