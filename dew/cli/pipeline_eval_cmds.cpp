@@ -1,5 +1,6 @@
 // `dew eval --pipeline DIR --prompts FILE --clip CLIP_DIR`: the CLIP score (torchmetrics' CLIPScore) of a
-// diffusers pipeline folder's images, one or more per prompt, each scored against its own prompt.
+// diffusers pipeline folder's images (SD, SDXL, SD3, Flux, Qwen-Image 2.1), one or more per prompt, each scored
+// against its own prompt.
 #include <ATen/ATen.h>
 
 #include <fstream>
@@ -42,8 +43,10 @@ int cmd_eval_pipeline(const std::vector<std::string>& args) {
   r.count = f.get_int("count", 1);
   DEW_CHECK(r.count >= 1, "--count: images per prompt, must be >= 1, got ", r.count);
   const std::string dir = f.get("pipeline", "");
-  const bool flow = interop::is_flow_pipeline_folder(dir);
-  set_threads(f.get_int("threads", 0), workload_of(flow ? "sd3_transformer" : "unet_2d_condition"));
+  const bool flow = interop::is_flow_pipeline_folder(dir), qwen = interop::is_qwen_image_pipeline_folder(dir);
+  set_threads(f.get_int("threads", 0), workload_of(qwen   ? "qwen_image_transformer"
+                                                   : flow ? "sd3_transformer"
+                                                          : "unet_2d_condition"));
   std::vector<at::Tensor> scores;
   const auto score = [&](const at::Tensor& images01, const std::string& prompt) {
     // [0, 1] -> [-1, 1]: ClipScorer turns them into the uint8 values diffusers' PIL images hold (round(255 x))
@@ -52,7 +55,23 @@ int cmd_eval_pipeline(const std::vector<std::string>& args) {
     scores.push_back(s);
   };
   std::cout << "| prompt | CLIP score |\n|---|---|\n";
-  if (flow) {
+  if (qwen) {
+    // as `dew sample --pipeline`: true_cfg_scale 1 unless asked, the folder's sample_sigmas unless --steps
+    auto pipe = interop::QwenImagePipeline::load(dir);
+    r.guidance = f.get_double("guidance", 1.0);
+    const std::vector<double> sigmas = f.has("steps")
+                                           ? interop::QwenImagePipeline::linspace_sigmas(f.get_int("steps", 40))
+                                       : pipe.sample_sigmas().empty() ? interop::QwenImagePipeline::linspace_sigmas(40)
+                                                                      : pipe.sample_sigmas();
+    r.steps = int64_t(sigmas.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      r.prompt = prompts[i];
+      r.seed = uint64_t(f.get_int("seed", 0)) + i;
+      pipe.check(r);
+      // RGBA images: CLIP reads the colour channels, as PIL's RGBA -> RGB conversion keeps them
+      score(pipe.run(r, sigmas).images.narrow(1, 0, 3).cpu(), prompts[i]);
+    }
+  } else if (flow) {
     auto pipe = interop::FlowPipeline::load(dir);
     r.steps = f.get_int("steps", 28);
     r.guidance = f.get_double("guidance", pipe.flux() && !pipe.guidance_embeds() ? 0.0 : pipe.default_guidance());

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include "dew/io/image.h"
 #include "dew/io/safetensors.h"
+#include "dew/metrics/clip_score.h"
 #include "tests/golden_util.h"
 #include "tests/test_util.h"
 
@@ -164,4 +166,28 @@ TEST(PipelineCli, QwenImageWritesDiffusersImageForTheSameLatents) {
     EXPECT_EQ(dew::test::count_lines(b.output), 1u) << b.output;
   }
   EXPECT_FALSE(std::filesystem::exists(dir.file("x.png")));
+}
+
+// `dew eval --pipeline` on a QwenImage21Pipeline folder: the CLIP score it prints for a prompt is the CLIP score of the
+// PNG `dew sample --pipeline` writes with the same seed, steps and guidance (its colour channels: the images are RGBA;
+// the scorer quantises to the PNG's bytes), through the tiny CLIP folder of the CLIP-score goldens.
+TEST(PipelineCli, QwenImageEvalScoresTheImagesSampleWrites) {
+  dew::test::TempDir dir("pipeline_cli_qwen_eval");
+  const std::string folder = std::string(DEW_SOURCE_DIR) + "/tests/golden/qwen_image/pipeline";
+  const std::string clip = std::string(DEW_SOURCE_DIR) + "/tests/golden/clip_score";
+  std::ofstream(dir.file("prompts.txt")) << "a cat\n";
+  const auto e = run_dew("eval --pipeline " + folder + " --prompts " + dir.file("prompts.txt") + " --clip " + clip +
+                         " --steps 2 --guidance 2 --seed 3");
+  ASSERT_EQ(e.code, 0) << e.output;
+  const auto at = e.output.find("| a cat | ");
+  ASSERT_NE(at, std::string::npos) << e.output;
+  const double printed = std::stod(e.output.substr(at + 10));
+  const auto s = run_dew("sample --pipeline " + folder + " --prompt 'a cat' --steps 2 --guidance 2 --seed 3 --out " +
+                         dir.file("a.png"));
+  ASSERT_EQ(s.code, 0) << s.output;
+  const at::Tensor png = dew::io::load_image(dir.file("a.png"), 3).to(at::kFloat).unsqueeze(0) / 255 * 2 - 1;
+  dew::metrics::ClipScorer scorer(clip);
+  const double expected = scorer.scores(png, {"a cat"})[0].item<double>();
+  std::printf("  qwen eval --pipeline: %.6f, the sampled PNG's CLIP score %.6f\n", printed, expected);
+  EXPECT_NEAR(printed, expected, 1e-4);
 }
