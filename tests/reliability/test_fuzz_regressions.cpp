@@ -134,7 +134,8 @@ TEST(FuzzRegressions, ImagesAreRefusedOrDecodedWhole) {
         "pnm_16bit_channel_conversion.pgm", "pnm_maxval_many_digits.pgm", "gif_254_megapixels.gif",
         "png_idat_declares_gigabytes.png", "tga_declares_59_megapixels_holds_57_bytes.tga",
         "jpeg_scan_before_its_huffman_table.jpg", "jpeg_776_bytes_declare_23302x768.jpg",
-        "bmp_50_bytes_declare_18639x150.bmp", "tga_rle_41_bytes_declare_3855x3855.tga"}) {
+        "bmp_50_bytes_declare_18639x150.bmp", "tga_rle_41_bytes_declare_3855x3855.tga",
+        "tga_rle_header_17_bytes_declares_2586x21254.tga"}) {
     const std::string path = std::string(DEW_SOURCE_DIR) + "/fuzz/regressions/image/" + name;
     const std::string bytes = dew::io::read_file(path, "regression");
     EXPECT_NE(error_of([&] {
