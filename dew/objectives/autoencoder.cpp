@@ -131,7 +131,12 @@ std::map<std::string, double> AutoencoderObjective::validate(int64_t step, const
     fs::create_directories(training::RunDir(run_dir).samples());
     io::save_png(training::RunDir(run_dir).sample(step, ".png"), io::make_grid(at::cat(rows), nrow, 2));
   }
-  return {{"val/psnr", s.psnr}, {"val/ssim", s.ssim}, {"val/l1", s.l1}, {"val/kl", s.kl}};
+  // The count names what the scores were computed on (the first val_items held-out images).
+  return {{"val/psnr", s.psnr},
+          {"val/ssim", s.ssim},
+          {"val/l1", s.l1},
+          {"val/kl", s.kl},
+          {"val/images", double(images.size(0))}};
 }
 
 }  // namespace dew

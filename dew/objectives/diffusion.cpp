@@ -148,7 +148,7 @@ std::map<std::string, double> DiffusionObjective::validate(int64_t step, const s
   namespace fs = std::filesystem;
   fs::create_directories(training::RunDir(run_dir).samples());
   save_samples(training::RunDir(run_dir).sample(step, ".png"), images, nrow);
-  return {{"val/sample_std", images.std().item<double>()}};
+  return {{"val/sample_std", images.std().item<double>()}, {"val/samples", double(images.size(0))}};
 }
 
 }  // namespace dew

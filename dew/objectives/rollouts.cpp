@@ -124,6 +124,7 @@ std::map<std::string, double> ChatEvaluator::evaluate(nn::CausalTransformerImpl&
   }
   m["reward"] = total / n;
   m["completion_length"] = length / n;
+  m["prompt_count"] = n;  // what the scores were computed on
   if (!samples_path.empty() && o_.samples > 0) {
     fs::create_directories(fs::path(samples_path).parent_path());
     std::ofstream f(samples_path, std::ios::binary);

@@ -1,6 +1,7 @@
 #include "dew/training/trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -46,10 +47,11 @@ struct AutocastScope {
   }
 };
 
-// A metric for the progress lines: 4 significant digits.
+// A metric for the progress lines: 4 significant digits; whole numbers (counts of items, tokens) in full.
 std::string format_metric(double x) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", x);
+  const bool whole = std::isfinite(x) && std::fabs(x) < 1e15 && x == std::floor(x);
+  std::snprintf(buf, sizeof buf, whole ? "%.0f" : "%.4g", x);
   return buf;
 }
 

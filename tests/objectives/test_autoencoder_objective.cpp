@@ -124,6 +124,7 @@ TEST(AutoencoderObjective, ObjectiveLossAndValidationScores) {
   const auto v = obj.validate(0, "");
   EXPECT_NEAR(v.at("val/psnr"), 10 * std::log10(4 / (0.01 * x * x)), 1e-4);
   EXPECT_TRUE(v.count("val/ssim"));
+  EXPECT_EQ(v.at("val/images"), 3.0);  // the scores name what they were computed on
   // A posterior sample differs from the mean and comes from the generator.
   o.posterior = "sample";
   dew::AutoencoderObjective sampled(ae, o);

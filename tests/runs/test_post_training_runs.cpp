@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "dew/io/safetensors.h"
 #include "dew/runs/run.h"
@@ -51,6 +52,9 @@ TEST(PostTrainingRuns, SftDpoGrpoFromTheCommandLineAndThroughAnExport) {
       << r.output;  // the sft recipe's time limit
   EXPECT_NE(r.output.find("step 3/6  validation: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("val/reward/exact "), std::string::npos) << r.output;
+  // ... and what they were computed on: the 20 held-out prompts, a whole count of validation tokens.
+  EXPECT_NE(r.output.find("val/prompt_count 20"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("val/tokens [0-9]+(,|\\n)"))) << r.output;
   EXPECT_TRUE(fs::exists(tmp.path / "sft/samples/step_6.txt"));
 
   r = run_dew("pairs " + tmp.file("sft") + " --prompts " + sums +
