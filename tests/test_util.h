@@ -80,4 +80,21 @@ inline CliResult run_dew(const std::string& args) {
 }
 #endif
 
+// This process's resident set (field "VmRSS") or its high-water mark ("VmHWM") in bytes (/proc/self/status).
+inline int64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  return -1;
+}
+
+// Resets VmHWM to the current RSS (Linux >= 4.0); false where the kernel refuses.
+inline bool reset_peak_rss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.flush();
+  return out.good();
+}
+
 }  // namespace dew::test

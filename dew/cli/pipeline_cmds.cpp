@@ -68,6 +68,9 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
   DEW_CHECK(f.has("out"), "sample --pipeline: --out FILE.png is required");
   const std::string out = f.get("out", "");
   const at::ScalarType weights_dtype = nn::parse_compute_dtype(f.get("weights-dtype", "float32"), "--weights-dtype");
+  // Weights in a reduced dtype are built in it (no float32 copy of a component ever exists), except under --lora,
+  // whose adapters merge into the float32 weights before they are held in it.
+  const at::ScalarType build_dtype = loras.empty() ? weights_dtype : at::kFloat;
   auto hold_weights = [&](auto& pipe) {
     if (weights_dtype == at::kFloat) return;
     const int64_t bytes = pipe.hold_weights_in(weights_dtype);
@@ -126,7 +129,7 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
     r.guidance = f.get_double("guidance", 1.0);
     DEW_CHECK(!f.has("negative-prompt") || r.guidance > 1.0, "--negative-prompt: used only with --guidance above 1 ",
               "(true classifier-free guidance), got guidance ", r.guidance);
-    auto pipe = interop::QwenImagePipeline::load(dir);
+    auto pipe = interop::QwenImagePipeline::load(dir, build_dtype);
     for (const auto& [path, scale] : loras)
       std::cout << "LoRA " << path << " (scale " << scale << "): " << pipe.add_lora(path, scale)
                 << " transformer layers adapted\n";
@@ -146,7 +149,7 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
     set_threads(f.get_int("threads", 0), workload_of("sd3_transformer"));
     DEW_CHECK(!f.has("scheduler"), "--scheduler: SD3 and Flux folders run their FlowMatchEulerDiscreteScheduler");
     DEW_CHECK(r.eta == 0.0, "--eta: only DDIMScheduler takes eta");
-    auto pipe = interop::FlowPipeline::load(dir);
+    auto pipe = interop::FlowPipeline::load(dir, build_dtype);
     for (const auto& [path, scale] : loras)
       std::cout << "LoRA " << path << " (scale " << scale << "): " << pipe.add_lora(path, scale)
                 << " transformer layers adapted\n";
@@ -170,7 +173,7 @@ int cmd_sample_pipeline(const std::vector<std::string>& args_in) {
     DEW_CHECK(!f.has(flag), "--", flag, ": only SD3 folders take it (their T5 encoder); ", dir, " is a ",
               "UNet pipeline (SD, SDXL)");
   set_threads(f.get_int("threads", 0), workload_of("unet_2d_condition"));
-  auto pipe = interop::TextToImagePipeline::load(dir);
+  auto pipe = interop::TextToImagePipeline::load(dir, build_dtype);
   for (const auto& [path, scale] : loras)
     std::cout << "LoRA " << path << " (scale " << scale << "): " << pipe.add_lora(path, scale)
               << " UNet layers adapted\n";

@@ -9,6 +9,7 @@
 #include "dew/io/files.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/nn/roles.h"
+#include "dew/nn/weights_dtype.h"
 
 namespace fs = std::filesystem;
 
@@ -119,10 +120,13 @@ DiffusersModel load_diffusers_folder(const std::string& folder, const DiffusersL
   m.class_name = spec.class_name;
   m.family = spec.family;
   m.fields = spec.fields;
-  m.module = models::build_module(m.family, m.fields);
+  DEW_CHECK(options.weights_dtype == at::kFloat || options.dtype == at::kFloat, "diffusers folder ", folder,
+            ": weights held in ", c10::toString(options.weights_dtype), " need the float32 model dtype, got ",
+            c10::toString(options.dtype));
+  m.module = nn::build_weights_in(options.weights_dtype, [&] { return models::build_module(m.family, m.fields); });
   // Parameters take the model dtype before loading, so a float64 run reads the file's values straight
-  // into float64 (an fp64 checkpoint keeps every bit).
-  m.module->to(options.dtype);
+  // into float64 (an fp64 checkpoint keeps every bit). Weights built in a reduced dtype keep it.
+  if (options.weights_dtype == at::kFloat) m.module->to(options.dtype);
   m.report = models::load_reference_weights(*m.module, m.family, m.fields, folder);
   m.module->to(options.device);
   m.module->eval();

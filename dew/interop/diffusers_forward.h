@@ -43,6 +43,10 @@ struct DiffusersLoadOptions {
   std::string class_name;
   /// float32, or float64: the whole model in float64 (parameters loaded straight into float64)
   at::ScalarType dtype = at::kFloat;
+  /// bfloat16 / float16: the matrix weights built and held in that dtype from the start, vectors and buffers in
+  /// float32 (nn::build_weights_in: nn::hold_weights_in's layout without a float32 copy of the model); with
+  /// dtype float32 only
+  at::ScalarType weights_dtype = at::kFloat;
   c10::Device device = c10::Device(c10::kCPU);
 };
 

@@ -66,22 +66,30 @@ std::string expect_component(const json& index, const std::string& name, const s
   fail(file.string(), ": ", name, " is \"", c, "\"; accepted: ", list);
 }
 
-nn::ClipText load_clip_component(const fs::path& folder, const fs::path& tokenizer, bool projection) {
+nn::ClipText load_clip_component(const fs::path& folder, const fs::path& tokenizer, bool projection,
+                                 at::ScalarType weights_dtype) {
   const json config = read_pipeline_json(folder / "config.json");
   nn::ClipTextOptions o = nn::clip_text_options_from_hf(config);
   DEW_CHECK(!projection || o.projection_dim() > 0, (folder / "config.json").string(),
             ": expected a CLIPTextModelWithProjection (a text_projection, projection_dim > 0)");
   DEW_CHECK(fs::is_directory(tokenizer), tokenizer.string(), ": missing (the CLIP tokenizer folder)");
-  o.weights(folder.string()).tokenizer(tokenizer.string());
-  nn::ClipText encoder(o);
+  o.tokenizer(tokenizer.string());
+  // Built first and loaded after, so that reduced-precision weights never pass through a float32 model.
+  nn::ClipText encoder = nn::build_weights_in(weights_dtype, [&] { return nn::ClipText(o); });
+  nn::load_clip_text_weights(*encoder, folder.string());
+  encoder->options.weights(folder.string());
   encoder->eval();
   return encoder;
 }
 
+void check_lora_weights_dtype(at::ScalarType weights_dtype, const std::string& path) {
+  DEW_CHECK(weights_dtype == at::kFloat, "LoRA: ", path, " must be applied before the weights are held in ",
+            c10::toString(weights_dtype), " (load the pipeline in float32, add the LoRA, then hold the weights)");
+}
+
 int64_t merge_lora_file(torch::nn::Module& model, at::ScalarType weights_dtype, const std::string& path, double scale,
                         const std::string& component, const std::string& kohya_prefix) {
-  DEW_CHECK(weights_dtype == at::kFloat, "LoRA: ", path, " must be applied before the weights are held in ",
-            c10::toString(weights_dtype));
+  check_lora_weights_dtype(weights_dtype, path);
   const auto report = nn::load_lora_file(model, path, scale, component, kohya_prefix);
   nn::fold_lora(model);
   return int64_t(report.targets.size());
@@ -109,7 +117,7 @@ using detail::index_component;
 using detail::load_clip_component;
 using detail::read_pipeline_json;
 
-TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
+TextToImagePipeline TextToImagePipeline::load(const std::string& dir, at::ScalarType weights_dtype) {
   TextToImagePipeline p;
   p.dir_ = dir;
   const json index =
@@ -134,10 +142,13 @@ TextToImagePipeline TextToImagePipeline::load(const std::string& dir) {
   const fs::path scheduler_file = root / "scheduler" / "scheduler_config.json";
   p.scheduler_ = sampling::Scheduler::from_file(scheduler_file.string());
   p.scheduler_config_ = sampling::read_scheduler_config(scheduler_file.string());
-  p.unet_ = load_diffusers_folder((root / "unet").string());
-  p.vae_ = load_diffusers_folder((root / "vae").string());
-  p.text_encoder_ = load_clip_component(root / "text_encoder", root / "tokenizer", false);
-  if (p.sdxl()) p.text_encoder_2_ = load_clip_component(root / "text_encoder_2", root / "tokenizer_2", true);
+  DiffusersLoadOptions lo;
+  lo.weights_dtype = p.weights_dtype_ = weights_dtype;
+  p.unet_ = load_diffusers_folder((root / "unet").string(), lo);
+  p.vae_ = load_diffusers_folder((root / "vae").string(), lo);
+  p.text_encoder_ = load_clip_component(root / "text_encoder", root / "tokenizer", false, weights_dtype);
+  if (p.sdxl())
+    p.text_encoder_2_ = load_clip_component(root / "text_encoder_2", root / "tokenizer_2", true, weights_dtype);
 
   // The components must fit each other.
   const auto u = from_json<nn::UNet2DConditionOptions>(p.unet_.fields);
@@ -242,6 +253,7 @@ int64_t TextToImagePipeline::hold_weights_in(at::ScalarType dtype) {
 }
 
 int64_t TextToImagePipeline::add_lora(const std::string& path, double scale) {
+  detail::check_lora_weights_dtype(weights_dtype_, path);
   // The UNet, and the text encoders kohya trains by default (SD 1.x / 2.x: lora_te_; SDXL: lora_te1_, lora_te2_).
   std::vector<detail::LoraPart> parts = {{unet_.module.get(), "unet", "lora_unet"}};
   if (text_encoder_) parts.push_back({text_encoder_.get(), "text_encoder", sdxl() ? "lora_te1" : "lora_te"});

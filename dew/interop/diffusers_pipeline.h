@@ -59,7 +59,10 @@ class TextToImagePipeline {
   /// Loads and checks every component first: a missing folder or file, an unknown class in
   /// model_index.json or a component that does not fit the others (the UNet's context width against the
   /// text encoders', its channels against the VAE's) is a dew::Error naming the file and what was expected.
-  static TextToImagePipeline load(const std::string& dir);
+  /// `weights_dtype` bfloat16 / float16: every component built with its matrix weights in that dtype and loaded
+  /// into them (nn::build_weights_in: no float32 copy of a component at any time; what hold_weights_in(dtype)
+  /// gives after a float32 load, bit for bit), and run under nn::InferenceAutocast(dtype). add_lora then refuses.
+  static TextToImagePipeline load(const std::string& dir, at::ScalarType weights_dtype = at::kFloat);
 
   /// "StableDiffusionPipeline" or "StableDiffusionXLPipeline".
   const std::string& class_name() const { return class_name_; }

@@ -36,7 +36,7 @@ using detail::expect_component;
 using detail::index_component;
 using detail::read_pipeline_json;
 
-nn::T5Encoder load_t5(const fs::path& folder, const fs::path& tokenizer) {
+nn::T5Encoder load_t5(const fs::path& folder, const fs::path& tokenizer, at::ScalarType weights_dtype) {
   const json config = read_pipeline_json(folder / "config.json");
   nn::T5EncoderOptions o = nn::t5_encoder_options_from_hf(config);
   DEW_CHECK(fs::is_directory(tokenizer), tokenizer.string(), ": missing (the T5 tokenizer folder)");
@@ -44,8 +44,10 @@ nn::T5Encoder load_t5(const fs::path& folder, const fs::path& tokenizer) {
   DEW_CHECK(fs::is_regular_file(tokenizer / "spiece.model") || fs::is_regular_file(tokenizer / "tokenizer.model"),
             tokenizer.string(), ": no spiece.model (expected T5's SentencePiece tokenizer model, as the SD3 / FLUX.1 ",
             "repositories ship it)");
-  o.weights(folder.string()).tokenizer(tokenizer.string());
-  nn::T5Encoder encoder(o);
+  o.tokenizer(tokenizer.string());
+  nn::T5Encoder encoder = nn::build_weights_in(weights_dtype, [&] { return nn::T5Encoder(o); });
+  nn::load_t5_encoder_weights(*encoder, folder.string());
+  encoder->options.weights(folder.string());
   encoder->eval();
   return encoder;
 }
@@ -83,7 +85,7 @@ bool is_flow_pipeline_folder(const std::string& dir) {
   return c == "StableDiffusion3Pipeline" || c == "FluxPipeline";
 }
 
-FlowPipeline FlowPipeline::load(const std::string& dir) {
+FlowPipeline FlowPipeline::load(const std::string& dir, at::ScalarType weights_dtype) {
   FlowPipeline p;
   p.dir_ = dir;
   const json index = detail::read_model_index(dir, {"StableDiffusion3Pipeline", "FluxPipeline"}, p.class_name_);
@@ -119,14 +121,16 @@ FlowPipeline FlowPipeline::load(const std::string& dir) {
   const json sched_cfg = sampling::read_scheduler_config(scheduler_file.string());
   p.scheduler_ = std::make_unique<sampling::FlowMatchEulerScheduler>(sched_cfg, scheduler_file.string());
 
-  p.transformer_ = load_diffusers_folder((root / "transformer").string());
-  p.vae_ = load_diffusers_folder((root / "vae").string());
-  p.clip_ = detail::load_clip_component(root / "text_encoder", root / "tokenizer", !p.flux());
+  DiffusersLoadOptions lo;
+  lo.weights_dtype = p.weights_dtype_ = weights_dtype;
+  p.transformer_ = load_diffusers_folder((root / "transformer").string(), lo);
+  p.vae_ = load_diffusers_folder((root / "vae").string(), lo);
+  p.clip_ = detail::load_clip_component(root / "text_encoder", root / "tokenizer", !p.flux(), weights_dtype);
   if (p.flux()) {
-    p.t5_ = load_t5(root / "text_encoder_2", root / "tokenizer_2");
+    p.t5_ = load_t5(root / "text_encoder_2", root / "tokenizer_2", weights_dtype);
   } else {
-    p.clip_2_ = detail::load_clip_component(root / "text_encoder_2", root / "tokenizer_2", true);
-    if (has_t5) p.t5_ = load_t5(root / "text_encoder_3", root / "tokenizer_3");
+    p.clip_2_ = detail::load_clip_component(root / "text_encoder_2", root / "tokenizer_2", true, weights_dtype);
+    if (has_t5) p.t5_ = load_t5(root / "text_encoder_3", root / "tokenizer_3", weights_dtype);
   }
 
   // The components must fit each other.
@@ -260,6 +264,7 @@ PromptEmbeddings FlowPipeline::encode(const PipelineRequest& r, int64_t max_sequ
 }
 
 int64_t FlowPipeline::add_lora(const std::string& path, double scale) {
+  detail::check_lora_weights_dtype(weights_dtype_, path);
   // kohya / sd-scripts files name the original checkpoints' modules: FLUX's (double_blocks with fused qkv, ...)
   // nn::load_kohya_lora maps onto diffusers' names; SD3's (joint_blocks) are not read.
   std::string original;
@@ -350,7 +355,7 @@ PipelineResult FlowPipeline::run(const PipelineRequest& r, const PromptEmbedding
 
 bool is_qwen_image_pipeline_folder(const std::string& dir) { return index_class(dir) == "QwenImage21Pipeline"; }
 
-QwenImagePipeline QwenImagePipeline::load(const std::string& dir) {
+QwenImagePipeline QwenImagePipeline::load(const std::string& dir, at::ScalarType weights_dtype) {
   QwenImagePipeline p;
   p.dir_ = dir;
   std::string class_name;
@@ -401,9 +406,12 @@ QwenImagePipeline QwenImagePipeline::load(const std::string& dir) {
   DEW_CHECK(t.context_features() == width, tconf.string(), ": context_in_dim ", t.context_features(),
             " must equal the text model's hidden_size ", width, " (", econf.string(), ")");
 
-  p.transformer_ = load_diffusers_folder((root / "transformer").string());
-  p.vae_ = load_diffusers_folder((root / "vae").string());
-  p.text_ = std::make_unique<QwenImageTextEncoder>((root / "text_encoder").string(), (root / "processor").string());
+  DiffusersLoadOptions lo;
+  lo.weights_dtype = p.weights_dtype_ = weights_dtype;
+  p.transformer_ = load_diffusers_folder((root / "transformer").string(), lo);
+  p.vae_ = load_diffusers_folder((root / "vae").string(), lo);
+  p.text_ = std::make_unique<QwenImageTextEncoder>((root / "text_encoder").string(), (root / "processor").string(),
+                                                   weights_dtype);
   return p;
 }
 
@@ -460,6 +468,7 @@ QwenImagePipeline::Prompts QwenImagePipeline::encode(const PipelineRequest& r) {
 }
 
 int64_t QwenImagePipeline::add_lora(const std::string& path, double scale) {
+  detail::check_lora_weights_dtype(weights_dtype_, path);
   return detail::merge_lora_parts({{transformer_.module.get(), "transformer", "lora_unet"}}, weights_dtype_, path,
                                   scale);
 }

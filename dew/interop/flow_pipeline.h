@@ -39,7 +39,8 @@ class FlowPipeline {
   /// (the scheduler included), a T5 tokenizer folder without a SentencePiece model, or components that do not
   /// fit each other (text widths against the transformer's, channels against the VAE's) is a dew::Error naming
   /// the file and what was expected.
-  static FlowPipeline load(const std::string& dir);
+  /// `weights_dtype`: as TextToImagePipeline::load's.
+  static FlowPipeline load(const std::string& dir, at::ScalarType weights_dtype = at::kFloat);
 
   /// "StableDiffusion3Pipeline" or "FluxPipeline".
   const std::string& class_name() const { return class_name_; }
@@ -114,7 +115,8 @@ class QwenImagePipeline {
   /// Loads and checks every component first: a missing folder or file, another class in model_index.json, a
   /// processor without tokenizer.json, or components that do not fit (the transformer's context_in_dim against
   /// the text model's width, its channels against the VAE's z_dim) is a dew::Error naming the file.
-  static QwenImagePipeline load(const std::string& dir);
+  /// `weights_dtype`: as TextToImagePipeline::load's.
+  static QwenImagePipeline load(const std::string& dir, at::ScalarType weights_dtype = at::kFloat);
 
   /// The pipeline's output_resolution (1024): the default height and width.
   int64_t default_size() const { return 1024; }

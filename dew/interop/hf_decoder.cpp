@@ -10,6 +10,7 @@
 #include "dew/io/files.h"
 #include "dew/io/safetensors.h"
 #include "dew/io/weights.h"
+#include "dew/nn/weights_dtype.h"
 
 namespace fs = std::filesystem;
 
@@ -178,7 +179,7 @@ void add_chat_template(const std::string& dir, const std::string& jinja) {
   write_json(path, config);
 }
 
-nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
+nn::CausalTransformer load_pretrained_decoder(const std::string& dir, at::ScalarType weights_dtype) {
   fs::path root(dir);
   io::check_folder_links(dir, "model folder");
   json config = read_json(root / "config.json", "import");
@@ -196,7 +197,7 @@ nn::CausalTransformer load_pretrained_decoder(const std::string& dir) {
   nn::CausalTransformerOptions options =
       dew_layout ? from_json<nn::CausalTransformerOptions>(config.value("fields", json::object()), "config.json fields")
                  : nn::options_from_hf_config(config);
-  nn::CausalTransformer model(options);
+  nn::CausalTransformer model = nn::build_weights_in(weights_dtype, [&] { return nn::CausalTransformer(options); });
 
   // model.safetensors or its shard index; transformers names carry "model." before the decoder's (a
   // save_hf_layout folder holds dew's own names).
@@ -223,8 +224,9 @@ std::string QwenImageTextEncoder::render(const std::string& prompt) {
          "<|im_end|>\n<|im_start|>assistant\n";
 }
 
-QwenImageTextEncoder::QwenImageTextEncoder(const std::string& text_encoder, const std::string& tokenizer)
-    : model_(load_pretrained_decoder(text_encoder)), tok_(data::load_tokenizer(tokenizer)) {
+QwenImageTextEncoder::QwenImageTextEncoder(const std::string& text_encoder, const std::string& tokenizer,
+                                           at::ScalarType weights_dtype)
+    : model_(load_pretrained_decoder(text_encoder, weights_dtype)), tok_(data::load_tokenizer(tokenizer)) {
   for (const char* special : {"<|im_start|>", "<|im_end|>"})
     DEW_CHECK(tok_->piece_to_id(special) >= 0, "Qwen-Image text path: the tokenizer ", tokenizer, " has no ", special,
               " token (a Qwen tokenizer.json is needed)");

@@ -64,8 +64,9 @@ void add_chat_template(const std::string& dir, const std::string& jinja);
 /// ({"architecture": "causal_transformer", "fields": {...}}). Missing, unexpected or mis-shaped tensors
 /// are a dew::Error naming them. The model is returned in eval mode on the CPU.
 /// Qwen3-VL folders (Qwen3VLForConditionalGeneration, Qwen-Image 2.1's text encoder) give their language model:
-/// text_config, model.language_model.* (the vision tower is not read).
-nn::CausalTransformer load_pretrained_decoder(const std::string& dir);
+/// text_config, model.language_model.* (the vision tower is not read). `weights_dtype` bfloat16 / float16: built
+/// with its matrix weights in that dtype (nn::build_weights_in), then loaded; for inference.
+nn::CausalTransformer load_pretrained_decoder(const std::string& dir, at::ScalarType weights_dtype = at::kFloat);
 
 /// Qwen-Image 2.1's text path for text prompts, as diffusers' get_qwenimage21_prompt_embeds computes it: each
 /// prompt (an empty one becomes " ") in the pipeline's template (its fixed system message, the prompt as the
@@ -77,8 +78,9 @@ nn::CausalTransformer load_pretrained_decoder(const std::string& dir);
 class QwenImageTextEncoder {
  public:
   /// text_encoder: a Qwen3VLForConditionalGeneration folder; tokenizer: a folder (or file) with tokenizer.json
-  /// holding Qwen's <|im_start|> / <|im_end|> tokens.
-  QwenImageTextEncoder(const std::string& text_encoder, const std::string& tokenizer);
+  /// holding Qwen's <|im_start|> / <|im_end|> tokens. weights_dtype: as load_pretrained_decoder's.
+  QwenImageTextEncoder(const std::string& text_encoder, const std::string& tokenizer,
+                       at::ScalarType weights_dtype = at::kFloat);
   struct States {
     at::Tensor states;  // [B, L, D] float32, zeros past each prompt's tokens
     at::Tensor mask;    // [B, L] int64, 1 = a real token

@@ -25,9 +25,10 @@ std::string index_component(const json& index, const std::string& name, const st
 std::string expect_component(const json& index, const std::string& name, const std::vector<std::string>& accepted,
                              const std::filesystem::path& file);
 /// A transformers CLIP text tower folder and its tokenizer folder, in eval mode; `projection`: it must be a
-/// CLIPTextModelWithProjection.
+/// CLIPTextModelWithProjection. `weights_dtype` bfloat16 / float16: built with its matrix weights in that dtype
+/// (nn::build_weights_in), then loaded.
 nn::ClipText load_clip_component(const std::filesystem::path& folder, const std::filesystem::path& tokenizer,
-                                 bool projection);
+                                 bool projection, at::ScalarType weights_dtype = at::kFloat);
 /// `dew sample --pipeline DIR --lora FILE[:SCALE]`: a LoRA file of the denoiser `model` (`component`: "unet" or
 /// "transformer"), in diffusers' pytorch_lora_weights.safetensors layout ("<component>." keys) or kohya's
 /// ("<kohya_prefix>_" keys; nn::load_lora_file), merged into its weights with each adapter's scale times `scale`
@@ -35,6 +36,10 @@ nn::ClipText load_clip_component(const std::filesystem::path& folder, const std:
 /// Returns the number of layers adapted.
 int64_t merge_lora_file(torch::nn::Module& model, at::ScalarType weights_dtype, const std::string& path, double scale,
                         const std::string& component, const std::string& kohya_prefix);
+
+/// A LoRA merges into float32 weights: once they are held (or were built) in another dtype, a dew::Error naming
+/// `path` and the dtype. Each add_lora checks it before reading the file.
+void check_lora_weights_dtype(at::ScalarType weights_dtype, const std::string& path);
 
 /// A pipeline component a LoRA file may adapt: its module, diffusers' key prefix and kohya's.
 struct LoraPart {

@@ -2,6 +2,9 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/DefaultDtype.h>
+
+#include "dew/core/error.h"
 
 namespace dew::nn {
 
@@ -16,6 +19,26 @@ int64_t hold_weights_in(torch::nn::Module& module, at::ScalarType dtype) {
   }
   return bytes;
 }
+
+namespace detail {
+
+DefaultDtypeScope::DefaultDtypeScope(at::ScalarType dtype) : was_(c10::get_default_dtype()) {
+  DEW_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat,
+            "weights dtype: expected float32, bfloat16 or float16, got ", c10::toString(dtype));
+  c10::set_default_dtype(c10::scalarTypeToTypeMeta(dtype));
+}
+
+DefaultDtypeScope::~DefaultDtypeScope() { c10::set_default_dtype(was_); }
+
+void settle_weights_in(torch::nn::Module& module, at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  for (auto& p : module.parameters())
+    if (p.dim() < 2 && p.scalar_type() == dtype) p.set_data(p.to(at::kFloat));
+  for (auto& b : module.buffers())
+    if (b.scalar_type() == dtype) b.set_data(b.to(at::kFloat));
+}
+
+}  // namespace detail
 
 InferenceAutocast::InferenceAutocast(at::ScalarType dtype) {
   if (dtype == at::kFloat) return;

@@ -114,6 +114,14 @@ TEST(FlowPipeline, BFloat16WeightsAgainstDiffusersBFloat16) {
     const auto res = pipe.run(flow_request(io, flux), kMaxSeq);
     expect_golden(tag + "final latents", res.latents, bf16.at("final_latents_bf16"), io.at("final_latents_f64"));
     expect_golden(tag + "image", res.images, bf16.at("image_bf16"), io.at("image_f64"));
+    // Built in bf16 from the start (no float32 copy of a component): the same weights, the same images.
+    auto direct = dew::interop::FlowPipeline::load(dir, at::kBFloat16);
+    EXPECT_EQ(direct.hold_weights_in(at::kBFloat16), bytes);
+    const auto again = direct.run(flow_request(io, flux), kMaxSeq);
+    EXPECT_TRUE(again.latents.equal(res.latents)) << tag << dew::test::max_diff(again.latents, res.latents);
+    EXPECT_TRUE(again.images.equal(res.images)) << tag;
+    EXPECT_NE(dew::test::error_of([&] { direct.add_lora(dir + "/missing.safetensors", 1.0); }).find("BFloat16"),
+              std::string::npos);
   }
 }
 
@@ -254,6 +262,30 @@ TEST(QwenImagePipeline, MatchesDiffusersFromPromptsToImage) {
                   at::ones({2, io.at("negative_prompt_embeds_f32").size(1)}, at::kLong)};
   expect_golden("qwen final latents (reference states)", pipe.run(r, ref).latents, io.at("final_latents_f32"),
                 io.at("final_latents_f64"));
+}
+
+// --weights-dtype bfloat16 on a Qwen-Image 2.1 folder: built in bf16 (the Qwen3-VL text model, the transformer,
+// the VAE) gives the weights and images of a float32 load held in bf16, bit for bit, and about half the bytes.
+TEST(QwenImagePipeline, BuiltInBFloat16EqualsHeldInBFloat16) {
+  const auto io = flow_io(kQwenPipe);
+  auto held = dew::interop::QwenImagePipeline::load(kQwenPipe);
+  const int64_t f32_bytes = held.hold_weights_in(at::kFloat), bytes = held.hold_weights_in(at::kBFloat16);
+  auto built = dew::interop::QwenImagePipeline::load(kQwenPipe, at::kBFloat16);
+  EXPECT_EQ(built.hold_weights_in(at::kBFloat16), bytes);
+  EXPECT_LT(double(bytes), 0.6 * double(f32_bytes));
+  const auto r = qwen_request(io);
+  auto run = [&](dew::interop::QwenImagePipeline& pipe) {
+    dew::interop::QwenImagePipeline::Prompts p;
+    p.positive = pipe.encode_prompts(kQwenPrompts);
+    p.negative = pipe.encode_prompts({"blurry", "blurry"});
+    return pipe.run(r, p);
+  };
+  const auto a = run(held), b = run(built);
+  EXPECT_TRUE(a.latents.equal(b.latents)) << dew::test::max_diff(a.latents, b.latents);
+  EXPECT_TRUE(a.images.equal(b.images));
+  // within bf16's reach of the float64 pipeline
+  std::printf("  qwen bf16 image rms against float64 %.4f\n", dew::test::rms(a.images - io.at("image_f64")));
+  EXPECT_LT(dew::test::rms(a.images - io.at("image_f64")), 0.05);
 }
 
 TEST(QwenImagePipeline, SampleSigmasAndBadInputAreReadAndRefusedBeforeCompute) {

@@ -159,23 +159,6 @@ TEST(Weights, ShardedIndexFoldersAndKeptDtypes) {
 
 namespace weights_rss {
 
-// This process's resident set and its high-water mark, in bytes (/proc/self/status).
-int64_t status_kb(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
-  return -1;
-}
-
-// Resets VmHWM to the current RSS (Linux >= 4.0); false where the kernel refuses.
-bool reset_peak() {
-  std::ofstream out("/proc/self/clear_refs");
-  out << "5";
-  out.flush();
-  return out.good();
-}
-
 struct Big : torch::nn::Module {
   explicit Big(int n) {
     for (int i = 0; i < n; ++i) register_parameter("w" + std::to_string(i), at::zeros({1024, 1024}));
@@ -204,11 +187,11 @@ TEST(Weights, LoadingAShardedFolderPeaksNearTheResidentWeights) {
   std::ofstream(dir.file("model.safetensors.index.json")) << json{{"weight_map", weight_map}}.dump();
   Big m(kTensors);  // resident: zeros are written
   const double weights = double(kTensors) * 1024 * 1024 * sizeof(float);
-  if (!reset_peak()) GTEST_SKIP() << "/proc/self/clear_refs cannot reset the peak RSS on this kernel";
-  const int64_t start = status_kb("VmRSS");
+  if (!dew::test::reset_peak_rss()) GTEST_SKIP() << "/proc/self/clear_refs cannot reset the peak RSS on this kernel";
+  const int64_t start = dew::test::status_bytes("VmRSS");
   io::load_weights(m, io::WeightSource::open(dir.path.string()));
   // Peak RSS during the load over the resident weights: 1 + what the load added at its worst.
-  const double ratio = 1.0 + double(status_kb("VmHWM") - start) / weights;
+  const double ratio = 1.0 + double(dew::test::status_bytes("VmHWM") - start) / weights;
   std::printf("peak RSS while loading %.0f MiB of weights from %d shards: %.3fx the weights\n", weights / (1 << 20),
               kShards, ratio);
   EXPECT_LE(ratio, 1.1);
