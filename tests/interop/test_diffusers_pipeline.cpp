@@ -102,6 +102,29 @@ TEST(DiffusersPipeline, SDXLWithEulerMatchesDiffusers) {
   expect_golden("sdxl euler image", res.images, io.at("euler_image_f32"), io.at("euler_image_f64"));
 }
 
+// --weights-dtype bfloat16 on SD and SDXL folders: built in bf16 (UNet, VAE, both CLIP encoders) gives the weights
+// and images of a float32 load held in bf16, bit for bit.
+TEST(DiffusersPipeline, BuiltInBFloat16EqualsHeldInBFloat16) {
+  for (const std::string name : {"pipeline", "pipeline_sdxl"}) {
+    SCOPED_TRACE(name);
+    const auto io = io_of(name);
+    auto held = dew::interop::TextToImagePipeline::load(kDir + name);
+    const int64_t f32_bytes = held.hold_weights_in(at::kFloat), bytes = held.hold_weights_in(at::kBFloat16);
+    auto built = dew::interop::TextToImagePipeline::load(kDir + name, at::kBFloat16);
+    EXPECT_EQ(built.hold_weights_in(at::kBFloat16), bytes);
+    EXPECT_LT(double(bytes), 0.6 * double(f32_bytes));
+    const auto r = golden_request(io);
+    const auto a = held.run(r), b = built.run(r);
+    EXPECT_TRUE(a.latents.equal(b.latents)) << dew::test::max_diff(a.latents, b.latents);
+    EXPECT_TRUE(a.images.equal(b.images));
+    if (name == "pipeline") {  // its default DDIM run is the golden one
+      const double rms = dew::test::rms(a.images - io.at("ddim_image_f64"));
+      std::printf("  sd bf16 image rms against float64 %.4f\n", rms);
+      EXPECT_LT(rms, 0.08);  // bf16 arithmetic differs between CPUs; this is a sanity bound
+    }
+  }
+}
+
 TEST(DiffusersPipeline, SameSeedSameImageAndBadRequestsAreRefused) {
   auto pipe = dew::interop::TextToImagePipeline::load(kDir + "pipeline");
   dew::interop::PipelineRequest r;
