@@ -1,5 +1,7 @@
 #include "dew/data/token_files.h"
 
+#include <ATen/ATen.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

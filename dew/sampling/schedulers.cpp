@@ -159,9 +159,16 @@ class DDIMScheduler : public Common {
   void set_timesteps(int64_t n) override {
     check_steps(class_name_, n, b_.T);
     auto ts = spaced_timesteps(b_.spacing, b_.T, n, b_.offset, true);
-    for (double t : ts)
+    for (double t : ts) {
       DEW_CHECK(t >= 0 && t <= double(b_.T - 1), where_, ": timestep ", t, " (steps_offset ", b_.offset, ", ", n,
                 " steps) is outside [0, ", b_.T - 1, "]");
+      // An epsilon prediction divides by sqrt(abar), 0 at the last train step under zero terminal SNR: diffusers
+      // runs on inf / NaN there. (Betas are > 0, so abar < 1 and the other divisions are safe.)
+      const double a = b_.ac[size_t(t)];
+      DEW_CHECK(prediction_type_ != "epsilon" || a > 0, where_, ": timestep ", t, " has alphas_cumprod 0 ",
+                "(rescale_betas_zero_snr), where an epsilon prediction gives no sample (diffusers divides by zero); ",
+                "accepted: prediction_type v_prediction or sample, or a timestep_spacing that skips that step");
+    }
     timesteps_ = to_tensor(ts);
     ts_ = ts;
     n_ = n;
@@ -789,6 +796,11 @@ void FlowMatchEulerScheduler::set_timesteps(int64_t n, const std::vector<double>
     v = shifted(v, mu);
   }
   if (shift_terminal_) {  // stretch so that the last sigma is shift_terminal (LTX-Video)
+    // A last sigma of 1 (one step from sigma 1) leaves nothing to stretch: diffusers divides 0 by 0 there and
+    // runs on NaN sigmas.
+    DEW_CHECK(s.back() < 1, where_, ": shift_terminal ", *shift_terminal_, " stretches the sigmas towards it, but ",
+              "the last sigma of these ", n, " step(s) is 1 (diffusers' stretch would divide by zero and give NaN ",
+              "sigmas); accepted: at least 2 steps, or sigmas that end below 1");
     const double scale = (1 - s.back()) / (1 - *shift_terminal_);
     for (double& v : s) v = 1 - ((1 - v) / scale);
   }

@@ -195,6 +195,12 @@ TEST(Schedulers, FlowMatchRefusesUnsupportedSettingsByName) {
   auto* flow = dynamic_cast<FlowMatchEulerScheduler*>(dyn.get());
   ASSERT_NE(flow, nullptr);
   expect_names(error_of([&] { flow->set_timesteps(4, {1.0, 0.5}, 0.5); }), {"2 sigmas", "4 steps"});
+  // shift_terminal with one step from sigma 1: nothing to stretch (diffusers gives NaN sigmas; fuzz finding 25)
+  auto terminal = from_json({{"_class_name", "FlowMatchEulerDiscreteScheduler"}, {"shift_terminal", 0.02}});
+  expect_names(error_of([&] { terminal->set_timesteps(1); }), {"shift_terminal", "0.02", "1 step", "at least 2"});
+  terminal->set_timesteps(2);
+  auto* t = dynamic_cast<FlowMatchEulerScheduler*>(terminal.get());
+  EXPECT_NEAR(t->sigma(1), 0.02, 1e-12);  // two steps stretch as diffusers does: the last sigma is shift_terminal
   // SD3's pipeline falls back to max_shift 1.16 when the config has none, Flux's to 1.15
   auto bare = from_json({{"_class_name", "FlowMatchEulerDiscreteScheduler"}});
   auto* b = dynamic_cast<FlowMatchEulerScheduler*>(bare.get());
@@ -319,6 +325,19 @@ TEST(Schedulers, RefusesUnsupportedSettingsByName) {
   auto ddim = from_json({{"_class_name", "DDIMScheduler"}, {"steps_offset", 1}});
   expect_names(error_of([&] { ddim->set_timesteps(1001); }), {"1001", "num_train_timesteps"});
   expect_names(error_of([&] { ddim->set_timesteps(1000); }), {"steps_offset", "outside"});
+  // zero terminal SNR with an epsilon prediction: no sample at alphabar 0 (diffusers divides by zero; finding 26)
+  auto zsnr = from_json({{"_class_name", "DDIMScheduler"},
+                         {"rescale_betas_zero_snr", true},
+                         {"timestep_spacing", "trailing"},
+                         {"prediction_type", "epsilon"}});
+  expect_names(error_of([&] { zsnr->set_timesteps(10); }), {"timestep 999", "alphas_cumprod 0", "epsilon"});
+  auto zsnr_v = from_json({{"_class_name", "DDIMScheduler"},
+                           {"rescale_betas_zero_snr", true},
+                           {"timestep_spacing", "trailing"},
+                           {"prediction_type", "v_prediction"}});
+  zsnr_v->set_timesteps(10);  // the v prediction is defined there
+  EXPECT_TRUE(
+      zsnr_v->step(at::zeros({1, 1, 2, 2}), 0, at::ones({1, 1, 2, 2}), seeded_noise(0)).isfinite().all().item<bool>());
   auto dpm = from_json({{"_class_name", "DPMSolverMultistepScheduler"}});
   dpm->set_timesteps(5);
   auto x = at::zeros({1, 4, 2, 2});
