@@ -297,6 +297,10 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
       {"forward " + t + "/model_link --inputs " + t + "/bad/wrong_names.safetensors --out " + t + "/f.safetensors",
        "model_link/diffusion_pytorch_model.safetensors\" is a symbolic link"},
       {"sample --pipeline " + golden + "/pipeline --prompt x --size 0x0 --out " + t + "/p.png", "--size"},
+      // one step under shift_terminal would run on NaN sigmas (fuzz finding 25)
+      {"sample --pipeline " + golden + "/../qwen_image/pipeline --prompt x --steps 1 --size 32x32 --out " + t +
+           "/p.png",
+       "shift_terminal"},
       {"forward " + t + "/nowhere --inputs " + t + "/bad/wrong_names.safetensors --out " + t + "/f.safetensors",
        "nowhere"},
       {"forward " + t + "/deep_model --inputs " + t + "/bad/wrong_names.safetensors --out " + t + "/f.safetensors",

@@ -16,6 +16,7 @@
 #include "dew/data/tokenizer.h"
 #include "dew/io/files.h"
 #include "dew/io/image_decode.h"
+#include "dew/sampling/schedulers.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -174,6 +175,30 @@ TEST(FuzzRegressions, ChatLinesAreRefusedWithAMessage) {
               "")
         << path;
   }
+}
+
+TEST(FuzzRegressions, SchedulerConfigsAreRefusedWhereTheyWouldRunOnNaN) {
+  // Each reads; the step counts whose sigmas or steps would not be finite are refused by name.
+  size_t refused = 0;
+  for (const auto& path : regressions("scheduler_config")) {
+    auto s = dew::sampling::Scheduler::from_file(path);
+    auto* flow = dynamic_cast<dew::sampling::FlowMatchEulerScheduler*>(s.get());
+    for (int64_t n : {1, 2, 25}) {
+      const std::string e = error_of([&] {
+        if (flow && flow->use_dynamic_shifting()) flow->set_timesteps(n, {}, flow->mu_for(256));
+        else s->set_timesteps(n);
+        at::Tensor x = at::ones({1, 1, 2, 2});
+        for (int64_t i = 0; i < s->num_steps(); ++i)
+          x = s->step(at::zeros_like(x), i, x, [](int64_t, const at::Tensor& l) { return at::zeros_like(l); });
+        EXPECT_TRUE(x.isfinite().all().item<bool>()) << path << " " << n << " steps";
+      });
+      if (!e.empty()) {
+        EXPECT_NE(e.find(path), std::string::npos) << e;
+        ++refused;
+      }
+    }
+  }
+  EXPECT_GE(refused, 2u);
 }
 
 }  // namespace

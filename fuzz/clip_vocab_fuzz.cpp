@@ -1,0 +1,64 @@
+// libFuzzer target for CLIP's vocab.json + merges.txt (dew/data/clip_tokenizer.cpp: ClipTokenizer, what the
+// CLIP text encoders of SD / SDXL / SD3 / Flux folders and the CLIP score read): the input up to its first NUL
+// byte is vocab.json, the rest merges.txt, written beside each other in a scratch folder; a tokenizer read from
+// them then encodes a fixed caption and one made of the input's own bytes. Any input must either be refused with
+// a dew::Error or give ids in [0, vocab_size) and batches of the asked shape with bos and eos in place; a crash,
+// a sanitizer report or a huge allocation is a bug.
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "dew/core/error.h"
+#include "dew/data/clip_tokenizer.h"
+
+namespace {
+
+void require(bool ok) {
+  if (!ok) std::abort();
+}
+
+const std::string& scratch_dir() {
+  static const std::string dir = [] {
+    const std::string d = "/tmp/dew-fuzz-clip-vocab-" + std::to_string(getpid());
+    std::filesystem::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+void write(const std::string& name, const char* data, size_t size) {
+  std::ofstream f(scratch_dir() + "/" + name, std::ios::binary | std::ios::trunc);
+  f.write(data, static_cast<std::streamsize>(size));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const char* bytes = reinterpret_cast<const char*>(data);
+  const size_t vocab = std::find(bytes, bytes + size, '\0') - bytes;
+  write("vocab.json", bytes, vocab);
+  write("merges.txt", bytes + std::min(size, vocab + 1), vocab < size ? size - vocab - 1 : 0);
+  try {
+    const dew::data::ClipTokenizer tok(scratch_dir() + "/vocab.json");
+    const int64_t n = tok.vocab_size();
+    require(n > 0 && tok.bos_id() >= 0 && tok.bos_id() < n && tok.eos_id() >= 0 && tok.eos_id() < n);
+    require(tok.pad_id() >= 0 && tok.pad_id() < n);
+    const std::string own(bytes, std::min<size_t>(size, 200));
+    for (const std::string& text : {std::string("a photo of a cat, 2 dogs's   ball!"), own}) {
+      for (int64_t id : tok.encode(text)) require(id >= 0 && id < n);
+      const auto [ids, mask] = tok.batch({text}, 16);
+      require(ids.sizes() == at::IntArrayRef({1, 16}) && mask.sizes() == ids.sizes());
+      require(ids[0][0].item<int64_t>() == tok.bos_id() && mask[0][0].item<bool>());
+      require(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < n);
+    }
+  } catch (const dew::Error&) {
+  }
+  return 0;
+}
