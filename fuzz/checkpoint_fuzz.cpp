@@ -19,31 +19,22 @@
 #include "dew/core/error.h"
 #include "dew/io/safetensors.h"
 #include "dew/training/checkpoint.h"
+#include "fuzz/fuzz_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-void require(bool ok) {
-  if (!ok) std::abort();
-}
-
-void write(const fs::path& p, const char* data, size_t size) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(data, static_cast<std::streamsize>(size));
-}
-
 // One run directory per fuzzing process: step_1 complete, step_3's tensors valid (its state.json is the input's).
 const fs::path& scratch_run() {
   static const fs::path run = [] {
-    const fs::path r = fs::path("/tmp") / ("dew-fuzz-checkpoint-" + std::to_string(getpid()));
+    const fs::path r = dew_fuzz::make_scratch_dir("checkpoint");
     for (int step : {1, 3}) {
       const fs::path c = r / "checkpoints" / ("step_" + std::to_string(step));
       fs::create_directories(c);
       for (const char* f : {"model", "ema", "optimizer"})
         dew::io::save_safetensors((c / (std::string(f) + ".safetensors")).string(), {{"w", at::ones({2, 2})}});
-      const std::string state = "{\"step\": " + std::to_string(step) + ", \"format\": 1}";
-      write(c / "state.json", state.data(), state.size());
+      dew_fuzz::write_file(c / "state.json", "{\"step\": " + std::to_string(step) + ", \"format\": 1}");
     }
     return r;
   }();
@@ -53,25 +44,21 @@ const fs::path& scratch_run() {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const char* bytes = reinterpret_cast<const char*>(data);
-  const size_t record = std::find(bytes, bytes + size, '\0') - bytes;
+  const auto [record, state] = dew_fuzz::split_at_nul(data, size);
   const fs::path& run = scratch_run();
-  write(run / "run.json", bytes, record);
-  write(run / "checkpoints" / "step_3" / "state.json", bytes + std::min(size, record + 1),
-        record < size ? size - record - 1 : 0);
+  dew_fuzz::write_file(run / "run.json", record);
+  dew_fuzz::write_file(run / "checkpoints" / "step_3" / "state.json", state);
   const std::string dir = run.string();
   try {
     (void)dew::training::read_run_json(dir);
-  } catch (const dew::Error&) {
-  }
+  } catch (const dew::Error&) {}
   try {
     const auto steps = dew::training::list_checkpoints(dir);
     for (int64_t s : steps) (void)dew::training::checkpoint_damage(dir, s);
     const auto point = dew::training::resume_point(dir, /*strict=*/false);
-    require(point.step == 1 || point.step == 3);  // step_1 is complete
+    FUZZ_REQUIRE(point.step == 1 || point.step == 3);  // step_1 is complete
     const auto c = dew::training::load_checkpoint(dir, point.step);
-    require(c.step == point.step && c.model.count("w") == 1);
-  } catch (const dew::Error&) {
-  }
+    FUZZ_REQUIRE(c.step == point.step && c.model.count("w") == 1);
+  } catch (const dew::Error&) {}
   return 0;
 }

@@ -17,48 +17,34 @@
 
 #include "dew/core/error.h"
 #include "dew/data/clip_tokenizer.h"
+#include "fuzz/fuzz_util.h"
 
 namespace {
 
-void require(bool ok) {
-  if (!ok) std::abort();
-}
-
-const std::string& scratch_dir() {
-  static const std::string dir = [] {
-    const std::string d = "/tmp/dew-fuzz-clip-vocab-" + std::to_string(getpid());
-    std::filesystem::create_directories(d);
-    return d;
-  }();
+const std::filesystem::path& scratch_dir() {
+  static const auto dir = dew_fuzz::make_scratch_dir("clip-vocab");
   return dir;
-}
-
-void write(const std::string& name, const char* data, size_t size) {
-  std::ofstream f(scratch_dir() + "/" + name, std::ios::binary | std::ios::trunc);
-  f.write(data, static_cast<std::streamsize>(size));
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const char* bytes = reinterpret_cast<const char*>(data);
-  const size_t vocab = std::find(bytes, bytes + size, '\0') - bytes;
-  write("vocab.json", bytes, vocab);
-  write("merges.txt", bytes + std::min(size, vocab + 1), vocab < size ? size - vocab - 1 : 0);
+  const auto [vocab, merges] = dew_fuzz::split_at_nul(data, size);
+  dew_fuzz::write_file(scratch_dir() / "vocab.json", vocab);
+  dew_fuzz::write_file(scratch_dir() / "merges.txt", merges);
   try {
-    const dew::data::ClipTokenizer tok(scratch_dir() + "/vocab.json");
+    const dew::data::ClipTokenizer tok((scratch_dir() / "vocab.json").string());
     const int64_t n = tok.vocab_size();
-    require(n > 0 && tok.bos_id() >= 0 && tok.bos_id() < n && tok.eos_id() >= 0 && tok.eos_id() < n);
-    require(tok.pad_id() >= 0 && tok.pad_id() < n);
-    const std::string own(bytes, std::min<size_t>(size, 200));
+    FUZZ_REQUIRE(n > 0 && tok.bos_id() >= 0 && tok.bos_id() < n && tok.eos_id() >= 0 && tok.eos_id() < n);
+    FUZZ_REQUIRE(tok.pad_id() >= 0 && tok.pad_id() < n);
+    const std::string own(reinterpret_cast<const char*>(data), std::min<size_t>(size, 200));
     for (const std::string& text : {std::string("a photo of a cat, 2 dogs's   ball!"), own}) {
-      for (int64_t id : tok.encode(text)) require(id >= 0 && id < n);
+      for (int64_t id : tok.encode(text)) FUZZ_REQUIRE(id >= 0 && id < n);
       const auto [ids, mask] = tok.batch({text}, 16);
-      require(ids.sizes() == at::IntArrayRef({1, 16}) && mask.sizes() == ids.sizes());
-      require(ids[0][0].item<int64_t>() == tok.bos_id() && mask[0][0].item<bool>());
-      require(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < n);
+      FUZZ_REQUIRE(ids.sizes() == at::IntArrayRef({1, 16}) && mask.sizes() == ids.sizes());
+      FUZZ_REQUIRE(ids[0][0].item<int64_t>() == tok.bos_id() && mask[0][0].item<bool>());
+      FUZZ_REQUIRE(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < n);
     }
-  } catch (const dew::Error&) {
-  }
+  } catch (const dew::Error&) {}
   return 0;
 }

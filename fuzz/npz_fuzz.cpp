@@ -11,16 +11,13 @@
 
 #include "dew/core/error.h"
 #include "dew/io/npz.h"
+#include "fuzz/fuzz_util.h"
 
 namespace {
 
-void require(bool ok) {
-  if (!ok) std::abort();
-}
-
 void check(const at::Tensor& t) {
-  require(t.defined() && t.is_contiguous() && t.device().is_cpu());
-  require(t.nbytes() == size_t(t.numel()) * t.element_size());
+  FUZZ_REQUIRE(t.defined() && t.is_contiguous() && t.device().is_cpu());
+  FUZZ_REQUIRE(t.nbytes() == size_t(t.numel()) * t.element_size());
   // every element read once (a tensor whose storage is shorter than its shape would fault here)
   (void)t.to(at::kDouble).sum().item<double>();
 }
@@ -31,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   try {
     for (const auto& [name, t] : dew::io::parse_npz(bytes, "fuzz.npz")) {
-      require(!name.empty());
+      FUZZ_REQUIRE(!name.empty());
       check(t);
     }
   } catch (const dew::Error&) {}

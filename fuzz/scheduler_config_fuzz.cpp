@@ -17,20 +17,12 @@
 
 #include "dew/core/error.h"
 #include "dew/sampling/schedulers.h"
+#include "fuzz/fuzz_util.h"
 
 namespace {
 
-// A broken promise: the line is printed, then the run stops as on a crash.
-#define require(ok)                                                              \
-  do {                                                                           \
-    if (!(ok)) {                                                                 \
-      std::fprintf(stderr, "scheduler_config_fuzz.cpp:%d: %s\n", __LINE__, #ok); \
-      std::abort();                                                              \
-    }                                                                            \
-  } while (0)
-
-const std::string& scratch_path() {
-  static const std::string path = "/tmp/dew-fuzz-scheduler-" + std::to_string(getpid()) + ".json";
+const std::filesystem::path& scratch_path() {
+  static const auto path = dew_fuzz::make_scratch_dir("scheduler") / "scheduler_config.json";
   return path;
 }
 
@@ -39,18 +31,15 @@ bool finite(const at::Tensor& t) { return !t.defined() || t.numel() == 0 || t.is
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  {
-    std::ofstream f(scratch_path(), std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  dew_fuzz::write_file(scratch_path(), std::string_view(reinterpret_cast<const char*>(data), size));
   dew::sampling::SchedulerPtr s;
   try {
-    s = dew::sampling::Scheduler::from_file(scratch_path());
+    s = dew::sampling::Scheduler::from_file(scratch_path().string());
   } catch (const dew::Error&) {
     return 0;
   }
   const at::Tensor& a = s->alphas_cumprod();
-  if (a.defined() && a.numel() > 0) require(finite(a) && a.ge(0).all().item<bool>() && a.le(1).all().item<bool>());
+  if (a.defined() && a.numel() > 0) FUZZ_REQUIRE(finite(a) && a.ge(0).all().item<bool>() && a.le(1).all().item<bool>());
   auto* flow = dynamic_cast<dew::sampling::FlowMatchEulerScheduler*>(s.get());
   const dew::sampling::NoiseSource noise = [](int64_t, const at::Tensor& like) { return at::zeros_like(like); };
   for (int64_t n : {1, 2, 25}) {
@@ -60,15 +49,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const dew::Error&) {
       continue;
     }
-    require(s->num_steps() >= 1 && finite(s->timesteps()) && std::isfinite(s->init_noise_sigma()));
-    if (flow) require(finite(flow->sigmas()));
+    FUZZ_REQUIRE(s->num_steps() >= 1 && finite(s->timesteps()) && std::isfinite(s->init_noise_sigma()));
+    if (flow) FUZZ_REQUIRE(finite(flow->sigmas()));
     // every step in order (multistep methods need it), from a zero model output
     at::Tensor x = at::ones({1, 1, 2, 2});
     try {
       for (int64_t i = 0; i < s->num_steps(); ++i) {
-        require(finite(s->scale_model_input(x, i)));
+        FUZZ_REQUIRE(finite(s->scale_model_input(x, i)));
         x = s->step(at::zeros_like(x), i, x, noise);
-        require(finite(x));
+        FUZZ_REQUIRE(finite(x));
       }
     } catch (const dew::Error&) {}
   }

@@ -20,19 +20,16 @@
 #include "dew/core/error.h"
 #include "dew/io/safetensors.h"
 #include "dew/io/weights.h"
+#include "fuzz/fuzz_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-void require(bool ok) {
-  if (!ok) std::abort();
-}
-
 // One folder per fuzzing process (libFuzzer's -jobs run several); the shards are written once.
 const fs::path& scratch_dir() {
   static const fs::path dir = [] {
-    const fs::path root = fs::path("/tmp") / ("dew-fuzz-shard-index-" + std::to_string(getpid()));
+    const fs::path root = dew_fuzz::make_scratch_dir("shard-index");
     fs::create_directories(root / "model" / "sub");
     dew::io::save_safetensors((root / "model" / "a.safetensors").string(),
                               {{"x", at::arange(6, at::kFloat).view({2, 3})}, {"z", at::full({1}, 7, at::kLong)}});
@@ -48,17 +45,14 @@ const fs::path& scratch_dir() {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const fs::path index = scratch_dir() / "model.safetensors.index.json";
-  {
-    std::ofstream f(index, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  dew_fuzz::write_file(index, std::string_view(reinterpret_cast<const char*>(data), size));
   static const std::set<std::string> inside = {"x", "y", "z", "w"};
   try {
     const auto source = dew::io::WeightSource::open(index.string());
     for (const auto& name : source.names()) {
-      require(inside.count(name) == 1);  // never a tensor of a file outside the folder
+      FUZZ_REQUIRE(inside.count(name) == 1);  // never a tensor of a file outside the folder
       const at::Tensor t = source.tensor(name);
-      require(t.sizes().vec() == source.shape(name) && t.scalar_type() == source.dtype(name));
+      FUZZ_REQUIRE(t.sizes().vec() == source.shape(name) && t.scalar_type() == source.dtype(name));
       (void)t.to(at::kDouble).sum().item<double>();
       source.release(name);
     }

@@ -16,50 +16,35 @@
 
 #include "dew/core/error.h"
 #include "dew/data/token_files.h"
+#include "fuzz/fuzz_util.h"
 
 namespace {
 
-void require(bool ok) {
-  if (!ok) std::abort();
-}
-
-// One directory per fuzzing process (libFuzzer's -jobs run several), rewritten for each input.
-const std::string& scratch_dir() {
-  static const std::string dir = [] {
-    const std::string d = "/tmp/dew-fuzz-token-files-" + std::to_string(getpid());
-    std::filesystem::create_directories(d);
-    return d;
-  }();
+const std::filesystem::path& scratch_dir() {
+  static const auto dir = dew_fuzz::make_scratch_dir("token-files");
   return dir;
-}
-
-void write(const std::string& name, const char* data, size_t size) {
-  std::ofstream f(scratch_dir() + "/" + name, std::ios::binary | std::ios::trunc);
-  f.write(data, static_cast<std::streamsize>(size));
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const char* bytes = reinterpret_cast<const char*>(data);
-  const size_t meta = std::find(bytes, bytes + size, '\0') - bytes;
-  const size_t rest = meta < size ? size - meta - 1 : 0, half = rest / 2;
-  write("meta.json", bytes, meta);
-  write("train.bin", bytes + std::min(size, meta + 1), half);
-  write("val.bin", bytes + std::min(size, meta + 1) + half, rest - half);
+  const auto [meta, bins] = dew_fuzz::split_at_nul(data, size);
+  dew_fuzz::write_file(scratch_dir() / "meta.json", meta);
+  dew_fuzz::write_file(scratch_dir() / "train.bin", bins.substr(0, bins.size() / 2));
+  dew_fuzz::write_file(scratch_dir() / "val.bin", bins.substr(bins.size() / 2));
   try {
-    dew::data::TokenFiles tf(scratch_dir(), /*check_ids=*/true);
+    dew::data::TokenFiles tf(scratch_dir().string(), /*check_ids=*/true);
     const auto& m = tf.meta();
-    require(m.vocab_size > 0 && m.train_tokens >= 0 && m.val_tokens >= 0);
+    FUZZ_REQUIRE(m.vocab_size > 0 && m.train_tokens >= 0 && m.val_tokens >= 0);
     for (bool val : {false, true}) {
       const int64_t n = tf.size(val);
       if (n == 0) continue;
       const at::Tensor ids = tf.ids(val, 0, n);
-      require(ids.numel() == n);
-      require(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < m.vocab_size);
+      FUZZ_REQUIRE(ids.numel() == n);
+      FUZZ_REQUIRE(ids.min().item<int64_t>() >= 0 && ids.max().item<int64_t>() < m.vocab_size);
       try {
         tf.ids(val, n, 1);  // past the end: refused
-        require(false);
+        FUZZ_REQUIRE(!"a window past the end was read");
       } catch (const dew::Error&) {}
     }
   } catch (const dew::Error&) {}
