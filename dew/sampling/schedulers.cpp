@@ -166,8 +166,9 @@ class DDIMScheduler : public Common {
       // runs on inf / NaN there. (Betas are > 0, so abar < 1 and the other divisions are safe.)
       const double a = b_.ac[size_t(t)];
       DEW_CHECK(prediction_type_ != "epsilon" || a > 0, where_, ": timestep ", t, " has alphas_cumprod 0 ",
-                "(rescale_betas_zero_snr), where an epsilon prediction gives no sample (diffusers divides by zero); ",
-                "accepted: prediction_type v_prediction or sample, or a timestep_spacing that skips that step");
+                "(rescale_betas_zero_snr, or betas whose product underflows), where an epsilon prediction gives no ",
+                "sample (diffusers divides by zero); accepted: prediction_type v_prediction or sample, or a ",
+                "timestep_spacing that skips that step");
     }
     timesteps_ = to_tensor(ts);
     ts_ = ts;
@@ -358,6 +359,13 @@ class SigmaScheduler : public Common {
     return out;
   }
   void finish(const Vec& ts, Vec sigmas) {
+    // A schedule whose alphas_cumprod underflow to 0 (large betas over many train steps) has an infinite sigma,
+    // which diffusers runs on (inf / NaN samples).
+    for (size_t j = 0; j < sigmas.size(); ++j)
+      DEW_CHECK(std::isfinite(sigmas[j]), where_, ": sigma ", j, " of these ", ts.size(), " steps is ", sigmas[j],
+                ": the training schedule's alphas_cumprod reach 0 (beta_start, beta_end and num_train_timesteps make "
+                "sigma = sqrt((1 - abar) / abar) infinite, as in diffusers); accepted: betas whose product stays "
+                "above 0 (a smaller beta_end or fewer num_train_timesteps), or rescale_betas_zero_snr");
     timesteps_ = to_tensor(ts);
     sigmas_ = std::move(sigmas);
     const double smax = *std::max_element(sigmas_.begin(), sigmas_.end());

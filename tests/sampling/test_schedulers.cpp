@@ -335,6 +335,12 @@ TEST(Schedulers, RefusesUnsupportedSettingsByName) {
                            {"rescale_betas_zero_snr", true},
                            {"timestep_spacing", "trailing"},
                            {"prediction_type", "v_prediction"}});
+  // betas whose product underflows: an infinite sigma for the k-diffusion family (finding 27)
+  auto underflow = from_json({{"_class_name", "EulerDiscreteScheduler"},
+                              {"beta_end", 0.812},
+                              {"num_train_timesteps", 2000},
+                              {"interpolation_type", "log_linear"}});
+  expect_names(error_of([&] { underflow->set_timesteps(4); }), {"sigma", "inf", "alphas_cumprod reach 0", "beta_end"});
   zsnr_v->set_timesteps(10);  // the v prediction is defined there
   EXPECT_TRUE(
       zsnr_v->step(at::zeros({1, 1, 2, 2}), 0, at::ones({1, 1, 2, 2}), seeded_noise(0)).isfinite().all().item<bool>());
