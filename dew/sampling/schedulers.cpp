@@ -559,6 +559,15 @@ class DPMSolver : public Common {
       ts = np_round(np_arange(double(last), 0, -double(b_.T) / double(n)));
       for (auto& t : ts) t -= 1;
     }
+    // diffusers takes these as they come; a repeated timestep (more steps than the train steps' spacing holds)
+    // makes a higher-order update divide by a zero log-SNR gap (NaN), one past the table reads outside it.
+    for (size_t j = 0; j < ts.size(); ++j) {
+      DEW_CHECK(ts[j] >= 0 && ts[j] <= double(b_.T - 1), where_, ": timestep ", ts[j], " (steps_offset ", b_.offset,
+                ", ", n, " steps) is outside [0, ", b_.T - 1, "]");
+      DEW_CHECK(j == 0 || ts[j] < ts[j - 1], where_, ": ", n, " steps give timestep ", ts[j], " twice (", b_.spacing,
+                " spacing of ", b_.T, " train steps), where the multistep update divides by zero; ",
+                "accepted: fewer steps");
+    }
     Vec train;
     for (double a : b_.ac) train.push_back(std::sqrt((1 - a) / a));
     Vec sig;

@@ -193,7 +193,8 @@ TEST(FuzzRegressions, SchedulerConfigsAreRefusedWhereTheyWouldRunOnNaN) {
         EXPECT_TRUE(x.isfinite().all().item<bool>()) << path << " " << n << " steps";
       });
       if (!e.empty()) {
-        EXPECT_NE(e.find(path), std::string::npos) << e;
+        // the file, or (a step count the train steps cannot hold) the class
+        EXPECT_TRUE(e.find(path) != std::string::npos || e.find(s->class_name()) != std::string::npos) << e;
         ++refused;
       }
     }

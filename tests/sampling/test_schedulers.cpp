@@ -341,6 +341,12 @@ TEST(Schedulers, RefusesUnsupportedSettingsByName) {
                               {"num_train_timesteps", 2000},
                               {"interpolation_type", "log_linear"}});
   expect_names(error_of([&] { underflow->set_timesteps(4); }), {"sigma", "inf", "alphas_cumprod reach 0", "beta_end"});
+  // more steps than the train steps' spacing holds: a repeated timestep (the multistep update divides by zero)
+  auto few = from_json({{"_class_name", "DPMSolverMultistepScheduler"},
+                        {"num_train_timesteps", 2},
+                        {"timestep_spacing", "leading"},
+                        {"steps_offset", 1}});
+  expect_names(error_of([&] { few->set_timesteps(2); }), {"timestep 1 twice", "fewer steps"});
   zsnr_v->set_timesteps(10);  // the v prediction is defined there
   EXPECT_TRUE(
       zsnr_v->step(at::zeros({1, 1, 2, 2}), 0, at::ones({1, 1, 2, 2}), seeded_noise(0)).isfinite().all().item<bool>());
