@@ -143,8 +143,12 @@ json lm_fields(int64_t seq_len) {
 const json& jepa_recipe() {
   static const json r = [] {
     json c = runs::default_recipe("jepa");
+    auto model = from_json<runs::ModelSpec>(c["model"], "model");
+    auto predictor = from_json<runs::ModelSpec>(c["predictor"], "predictor");
     rng::DefaultGeneratorScope scope(0, 0, "bench");
-    runs::build_jepa_models(c, {1, 1, kImage, kImage}, "bench");
+    runs::build_jepa_models(model, predictor, {1, 1, kImage, kImage}, "bench");
+    c["model"] = to_json(model);
+    c["predictor"] = to_json(predictor);
     return c;
   }();
   return r;

@@ -54,6 +54,14 @@ struct NoOptions {
   void visit(V&) {}
 };
 
+/// A field that may be absent: written only when it holds a value (the key is left out, not null), read as empty
+/// when absent or null. For recipe sections a run records only when used (a pixel run has no `autoencoder`).
+template <class T>
+struct Omittable : std::optional<T> {
+  using std::optional<T>::optional;
+  using std::optional<T>::operator=;
+};
+
 /// One field of an options struct as shown to users.
 struct FieldInfo {
   std::string name;
@@ -81,6 +89,10 @@ struct is_optional : std::false_type {};
 template <class T>
 struct is_optional<std::optional<T>> : std::true_type {};
 template <class T>
+struct is_omittable : std::false_type {};
+template <class T>
+struct is_omittable<Omittable<T>> : std::true_type {};
+template <class T>
 struct is_vector : std::false_type {};
 template <class T>
 struct is_vector<std::vector<T>> : std::true_type {};
@@ -97,6 +109,7 @@ std::string type_name() {
   else if constexpr (std::is_same_v<T, std::string>) return "string";
   else if constexpr (std::is_same_v<T, json>) return "object";
   else if constexpr (is_optional<T>::value) return type_name<typename T::value_type>() + " | null";
+  else if constexpr (is_omittable<T>::value) return type_name<typename T::value_type>() + " | absent";
   else if constexpr (is_vector<T>::value) return "list[" + type_name<typename T::value_type>() + "]";
   else if constexpr (is_pair<T>::value)
     return "[" + type_name<typename T::first_type>() + ", " + type_name<typename T::second_type>() + "]";
@@ -114,7 +127,11 @@ struct Writer {
   json out = json::object();
   template <class F>
   void operator()(const char* name, const F& f, const char*) {
-    out[name] = to_value(f);
+    if constexpr (is_omittable<F>::value) {
+      if (f) out[name] = to_value(*f);
+    } else {
+      out[name] = to_value(f);
+    }
   }
   template <class F>
   void choice(const char* name, const F& f, const std::vector<std::string>&, const char*) {
@@ -124,7 +141,7 @@ struct Writer {
 
 template <class T>
 json to_value(const T& v) {
-  if constexpr (is_optional<T>::value) return v ? to_value(*v) : json(nullptr);
+  if constexpr (is_optional<T>::value || is_omittable<T>::value) return v ? to_value(*v) : json(nullptr);
   else if constexpr (is_vector<T>::value) {
     json a = json::array();
     for (const auto& e : v) a.push_back(to_value(e));
@@ -207,7 +224,7 @@ void from_value(const json& j, T& out, const std::string& where) {
     out = j.get<std::string>();
   } else if constexpr (std::is_same_v<T, json>) {
     out = j;
-  } else if constexpr (is_optional<T>::value) {
+  } else if constexpr (is_optional<T>::value || is_omittable<T>::value) {
     if (j.is_null()) {
       out.reset();
     } else {

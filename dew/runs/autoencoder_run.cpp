@@ -13,43 +13,44 @@ namespace dew::runs {
 
 namespace {
 
+// The `autoencoder` recipe.
+struct AutoencoderRecipe : RecipeBase {
+  ModelSpec model;
+  json data = json::object();
+  json test_data = nullptr;
+  AutoencoderObjectiveOptions objective;
+  template <class V>
+  void visit(V& v) {
+    RecipeBase::visit(v);
+    v("model", model, "the autoencoder (in_channels, out_channels and sample_size from the data unless given)");
+    v("data", data, "the images: a source of `dew list datasets`");
+    v("test_data", test_data, "the held-out set validation and `dew eval` reconstruct; null = the data, split test");
+    v("objective", objective, "reconstruction + KL");
+  }
+};
+
 // A small KL autoencoder on Fashion-MNIST padded to 32 x 32 (two 2x levels: 4 x 16 x 16 latents), sized
 // for a 2-core CPU (docs/stable_diffusion.md has the measured run).
-json autoencoder_defaults() {
-  data::LoaderOptions lo;
-  lo.batch_size = 32;
-  lo.num_workers = 1;
-  training::OptimOptions oo;
-  oo.lr = 1e-3;
-  oo.warmup_steps = 100;
-  oo.weight_decay = 0.0;
-  training::TrainerOptions to;
-  to.steps = 1500;
-  to.log_every = 50;
-  to.val_every = 500;
-  to.checkpoint_every = 500;
-  AutoencoderObjectiveOptions obj;
-  json r = to_json(RunOptions{});
-  r["run"] = "runs/fashion_vae";
-  r.update(json{
-      // in_channels, out_channels and sample_size come from the data unless given.
-      {"model",
-       {{"architecture", "autoencoder_kl"},
-        {"fields",
-         {{"block_out_channels", {32, 64}}, {"layers_per_block", 1}, {"latent_channels", 4}, {"norm_groups", 8}}}}},
-      {"data", {{"name", "fashion_mnist"}, {"split", "train"}, {"pad", 2}}},
-      // The held-out set validation and `dew eval` reconstruct; null = the data with split "test".
-      {"test_data", nullptr},
-      {"loader", to_json(lo)},
-      {"optim", to_json(oo)},
-      {"trainer", to_json(to)},
-      {"objective", to_json(obj)},
-  });
+AutoencoderRecipe autoencoder_defaults() {
+  AutoencoderRecipe r;
+  r.run = "runs/fashion_vae";
+  r.model = {"autoencoder_kl",
+             {{"block_out_channels", {32, 64}}, {"layers_per_block", 1}, {"latent_channels", 4}, {"norm_groups", 8}}};
+  r.data = {{"name", "fashion_mnist"}, {"split", "train"}, {"pad", 2}};
+  r.loader.batch_size = 32;
+  r.loader.num_workers = 1;
+  r.optim.lr = 1e-3;
+  r.optim.warmup_steps = 100;
+  r.optim.weight_decay = 0.0;
+  r.trainer.steps = 1500;
+  r.trainer.log_every = 50;
+  r.trainer.val_every = 500;
+  r.trainer.checkpoint_every = 500;
   return r;
 }
 
-std::string autoencoder_help(const json& recipe) {
-  const std::string arch = recipe["model"]["architecture"];
+std::string autoencoder_help(const AutoencoderRecipe& recipe) {
+  const std::string& arch = recipe.model.architecture;
   return "model fields (" + arch + "):\n" + format_fields(models::autoencoders().info(arch).fields, "  ") +
          "\nobjective fields:\n" + format_fields(fields_of<AutoencoderObjectiveOptions>(), "  ");
 }
@@ -67,38 +68,35 @@ void check_round_trip(AutoencoderImpl& ae, const std::vector<int64_t>& shape, co
             ", e.g. --data.pad 2 for Fashion-MNIST)");
 }
 
-Built build_autoencoder_run(json& r, const c10::Device& device) {
-  DEW_CHECK(r["model"].is_object() && r["model"].value("architecture", json()).is_string(),
-            "model: expected {\"architecture\": NAME, \"fields\": {...}}, got ", r["model"].dump());
-  const std::string arch = r["model"]["architecture"];
+Built build_autoencoder_run(AutoencoderRecipe& r, const c10::Device& device) {
+  const std::string arch = r.model.architecture;
   DEW_CHECK(models::autoencoders().contains(arch), "model.architecture: unknown \"", arch, "\"; accepted: ", [] {
     std::string s;
     for (const auto& e : models::autoencoders().entries()) s += (s.empty() ? "" : ", ") + e.name;
     return s;
   }());
-  set_threads(r["threads"].get<int64_t>(), Workload::kIntraOp);
-  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
-  auto obj = from_json<AutoencoderObjectiveOptions>(r["objective"], "objective");
-  r["data"] = data_spec(r["data"]);
-  auto train = data::datasets().build(r["data"]);
+  set_threads(r.threads, Workload::kIntraOp);
+  const AutoencoderObjectiveOptions& obj = r.objective;
+  r.data = data_spec(r.data);
+  auto train = data::datasets().build(r.data);
   DEW_CHECK(train->contains(obj.image_field), "objective.image_field: dataset ", train->name(), " has no field \"",
             obj.image_field, "\"");
   const auto sizes = train->field(obj.image_field).sizes();
   DEW_CHECK(sizes.size() == 4, "data: an autoencoder trains on images [N, C, H, W], dataset ", train->name(), " holds ",
             sizes);
   const std::vector<int64_t> shape(sizes.begin() + 1, sizes.end());
-  json& f = r["model"]["fields"];
+  json& f = r.model.fields;
   if (!f.is_object()) f = json::object();
   if (!f.contains("in_channels")) f["in_channels"] = shape[0];
   if (!f.contains("out_channels")) f["out_channels"] = shape[0];
   if (!f.contains("sample_size")) f["sample_size"] = shape[1];
   DEW_CHECK(f["in_channels"] == shape[0], "model.fields.in_channels: ", f["in_channels"].dump(), ", but dataset ",
             train->name(), " has ", shape[0], "-channel images");
-  auto ae = models::build_autoencoder(r["model"]);
-  r["model"] = ae->config();
+  auto ae = models::build_autoencoder(to_json(r.model));
+  r.model = from_json<ModelSpec>(ae->config());
   check_round_trip(*ae, shape, train->name());
   data::DatasetPtr test;
-  const json held_out = autoencoder_test_spec(r);
+  const json held_out = held_out_data(r.data, r.test_data);
   if (obj.val_items > 0) {
     if (held_out.is_null())
       log::warn("no validation scores: dataset ", train->name(), " has no test split (give --test_data)");
@@ -110,7 +108,8 @@ Built build_autoencoder_run(json& r, const c10::Device& device) {
   ae->to(device);
   Built b;
   b.objective = std::make_shared<AutoencoderObjective>(ae, obj, test);
-  lo.seed = r["seed"].get<int64_t>();
+  data::LoaderOptions lo = r.loader;
+  lo.seed = r.seed;
   b.loader = std::make_shared<data::DataLoader>(train, lo);
   b.preview = ".png";
   b.derived = {{"sample_shape", shape}, {"test_data", held_out}};
@@ -121,21 +120,8 @@ Built build_autoencoder_run(json& r, const c10::Device& device) {
 
 }  // namespace
 
-json autoencoder_test_spec(const json& r) {
-  if (!r.value("test_data", json()).is_null()) return data_spec(r["test_data"]);
-  json t = data_spec(r.at("data"));
-  const std::string name = t.value("name", "");
-  if (!data::datasets().contains(name)) return nullptr;
-  for (const auto& f : data::datasets().info(name).fields)
-    if (f.name == "split") {
-      t["split"] = "test";
-      return t;
-    }
-  return nullptr;
-}
-
 RunKind autoencoder_kind() {
-  RunKind k;
+  KindDefinition<AutoencoderRecipe> k;
   k.name = "autoencoder";
   k.doc =
       "a KL autoencoder (autoencoder_kl) on images: reconstruction + KL, the first stage of latent diffusion "
@@ -145,7 +131,7 @@ RunKind autoencoder_kind() {
   k.identity = {"model", "seed", "data"};
   k.help = autoencoder_help;
   k.build = build_autoencoder_run;
-  return k;
+  return make_run_kind(std::move(k));
 }
 
 AutoencoderRun open_autoencoder_run(const std::string& run_dir, const OpenOptions& o) {
@@ -166,7 +152,7 @@ namespace {
 // The first `items` (0 = all) images of the run's held-out set, as stored (uint8).
 at::Tensor autoencoder_held_out_images(const AutoencoderRun& run, const std::string& run_dir, int64_t items) {
   DEW_CHECK(items >= 0, "count: must be >= 0 (0 = the whole held-out set), got ", items);
-  const json held_out = autoencoder_test_spec(run.record);
+  const json held_out = held_out_data(run.record.at("data"), run.record.value("test_data", json()));
   DEW_CHECK(!held_out.is_null(), "eval: ", run_dir, " trained on ", run.record["data"].dump(),
             ", which has no test split; rerun the training with --test_data to name a held-out set");
   auto test = data::datasets().build(held_out);

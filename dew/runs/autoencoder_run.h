@@ -24,10 +24,6 @@ struct AutoencoderRun {
 /// Opens RUN (dew::Error when it is not an autoencoder run or holds no such checkpoint).
 AutoencoderRun open_autoencoder_run(const std::string& run_dir, const OpenOptions& o = {});
 
-/// The held-out set of an autoencoder run's record: test_data, or its data with split "test"; null when its
-/// source has no splits.
-json autoencoder_test_spec(const json& record);
-
 /// Reconstruction scores of RUN's autoencoder on the first `items` (0 = all) images of its held-out set.
 ReconstructionScores score_autoencoder_run(const std::string& run_dir, const OpenOptions& o = {}, int64_t items = 0,
                                            int64_t* step = nullptr);

@@ -14,7 +14,6 @@
 #include "dew/data/dataset.h"
 #include "dew/interop/diffusers_forward.h"
 #include "dew/io/weights.h"
-#include "dew/objectives/registry.h"
 #include "dew/runs/autoencoder_run.h"
 #include "dew/runs/kinds.h"
 #include "dew/runs/lora_run.h"
@@ -26,59 +25,84 @@ namespace dew::runs {
 
 namespace {
 
+// The `text_encoder` section: an encoder from `dew list text_encoders` that turns each label's caption
+// (objective.caption_template) into the model's context; "none" = class labels.
+struct TextEncoderSection {
+  std::string architecture = "none";
+  json fields = json::object();
+  bool trainable = true;
+  template <class V>
+  void visit(V& v) {
+    v("architecture", architecture, "a text encoder of `dew list text_encoders`, or none (class labels)");
+    v("fields", fields, "the encoder's fields");
+    v("trainable", trainable, "false freezes it (a pretrained clip_text with weights)");
+  }
+  json encoder_record() const { return {{"architecture", architecture}, {"fields", fields}}; }
+};
+
+// The `diffusion` recipe.
+struct DiffusionRecipe : RecipeBase {
+  ModelSpec model;
+  json preset = json::object();
+  TextEncoderSection text_encoder;
+  std::string init_from;
+  Omittable<LoraRecipe> lora;
+  Omittable<AutoencoderSource> autoencoder;
+  Omittable<LatentOptions> latent;
+  json data = json::object();
+  DiffusionObjectiveOptions objective;
+  template <class V>
+  void visit(V& v) {
+    RecipeBase::visit(v);
+    v("model", model, "the denoiser (channels, classes and context width from the data unless given)");
+    v("preset", preset, "the diffusion process: a preset of `dew list presets` with its fields");
+    v("text_encoder", text_encoder, "captions of the labels as the model's context (none = class labels)");
+    v("init_from", init_from, "a run directory, a .safetensors file or a diffusers model folder to start from");
+    v("lora", lora, "LoRA adapters on the init_from model (docs/lora.md); a run without adapters records none");
+    v("autoencoder", autoencoder, "latent diffusion: the frozen autoencoder; a pixel run records none");
+    v("latent", latent, "latent diffusion: how the latents are taken; a pixel run records none");
+    v("data", data, "the images: a source of `dew list datasets`");
+    v("objective", objective, "the diffusion objective, validation sampling and EMA");
+  }
+};
+
 // The default recipe: class-conditional diffusion on Fashion-MNIST, sized for a 2-core CPU.
-json diffusion_defaults() {
-  data::LoaderOptions lo;
-  lo.batch_size = 32;
-  lo.num_workers = 1;
-  training::OptimOptions oo;
-  oo.lr = 2e-3;  // measured against 1e-3: accuracy 0.937 vs 0.923 after 2400 steps (docs/diffusion.md)
-  oo.warmup_steps = 100;
-  oo.weight_decay = 0.0;
-  training::TrainerOptions to;
-  to.steps = 2400;  // about what 12 minutes fit on a 2-core CPU (2 threads), so the cosine decay completes
-  to.log_every = 100;
-  to.checkpoint_every = 500;
-  to.time_limit_minutes = 0;
-  DiffusionObjectiveOptions obj;
-  obj.ema_decay = 0.995;
-  obj.sampler = "euler";
-  obj.steps = 30;
-  obj.guidance.scale = 3.0;
-  json r = to_json(RunOptions{});
-  r["run"] = "runs/fashion_mnist";
-  r.update(json{
-      {"model",
-       {{"architecture", "unet"},
-        {"fields",
-         {{"emb_features", 64},
-          {"feature_depths", {32, 64}},
-          {"attention_configs", {nullptr, nullptr}},
-          {"num_res_blocks", 1},
-          {"num_middle_res_blocks", 1},
-          {"norm_groups", 8}}}}},
-      // flow beat edm (pixel) at the same 2400 steps: accuracy 0.950 vs 0.936, Frechet distance 26.3 vs 33.7
-      // (euler, 20 steps, guidance 3; docs/training.md has the table).
-      {"preset", {{"name", "flow"}}},
-      // Text-to-image: an encoder from `dew list text_encoders` turns each label's caption
-      // (objective.caption_template) into the model's context; "none" = class labels.
-      // trainable false freezes it (a pretrained clip_text with weights).
-      {"text_encoder", {{"architecture", "none"}, {"fields", json::object()}, {"trainable", true}}},
-      // A run directory, a .safetensors file or a diffusers model folder (e.g. a pipeline's unet/, whose config.json
-      // then sets model.architecture and model.fields) to start the model from (unet -> unet_3d inflates).
-      {"init_from", ""},
-      // LoRA adapters on the init_from model (docs/lora.md): empty targets = every parameter trains.
-      {"lora", lora_recipe_defaults()},
-      // Latent diffusion: the frozen autoencoder (a `dew train autoencoder` run or a diffusers AutoencoderKL
-      // folder; both empty = pixel space) and how its latents are taken. A pixel run's record has neither.
-      {"autoencoder", to_json(AutoencoderSource{})},
-      {"latent", to_json(LatentOptions{})},
-      {"data", {{"name", "fashion_mnist"}, {"split", "train"}}},
-      {"loader", to_json(lo)},
-      {"optim", to_json(oo)},
-      {"trainer", to_json(to)},
-      {"objective", to_json(obj)},
-  });
+DiffusionRecipe diffusion_defaults() {
+  DiffusionRecipe r;
+  r.run = "runs/fashion_mnist";
+  r.model = {"unet",
+             {{"emb_features", 64},
+              {"feature_depths", {32, 64}},
+              {"attention_configs", {nullptr, nullptr}},
+              {"num_res_blocks", 1},
+              {"num_middle_res_blocks", 1},
+              {"norm_groups", 8}}};
+  // flow beat edm (pixel) at the same 2400 steps: accuracy 0.950 vs 0.936, Frechet distance 26.3 vs 33.7
+  // (euler, 20 steps, guidance 3; docs/training.md has the table).
+  r.preset = {{"name", "flow"}};
+  // A run directory, a .safetensors file or a diffusers model folder (e.g. a pipeline's unet/, whose config.json
+  // then sets model.architecture and model.fields) to start the model from (unet -> unet_3d inflates).
+  r.init_from = "";
+  // LoRA adapters on the init_from model (docs/lora.md): empty targets = every parameter trains.
+  r.lora = LoraRecipe{};
+  // Latent diffusion: the frozen autoencoder (a `dew train autoencoder` run or a diffusers AutoencoderKL
+  // folder; both empty = pixel space) and how its latents are taken. A pixel run's record has neither.
+  r.autoencoder = AutoencoderSource{};
+  r.latent = LatentOptions{};
+  r.data = {{"name", "fashion_mnist"}, {"split", "train"}};
+  r.loader.batch_size = 32;
+  r.loader.num_workers = 1;
+  r.optim.lr = 2e-3;  // measured against 1e-3: accuracy 0.937 vs 0.923 after 2400 steps (docs/diffusion.md)
+  r.optim.warmup_steps = 100;
+  r.optim.weight_decay = 0.0;
+  r.trainer.steps = 2400;  // about what 12 minutes fit on a 2-core CPU (2 threads), so the cosine decay completes
+  r.trainer.log_every = 100;
+  r.trainer.checkpoint_every = 500;
+  r.trainer.time_limit_minutes = 0;
+  r.objective.ema_decay = 0.995;
+  r.objective.sampler = "euler";
+  r.objective.steps = 30;
+  r.objective.guidance.scale = 3.0;
   return r;
 }
 
@@ -99,18 +123,11 @@ json complete_model_fields(const std::string& arch, json fields, int64_t channel
   return fields;
 }
 
-// The run's text encoder, or null when the recipe says "none"; frozen unless "trainable".
-TextEncoderPtr build_text_encoder(const json& record) {
-  DEW_CHECK(record.is_object() && record.contains("architecture") && record["architecture"].is_string(),
-            "text_encoder: expected {\"architecture\": NAME or \"none\", \"fields\": {...}, \"trainable\": bool}, got ",
-            record.dump());
-  if (record["architecture"] == "none") return nullptr;
-  json spec = record;
-  const json trainable = spec.value("trainable", json(true));
-  DEW_CHECK(trainable.is_boolean(), "text_encoder.trainable: expected true or false, got ", trainable.dump());
-  spec.erase("trainable");
-  auto enc = text_encoders::build(spec);
-  if (!trainable.get<bool>())
+// The run's text encoder, or null when the section says "none"; frozen unless "trainable".
+TextEncoderPtr build_text_encoder(const TextEncoderSection& section) {
+  if (section.architecture == "none") return nullptr;
+  auto enc = text_encoders::build(section.encoder_record());
+  if (!section.trainable)
     for (auto& p : enc->parameters()) p.set_requires_grad(false);
   return enc;
 }
@@ -148,10 +165,8 @@ void init_model_from(BackboneImpl& model, const std::string& arch, const std::st
 }
 
 // Whether the recipe names an autoencoder (latent diffusion).
-bool is_latent(const json& r) {
-  if (!r.contains("autoencoder") || r["autoencoder"].is_null()) return false;
-  const auto src = from_json<AutoencoderSource>(r["autoencoder"], "autoencoder");
-  return !src.run.empty() || !src.folder.empty();
+bool is_latent(const DiffusionRecipe& r) {
+  return r.autoencoder && (!r.autoencoder->run.empty() || !r.autoencoder->folder.empty());
 }
 
 std::string shape_text(const std::vector<int64_t>& s) {
@@ -163,19 +178,18 @@ std::string shape_text(const std::vector<int64_t>& s) {
 // The frozen autoencoder of a latent recipe (resolving autoencoder.step -1 to the step it opens) and the
 // latent shape of the data's images. The autoencoder is built under its own generators, so the model's
 // initialisation does not depend on whether the run is latent.
-LatentSpacePtr open_latent_space(json& r, const c10::Device& device) {
-  auto src = from_json<AutoencoderSource>(r["autoencoder"], "autoencoder");
-  auto options = from_json<LatentOptions>(r["latent"], "latent");
-  validate(options);
+LatentSpacePtr open_latent_space(DiffusionRecipe& r, const c10::Device& device) {
+  AutoencoderSource& src = *r.autoencoder;
+  if (!r.latent) r.latent = LatentOptions{};
+  validate(*r.latent);
   int64_t step = -1;
   std::shared_ptr<AutoencoderImpl> ae;
   {
-    rng::DefaultGeneratorScope own(r["seed"].get<uint64_t>(), 0, "autoencoder/init");
+    rng::DefaultGeneratorScope own(uint64_t(r.seed), 0, "autoencoder/init");
     ae = open_autoencoder_source(src, device, &step);
   }
   if (!src.run.empty()) src.step = step;
-  r["autoencoder"] = to_json(src);
-  return std::make_shared<LatentSpace>(ae, options, LatentScaling{});
+  return std::make_shared<LatentSpace>(ae, *r.latent, LatentScaling{});
 }
 
 // The latent scaling a run started from `init_from` (a dew diffusion run) keeps under latent.scale auto: the
@@ -189,14 +203,12 @@ std::optional<LatentScaling> base_latent_scaling(const std::string& init_from, c
 }
 
 // Fixes the scaling of the latents (`inherited`, a fine-tuned base's; else LDM's scale_by_std from the first
-// scale_items images, or the autoencoder's own) and, with latent.cache, encodes every image once: the returned
+// scale_items images when the autoencoder is a dew run (`from_run`), or the autoencoder's own) and, with latent.cache, encodes every image once: the returned
 // dataset holds "latent" (float32 [N, c, h, w], what the denoiser sees) in place of the images. Deterministic:
 // posterior samples draw from (seed, "latents/cache") and, for the scale without a cache, (seed, "latents/scale").
-data::DatasetPtr prepare_latents(LatentSpace& space, const json& r, const data::DatasetPtr& dataset,
+data::DatasetPtr prepare_latents(LatentSpace& space, uint64_t seed, bool from_run, const data::DatasetPtr& dataset,
                                  const std::string& image_field, const std::optional<LatentScaling>& inherited) {
   const LatentOptions& o = space.options();
-  const uint64_t seed = r["seed"].get<uint64_t>();
-  const bool from_run = !r["autoencoder"]["run"].get<std::string>().empty();
   const std::string mode = o.scale == "auto" ? (inherited ? "inherited" : from_run ? "std" : "autoencoder") : o.scale;
   const at::Tensor& images = dataset->field(image_field);
   at::Tensor z;
@@ -227,41 +239,35 @@ data::DatasetPtr prepare_latents(LatentSpace& space, const json& r, const data::
   return cached;
 }
 
-std::string diffusion_help(const json& recipe) {
-  const std::string arch = recipe["model"]["architecture"];
+std::string diffusion_help(const DiffusionRecipe& recipe) {
+  const std::string& arch = recipe.model.architecture;
   return "model fields (" + arch + "):\n" + format_fields(models::registry().info(arch).fields, "  ") +
          "\nlora fields (docs/lora.md):\n" + format_fields(fields_of<LoraRecipe>(), "  ") +
          "\n(dew models lists every architecture; dew list presets/solvers the rest.)\n";
 }
 
-Built build_diffusion(json& r, const c10::Device& device) {
+Built build_diffusion(DiffusionRecipe& r, const c10::Device& device) {
   // init_from a diffusers model folder: the model is that folder's (architecture and fields from its config.json).
-  const bool from_folder = r["init_from"].is_string() && interop::is_model_folder(r["init_from"]);
+  const std::string init_from = r.init_from;
+  const bool from_folder = interop::is_model_folder(init_from);
   if (from_folder) {
-    const std::string folder = r["init_from"];
-    const auto spec = interop::diffusers_model_spec(folder);
-    DEW_CHECK(models::registry().contains(spec.family), "init_from: ", folder, " holds a ", spec.class_name, " (",
+    const auto spec = interop::diffusers_model_spec(init_from);
+    DEW_CHECK(models::registry().contains(spec.family), "init_from: ", init_from, " holds a ", spec.class_name, " (",
               spec.family, "), which is not a denoiser");
-    r["model"] = {{"architecture", spec.family}, {"fields", spec.fields}};
-    log::info("init_from ", folder, ": model ", spec.family, " from its config.json (", spec.class_name, ")");
+    r.model = {spec.family, spec.fields};
+    log::info("init_from ", init_from, ": model ", spec.family, " from its config.json (", spec.class_name, ")");
   }
-  DEW_CHECK(r["model"].is_object() && r["model"].contains("architecture") && r["model"]["architecture"].is_string(),
-            "model: expected {\"architecture\": NAME, \"fields\": {...}}, got ", r["model"].dump());
-  const std::string arch = r["model"]["architecture"];
+  const std::string arch = r.model.architecture;
   DEW_CHECK(models::registry().contains(arch), "model.architecture: unknown \"", arch, "\"; registered: ", [] {
     std::string s;
     for (const auto& n : models::registry().names()) s += (s.empty() ? "" : ", ") + n;
     return s;
   }());
-  set_threads(r["threads"].get<int64_t>(), workload_of(arch));
-  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
-  auto obj_opts = from_json<DiffusionObjectiveOptions>(r["objective"], "objective");
-  auto preset = diffusion::presets().build(r["preset"]);
-  auto text_encoder = build_text_encoder(r["text_encoder"]);
-  DEW_CHECK(r["init_from"].is_string(),
-            "init_from: expected a run directory, a .safetensors path or a diffusers model folder, got ",
-            r["init_from"].dump());
-  const std::string init_from = r["init_from"];
+  set_threads(r.threads, workload_of(arch));
+  const data::LoaderOptions& lo = r.loader;
+  const DiffusionObjectiveOptions& obj_opts = r.objective;
+  auto preset = diffusion::presets().build(r.preset);
+  auto text_encoder = build_text_encoder(r.text_encoder);
   int64_t init_step = -1;  // fixed now: the run it starts from may go on training
   if (!init_from.empty()) {
     DEW_CHECK(fs::is_directory(init_from) || fs::is_regular_file(init_from), "init_from: ", init_from,
@@ -269,19 +275,20 @@ Built build_diffusion(json& r, const c10::Device& device) {
     if (fs::is_directory(init_from) && !from_folder)
       init_step = training::latest_checkpoint(init_from);  // it must hold one
   }
-  const auto lora = lora_options_of(r);
+  const auto lora = lora_options_of(r.lora, init_from);
   // The adapters' base is the folder's denoiser and, in the model's tree, the text encoder: one that loads its
   // weights (fields.weights) is rebuilt from them to open the run; one initialised at random could not be.
+  const json& te_fields = r.text_encoder.fields;
   DEW_CHECK(!lora || !from_folder || !text_encoder ||
-                r["text_encoder"].value("fields", json::object()).value("weights", std::string()) != "",
+                (te_fields.is_object() && te_fields.value("weights", json("")) != json("")),
             "lora: init_from ", init_from, " gives the denoiser's weights; the text encoder ",
-            r["text_encoder"].value("architecture", std::string()),
+            r.text_encoder.architecture,
             " must load its own (text_encoder.fields.weights), or the adapters' base could not be rebuilt");
   DEW_CHECK(!lora || !models::family(arch).inflation_map, "lora: ", arch, " starts from ",
             models::family(arch).inflates_from,
             " weights inflated (init_from), which are not its own base weights; LoRA needs a base of the "
             "same architecture");
-  auto dataset = data::datasets().build(r["data"]);
+  auto dataset = data::datasets().build(r.data);
   const int64_t num_classes = dataset->contains(obj_opts.label_field) ? int64_t(dataset->class_names().size()) : 0;
   DEW_CHECK(!text_encoder || num_classes > 0, "text_encoder: captions are made from class labels, but dataset ",
             dataset->name(), " has no \"", obj_opts.label_field, "\" field");
@@ -299,43 +306,36 @@ Built build_diffusion(json& r, const c10::Device& device) {
               "augmentation (set --latent.cache false to augment them as they are encoded)");
   } else {
     // A pixel run's record keeps its old shape (and old runs resume): no latent sections.
-    if (r.contains("latent")) validate(from_json<LatentOptions>(r["latent"], "latent"));
-    r.erase("autoencoder");
-    r.erase("latent");
+    if (r.latent) validate(*r.latent);
+    r.autoencoder.reset();
+    r.latent.reset();
   }
-  r["model"]["fields"] = complete_model_fields(arch, r["model"].value("fields", json::object()), shape[0], num_classes,
-                                               text_encoder ? text_encoder->features() : 0);
+  r.model.fields = complete_model_fields(arch, r.model.fields.is_object() ? r.model.fields : json::object(), shape[0],
+                                         num_classes, text_encoder ? text_encoder->features() : 0);
   if (latent) {
-    const json& f = r["model"]["fields"];
-    const std::string from = r["autoencoder"]["run"].get<std::string>().empty()
-                                 ? "autoencoder.folder " + r["autoencoder"]["folder"].get<std::string>()
-                                 : "autoencoder.run " + r["autoencoder"]["run"].get<std::string>();
+    const json& f = r.model.fields;
+    const std::string from = r.autoencoder->run.empty() ? "autoencoder.folder " + r.autoencoder->folder
+                                                        : "autoencoder.run " + r.autoencoder->run;
     for (const char* k : {"in_channels", "output_channels"})
       if (f.contains(k))
         DEW_CHECK(f[k] == shape[0], "model.fields.", k, ": ", f[k].dump(), ", but the latents of ", from, " have ",
                   shape[0], " channels (", shape_text(shape), ")");
   }
-  auto model = models::build(arch, r["model"]["fields"]);
+  auto model = models::build(arch, r.model.fields);
   DEW_CHECK(!model->requires_text() || text_encoder, "model ", arch,
             " needs a text context: add --text_encoder.architecture byte_text_encoder (or clip_text)");
 
-  lo.seed = r["seed"].get<int64_t>();
+  data::LoaderOptions loader = lo;
+  loader.seed = r.seed;
   Built b;
-  b.loader = std::make_shared<data::DataLoader>(dataset, lo);
-  ObjectiveContext ctx;
-  ctx.model = model;
-  ctx.preset = preset;
-  ctx.num_classes = num_classes;
-  ctx.sample_shape = shape;
-  ctx.text_encoder = text_encoder;
-  ctx.class_names = dataset->class_names();
-  ctx.latent = latent;
-  b.objective = objectives().build("diffusion", r["objective"], ctx);
+  b.loader = std::make_shared<data::DataLoader>(dataset, loader);
+  b.objective = std::make_shared<DiffusionObjective>(model, *preset, obj_opts, num_classes, shape, text_encoder,
+                                                     dataset->class_names(), latent);
   model->to(device);  // with the text encoder the objective attached to its tree
   json lora_record = nullptr;
   if (lora)  // after the objective attached the text encoder (its layers may be targets), before any weight loads
     lora_record = apply_lora_to_run(*model, *lora,
-                                    from_folder      ? lora_base("diffusers", init_from, -1, r["text_encoder"])
+                                    from_folder      ? lora_base("diffusers", init_from, -1, to_json(r.text_encoder))
                                     : init_step >= 0 ? lora_base("run", init_from, init_step)
                                                      : lora_base("file", init_from));
   b.preview = ".png";
@@ -346,9 +346,11 @@ Built build_diffusion(json& r, const c10::Device& device) {
   if (latent) {
     // Every field is checked by now; the encoding of the training set comes last.
     const auto inherited =
-        init_step >= 0 ? base_latent_scaling(init_from, r["autoencoder"]) : std::optional<LatentScaling>{};
+        init_step >= 0 ? base_latent_scaling(init_from, to_json(*r.autoencoder)) : std::optional<LatentScaling>{};
     b.loader =
-        std::make_shared<data::DataLoader>(prepare_latents(*latent, r, dataset, obj_opts.image_field, inherited), lo);
+        std::make_shared<data::DataLoader>(prepare_latents(*latent, uint64_t(r.seed), !r.autoencoder->run.empty(),
+                                                           dataset, obj_opts.image_field, inherited),
+                                           loader);
     b.derived["image_shape"] = image_shape;
     b.derived["latent_scaling"] = latent->scaling().to_json();
     b.derived["autoencoder"] = latent->autoencoder().config();
@@ -403,7 +405,7 @@ std::shared_ptr<AutoencoderImpl> open_autoencoder_source(const AutoencoderSource
 }
 
 RunKind diffusion_kind() {
-  RunKind k;
+  KindDefinition<DiffusionRecipe> k;
   k.name = "diffusion";
   k.doc = "diffusion / flow matching on images or video (default: class-conditional Fashion-MNIST)";
   k.defaults = diffusion_defaults;
@@ -411,7 +413,7 @@ RunKind diffusion_kind() {
   k.identity = {"model", "text_encoder", "seed", "data", "preset", "autoencoder", "latent", "lora"};
   k.help = diffusion_help;
   k.build = build_diffusion;
-  return k;
+  return make_run_kind(std::move(k));
 }
 
 DiffusionRun open_diffusion_run(const std::string& run_dir, const OpenOptions& o) {
@@ -426,7 +428,8 @@ DiffusionRun open_diffusion_run(const std::string& run_dir, const OpenOptions& o
   out.shape = derived["sample_shape"].get<std::vector<int64_t>>();
   out.class_names = derived.value("class_names", std::vector<std::string>{});
   out.model = models::build(r["model"]["architecture"], r["model"]["fields"]);
-  if (auto enc = build_text_encoder(r.value("text_encoder", json{{"architecture", "none"}}))) {
+  if (auto enc = build_text_encoder(
+          from_json<TextEncoderSection>(r.value("text_encoder", json::object()), run_dir + "/run.json text_encoder"))) {
     attach_text_encoder(*out.model, enc);
     out.text = std::make_shared<TextConditioner>();
     out.text->encoder = enc;

@@ -11,7 +11,6 @@
 #include "dew/io/files.h"
 #include "dew/nn/backbones/backbone.h"
 #include "dew/objectives/jepa.h"
-#include "dew/objectives/registry.h"
 #include "dew/runs/kinds.h"
 #include "dew/training/checkpoint.h"
 #include "dew/training/run_dir.h"
@@ -22,6 +21,24 @@ namespace dew::runs {
 
 namespace {
 
+// The `jepa` recipe.
+struct JepaRecipe : RecipeBase {
+  ModelSpec model;
+  ModelSpec predictor;
+  json data = json::object();
+  json test_data = nullptr;
+  JEPAObjectiveOptions objective;
+  template <class V>
+  void visit(V& v) {
+    RecipeBase::visit(v);
+    v("model", model, "the encoder (auto: jepa_encoder for images, jepa_video_encoder for clips)");
+    v("predictor", predictor, "the predictor (grid fields and encoder_features from the encoder unless given)");
+    v("data", data, "the images or clips: a source of `dew list datasets`");
+    v("test_data", test_data, "the held-out set the probes score on; null = the data, split test");
+    v("objective", objective, "masks, EMA momentum and the validation probes");
+  }
+};
+
 // Sized by measured runs on 2-core CPUs (docs/jepa.md). lr 1e-3 (I-JEPA's peak at batch 2048) collapsed a
 // width-192 encoder here; width 128 trains fast enough to see several epochs in 15 minutes. 4 x 4 tokens (patch
 // 7 on Fashion-MNIST) train 2.4 times as many steps as 7 x 7 in the time, and with 6 encoder layers their
@@ -30,62 +47,35 @@ namespace {
 // target block of 2 x 2 or 2 x 1 tokens leaves the context (at most 3 x 3) about 5 tokens.
 // 15000 steps set the learning-rate and momentum schedules; the 15-minute limit stops the run at about 8500-9500
 // on a 2-core Xeon, with a checkpoint, and the same command resumes it.
-json jepa_defaults() {
-  data::LoaderOptions lo;
-  lo.batch_size = 64;
-  lo.num_workers = 1;
-  lo.drop_last = true;
-  training::OptimOptions oo;
-  oo.lr = 5e-4;
-  oo.weight_decay = 0.04;  // I-JEPA's
-  oo.warmup_steps = 500;
-  oo.grad_clip = 0;  // I-JEPA clips nothing
-  training::TrainerOptions to;
-  to.steps = 15000;
-  to.log_every = 50;
-  to.val_every = 2000;
-  to.checkpoint_every = 500;
-  to.time_limit_minutes = 15;
-  to.best_metric = "val/linear_acc";
-  to.best_mode_max = true;
-  JEPAObjectiveOptions obj;
-  obj.masks.targets = 1;
-  obj.masks.target_scale = {0.2, 0.25};
-  obj.masks.min_keep = 1;
-  obj.probe_pool = "tokens";  // every token's features: the layout of a 4 x 4 grid matters to Fashion-MNIST classes
-  json r = to_json(RunOptions{});
-  r["run"] = "runs/jepa_fashion";
-  r.update(json{
-      // "auto": jepa_encoder for images, jepa_video_encoder for clips. image_size, in_channels and frames
-      // come from the data unless given, and patch_size from default_jepa_patch (7 for Fashion-MNIST).
-      {"model", {{"architecture", "auto"}, {"fields", {{"emb_features", 128}, {"num_layers", 6}, {"num_heads", 4}}}}},
-      // The grid fields and encoder_features are the encoder's.
-      {"predictor",
-       {{"architecture", "jepa_predictor"}, {"fields", {{"emb_features", 64}, {"num_layers", 6}, {"num_heads", 4}}}}},
-      {"data", {{"name", "fashion_mnist"}, {"split", "train"}}},
-      // The held-out set validation and `dew eval` score the probes on; null = the data with split "test".
-      {"test_data", nullptr},
-      {"loader", to_json(lo)},
-      {"optim", to_json(oo)},
-      {"trainer", to_json(to)},
-      {"objective", to_json(obj)},
-  });
+JepaRecipe jepa_defaults() {
+  JepaRecipe r;
+  r.run = "runs/jepa_fashion";
+  // "auto": jepa_encoder for images, jepa_video_encoder for clips. image_size, in_channels and frames
+  // come from the data unless given, and patch_size from default_jepa_patch (7 for Fashion-MNIST).
+  r.model = {"auto", {{"emb_features", 128}, {"num_layers", 6}, {"num_heads", 4}}};
+  // The grid fields and encoder_features are the encoder's.
+  r.predictor = {"jepa_predictor", {{"emb_features", 64}, {"num_layers", 6}, {"num_heads", 4}}};
+  r.data = {{"name", "fashion_mnist"}, {"split", "train"}};
+  r.loader.batch_size = 64;
+  r.loader.num_workers = 1;
+  r.loader.drop_last = true;
+  r.optim.lr = 5e-4;
+  r.optim.weight_decay = 0.04;  // I-JEPA's
+  r.optim.warmup_steps = 500;
+  r.optim.grad_clip = 0;  // I-JEPA clips nothing
+  r.trainer.steps = 15000;
+  r.trainer.log_every = 50;
+  r.trainer.val_every = 2000;
+  r.trainer.checkpoint_every = 500;
+  r.trainer.time_limit_minutes = 15;
+  r.trainer.best_metric = "val/linear_acc";
+  r.trainer.best_mode_max = true;
+  r.objective.masks.targets = 1;
+  r.objective.masks.target_scale = {0.2, 0.25};
+  r.objective.masks.min_keep = 1;
+  // Every token's features: the layout of a 4 x 4 grid matters to Fashion-MNIST classes.
+  r.objective.probe_pool = "tokens";
   return r;
-}
-
-// The held-out split of the run's data: test_data, or the data with split "test" when its source has
-// splits; null when there is none.
-json test_spec(const json& r) {
-  if (!r.value("test_data", json()).is_null()) return data_spec(r["test_data"]);
-  json t = data_spec(r["data"]);
-  const std::string name = t.value("name", "");
-  if (!data::datasets().contains(name)) return nullptr;
-  for (const auto& f : data::datasets().info(name).fields)
-    if (f.name == "split") {
-      t["split"] = "test";
-      return t;
-    }
-  return nullptr;
 }
 
 std::string registry_names(const RegistryBase& reg) {
@@ -94,22 +84,19 @@ std::string registry_names(const RegistryBase& reg) {
   return s;
 }
 
-// Resolves "auto" and the input-dependent fields of the encoder; checks the predictor's spec.
-void complete_models(json& r, at::IntArrayRef s, const std::string& data_name) {
+// Resolves "auto" and the input-dependent fields of the encoder; checks the predictor's architecture.
+void complete_models(ModelSpec& m, ModelSpec& p, at::IntArrayRef s, const std::string& data_name) {
   const bool video = s.size() == 5;
   DEW_CHECK(s.size() == 4 || video, "data: JEPA trains on images [N, C, H, W] or clips [N, C, T, H, W], got ", s);
   DEW_CHECK(s[s.size() - 1] == s[s.size() - 2], "data: JEPA encoders take square inputs, got ", s[s.size() - 2], " x ",
             s[s.size() - 1]);
-  json& m = r["model"];
-  DEW_CHECK(m.is_object() && m.value("architecture", json()).is_string(),
-            "model: expected {\"architecture\": NAME, \"fields\": {...}}, got ", m.dump());
-  if (m["architecture"] == "auto") m["architecture"] = video ? "jepa_video_encoder" : "jepa_encoder";
-  const std::string arch = m["architecture"];
+  if (m.architecture == "auto") m.architecture = video ? "jepa_video_encoder" : "jepa_encoder";
+  const std::string& arch = m.architecture;
   DEW_CHECK(models::token_encoders().contains(arch), "model.architecture: unknown \"", arch, "\"; accepted: auto, ",
             registry_names(models::token_encoders()));
   DEW_CHECK((arch == "jepa_video_encoder") == video, "model.architecture: ", arch, " does not take ",
             video ? "clips" : "images", " (dataset ", data_name, " holds ", s, ")");
-  json& f = m["fields"];
+  json& f = m.fields;
   if (!f.is_object()) f = json::object();
   if (!f.contains("image_size")) f["image_size"] = s.back();
   // A non-integer image_size is left to the family's field check, which names it.
@@ -117,33 +104,28 @@ void complete_models(json& r, at::IntArrayRef s, const std::string& data_name) {
     f["patch_size"] = default_jepa_patch(f["image_size"].get<int64_t>());
   if (!f.contains("in_channels")) f["in_channels"] = s[1];
   if (video && !f.contains("frames")) f["frames"] = s[2];
-  json& p = r["predictor"];
-  DEW_CHECK(p.is_object() && p.value("architecture", json()).is_string(),
-            "predictor: expected {\"architecture\": NAME, \"fields\": {...}}, got ", p.dump());
-  DEW_CHECK(models::token_predictors().contains(p["architecture"].get<std::string>()),
-            "predictor.architecture: unknown ", p["architecture"].dump(),
-            "; accepted: ", registry_names(models::token_predictors()));
-  if (!p["fields"].is_object()) p["fields"] = json::object();
+  DEW_CHECK(models::token_predictors().contains(p.architecture), "predictor.architecture: unknown ",
+            json(p.architecture).dump(), "; accepted: ", registry_names(models::token_predictors()));
+  if (!p.fields.is_object()) p.fields = json::object();
 }
 
-std::string jepa_help(const json&) {
+std::string jepa_help(const JepaRecipe&) {
   return "encoder fields (jepa_encoder; jepa_video_encoder adds frames, tubelet_size):\n" +
          format_fields(models::token_encoders().info("jepa_video_encoder").fields, "  ") + "\npredictor fields:\n" +
          format_fields(models::token_predictors().info("jepa_predictor").fields, "  ") + "\nobjective fields:\n" +
          format_fields(fields_of<JEPAObjectiveOptions>(), "  ");
 }
 
-Built build_jepa(json& r, const c10::Device& device) {
-  set_threads(r["threads"].get<int64_t>(), workload_of("jepa_encoder"));
-  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
-  auto obj_opts = from_json<JEPAObjectiveOptions>(r["objective"], "objective");
-  r["data"] = data_spec(r["data"]);
-  auto train = data::datasets().build(r["data"]);
+Built build_jepa(JepaRecipe& r, const c10::Device& device) {
+  set_threads(r.threads, workload_of("jepa_encoder"));
+  const JEPAObjectiveOptions& obj_opts = r.objective;
+  r.data = data_spec(r.data);
+  auto train = data::datasets().build(r.data);
   DEW_CHECK(train->contains("image"), "data: dataset ", train->name(), " has no \"image\" field");
-  auto [encoder, predictor] = build_jepa_models(r, train->field("image").sizes(), train->name());
+  auto [encoder, predictor] = build_jepa_models(r.model, r.predictor, train->field("image").sizes(), train->name());
   data::DatasetPtr test;
   const int64_t classes = int64_t(train->class_names().size());
-  const json held_out = test_spec(r);
+  const json held_out = held_out_data(r.data, r.test_data);
   if (obj_opts.probe_train > 0 && train->contains("label") && classes >= 2) {
     if (held_out.is_null())
       log::warn("no validation probe: dataset ", train->name(), " has no test split (give --test_data)");
@@ -153,14 +135,14 @@ Built build_jepa(json& r, const c10::Device& device) {
   predictor->to(device);
   Built b;
   b.objective = std::make_shared<JEPAObjective>(encoder, predictor, obj_opts, test ? train : nullptr, test, classes);
-  lo.seed = r["seed"].get<int64_t>();
+  data::LoaderOptions lo = r.loader;
+  lo.seed = r.seed;
   b.loader = std::make_shared<data::DataLoader>(train, lo);
   b.derived = {{"class_names", train->class_names()}, {"test_data", held_out}};
-  b.summary = "training " + r["model"]["architecture"].get<std::string>() + " (" +
-              std::to_string(parameter_count(*encoder)) + " parameters) with jepa_predictor (" +
-              std::to_string(parameter_count(*predictor)) + ") on " + train->name() + " (" +
-              std::to_string(train->size()) + " items), " + std::to_string(encoder->grid().tokens()) +
-              " tokens, batch " + std::to_string(lo.batch_size);
+  b.summary = "training " + r.model.architecture + " (" + std::to_string(parameter_count(*encoder)) +
+              " parameters) with jepa_predictor (" + std::to_string(parameter_count(*predictor)) + ") on " +
+              train->name() + " (" + std::to_string(train->size()) + " items), " +
+              std::to_string(encoder->grid().tokens()) + " tokens, batch " + std::to_string(lo.batch_size);
   return b;
 }
 
@@ -175,20 +157,21 @@ io::WeightSource encoder_weights(const std::string& run_dir, const OpenOptions& 
 
 }  // namespace
 
-JEPAModels build_jepa_models(json& r, at::IntArrayRef sizes, const std::string& data_name) {
-  complete_models(r, sizes, data_name);
+JEPAModels build_jepa_models(ModelSpec& model, ModelSpec& predictor, at::IntArrayRef sizes,
+                             const std::string& data_name) {
+  complete_models(model, predictor, sizes, data_name);
   // The encoder first: its initial weights are the first draws of the run's (seed, "init") generators,
   // which initial_jepa_encoder() replays.
   JEPAModels m;
-  m.encoder = models::build_token_encoder(r["model"]);
-  r["model"] = m.encoder->config();
-  json& pf = r["predictor"]["fields"];
-  const json& ef = r["model"]["fields"];
+  m.encoder = models::build_token_encoder(to_json(model));
+  model = from_json<ModelSpec>(m.encoder->config());
+  json& pf = predictor.fields;
+  const json& ef = model.fields;
   for (const char* k : {"image_size", "patch_size", "frames", "tubelet_size"})
     if (!pf.contains(k) && ef.contains(k)) pf[k] = ef[k];
   if (!pf.contains("encoder_features")) pf["encoder_features"] = m.encoder->features();
-  m.predictor = models::build_token_predictor(r["predictor"]);
-  r["predictor"] = m.predictor->config();
+  m.predictor = models::build_token_predictor(to_json(predictor));
+  predictor = from_json<ModelSpec>(m.predictor->config());
   return m;
 }
 
@@ -200,7 +183,7 @@ int64_t default_jepa_patch(int64_t image_size) {
 }
 
 RunKind jepa_kind() {
-  RunKind k;
+  KindDefinition<JepaRecipe> k;
   k.name = "jepa";
   k.doc =
       "I-JEPA / V-JEPA representation learning (default: Fashion-MNIST images; --data moving_fashion_mnist for video)";
@@ -209,7 +192,7 @@ RunKind jepa_kind() {
   k.identity = {"model", "predictor", "seed", "data"};
   k.help = jepa_help;
   k.build = build_jepa;
-  return k;
+  return make_run_kind(std::move(k));
 }
 
 JEPARun open_jepa_run(const std::string& run_dir, const OpenOptions& o) {
@@ -246,7 +229,7 @@ ProbeReport probe_jepa_run(const std::string& run_dir, const ProbeOptions& p, co
   pool_regions(p.pool, run.encoder->grid(), "--pool");
   const json& r = run.record;
   auto train = data::datasets().build(r["data"]);
-  const json held_out = test_spec(r);
+  const json held_out = held_out_data(r["data"], r.value("test_data", json()));
   DEW_CHECK(!held_out.is_null(), "probe: ", run_dir, " trained on ", r["data"].dump(),
             ", which has no test split; rerun with --test_data to name a held-out set");
   auto test = data::datasets().build(held_out);

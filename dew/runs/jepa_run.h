@@ -26,16 +26,17 @@ JEPARun open_jepa_run(const std::string& run_dir, const OpenOptions& o = {});
 /// generators, which give every fresh run its initial weights.
 std::shared_ptr<TokenEncoderImpl> initial_jepa_encoder(const json& record);
 
-/// The encoder and predictor of a JEPA recipe `r` for inputs shaped `sizes` ([N, C, H, W] images or
-/// [N, C, T, H, W] clips of `data_name`), as `dew train jepa` builds them: model.architecture "auto" resolved,
-/// image_size, in_channels, frames and patch_size (default_jepa_patch) filled in unless given, the encoder
-/// built first (from the current default generator), then the predictor with the encoder's grid fields and
-/// width unless given. r["model"] and r["predictor"] become the two models' configs.
+/// The encoder and predictor of a JEPA recipe's `model` and `predictor` sections for inputs shaped `sizes`
+/// ([N, C, H, W] images or [N, C, T, H, W] clips of `data_name`), as `dew train jepa` builds them: architecture
+/// "auto" resolved, image_size, in_channels, frames and patch_size (default_jepa_patch) filled in unless given,
+/// the encoder built first (from the current default generator), then the predictor with the encoder's grid
+/// fields and width unless given. The two sections become the two models' configs.
 struct JEPAModels {
   std::shared_ptr<TokenEncoderImpl> encoder;
   std::shared_ptr<TokenPredictorImpl> predictor;
 };
-JEPAModels build_jepa_models(json& r, at::IntArrayRef sizes, const std::string& data_name);
+JEPAModels build_jepa_models(ModelSpec& model, ModelSpec& predictor, at::IntArrayRef sizes,
+                             const std::string& data_name);
 
 /// The patch side of `dew train jepa` when model.fields gives none: a quarter of the image side, the 4 x 4 tokens
 /// the recipe's masks are sized for (7 for Fashion-MNIST's 28, 8 for 32-pixel clips); a dew::Error naming

@@ -6,7 +6,6 @@
 #include "dew/data/lm_data.h"
 #include "dew/data/tokenizer.h"
 #include "dew/objectives/lm.h"
-#include "dew/objectives/registry.h"
 #include "dew/runs/kinds.h"
 #include "dew/runs/post_training_run.h"
 
@@ -14,88 +13,86 @@ namespace dew::runs {
 
 namespace {
 
-json lm_defaults() {
+// The `lm` recipe: the common sections, the model, the token data and the objective.
+struct LmRecipe : RecipeBase {
+  ModelSpec model;
+  json data = json::object();
+  LMObjectiveOptions objective;
+  template <class V>
+  void visit(V& v) {
+    RecipeBase::visit(v);
+    v("model", model, "the causal_transformer (vocab_size from the data unless given)");
+    v("data", data, "the token stream: a source of `dew list lm_datasets`");
+    v("objective", objective, "the next-token objective");
+  }
+};
+
+LmRecipe lm_defaults() {
   // Sized by measured runs on a 2-core CPU (docs/lm.md): a byte-level model that reaches validation
   // perplexity <= 5 per byte on the fortunes corpus within 15 minutes (the time limit).
-  data::LoaderOptions lo;
-  lo.batch_size = 32;
-  lo.num_workers = 1;
-  lo.drop_last = true;
-  training::OptimOptions oo;
-  oo.lr = 3e-3;
-  oo.warmup_steps = 100;
-  oo.weight_decay = 0.1;
-  oo.beta2 = 0.95;
-  training::TrainerOptions to;
-  to.steps = 1500;  // what 15 minutes hold on a quiet 2-core machine (~55 samples/s), so the cosine completes
-  to.log_every = 50;
-  to.val_every = 500;
-  to.checkpoint_every = 500;
-  to.time_limit_minutes = 15;
-  to.best_metric = "val/perplexity";
-  LMObjectiveOptions obj;
-  obj.seq_len = 128;
-  obj.val_windows = 0;
-  obj.val_batch = 64;
-  json r = to_json(RunOptions{});
-  r["run"] = "runs/fortunes";
-  r.update(json{
-      {"model",
-       {{"architecture", "causal_transformer"},
-        {"fields", {{"emb_features", 128}, {"num_layers", 4}, {"num_heads", 4}, {"max_seq_len", 512}}}}},
-      {"data", {{"name", "fortunes"}}},
-      {"loader", to_json(lo)},
-      {"optim", to_json(oo)},
-      {"trainer", to_json(to)},
-      {"objective", to_json(obj)},
-  });
+  LmRecipe r;
+  r.run = "runs/fortunes";
+  r.model = {"causal_transformer", {{"emb_features", 128}, {"num_layers", 4}, {"num_heads", 4}, {"max_seq_len", 512}}};
+  r.data = {{"name", "fortunes"}};
+  r.loader.batch_size = 32;
+  r.loader.num_workers = 1;
+  r.loader.drop_last = true;
+  r.optim.lr = 3e-3;
+  r.optim.warmup_steps = 100;
+  r.optim.weight_decay = 0.1;
+  r.optim.beta2 = 0.95;
+  r.trainer.steps = 1500;  // what 15 minutes hold on a quiet 2-core machine (~55 samples/s), so the cosine completes
+  r.trainer.log_every = 50;
+  r.trainer.val_every = 500;
+  r.trainer.checkpoint_every = 500;
+  r.trainer.time_limit_minutes = 15;
+  r.trainer.best_metric = "val/perplexity";
+  r.objective.seq_len = 128;
+  r.objective.val_windows = 0;
+  r.objective.val_batch = 64;
   return r;
 }
 
-std::string lm_help(const json&) {
+std::string lm_help(const LmRecipe&) {
   return "model fields (causal_transformer):\n" +
          format_fields(models::language_models().info("causal_transformer").fields, "  ") + "\ndata sources:\n" +
          format_registry(data::lm_datasets()) + "objective fields:\n" +
          format_fields(fields_of<LMObjectiveOptions>(), "  ");
 }
 
-Built build_lm(json& r, const c10::Device& device) {
-  DEW_CHECK(r["model"].is_object() && r["model"].value("architecture", json()) == "causal_transformer",
+Built build_lm(LmRecipe& r, const c10::Device& device) {
+  DEW_CHECK(r.model.architecture == "causal_transformer",
             "model.architecture: dew train lm trains a \"causal_transformer\", got ",
-            r["model"].value("architecture", json()).dump());
-  set_threads(r["threads"].get<int64_t>(), workload_of("causal_transformer"));
-  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
-  auto obj_opts = from_json<LMObjectiveOptions>(r["objective"], "objective");
-  auto lm = data::lm_datasets().build(r["data"], obj_opts.seq_len);
-  json& fields = r["model"]["fields"];
+            json(r.model.architecture).dump());
+  set_threads(r.threads, workload_of("causal_transformer"));
+  auto lm = data::lm_datasets().build(r.data, r.objective.seq_len);
+  json& fields = r.model.fields;
   if (!fields.is_object()) fields = json::object();
   if (!fields.contains("vocab_size")) fields["vocab_size"] = lm->vocab_size;
   DEW_CHECK(fields["vocab_size"].is_number_integer() && fields["vocab_size"].get<int64_t>() >= lm->vocab_size,
             "model.fields.vocab_size: must be >= the data's vocab_size ", lm->vocab_size, ", got ",
             fields["vocab_size"].dump());
-  auto model = models::build_language_model(r["model"]);
-  lo.seed = r["seed"].get<int64_t>();
+  auto model = models::build_language_model(to_json(r.model));
+  data::LoaderOptions lo = r.loader;
+  lo.seed = r.seed;
   Built b;
   b.loader = std::make_shared<data::DataLoader>(lm->windows, lo, lm->transform);
-  ObjectiveContext ctx;
-  ctx.language_model = model;
-  ctx.lm_data = lm;
-  b.objective = objectives().build("lm", r["objective"], ctx);
+  b.objective = std::make_shared<LMObjective>(model, lm, r.objective);
   model->to(device);
-  r["model"] = model->config();  // every field resolved, as the run record has always held it
+  r.model = from_json<ModelSpec>(model->config());  // every field resolved, as the run record has always held it
   b.preview = ".txt";
   b.derived = {{"tokenizer", lm->tokenizer}, {"eos_id", lm->eos_id}, {"data_spec", lm->spec}};
   b.summary = "training causal_transformer (" + std::to_string(parameter_count(*model)) + " parameters) on " +
               lm->spec.value("name", "?") + " (" + std::to_string(lm->train_tokens) + " train / " +
               std::to_string(lm->val_tokens) + " val tokens, vocab " + std::to_string(lm->vocab_size) + "), batch " +
-              std::to_string(lo.batch_size) + " x " + std::to_string(obj_opts.seq_len);
+              std::to_string(lo.batch_size) + " x " + std::to_string(r.objective.seq_len);
   return b;
 }
 
 }  // namespace
 
 RunKind lm_kind() {
-  RunKind k;
+  KindDefinition<LmRecipe> k;
   k.name = "lm";
   k.doc = "a causal language model on token streams (default: bytes of Debian's fortunes)";
   k.defaults = lm_defaults;
@@ -103,7 +100,7 @@ RunKind lm_kind() {
   k.identity = {"model", "seed", "data"};
   k.help = lm_help;
   k.build = build_lm;
-  return k;
+  return make_run_kind(std::move(k));
 }
 
 LMRun open_lm_run(const std::string& run_dir, const OpenOptions& o) {

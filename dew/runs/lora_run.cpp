@@ -95,16 +95,16 @@ namespace ld = lora_run_detail;
 
 json lora_recipe_defaults() { return to_json(LoraRecipe{}); }
 
-std::optional<nn::LoraOptions> lora_options_of(json& r) {
-  if (!r.contains("lora")) return std::nullopt;
-  const auto lr = from_json<LoraRecipe>(r["lora"], "lora");
+std::optional<nn::LoraOptions> lora_options_of(Omittable<LoraRecipe>& section, const std::string& init_from) {
+  if (!section) return std::nullopt;
+  const LoraRecipe lr = *section;
   const auto targets = ld::split_targets(lr.targets);
   if (targets.empty() && lr.target_regex.empty()) {
     const json given = to_json(lr), defaults = lora_recipe_defaults();
     for (const auto& [k, v] : given.items())
       DEW_CHECK(v == defaults[k], "lora.", k, ": set to ", v.dump(),
                 " but lora.targets is empty; name the modules to adapt (--lora.targets q_proj,v_proj)");
-    r.erase("lora");
+    section.reset();
     return std::nullopt;
   }
   DEW_CHECK(targets.empty() || lr.target_regex.empty(), "lora.targets and lora.target_regex: give one, got \"",
@@ -119,7 +119,7 @@ std::optional<nn::LoraOptions> lora_options_of(json& r) {
   DEW_CHECK(lr.rank > 0, "lora.rank: must be > 0, got ", lr.rank);
   DEW_CHECK(lr.alpha > 0, "lora.alpha: must be > 0, got ", lr.alpha);
   DEW_CHECK(lr.dropout >= 0 && lr.dropout < 1, "lora.dropout: must be in [0, 1), got ", lr.dropout);
-  DEW_CHECK(r.contains("init_from") && r["init_from"].is_string() && !r["init_from"].get<std::string>().empty(),
+  DEW_CHECK(!init_from.empty(),
             "lora: adapters fine-tune a pretrained base, but init_from is empty; pass --init_from with a run or a "
             "model folder (adapters on a randomly initialised base learn nothing reusable)");
   nn::LoraOptions o;

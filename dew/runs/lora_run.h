@@ -40,11 +40,11 @@ struct LoraRecipe {
 /// The section as the kinds' default recipes hold it.
 json lora_recipe_defaults();
 
-/// The adapters r["lora"] asks for, or nullopt when it names no targets; the section is then erased from r,
-/// so the record of a run without adapters has none (and runs recorded before LoRA existed resume).
+/// The adapters a recipe's `lora` section asks for, or nullopt when it names no targets; the section is then
+/// emptied, so the record of a run without adapters has none (and runs recorded before LoRA existed resume).
 /// dew::Error naming the field for rank <= 0, alpha <= 0, dropout outside [0, 1), both targets and
-/// target_regex, other fields set without targets, and adapters without r["init_from"] (a random base).
-std::optional<nn::LoraOptions> lora_options_of(json& r);
+/// target_regex, other fields set without targets, and adapters with an empty `init_from` (a random base).
+std::optional<nn::LoraOptions> lora_options_of(Omittable<LoraRecipe>& section, const std::string& init_from);
 
 /// The base a LoRA run trains on, with a fingerprint of its files (size and a hash of their first and last
 /// MiB) that notices a base replaced or retrained under the same path. kind "run": a dew run's checkpoint

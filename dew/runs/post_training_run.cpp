@@ -42,29 +42,70 @@ data::ChatTemplate template_for(const std::string& asked, const data::Tokenizer&
   return data::ChatTemplate::plain;  // Dew's template for byte models
 }
 
-// The recipe fields every post-training kind has (each adds its data fields).
-json post_training_defaults(const std::string& run, training::TrainerOptions to, training::OptimOptions oo,
-                            data::LoaderOptions lo, const json& objective) {
+// The `sft` recipe: chat conversations, the loss on assistant tokens.
+struct SftRecipe : PolicyRecipe {
+  std::string data;
+  std::string val_data;
+  SFTObjectiveOptions objective;
+  template <class V>
+  void visit(V& v) {
+    PolicyRecipe::visit(v);
+    v("data", data, "a chat JSON-lines file");
+    v("val_data", val_data, "held-out chat JSON-lines (validation loss); empty = none");
+    v("objective", objective, "the SFT loss");
+  }
+};
+
+// The `dpo` recipe: preference pairs against a frozen reference.
+struct DpoRecipe : PolicyRecipe {
+  std::string data;
+  std::string reference;
+  DPOObjectiveOptions objective;
+  template <class V>
+  void visit(V& v) {
+    PolicyRecipe::visit(v);
+    v("data", data, "a JSON-lines file of {prompt, chosen, rejected}");
+    v("reference", reference, "the frozen reference: empty = the starting weights, or a run / Hugging Face folder");
+    v("objective", objective, "the DPO loss");
+  }
+};
+
+// The `grpo` recipe: prompts, rewards, and the frozen reference of the KL term.
+struct GrpoRecipe : PolicyRecipe {
+  std::string prompts;
+  std::string reward;
+  std::string reward_command;
+  post_training::RewardOptions reward_options;
+  std::string reference;
+  GRPOObjectiveOptions objective;
+  template <class V>
+  void visit(V& v) {
+    PolicyRecipe::visit(v);
+    v("prompts", prompts, "a JSON-lines file of {\"prompt\", ...}");
+    v("reward", reward,
+      "built-in rewards, comma-separated (exact, format, length); at least one of reward and "
+      "reward_command");
+    v("reward_command", reward_command, "a command scoring completions (docs/post_training.md)");
+    v("reward_options", reward_options, "the built-in rewards' settings");
+    v("reference", reference, "the frozen reference: empty = the starting weights, or a run / Hugging Face folder");
+    v("objective", objective, "the GRPO loss and rollouts");
+  }
+};
+
+// The fields every post-training kind has (each adds its data fields).
+template <class R>
+R post_training_defaults(const std::string& run, training::TrainerOptions to, training::OptimOptions oo,
+                         data::LoaderOptions lo) {
   // The fresh model: a byte-level causal_transformer sized for the sums task (docs/post_training.md).
-  json r = to_json(RunOptions{});
-  r["run"] = run;
-  post_training::EvalOptions eval;
-  eval.max_new_tokens = 12;  // a sum and the end-of-turn marker
-  eval.count = 500;
-  r.update(json{
-      {"init_from", ""},
-      {"model",
-       {{"architecture", "causal_transformer"},
-        {"fields", {{"emb_features", 128}, {"num_layers", 4}, {"num_heads", 4}, {"max_seq_len", 64}}}}},
-      {"tokenizer", "byte"},
-      {"chat_template", "auto"},
-      {"lora", lora_recipe_defaults()},
-      {"eval", to_json(eval)},
-      {"loader", to_json(lo)},
-      {"optim", to_json(oo)},
-      {"trainer", to_json(to)},
-      {"objective", objective},
-  });
+  R r;
+  r.run = run;
+  r.model = {"causal_transformer", {{"emb_features", 128}, {"num_layers", 4}, {"num_heads", 4}, {"max_seq_len", 64}}};
+  r.lora = LoraRecipe{};
+  r.eval.max_new_tokens = 12;  // a sum and the end-of-turn marker
+  r.eval.count = 500;
+  r.loader = lo;
+  r.optim = oo;
+  r.trainer = to;
   return r;
 }
 
@@ -75,29 +116,26 @@ std::string post_training_help(const std::string& objective_fields) {
          format_fields(fields_of<LoraRecipe>(), "  ") + "\nobjective fields:\n" + objective_fields;
 }
 
-std::string data_path(const json& r, const char* key, const char* what) {
-  DEW_CHECK(r.contains(key) && r[key].is_string() && !r[key].get<std::string>().empty(), key, ": expected ", what,
-            " (--", key, " FILE)");
-  const std::string p = r[key];
-  DEW_CHECK(fs::is_regular_file(p), key, ": ", p, " is not a file");
-  return p;
+// A recipe's file field (`key` names it in errors): given, and a file.
+std::string data_path(const std::string& path, const char* key, const char* what) {
+  DEW_CHECK(!path.empty(), key, ": expected ", what, " (--", key, " FILE)");
+  DEW_CHECK(fs::is_regular_file(path), key, ": ", path, " is not a file");
+  return path;
 }
 
-std::shared_ptr<post_training::ChatEvaluator> evaluator(const json& r, const Policy& p,
+std::shared_ptr<post_training::ChatEvaluator> evaluator(const PolicyRecipe& r, const Policy& p,
                                                         const post_training::RewardOptions& ro = {}) {
-  auto eo = from_json<post_training::EvalOptions>(r["eval"], "eval");
+  const auto& eo = r.eval;
   if (!eo.prompts.empty()) DEW_CHECK(fs::is_regular_file(eo.prompts), "eval.prompts: ", eo.prompts, " is not a file");
   return std::make_shared<post_training::ChatEvaluator>(eo, p.format, p.model->options.max_seq_len(), ro);
 }
 
 // recipe.reference: empty (the frozen reference is the starting weights: the trainer's reference EMA), or a
 // language-model run (its latest checkpoint) or a Hugging Face folder whose weights `set` receives.
-json resolve_reference(const json& r, const std::function<void(const training::TensorMap&, const std::string&)>& set) {
-  DEW_CHECK(r["reference"].is_string(), "reference: expected a run directory or a Hugging Face folder, got ",
-            r["reference"].dump());
-  const std::string dir = r["reference"];
+json resolve_reference(const std::string& dir, bool lora,
+                       const std::function<void(const training::TensorMap&, const std::string&)>& set) {
   if (dir.empty()) return json::object({{"reference", "starting weights"}});
-  DEW_CHECK(!r.contains("lora"), "reference: ", dir,
+  DEW_CHECK(!lora, "reference: ", dir,
             "; a LoRA policy's reference is its base with the adapters as they start, --reference is not taken "
             "with lora.targets");
   if (training::RunDir::holds_run(dir)) {
@@ -117,8 +155,8 @@ json resolve_reference(const json& r, const std::function<void(const training::T
   return {{"reference", dir}};
 }
 
-Built finish(Built b, json& r, const Policy& p, const std::string& what) {
-  r["model"] = p.model->config();
+Built finish(Built b, PolicyRecipe& r, const Policy& p, const std::string& what) {
+  r.model = from_json<ModelSpec>(p.model->config());
   b.derived = {{"tokenizer", p.tokenizer_spec},
                {"eos_id", p.format.tokenizer->eos_id()},
                {"chat_template", data::chat_template_name(p.format.templ)},
@@ -138,12 +176,11 @@ Built finish(Built b, json& r, const Policy& p, const std::string& what) {
   return b;
 }
 
-Built build_sft(json& r, const c10::Device& device) {
-  set_threads(r["threads"].get<int64_t>(), workload_of("causal_transformer"));
-  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
-  auto oo = from_json<SFTObjectiveOptions>(r["objective"], "objective");
-  const std::string train = data_path(r, "data", "a chat JSON-lines file");
-  const std::string val = r.value("val_data", "");
+Built build_sft(SftRecipe& r, const c10::Device& device) {
+  set_threads(r.threads, workload_of("causal_transformer"));
+  const SFTObjectiveOptions& oo = r.objective;
+  const std::string train = data_path(r.data, "data", "a chat JSON-lines file");
+  const std::string val = r.val_data;
   if (!val.empty()) DEW_CHECK(fs::is_regular_file(val), "val_data: ", val, " is not a file");
   // The SFT loss (the LM objective's chunked cross-entropy) reads the output head's weight directly.
   Policy p = resolve_policy(r, device, /*loss_reads_head_weight=*/true);
@@ -159,27 +196,29 @@ Built build_sft(json& r, const c10::Device& device) {
   auto eval = evaluator(r, p);
   Built b;
   b.objective = std::make_shared<SFTObjective>(p.model, len - 1, oo, val_rows, eval);
-  lo.seed = r["seed"].get<int64_t>();
+  data::LoaderOptions lo = r.loader;
+  lo.seed = r.seed;
   b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(rows, "sft"), lo);
   return finish(std::move(b), r, p,
                 train + " (" + std::to_string(n) + (oo.pack ? " packed rows" : " conversations") + " of " +
                     std::to_string(len) + " tokens), batch " + std::to_string(lo.batch_size));
 }
 
-Built build_dpo(json& r, const c10::Device& device) {
-  set_threads(r["threads"].get<int64_t>(), workload_of("causal_transformer"));
-  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
-  auto oo = from_json<DPOObjectiveOptions>(r["objective"], "objective");
-  const std::string train = data_path(r, "data", "a JSON-lines file of {prompt, chosen, rejected}");
+Built build_dpo(DpoRecipe& r, const c10::Device& device) {
+  set_threads(r.threads, workload_of("causal_transformer"));
+  const DPOObjectiveOptions& oo = r.objective;
+  const std::string train = data_path(r.data, "data", "a JSON-lines file of {prompt, chosen, rejected}");
   Policy p = resolve_policy(r, device);
   data::Batch rows = data::preference_rows(train, p.format, p.model->options.max_seq_len());
   const int64_t n = rows.at("ids").size(0);
   Built b;
   auto obj = std::make_shared<DPOObjective>(p.model, oo, rows, evaluator(r, p));
   const json ref =
-      resolve_reference(r, [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
+      resolve_reference(r.reference, bool(r.lora),
+                        [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
   b.objective = obj;
-  lo.seed = r["seed"].get<int64_t>();
+  data::LoaderOptions lo = r.loader;
+  lo.seed = r.seed;
   b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(rows, "dpo"), lo);
   b = finish(std::move(b), r, p,
              train + " (" + std::to_string(n) + " pairs), beta " + std::to_string(oo.beta) + ", batch " +
@@ -188,17 +227,15 @@ Built build_dpo(json& r, const c10::Device& device) {
   return b;
 }
 
-Built build_grpo(json& r, const c10::Device& device) {
-  set_threads(r["threads"].get<int64_t>(), workload_of("causal_transformer"));
-  auto lo = from_json<data::LoaderOptions>(r["loader"], "loader");
-  auto oo = from_json<GRPOObjectiveOptions>(r["objective"], "objective");
-  auto ro = from_json<post_training::RewardOptions>(r["reward_options"], "reward_options");
-  DEW_CHECK(r["reward"].is_string() && r["reward_command"].is_string(),
-            "reward and reward_command: expected strings (e.g. --reward exact, --reward-command \"python3 score.py\")");
-  DEW_CHECK(r["trainer"].value("accumulation", int64_t(1)) == 1,
+Built build_grpo(GrpoRecipe& r, const c10::Device& device) {
+  set_threads(r.threads, workload_of("causal_transformer"));
+  const GRPOObjectiveOptions& oo = r.objective;
+  const post_training::RewardOptions& ro = r.reward_options;
+  const data::LoaderOptions& lo = r.loader;
+  DEW_CHECK(r.trainer.accumulation == 1,
             "trainer.accumulation: grpo takes one mini-batch of a "
             "rollout per step (use objective.mini_batches and loader.batch_size), got ",
-            r["trainer"]["accumulation"].dump());
+            r.trainer.accumulation);
   // The rollout of batch_size prompts x group_size completions is split into mini_batches equal parts: checked
   // here, before anything is built or written, not at the first rollout.
   DEW_CHECK(oo.mini_batches >= 1, "objective.mini_batches: must be >= 1, got ", oo.mini_batches);
@@ -207,19 +244,17 @@ Built build_grpo(json& r, const c10::Device& device) {
             "objective.mini_batches: ", oo.mini_batches, " does not divide a rollout's ", lo.batch_size, " x ",
             oo.group_size,
             " completions (loader.batch_size x objective.group_size); accepted: a divisor of their product");
-  const std::string prompts_file = data_path(r, "prompts", "a JSON-lines file of {\"prompt\", ...}");
+  const std::string prompts_file = data_path(r.prompts, "prompts", "a JSON-lines file of {\"prompt\", ...}");
   // Every reward is checked (names, regexes) before the model is built.
   DEW_CHECK(
-      !r["reward"].get<std::string>().empty() || !r["reward_command"].get<std::string>().empty(),
-      "reward: none given; pass --reward NAME[,NAME] (",
+      !r.reward.empty() || !r.reward_command.empty(), "reward: none given; pass --reward NAME[,NAME] (",
       [] {
         std::string s;
         for (const auto& n : post_training::builtin_rewards()) s += (s.empty() ? "" : ", ") + n;
         return s;
       }(),
       ") or --reward-command CMD");
-  auto rewards =
-      post_training::make_rewards(r["reward"].get<std::string>(), r["reward_command"].get<std::string>(), ro);
+  auto rewards = post_training::make_rewards(r.reward, r.reward_command, ro);
   Policy p = resolve_policy(r, device);
   auto prompts = data::read_prompts(prompts_file, p.format, p.model->options.max_seq_len());
   const int64_t n = int64_t(prompts.size());
@@ -228,12 +263,14 @@ Built build_grpo(json& r, const c10::Device& device) {
   Built b;
   auto obj = std::make_shared<GRPOObjective>(p.model, oo, p.format, std::move(prompts), rewards, evaluator(r, p, ro));
   const json ref =
-      resolve_reference(r, [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
+      resolve_reference(r.reference, bool(r.lora),
+                        [&](const training::TensorMap& w, const std::string& what) { obj->set_reference(w, what); });
   b.objective = obj;
-  lo.seed = r["seed"].get<int64_t>();
-  lo.drop_last = true;  // every rollout holds batch_size prompts
+  data::LoaderOptions loader = lo;
+  loader.seed = r.seed;
+  loader.drop_last = true;  // every rollout holds batch_size prompts
   data::Batch index = {{"index", at::arange(n, at::kLong)}};
-  b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(index, "prompts"), lo);
+  b.loader = std::make_shared<data::DataLoader>(std::make_shared<data::TensorDataset>(index, "prompts"), loader);
   std::string names;
   for (const auto& rw : rewards) names += (names.empty() ? "" : ", ") + rw->name();
   b = finish(std::move(b), r, p,
@@ -270,25 +307,22 @@ const std::vector<std::string>& language_model_kinds() {
   return k;
 }
 
-Policy resolve_policy(json& r, const c10::Device& device, bool loss_reads_head_weight) {
-  DEW_CHECK(r["init_from"].is_string(), "init_from: expected a run directory or a Hugging Face folder, got ",
-            r["init_from"].dump());
-  DEW_CHECK(r["chat_template"].is_string(), "chat_template: expected a name, got ", r["chat_template"].dump());
-  const std::string from = r["init_from"], asked = r["chat_template"];
+Policy resolve_policy(PolicyRecipe& r, const c10::Device& device, bool loss_reads_head_weight) {
+  const std::string from = r.init_from, asked = r.chat_template;
   if (asked != "auto") data::parse_chat_template(asked);  // a wrong name fails before anything loads
-  const auto lora = lora_options_of(r);                   // so do the LoRA settings
+  const auto lora = lora_options_of(r.lora, from);        // so do the LoRA settings
   json base;
   Policy p;
   p.source = {{"init_from", from}, {"kind", "none"}};
   if (from.empty()) {
-    DEW_CHECK(r["model"].is_object() && r["model"].value("architecture", json()) == "causal_transformer",
+    DEW_CHECK(r.model.architecture == "causal_transformer",
               "model.architecture: post-training trains a \"causal_transformer\", got ",
-              r["model"].value("architecture", json()).dump());
-    auto tok = data::load_tokenizer(r["tokenizer"]);
-    json& fields = r["model"]["fields"];
+              json(r.model.architecture).dump());
+    auto tok = data::load_tokenizer(r.tokenizer);
+    json& fields = r.model.fields;
     if (!fields.is_object()) fields = json::object();
     if (!fields.contains("vocab_size")) fields["vocab_size"] = tok->vocab_size();
-    p.model = models::build_language_model(r["model"]);
+    p.model = models::build_language_model(to_json(r.model));
     p.tokenizer_spec = tok->spec();
     p.format = {tok, template_for(asked, *tok, "a fresh model"), {}};
   } else if (training::RunDir::holds_run(from)) {
@@ -354,7 +388,7 @@ data::ChatFormat chat_format_of(const json& record, const std::string& run_dir) 
 }
 
 RunKind sft_kind() {
-  RunKind k;
+  KindDefinition<SftRecipe> k;
   k.name = "sft";
   k.doc = "supervised fine-tuning of a causal language model on chat data (loss on assistant tokens)";
   k.defaults = [] {
@@ -363,21 +397,17 @@ RunKind sft_kind() {
     oo.warmup_steps = 50;
     oo.weight_decay = 0.1;
     oo.beta2 = 0.95;
-    json r = post_training_defaults("runs/sft", trainer_options(1000, 250), oo, loader_options(64),
-                                    to_json(SFTObjectiveOptions{}));
-    r["data"] = "";
-    r["val_data"] = "";
-    return r;
+    return post_training_defaults<SftRecipe>("runs/sft", trainer_options(1000, 250), oo, loader_options(64));
   };
   k.open_keys = {"model.fields"};
   k.identity = {"model", "seed", "data", "init_from", "lora"};
-  k.help = [](const json&) { return post_training_help(format_fields(fields_of<SFTObjectiveOptions>(), "  ")); };
+  k.help = [](const SftRecipe&) { return post_training_help(format_fields(fields_of<SFTObjectiveOptions>(), "  ")); };
   k.build = build_sft;
-  return k;
+  return make_run_kind(std::move(k));
 }
 
 RunKind dpo_kind() {
-  RunKind k;
+  KindDefinition<DpoRecipe> k;
   k.name = "dpo";
   k.doc = "direct preference optimisation of a causal language model against its frozen starting weights";
   k.defaults = [] {
@@ -388,21 +418,17 @@ RunKind dpo_kind() {
     oo.warmup_steps = 30;
     oo.weight_decay = 0.0;
     oo.schedule = "cosine";
-    json r = post_training_defaults("runs/dpo", trainer_options(300, 100), oo, loader_options(32),
-                                    to_json(DPOObjectiveOptions{}));
-    r["data"] = "";
-    r["reference"] = "";  // the frozen reference: empty = the starting weights, or a run / Hugging Face folder
-    return r;
+    return post_training_defaults<DpoRecipe>("runs/dpo", trainer_options(300, 100), oo, loader_options(32));
   };
   k.open_keys = {"model.fields"};
   k.identity = {"model", "seed", "data", "init_from", "reference", "lora"};
-  k.help = [](const json&) { return post_training_help(format_fields(fields_of<DPOObjectiveOptions>(), "  ")); };
+  k.help = [](const DpoRecipe&) { return post_training_help(format_fields(fields_of<DPOObjectiveOptions>(), "  ")); };
   k.build = build_dpo;
-  return k;
+  return make_run_kind(std::move(k));
 }
 
 RunKind grpo_kind() {
-  RunKind k;
+  KindDefinition<GrpoRecipe> k;
   k.name = "grpo";
   k.doc = "group-relative policy optimisation of a causal language model on prompts with rewards";
   k.defaults = [] {
@@ -413,24 +439,18 @@ RunKind grpo_kind() {
     oo.warmup_steps = 50;
     oo.weight_decay = 0.0;
     oo.schedule = "constant";
-    GRPOObjectiveOptions go;
-    go.max_new_tokens = 12;
-    json r = post_training_defaults("runs/grpo", trainer_options(1200, 100), oo, loader_options(16), to_json(go));
-    r["prompts"] = "";
-    r["reward"] = "";  // --reward exact,format,length and/or --reward-command CMD: at least one
-    r["reward_command"] = "";
-    r["reward_options"] = to_json(post_training::RewardOptions{});
-    r["reference"] = "";
+    auto r = post_training_defaults<GrpoRecipe>("runs/grpo", trainer_options(1200, 100), oo, loader_options(16));
+    r.objective.max_new_tokens = 12;
     return r;
   };
   k.open_keys = {"model.fields"};
   k.identity = {"model", "seed", "prompts", "init_from", "reference", "reward", "reward_command", "lora"};
-  k.help = [](const json&) {
+  k.help = [](const GrpoRecipe&) {
     return post_training_help(format_fields(fields_of<GRPOObjectiveOptions>(), "  ")) + "reward_options fields:\n" +
            format_fields(fields_of<post_training::RewardOptions>(), "  ");
   };
   k.build = build_grpo;
-  return k;
+  return make_run_kind(std::move(k));
 }
 
 }  // namespace dew::runs

@@ -23,15 +23,8 @@ namespace {
 const std::map<std::string, RunKind>& kinds_map() {
   static const auto* m = [] {
     auto* m = new std::map<std::string, RunKind>();
-    for (auto k : {diffusion_kind(), autoencoder_kind(), lm_kind(), jepa_kind(), sft_kind(), dpo_kind(), grpo_kind()}) {
-      // Every kind trains data-parallel the same way: its recipe has the `dist` section.
-      k.defaults = [d = k.defaults] {
-        json r = d();
-        r["dist"] = to_json(training::DistOptions{});
-        return r;
-      };
+    for (auto k : {diffusion_kind(), autoencoder_kind(), lm_kind(), jepa_kind(), sft_kind(), dpo_kind(), grpo_kind()})
       (*m)[k.name] = std::move(k);
-    }
     return m;
   }();
   return *m;
@@ -103,29 +96,41 @@ json read_record_of_kind(const std::string& run_dir, const std::string& kind, co
 
 json data_spec(const json& d) { return d.is_string() ? json{{"name", d}} : d; }
 
+json held_out_data(const json& data, const json& test_data) {
+  if (!test_data.is_null()) return data_spec(test_data);
+  json t = data_spec(data);
+  const std::string name = t.value("name", "");
+  if (!data::datasets().contains(name)) return nullptr;
+  for (const auto& f : data::datasets().info(name).fields)
+    if (f.name == "split") {
+      t["split"] = "test";
+      return t;
+    }
+  return nullptr;
+}
+
 int64_t parameter_count(torch::nn::Module& m) {
   int64_t n = 0;
   for (const auto& p : m.parameters()) n += p.numel();
   return n;
 }
 
-PreparedRun prepare(const std::string& kind_name, json recipe) {
+PreparedRun prepare(const std::string& kind_name, const json& recipe) {
   const RunKind& kind = run_kind(kind_name);
   DEW_CHECK(recipe.is_object(), "recipe: expected a JSON object");
   PreparedRun p;
   p.kind = kind.name;
-  // The top level: the common fields plus the kind's sections (checked by the kind as it builds).
-  json common = json::object();
-  for (const auto& f : fields_of<RunOptions>())
-    if (recipe.contains(f.name)) common[f.name] = recipe[f.name];
-  p.options = from_json<RunOptions>(common);
+  // Every section parsed once, into the kind's recipe type: an unknown field or a wrong type fails here.
+  const std::unique_ptr<ParsedRecipe> parsed = kind.parse(recipe);
+  const RecipeBase& base = parsed->base();
+  p.options = base;
   DEW_CHECK(!p.options.run.empty(), "run: expected a directory name");
   DEW_CHECK(p.options.seed >= 0, "seed: must be >= 0, got ", p.options.seed);
   DEW_CHECK(p.options.threads >= 0, "threads: must be >= 0 (0 = the measured default), got ", p.options.threads);
   p.device = parse_device(p.options.device, "device");
-  p.optim = from_json<training::OptimOptions>(recipe.value("optim", json::object()), "optim");
-  p.trainer = from_json<training::TrainerOptions>(recipe.value("trainer", json::object()), "trainer");
-  p.dist = from_json<training::DistOptions>(recipe.value("dist", json::object()), "dist");
+  p.optim = base.optim;
+  p.trainer = base.trainer;
+  p.dist = base.dist;
   training::validate(p.optim);
   training::validate(p.trainer);
   training::validate(p.dist);
@@ -152,9 +157,9 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
   {
     // Parameter initialisation draws from the default generators: from the run's seed, not the process.
     rng::DefaultGeneratorScope init(uint64_t(p.options.seed), 0, "init");
-    p.built = kind.build(recipe, p.device);
+    p.built = parsed->build(p.device);
   }
-  p.record = recipe;
+  p.record = parsed->to_json();
   p.record["kind"] = kind.name;
   p.record["format"] = kRunFormat;
   p.record["dew_version"] = DEW_VERSION;
@@ -166,7 +171,7 @@ PreparedRun prepare(const std::string& kind_name, json recipe) {
               " run; this command trains ", kind.name, " (use another --run)");
   if (p.resumes) {
     for (const auto& key : kind.identity) {
-      const json was = old.value(key, json()), now = recipe.value(key, json());
+      const json was = old.value(key, json()), now = p.record.value(key, json());
       DEW_CHECK(was == now, "run ", dir, " was trained with ", key, " ", was.dump(), "; this command asks for ",
                 now.dump(), " (rerun with the same ", key, " to resume, or use another --run)");
     }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dew/core/options.h"
+#include "dew/data/dataset.h"
 #include "dew/io/weights.h"
 #include "dew/training/trainer.h"
 
@@ -50,6 +51,36 @@ struct RunOptions {
   }
 };
 
+/// A recipe's `model` (and JEPA's `predictor`) section: a registered architecture and its fields, which the
+/// architecture's own registry checks when the model is built.
+struct ModelSpec {
+  std::string architecture;
+  json fields = json::object();
+  template <class V>
+  void visit(V& v) {
+    v("architecture", architecture, "a registered architecture (dew models)");
+    v("fields", fields, "the architecture's fields (--help lists them); unset ones take its defaults");
+  }
+};
+
+/// The sections every kind's recipe has: the top-level fields, the loader, the optimizer, the trainer and the
+/// data-parallel settings. A kind's recipe is a struct deriving from it that adds its own sections (model,
+/// data, objective, ...) in its visit.
+struct RecipeBase : RunOptions {
+  data::LoaderOptions loader;
+  training::OptimOptions optim;
+  training::TrainerOptions trainer;
+  training::DistOptions dist;
+  template <class V>
+  void visit(V& v) {
+    RunOptions::visit(v);
+    v("loader", loader, "the data loader");
+    v("optim", optim, "the optimizer and its learning-rate schedule");
+    v("trainer", trainer, "steps, logging, validation, checkpoints");
+    v("dist", dist, "data-parallel training (docs/distributed.md)");
+  }
+};
+
 /// What a kind builds from a recipe. Nothing is written while it is built.
 struct Built {
   std::shared_ptr<Objective> objective;
@@ -65,6 +96,19 @@ struct Built {
   json lora = nullptr;
 };
 
+/// A recipe parsed once into a kind's typed sections (runs::make_run_kind gives each kind its own).
+class ParsedRecipe {
+ public:
+  virtual ~ParsedRecipe() = default;
+  /// The sections every kind has.
+  virtual const RecipeBase& base() const = 0;
+  /// Completes the data-dependent fields (model channels, vocabulary) and builds everything on `device`. The
+  /// default generators are seeded from (seed, "init") while it runs.
+  virtual Built build(const c10::Device& device) = 0;
+  /// The recipe as the run records it: every section, as build() completed it.
+  virtual json to_json() const = 0;
+};
+
 /// A kind of training run.
 struct RunKind {
   std::string name;
@@ -74,9 +118,8 @@ struct RunKind {
   std::vector<std::string> identity;   // recipe keys a resumed run must keep ("model", "seed", "data", ...)
   /// Extra --help text for a recipe (model fields, data sources).
   std::function<std::string(const json& recipe)> help;
-  /// Completes data-dependent recipe fields (model channels, vocabulary) and builds everything on `device`.
-  /// The default generators are seeded from (seed, "init") while it runs.
-  std::function<Built(json& recipe, const c10::Device& device)> build;
+  /// Parses a recipe into the kind's sections: dew::Error naming an unknown field or a value of the wrong type.
+  std::function<std::unique_ptr<ParsedRecipe>(const json& recipe)> parse;
 };
 
 /// The registered kinds: diffusion, autoencoder, lm, jepa, sft, dpo, grpo.
@@ -102,7 +145,7 @@ struct PreparedRun {
 
 /// Checks `recipe` (a kind's default recipe with the user's changes) and builds the run. dew::Error before
 /// any file is written when a field is wrong or an existing run directory holds a different run.
-PreparedRun prepare(const std::string& kind, json recipe);
+PreparedRun prepare(const std::string& kind, const json& recipe);
 
 /// Writes run.json, starts the weights from init_from (fresh runs), trains to trainer.steps (resuming
 /// from the latest checkpoint) and returns how it ended.
@@ -119,6 +162,10 @@ json read_record_of_kind(const std::string& run_dir, const std::string& kind, co
 
 /// A recipe's data spec as an object: a bare name such as "fashion_mnist" becomes {"name": "fashion_mnist"}.
 json data_spec(const json& d);
+
+/// The held-out set of a recipe: `test_data` when it is not null, else `data` with split "test" when its source
+/// has splits; null when there is none.
+json held_out_data(const json& data, const json& test_data);
 
 /// Parameter count of a module, for the run's summary line.
 int64_t parameter_count(torch::nn::Module& m);

@@ -38,6 +38,7 @@ struct Opts {
   }
 };
 
+using dew::json;
 using dew::test::error_of;
 
 }  // namespace
@@ -107,6 +108,37 @@ TEST(Options, FieldListingHasTypesAndDefaults) {
   auto text = dew::format_fields(f);
   EXPECT_NE(text.find("layers"), std::string::npos);
   EXPECT_NE(text.find("number of layers"), std::string::npos);
+}
+
+namespace {
+struct WithSection {
+  int64_t steps = 1;
+  dew::Omittable<Inner> section;
+  template <class V>
+  void visit(V& v) {
+    v("steps", steps, "steps");
+    v("section", section, "written only when present");
+  }
+};
+}  // namespace
+
+TEST(Options, OmittableFieldsAreLeftOutWhenEmptyAndReadAbsentOrNullAsEmpty) {
+  WithSection w;
+  EXPECT_EQ(dew::to_json(w), (json{{"steps", 1}}));  // no "section" key, not null
+  EXPECT_FALSE(dew::from_json<WithSection>(json{{"steps", 2}}).section.has_value());
+  EXPECT_FALSE(dew::from_json<WithSection>(json{{"section", nullptr}}).section.has_value());
+  const auto read = dew::from_json<WithSection>(json{{"section", {{"lr", 0.5}}}});
+  ASSERT_TRUE(read.section.has_value());
+  EXPECT_EQ(read.section->lr, 0.5);
+  EXPECT_EQ(dew::to_json(read), (json{{"steps", 1}, {"section", {{"lr", 0.5}}}}));
+  w.section = Inner{};
+  EXPECT_EQ(dew::to_json(w)["section"], (json{{"lr", 0.1}}));
+  w.section.reset();
+  EXPECT_FALSE(dew::to_json(w).contains("section"));
+  // Inside the section, fields are checked as everywhere.
+  const std::string msg = error_of([] { dew::from_json<WithSection>(json{{"section", {{"lr", "x"}}}}); });
+  EXPECT_NE(msg.find("section.lr: expected a number"), std::string::npos) << msg;
+  EXPECT_EQ(dew::fields_of<WithSection>()[1].type, "object | absent");
 }
 
 namespace {

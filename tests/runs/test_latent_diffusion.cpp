@@ -199,12 +199,13 @@ TEST_F(LatentDiffusion, RecordsTheAutoencoderKeepsItFrozenAndOutOfTheCheckpoints
             record["derived"]["latent_scaling"]["scaling_factor"].get<double>());
   EXPECT_EQ(opened_run.shape, std::vector<int64_t>({2, 8, 8}));
   EXPECT_EQ(opened_run.images(at::zeros({3, 2, 8, 8})).sizes(), at::IntArrayRef({3, 1, 16, 16}));
-  // A pixel run's record has no latent sections.
+  // A pixel run's record has no latent sections (and, without adapters, no lora section).
   json pixel = recipe(file("pixel"));
   pixel["autoencoder"]["run"] = "";
   pixel["model"]["fields"].erase("in_channels");
   auto pp = dew::runs::prepare("diffusion", pixel);
   EXPECT_FALSE(pp.record.contains("autoencoder") || pp.record.contains("latent")) << pp.record.dump();
+  EXPECT_FALSE(pp.record.contains("lora")) << pp.record.dump();
   EXPECT_EQ(pp.record["model"]["fields"]["in_channels"], 1);
 }
 

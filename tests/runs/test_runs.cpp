@@ -94,6 +94,37 @@ TEST(Runs, PrepareChecksEverythingAndWritesNothing) {
   EXPECT_FALSE(fs::exists(tmp.file("new_run")));
 }
 
+TEST(Runs, EveryKindParsesItsRecipeOnceIntoTypedSections) {
+  dew::test::TempDir tmp("runs_typed_recipe");
+  for (const auto& kind : dew::runs::run_kinds()) {
+    SCOPED_TRACE(kind);
+    json recipe = dew::runs::default_recipe(kind);
+    // Every key of the defaults is a field of the kind's recipe type, and reads back as it was.
+    EXPECT_EQ(dew::runs::run_kind(kind).parse(recipe)->to_json(), recipe);
+    for (const char* section : {"run", "seed", "loader", "optim", "trainer", "dist", "model", "objective"})
+      EXPECT_TRUE(recipe.contains(section)) << section;
+    recipe["run"] = tmp.file(kind);
+    // A field the type does not have, or a section of the wrong type, is refused before anything is built or
+    // written, named, with what is valid.
+    json bogus = recipe;
+    bogus["bogus"] = 1;
+    const std::string unknown = error_of([&] { dew::runs::prepare(kind, bogus); });
+    EXPECT_NE(unknown.find("unknown field \"bogus\"; valid fields: "), std::string::npos) << unknown;
+    for (const char* section : {"dist", "loader", "model", "objective", "optim", "trainer"})
+      EXPECT_NE(unknown.find(section), std::string::npos) << unknown;
+    json wrong = recipe;
+    wrong["objective"] = 3;
+    const std::string type = error_of([&] { dew::runs::prepare(kind, wrong); });
+    EXPECT_NE(type.find("objective: expected an object, got int 3"), std::string::npos) << type;
+    wrong = recipe;
+    wrong["model"]["fields"] = json::object();
+    wrong["model"]["architecture"] = 7;
+    const std::string arch = error_of([&] { dew::runs::prepare(kind, wrong); });
+    EXPECT_NE(arch.find("model.architecture: expected a string, got int 7"), std::string::npos) << arch;
+    EXPECT_FALSE(fs::exists(tmp.file(kind)));
+  }
+}
+
 TEST(Runs, DeviceNames) {
   EXPECT_TRUE(dew::parse_device("cpu").is_cpu());
   EXPECT_EQ(dew::parse_device("auto").is_cuda(), dew::available_devices() != "cpu");
