@@ -2,7 +2,8 @@
 // config.json translation reads its typed fields through from_json. The input is a JSON text parsed into
 // a struct with one field of each kind the project uses. Any input must either be refused with a
 // dew::Error or give a struct whose integer fields hold exactly the numbers written (no wrap, no silent
-// truncation) and that round-trips through to_json; anything else is a bug.
+// truncation), that writes an omittable section only when given, and that round-trips through to_json; anything else
+// is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -45,6 +46,7 @@ struct FuzzOptions {
   F(std::optional<int64_t>, limit, std::nullopt, "optional int64")                   \
   F(Window, window, (Window{1, 0.5}), "pair")                                        \
   F(InnerOptions, inner, InnerOptions{}, "nested options")                           \
+  F(dew::Omittable<InnerOptions>, section, std::nullopt, "omittable section")        \
   F(dew::json, extra, dew::json::object(), "free JSON")                              \
   C(mode, "eps", ({"eps", "v", "x0"}), "choice")
   DEW_OPTIONS(FUZZ_FIELDS)
@@ -72,6 +74,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (j.is_object()) {
     for (const char* key : {"steps", "heads", "layers", "seed"}) require_same_number(j, key, out);
   }
+  // An omittable section is written exactly when it was given as an object (absent or null: left out).
+  require(out.contains("section") == (j.is_object() && j.contains("section") && j["section"].is_object()));
   // What was accepted serialises and reads back to the same struct.
   FuzzOptions again = dew::from_json<FuzzOptions>(out, "fuzz");
   require(dew::to_json(again) == out);

@@ -1,34 +1,15 @@
-// Recipes (README.md): a JSON tree of defaults per `dew train` kind; `--config FILE` merges a file
-// over it and `--a.b value` overrides any leaf (unknown keys list the valid ones; values are typed
-// when the tree is parsed into options structs).
+// The flags of the CLI's commands: recipes (recipe_args.h), plain flags, the options that open a trained run, and
+// the rows `dew eval` appends.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
+#include "dew/cli/recipe_args.h"
 #include "dew/core/options.h"
 #include "dew/runs/run.h"
 
 namespace dew::cli {
-
-/// Parsed command line of a recipe command: the recipe after --config and overrides, and whether
-/// --help was asked for.
-struct RecipeArgs {
-  json recipe;
-  bool help = false;
-  std::vector<std::string> positional;
-};
-
-/// Applies `--config FILE` and `--a.b value` flags to `defaults`. Keys under an object listed in
-/// `open_objects` (e.g. "model.fields") may be new; elsewhere an unknown key is a dew::Error.
-RecipeArgs parse_recipe_args(const json& defaults, const std::vector<std::string>& args,
-                             const std::vector<std::string>& open_objects = {});
-
-/// Sets the value at a dotted key; `value` is parsed as JSON, falling back to a plain string.
-void set_dotted(json& tree, const std::string& key, const std::string& value,
-                const std::vector<std::string>& open_objects);
-
-/// Every leaf of a tree as "a.b = value" lines (for --help).
-std::string format_tree(const json& tree, const std::string& prefix = "");
 
 /// Simple flag parsing for non-recipe commands: --name value pairs and positionals; `known` lists the
 /// accepted flags (dew::Error names the valid ones), `switches` those that take no value.

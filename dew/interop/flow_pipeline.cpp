@@ -62,26 +62,10 @@ std::vector<double> flux_sigma_grid(double a, double b, int64_t n) {
   return y;
 }
 
-// The class model_index.json names, "" when the file is missing or not a JSON object with a string _class_name.
-std::string index_class(const std::string& dir) {
-  const fs::path file = fs::path(dir) / "model_index.json";
-  if (!fs::is_regular_file(file)) return "";
-  std::ifstream in(file);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  try {
-    io::check_json_depth(text, file.string());  // too deep: read_model_index says why
-  } catch (const Error&) {
-    return "";
-  }
-  const json index = json::parse(text, nullptr, false);
-  if (!index.is_object() || !index.contains("_class_name") || !index["_class_name"].is_string()) return "";
-  return index["_class_name"].get<std::string>();
-}
-
 }  // namespace
 
 bool is_flow_pipeline_folder(const std::string& dir) {
-  const std::string c = index_class(dir);
+  const std::string c = detail::model_index_class(dir);
   return c == "StableDiffusion3Pipeline" || c == "FluxPipeline";
 }
 
@@ -353,7 +337,9 @@ PipelineResult FlowPipeline::run(const PipelineRequest& r, const PromptEmbedding
 
 // ---- QwenImage21Pipeline ----
 
-bool is_qwen_image_pipeline_folder(const std::string& dir) { return index_class(dir) == "QwenImage21Pipeline"; }
+bool is_qwen_image_pipeline_folder(const std::string& dir) {
+  return detail::model_index_class(dir) == "QwenImage21Pipeline";
+}
 
 QwenImagePipeline QwenImagePipeline::load(const std::string& dir, at::ScalarType weights_dtype) {
   QwenImagePipeline p;

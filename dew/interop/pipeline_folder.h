@@ -1,6 +1,6 @@
 // Reading a diffusers pipeline folder's pieces, shared by the UNet pipelines (diffusers_pipeline.cpp) and the
-// flow pipelines (flow_pipeline.cpp): model_index.json's components, a CLIP text tower with its tokenizer, and
-// LoRA files merged into the denoiser.
+// flow pipelines (flow_pipeline.cpp): model_index.json's components (model_index.h), a CLIP text tower with its
+// tokenizer, and LoRA files merged into the denoiser.
 #pragma once
 #include <filesystem>
 #include <string>
@@ -9,21 +9,11 @@
 #include <torch/nn/module.h>
 
 #include "dew/core/options.h"
+#include "dew/interop/model_index.h"
 #include "dew/nn/clip_text.h"
 
 namespace dew::interop::detail {
 
-/// A JSON file of the folder; a missing or malformed one is a dew::Error naming it.
-json read_pipeline_json(const std::filesystem::path& path);
-/// DIR/model_index.json, checked before anything else: DIR a folder, the file valid JSON whose "_class_name" is one
-/// of `accepted` (returned in `class_name`); otherwise a dew::Error naming the folder or file and what is accepted.
-json read_model_index(const std::string& dir, const std::vector<std::string>& accepted, std::string& class_name);
-/// model_index.json's entry for a component (["library", "Class"]): the class, "" when the entry is null.
-std::string index_component(const json& index, const std::string& name, const std::filesystem::path& file);
-/// The component's class, which must be one of `accepted` ("" in accepted: the component may be null);
-/// otherwise a dew::Error naming the file, the component and the accepted classes.
-std::string expect_component(const json& index, const std::string& name, const std::vector<std::string>& accepted,
-                             const std::filesystem::path& file);
 /// A transformers CLIP text tower folder and its tokenizer folder, in eval mode; `projection`: it must be a
 /// CLIPTextModelWithProjection. `weights_dtype` bfloat16 / float16: built with its matrix weights in that dtype
 /// (nn::build_weights_in), then loaded.

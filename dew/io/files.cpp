@@ -30,6 +30,18 @@ std::string read_file(const std::string& path, const std::string& what) {
   return s.str();
 }
 
+void check_json_utf8(const nlohmann::json& value, const std::string& what) {
+  try {
+    (void)value.dump();
+  } catch (const nlohmann::json::type_error& e) {
+    // e.what(): "[json.exception.type_error.316] invalid UTF-8 byte at index 6: 0x74"
+    const std::string why = e.what();
+    const auto at = why.find("invalid UTF-8");
+    fail(what, ": not valid UTF-8 (", at == std::string::npos ? why : why.substr(at),
+         "); recipes and run records are JSON, whose text is UTF-8");
+  }
+}
+
 void check_json_depth(const std::string& text, const std::string& what) {
   int depth = 0;
   bool in_string = false, escaped = false;

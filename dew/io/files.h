@@ -22,6 +22,11 @@ inline constexpr int kMaxJsonDepth = 64;
 /// before it is parsed. Brackets inside strings do not count; the text need not be valid JSON.
 void check_json_depth(const std::string& text, const std::string& what);
 
+/// Refuses (dew::Error naming `what`) a JSON value holding a string (or an object key) that is not valid UTF-8:
+/// JSON text is UTF-8, and such a value could not be written to run.json or printed. Command-line values and
+/// paths may hold any bytes (a Latin-1 file name); they are checked before they enter a recipe.
+void check_json_utf8(const nlohmann::json& value, const std::string& what);
+
 /// The JSON document in `text`: its depth checked first (check_json_depth), then parsed; invalid JSON is a
 /// dew::Error naming `what` and the parser's position.
 nlohmann::json parse_json(const std::string& text, const std::string& what);

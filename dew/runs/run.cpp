@@ -30,9 +30,6 @@ const std::map<std::string, RunKind>& kinds_map() {
   return *m;
 }
 
-// The top-level keys of a record that are not part of the recipe.
-const std::vector<std::string> kRecordOnly = {"kind", "format", "dew_version", "derived"};
-
 }  // namespace
 
 const RunKind& run_kind(const std::string& name) {
@@ -52,11 +49,6 @@ std::vector<std::string> run_kinds() {
 }
 
 json default_recipe(const std::string& kind) { return run_kind(kind).defaults(); }
-
-json recipe_of_record(json record) {
-  for (const auto& k : kRecordOnly) record.erase(k);
-  return record;
-}
 
 json read_record(const std::string& run_dir) {
   json r = training::read_run_json(run_dir);
@@ -118,6 +110,7 @@ int64_t parameter_count(torch::nn::Module& m) {
 PreparedRun prepare(const std::string& kind_name, const json& recipe) {
   const RunKind& kind = run_kind(kind_name);
   DEW_CHECK(recipe.is_object(), "recipe: expected a JSON object");
+  io::check_json_utf8(recipe, "recipe");  // run.json could not be written after the build
   PreparedRun p;
   p.kind = kind.name;
   // Every section parsed once, into the kind's recipe type: an unknown field or a wrong type fails here.

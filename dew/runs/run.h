@@ -21,6 +21,7 @@
 #include "dew/core/options.h"
 #include "dew/data/dataset.h"
 #include "dew/io/weights.h"
+#include "dew/runs/record.h"
 #include "dew/training/trainer.h"
 
 namespace dew {
@@ -31,10 +32,6 @@ class DataLoader;
 }  // namespace dew
 
 namespace dew::runs {
-
-/// Layout version of run.json. 1: the first dew (kind-specific shapes, the recipe nested under "recipe");
-/// 2: one shape for every kind. Version-1 records are read and converted in memory.
-inline constexpr int kRunFormat = 2;
 
 /// The recipe fields every kind has at its top level.
 struct RunOptions {
@@ -150,9 +147,6 @@ PreparedRun prepare(const std::string& kind, const json& recipe);
 /// Writes run.json, starts the weights from init_from (fresh runs), trains to trainer.steps (resuming
 /// from the latest checkpoint) and returns how it ended.
 training::TrainResult train(PreparedRun& run);
-
-/// The recipe inside a run.json record (what `--config RUN/run.json` reruns).
-json recipe_of_record(json record);
 
 /// RUN/run.json in the current shape (format-1 records converted); dew::Error naming the file.
 json read_record(const std::string& run_dir);

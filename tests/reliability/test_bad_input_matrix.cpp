@@ -159,6 +159,9 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
   write_file(T / "pipe_bad/model_index.json", "{\"_class_name\": ");
   write_file(T / "pipe_deep/model_index.json", "{\"_class_name\": \"StableDiffusionPipeline\", \"unet\": " +
                                                    repeat("[", 100000) + repeat("]", 100000) + "}");
+  // A component's class that is not a string (fuzz finding 29).
+  write_file(T / "pipe_class_number/model_index.json",
+             "{\"_class_name\": \"StableDiffusionPipeline\", \"unet\": [\"diffusers\", 5]}");
   write_file(T / "deep_model/config.json", "{\"_class_name\": \"AutoencoderKL\", \"block_out_channels\": " +
                                                repeat("[", 1000000) + repeat("]", 1000000) + "}");
   // Model folders with a link out of themselves (a pipeline's component folder, a model's weights file).
@@ -186,6 +189,9 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
       {kDiffusion + " --trainer.steps 1e30 --run " + N, "trainer.steps"},
       {kDiffusion + " --trainer.steps 18446744073709551615 --run " + N, "trainer.steps"},
       {kDiffusion + " --trainer.steps ten --run " + N, "trainer.steps"},
+      // Arguments may hold any bytes; a recipe is JSON (UTF-8): a Latin-1 run name is refused, not written.
+      {kDiffusion + " --run \"" + N + "$(printf '\\351t\\351')\"", "--run: not valid UTF-8"},
+      {kDiffusion + " --model.fields.\"$(printf '\\351')\" 1 --run " + N, "not valid UTF-8"},
       {kDiffusion + " --trainer.keep_checkpoints 0 --run " + N, "trainer.keep_checkpoints"},
       {kDiffusion + " --trainer.time_limit_minutes -1 --run " + N, "trainer.time_limit_minutes"},
       {kDiffusion + " --trainer.autocast float16 --device cpu --run " + N, "trainer.autocast"},
@@ -292,6 +298,8 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
       {"sample --pipeline " + t + "/nowhere --prompt x --out " + t + "/p.png", "nowhere"},
       {"sample --pipeline " + t + "/pipe_bad --prompt x --out " + t + "/p.png", "model_index.json"},
       {"sample --pipeline " + t + "/pipe_deep --prompt x --out " + t + "/p.png", "pipe_deep/model_index.json"},
+      {"sample --pipeline " + t + "/pipe_class_number --prompt x --out " + t + "/p.png",
+       "pipe_class_number/model_index.json: \"unet\" must be [library, class]"},
       {"sample --pipeline " + golden + "/pipeline --prompt x --out " + t + "/p.jpg", "--out"},
       {"sample --pipeline " + t + "/pipe_link --prompt x --out " + t + "/p.png", "pipe_link/unet\" is a symbolic link"},
       {"forward " + t + "/model_link --inputs " + t + "/bad/wrong_names.safetensors --out " + t + "/f.safetensors",

@@ -5,15 +5,18 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "dew/cli/recipe_args.h"
 #include "dew/core/options.h"
 #include "dew/data/chat.h"
 #include "dew/data/idx.h"
 #include "dew/data/post_training_data.h"
 #include "dew/data/tokenizer.h"
+#include "dew/interop/model_index.h"
 #include "dew/io/files.h"
 #include "dew/io/image_decode.h"
 #include "dew/sampling/schedulers.h"
@@ -200,6 +203,62 @@ TEST(FuzzRegressions, SchedulerConfigsAreRefusedWhereTheyWouldRunOnNaN) {
     }
   }
   EXPECT_GE(refused, 2u);
+}
+
+// fuzz/recipe_fuzz.cpp's inputs: the default recipe, the open objects, a --config file, then the arguments.
+TEST(FuzzRegressions, RecipeArgumentsAreRefusedByFlag) {
+  dew::test::TempDir tmp("fuzz_regressions_recipe");
+  const auto inputs = regressions("recipe");
+  ASSERT_GE(inputs.size(), 2u);
+  for (const auto& path : inputs) {
+    std::vector<std::string> parts;
+    const std::string bytes = dew::test::read_bytes(path);
+    for (size_t start = 0; start <= bytes.size();) {
+      const size_t end = std::min(bytes.find('\0', start), bytes.size());
+      parts.push_back(bytes.substr(start, end - start));
+      start = end + 1;
+    }
+    ASSERT_GE(parts.size(), 3u) << path;
+    const json defaults = json::parse(parts[0]);
+    std::vector<std::string> open;
+    for (size_t start = 0; start <= parts[1].size();) {
+      const size_t end = std::min(parts[1].find(',', start), parts[1].size());
+      if (end > start) open.push_back(parts[1].substr(start, end - start));
+      start = end + 1;
+    }
+    std::ofstream(tmp.file("config.json"), std::ios::binary) << parts[2];
+    std::vector<std::string> args;
+    for (size_t i = 3; i < parts.size(); ++i) {
+      if (parts[i] == "@config") {
+        args.push_back("--config");
+        args.push_back(tmp.file("config.json"));
+      } else {
+        args.push_back(parts[i]);
+      }
+    }
+    const std::string e = error_of([&] { dew::cli::parse_recipe_args(defaults, args, open); });
+    EXPECT_TRUE(e.find("not valid UTF-8") != std::string::npos || e.find("unknown key") != std::string::npos)
+        << path << ": " << e;
+  }
+}
+
+TEST(FuzzRegressions, ModelIndexFilesAreRefusedWithAMessage) {
+  dew::test::TempDir tmp("fuzz_regressions_model_index");
+  const auto inputs = regressions("model_index");
+  ASSERT_GE(inputs.size(), 1u);
+  for (const auto& path : inputs) {
+    fs::copy_file(path, tmp.path / "model_index.json", fs::copy_options::overwrite_existing);
+    std::string class_name;
+    const json index = dew::interop::detail::read_model_index(tmp.path.string(),
+                                                              {"FluxPipeline", "StableDiffusionPipeline"}, class_name);
+    size_t refused = 0;
+    for (const char* name : {"unet", "vae", "transformer"}) {
+      const std::string e =
+          error_of([&] { dew::interop::detail::index_component(index, name, tmp.path / "model_index.json"); });
+      refused += e.find("model_index.json") != std::string::npos;
+    }
+    EXPECT_EQ(refused, 3u) << path;
+  }
 }
 
 }  // namespace
