@@ -360,12 +360,16 @@ class SigmaScheduler : public Common {
   }
   void finish(const Vec& ts, Vec sigmas) {
     // A schedule whose alphas_cumprod underflow to 0 (large betas over many train steps) has an infinite sigma,
-    // which diffusers runs on (inf / NaN samples).
+    // which diffusers runs on (inf / NaN samples). One whose alphas_cumprod are merely tiny (1e-254) has finite
+    // sigmas whose products in the steps overflow (Euler ancestral's sigma_up is about sigma^4: inf, then NaN), and
+    // float32 samples could not hold noise of that scale anyway: a sigma must be a float32 number.
     for (size_t j = 0; j < sigmas.size(); ++j)
-      DEW_CHECK(std::isfinite(sigmas[j]), where_, ": sigma ", j, " of these ", ts.size(), " steps is ", sigmas[j],
-                ": the training schedule's alphas_cumprod reach 0 (beta_start, beta_end and num_train_timesteps make "
-                "sigma = sqrt((1 - abar) / abar) infinite, as in diffusers); accepted: betas whose product stays "
-                "above 0 (a smaller beta_end or fewer num_train_timesteps), or rescale_betas_zero_snr");
+      DEW_CHECK(std::isfinite(sigmas[j]) && sigmas[j] <= double(std::numeric_limits<float>::max()), where_, ": sigma ",
+                j, " of these ", ts.size(), " steps is ", sigmas[j],
+                ": the training schedule's alphas_cumprod reach 0 or nearly (beta_start, beta_end and "
+                "num_train_timesteps make sigma = sqrt((1 - abar) / abar) infinite, as in diffusers, or beyond "
+                "float32); accepted: betas whose product stays well above 0 (a smaller beta_end or fewer "
+                "num_train_timesteps), or rescale_betas_zero_snr");
     timesteps_ = to_tensor(ts);
     sigmas_ = std::move(sigmas);
     const double smax = *std::max_element(sigmas_.begin(), sigmas_.end());
@@ -803,6 +807,13 @@ void FlowMatchEulerScheduler::set_timesteps(int64_t n, const std::vector<double>
   DEW_CHECK(n >= 1, class_name_, ".set_timesteps: the number of steps must be >= 1, got ", n);
   DEW_CHECK(!dynamic_ || mu, where_, ": use_dynamic_shifting is true, so set_timesteps needs mu (the pipeline's ",
             "calculate_shift of the image sequence length)");
+  // The linear time shift takes mu as the shift itself: mu / (mu + 1/t - 1) is 0 / 0 at t = 1 for mu = 0 (NaN
+  // sigmas, as in diffusers) and changes sign or divides by zero for mu < 0.
+  if (dynamic_)
+    DEW_CHECK(std::isfinite(*mu) && (!linear_shift_ || *mu > 0), where_, ": mu = ", *mu,
+              " (calculate_shift of the image sequence length from base_shift and max_shift) is not supported",
+              linear_shift_ ? " with time_shift_type linear" : "", "; accepted: a finite mu",
+              linear_shift_ ? " > 0 (base_shift and max_shift above 0)" : "");
   DEW_CHECK(sigmas.empty() || int64_t(sigmas.size()) == n, class_name_, ".set_timesteps: ", sigmas.size(),
             " sigmas given for ", n, " steps; accepted: none or one per step");
   Vec s = sigmas;
