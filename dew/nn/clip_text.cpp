@@ -200,23 +200,6 @@ ClipTextImpl::Outputs ClipTextImpl::run(const Tensor& ids, const Tensor& mask_in
 // Weights
 // ---------------------------------------------------------------------------------------------------------
 
-ClipTextOptions clip_text_options_from_hf(const json& config_in) {
-  const json& c = config_in.contains("text_config") ? config_in["text_config"] : config_in;
-  DEW_CHECK(c.is_object(), "clip_text config.json: expected an object, got ", c.dump());
-  const std::string type = c.value("model_type", std::string("clip_text_model"));
-  DEW_CHECK(type == "clip_text_model", "clip_text config.json: model_type \"", type,
-            "\" is not a CLIP text model (accepted: clip_text_model, or a CLIPConfig with text_config)");
-  json fields = json::object();
-  if (c.contains("architectures") && c["architectures"].is_array())
-    for (const auto& a : c["architectures"])
-      if (a == "CLIPTextModelWithProjection") fields["projection_dim"] = c.value("projection_dim", int64_t(512));
-  for (const char* k :
-       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "max_position_embeddings", "hidden_act", "layer_norm_eps", "bos_token_id", "eos_token_id", "pad_token_id"})
-    if (c.contains(k) && !c[k].is_null()) fields[k] = c[k];
-  return from_json<ClipTextOptions>(fields, "clip_text config.json");
-}
-
 io::KeyMap clip_text_key_map(bool whole_clip) {
   io::KeyMap map;
   // A whole CLIPModel file: the vision tower, both projections and the logit scale are not the text model's.

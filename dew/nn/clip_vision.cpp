@@ -132,30 +132,6 @@ ClipVisionImpl::Outputs ClipVisionImpl::forward(const Tensor& pixel_values) {
 // Weights
 // ---------------------------------------------------------------------------------------------------------
 
-ClipVisionOptions clip_vision_options_from_hf(const json& config) {
-  DEW_CHECK(config.is_object(), "clip_vision config.json: expected an object, got ", config.dump());
-  const bool whole = config.contains("text_config") || config.contains("vision_config");
-  if (whole)
-    DEW_CHECK(config.contains("vision_config") && config["vision_config"].is_object(),
-              "clip_vision config.json: a CLIPConfig without \"vision_config\" (a text-only CLIP folder); CLIP score "
-              "needs a CLIPModel with both towers");
-  const json& c = whole ? config["vision_config"] : config;
-  const std::string type = c.value("model_type", std::string("clip_vision_model"));
-  DEW_CHECK(type == "clip_vision_model", "clip_vision config.json: model_type \"", type,
-            "\" is not a CLIP vision model (accepted: clip_vision_model, or a CLIPConfig with vision_config)");
-  json fields = json::object();
-  if (whole) {
-    fields["projection_dim"] = config.value("projection_dim", int64_t(512));
-  } else if (c.contains("architectures") && c["architectures"].is_array()) {
-    for (const auto& a : c["architectures"])
-      if (a == "CLIPVisionModelWithProjection") fields["projection_dim"] = c.value("projection_dim", int64_t(512));
-  }
-  for (const char* k : {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels",
-                        "image_size", "patch_size", "hidden_act", "layer_norm_eps"})
-    if (c.contains(k) && !c[k].is_null()) fields[k] = c[k];
-  return from_json<ClipVisionOptions>(fields, "clip_vision config.json");
-}
-
 io::KeyMap clip_vision_key_map(bool with_projection) {
   io::KeyMap map;
   map.skip(R"((text_model\..*|text_projection\..*|logit_scale))");  // a whole CLIPModel's text side

@@ -20,6 +20,13 @@
 
 namespace dew::models {
 
+/// Bounds on every integer field of a model, checked before the module is built (models::build): a count (of
+/// layers, heads, blocks: a name with "layers", "heads" or "blocks", or starting "num_") at most 2^16, any other
+/// size (a width, a length, a vocabulary) at most 2^24. Far above any model Dew builds or imports, and low enough
+/// that an absurd value (a layer count of 2^32) is refused at once instead of building until memory runs out.
+constexpr int64_t kMaxModelCount = int64_t(1) << 16;
+constexpr int64_t kMaxModelSize = int64_t(1) << 24;
+
 /// What a family's model is for: a denoiser (BackboneImpl::forward), a causal language model
 /// (CausalTransformerImpl::forward_tokens), a text encoder (TextEncoderImpl::encode), an encoder of token
 /// subsets (TokenEncoderImpl::forward), a predictor of hidden tokens (TokenPredictorImpl::forward) or an

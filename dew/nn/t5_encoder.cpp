@@ -318,24 +318,6 @@ TextEncoding T5EncoderImpl::forward(const Tensor& ids, const Tensor& mask_in) {
 // Config and weights
 // ---------------------------------------------------------------------------------------------------------
 
-T5EncoderOptions t5_encoder_options_from_hf(const json& c) {
-  DEW_CHECK(c.is_object(), "t5_encoder config.json: expected an object, got ", c.dump());
-  const std::string type = c.value("model_type", std::string("t5"));
-  DEW_CHECK(type == "t5", "t5_encoder config.json: model_type \"", type,
-            "\" is not supported (accepted: t5; umt5 keeps a position bias in every block)");
-  DEW_CHECK(!c.value("is_decoder", false), "t5_encoder config.json: is_decoder is true, but t5_encoder is T5's ",
-            "bidirectional encoder (accepted: false)");
-  json fields = json::object();
-  for (const char* k :
-       {"vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads", "relative_attention_num_buckets",
-        "relative_attention_max_distance", "layer_norm_epsilon", "feed_forward_proj", "pad_token_id", "eos_token_id"})
-    if (c.contains(k) && !c[k].is_null()) fields[k] = c[k];
-  // A list of eos ids (some generation configs) cannot be appended by tokenize(): the first one is.
-  if (fields.contains("eos_token_id") && fields["eos_token_id"].is_array() && !fields["eos_token_id"].empty())
-    fields["eos_token_id"] = fields["eos_token_id"][0];
-  return from_json<T5EncoderOptions>(fields, "t5_encoder config.json");
-}
-
 io::KeyMap t5_encoder_key_map(bool has_shared) {
   io::KeyMap map;
   map.skip(R"((decoder\..*|lm_head\..*))");  // a whole T5 model's decoder side

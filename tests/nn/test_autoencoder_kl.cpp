@@ -147,7 +147,7 @@ TEST(AutoencoderKL, UnsupportedConfigSettingsAreRefusedByName) {
     c[key] = value;
     return error_of([&] { dew::models::fields_from_reference_config("autoencoder_kl", c); });
   };
-  EXPECT_NE(refusal("norm_type", "spatial").find("unsupported setting \"norm_type\""), std::string::npos);
+  EXPECT_NE(refusal("norm_type", "spatial").find("unknown setting \"norm_type\""), std::string::npos);
   EXPECT_NE(refusal("act_fn", "gelu").find("act_fn \"gelu\""), std::string::npos);
   EXPECT_NE(refusal("down_block_types", json::array({"DownEncoderBlock2D", "AttnDownEncoderBlock2D"}))
                 .find("AttnDownEncoderBlock2D"),

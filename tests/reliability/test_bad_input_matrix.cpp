@@ -162,6 +162,10 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
   // A component's class that is not a string (fuzz finding 29).
   write_file(T / "pipe_class_number/model_index.json",
              "{\"_class_name\": \"StableDiffusionPipeline\", \"unet\": [\"diffusers\", 5]}");
+  // A config.json value of the wrong type (fuzz finding 34: nlohmann's type error named no field).
+  write_file(T / "unet_layers_string/config.json",
+             "{\"_class_name\": \"UNet2DConditionModel\", \"down_block_types\": [\"DownBlock2D\"], "
+             "\"block_out_channels\": [8], \"layers_per_block\": \"2\"}");
   write_file(T / "deep_model/config.json", "{\"_class_name\": \"AutoencoderKL\", \"block_out_channels\": " +
                                                repeat("[", 1000000) + repeat("]", 1000000) + "}");
   // Model folders with a link out of themselves (a pipeline's component folder, a model's weights file).
@@ -311,6 +315,9 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
        "shift_terminal"},
       {"forward " + t + "/nowhere --inputs " + t + "/bad/wrong_names.safetensors --out " + t + "/f.safetensors",
        "nowhere"},
+      {"forward " + t + "/unet_layers_string --inputs " + t + "/bad/wrong_names.safetensors --out " + t +
+           "/f.safetensors",
+       "layers_per_block"},
       {"forward " + t + "/deep_model --inputs " + t + "/bad/wrong_names.safetensors --out " + t + "/f.safetensors",
        "deep_model/config.json"},
       {"forward " + golden + "/vae_sd3 --inputs " + t + "/bad/garbage.safetensors --out " + t + "/f.safetensors",

@@ -318,64 +318,6 @@ Tensor AutoencoderKLImpl::from_latent(const Tensor& latent) const {
   return latent * std / o.scaling_factor() + mean;
 }
 
-// ---- diffusers config.json ----
-
-json autoencoder_kl_fields_from_diffusers(const json& c) {
-  const std::string w = "AutoencoderKL config.json";
-  static const std::vector<std::string> accepted = {"in_channels",    "out_channels",        "down_block_types",
-                                                    "up_block_types", "block_out_channels",  "layers_per_block",
-                                                    "act_fn",         "latent_channels",     "norm_num_groups",
-                                                    "sample_size",    "scaling_factor",      "shift_factor",
-                                                    "latents_mean",   "latents_std",         "force_upcast",
-                                                    "use_quant_conv", "use_post_quant_conv", "mid_block_add_attention"};
-  DEW_CHECK(c.is_object(), w, ": expected an object, got ", c.dump());
-  for (auto it = c.begin(); it != c.end(); ++it) {
-    if (std::find(accepted.begin(), accepted.end(), it.key()) != accepted.end()) continue;
-    std::string list;
-    for (const auto& a : accepted) list += (list.empty() ? "" : ", ") + a;
-    fail(w, ": unsupported setting \"", it.key(), "\" = ", it.value().dump(), "; supported: ", list);
-  }
-  // diffusers' AutoencoderKL defaults for what the file leaves out
-  const json channels = c.value("block_out_channels", json::array({64}));
-  DEW_CHECK(channels.is_array() && !channels.empty(), w, ": block_out_channels must be a non-empty list, got ",
-            channels.dump());
-  auto check_types = [&](const char* key, const char* type) {
-    const json types = c.value(key, json::array({type}));
-    DEW_CHECK(types.is_array() && types.size() == channels.size(), w, ": ", key, " needs one entry per level (",
-              channels.size(), "), got ", types.dump());
-    for (const auto& t : types)
-      DEW_CHECK(t == type, w, ": ", key, " entry ", t.dump(), " is not supported (only ", type, ")");
-  };
-  check_types("down_block_types", "DownEncoderBlock2D");
-  check_types("up_block_types", "UpDecoderBlock2D");
-  const json act = c.value("act_fn", json("silu"));
-  DEW_CHECK(act == "silu" || act == "swish", w, ": act_fn ", act.dump(), " is not supported (only silu)");
-  json sample = c.value("sample_size", json(32));
-  if (sample.is_array()) {  // diffusers tiles by its first entry
-    DEW_CHECK(!sample.empty(), w, ": sample_size must be a number or a non-empty list");
-    sample = sample[0];
-  }
-  json f = {{"in_channels", c.value("in_channels", json(3))},
-            {"out_channels", c.value("out_channels", json(3))},
-            {"block_out_channels", channels},
-            {"layers_per_block", c.value("layers_per_block", json(1))},
-            {"latent_channels", c.value("latent_channels", json(4))},
-            {"norm_groups", c.value("norm_num_groups", json(32))},
-            {"sample_size", sample},
-            {"scaling_factor", c.value("scaling_factor", json(0.18215))},
-            {"shift_factor", c.value("shift_factor", json(nullptr))},
-            {"latents_mean", c.value("latents_mean", json(nullptr))},
-            {"latents_std", c.value("latents_std", json(nullptr))},
-            {"force_upcast", c.value("force_upcast", json(true))},
-            {"use_quant_conv", c.value("use_quant_conv", json(true))},
-            {"use_post_quant_conv", c.value("use_post_quant_conv", json(true))},
-            {"mid_block_attention", c.value("mid_block_add_attention", json(true))}};
-  // diffusers writes force_upcast as a float in some configs (its signature says float)
-  if (f["force_upcast"].is_number()) f["force_upcast"] = f["force_upcast"].get<double>() != 0;
-  if (f["sample_size"].is_number_float()) f["sample_size"] = int64_t(f["sample_size"].get<double>());
-  return to_json(from_json<AutoencoderKLOptions>(f, w));
-}
-
 json autoencoder_kl_diffusers_config(const AutoencoderKLOptions& o) {
   const size_t levels = o.block_out_channels().size();
   auto opt = [](const auto& v) { return v ? json(*v) : json(nullptr); };

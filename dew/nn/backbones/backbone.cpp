@@ -41,13 +41,7 @@ namespace dew::models {
 
 namespace {
 
-// Bounds on every integer field of a model, checked before the module is built: a count (of layers, heads,
-// blocks: a name with "layers", "heads" or "blocks", or starting "num_") at most 2^16, any other size (a
-// width, a length, a vocabulary) at most 2^24. Far above any model Dew builds or imports, and low enough
-// that an absurd value (a layer count of 2^32) is refused at once instead of building until memory runs out.
-constexpr int64_t kMaxModelCount = int64_t(1) << 16;
-constexpr int64_t kMaxModelSize = int64_t(1) << 24;
-
+// An integer field of a model against kMaxModelCount / kMaxModelSize (family.h).
 void check_model_value(const std::string& model, const std::string& field, const json& v, int depth) {
   if (v.is_array() || v.is_object()) {
     if (depth < 4)

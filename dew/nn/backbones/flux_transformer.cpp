@@ -389,40 +389,6 @@ Tensor FluxTransformerImpl::forward(const Tensor& x, const Tensor& time, const C
   return flux_unpack_latents(out, H, W);
 }
 
-// ---- diffusers config.json ----
-
-json flux_transformer_fields_from_diffusers(const json& c) {
-  const std::string w = "FluxTransformer2DModel config: ";
-  const std::set<std::string> known = {"patch_size",          "in_channels",         "out_channels",
-                                       "num_layers",          "num_single_layers",   "attention_head_dim",
-                                       "num_attention_heads", "joint_attention_dim", "pooled_projection_dim",
-                                       "guidance_embeds",     "axes_dims_rope"};
-  for (const auto& [key, value] : c.items()) DEW_CHECK(known.count(key), w, "unknown setting \"", key, "\"");
-  auto get = [&](const char* key, const json& fallback) {
-    return c.contains(key) && !c[key].is_null() ? c[key] : fallback;
-  };
-  const json patch = get("patch_size", 1);
-  DEW_CHECK(patch == 1, w, "patch_size = ", patch.dump(),
-            " is not supported (accepted: 1; FluxPipeline packs 2 x 2 latent patches itself)");
-  const json in = get("in_channels", 64);
-  DEW_CHECK(in.is_number_integer() && in.get<int64_t>() > 0 && in.get<int64_t>() % 4 == 0, w,
-            "in_channels = ", in.dump(), " must be a positive multiple of 4 (the packed 2 x 2 latent channels)");
-  const json out = get("out_channels", in);
-  DEW_CHECK(out.is_number_integer() && out.get<int64_t>() > 0 && out.get<int64_t>() % 4 == 0, w,
-            "out_channels = ", out.dump(), " must be a positive multiple of 4 (the packed 2 x 2 latent channels)");
-  json f = {{"in_channels", in.get<int64_t>() / 4},
-            {"output_channels", out.get<int64_t>() / 4},
-            {"context_features", get("joint_attention_dim", 4096)},
-            {"pooled_projection_dim", get("pooled_projection_dim", 768)},
-            {"num_layers", get("num_layers", 19)},
-            {"num_single_layers", get("num_single_layers", 38)},
-            {"num_attention_heads", get("num_attention_heads", 24)},
-            {"attention_head_dim", get("attention_head_dim", 128)},
-            {"guidance_embeds", get("guidance_embeds", false)},
-            {"axes_dims_rope", get("axes_dims_rope", json::array({16, 56, 56}))}};
-  return f;
-}
-
 // ---- the reference method ----
 
 models::ReferenceMethod flux_transformer_forward_method() {

@@ -244,34 +244,6 @@ io::KeyMap qwen_image1_transformer_key_map(const QwenImage1TransformerOptions& o
   return map;
 }
 
-json qwen_image1_transformer_fields_from_diffusers(const json& c) {
-  const std::string w = "QwenImageTransformer2DModel config: ";
-  const std::set<std::string> known = {"patch_size",          "in_channels",           "out_channels",
-                                       "num_layers",          "attention_head_dim",    "num_attention_heads",
-                                       "joint_attention_dim", "guidance_embeds",       "axes_dims_rope",
-                                       "zero_cond_t",         "use_additional_t_cond", "use_layer3d_rope"};
-  for (const auto& [key, value] : c.items()) DEW_CHECK(known.count(key), w, "unknown setting \"", key, "\"");
-  auto get = [&](const char* key, const json& fallback) {
-    return c.contains(key) && !c[key].is_null() ? c[key] : fallback;
-  };
-  const json patch = get("patch_size", 2);
-  DEW_CHECK(patch == 2, w, "patch_size = ", patch.dump(),
-            " is not supported (accepted: 2; QwenImagePipeline packs 2 x 2 latent patches)");
-  for (const char* flag : {"guidance_embeds", "zero_cond_t", "use_additional_t_cond", "use_layer3d_rope"})
-    DEW_CHECK(get(flag, false) == false, w, flag, " = ", get(flag, false).dump(),
-              " is not supported (accepted: false; the edit-plus and layered variants' options)");
-  const json in = get("in_channels", 64);
-  DEW_CHECK(in.is_number_integer() && in.get<int64_t>() > 0 && in.get<int64_t>() % kPatchFeatures == 0, w,
-            "in_channels = ", in.dump(), " must be 4 x the latent channels (the packed 2 x 2 patches)");
-  return {{"in_channels", in.get<int64_t>() / kPatchFeatures},
-          {"output_channels", get("out_channels", in.get<int64_t>() / kPatchFeatures)},
-          {"context_features", get("joint_attention_dim", 3584)},
-          {"num_layers", get("num_layers", 60)},
-          {"num_attention_heads", get("num_attention_heads", 24)},
-          {"attention_head_dim", get("attention_head_dim", 128)},
-          {"axes_dims_rope", get("axes_dims_rope", json::array({16, 56, 56}))}};
-}
-
 models::ReferenceMethod qwen_image1_transformer_forward_method() {
   models::ReferenceMethod m;
   m.name = "forward";

@@ -454,33 +454,6 @@ Tensor QwenImageTransformerImpl::forward_cached(const Tensor& x, const Tensor& t
   return nchw_forward(x, time, cond, QwenImageCacheMode::kCached, const_cast<QwenImageKVCache*>(&cache));
 }
 
-// ---- diffusers config.json ----
-
-json qwen_image_transformer_fields_from_diffusers(const json& c) {
-  const std::string w = "QwenImage21Transformer2DModel config: ";
-  const std::set<std::string> known = {
-      "patch_size",     "in_channels", "out_channels",   "num_layers", "attention_head_dim", "num_attention_heads",
-      "context_in_dim", "mlp_ratio",   "axes_dims_rope", "eps",        "causal_condition"};
-  for (const auto& [key, value] : c.items()) DEW_CHECK(known.count(key), w, "unknown setting \"", key, "\"");
-  auto get = [&](const char* key, const json& fallback) {
-    return c.contains(key) && !c[key].is_null() ? c[key] : fallback;
-  };
-  const json patch = get("patch_size", 1);
-  DEW_CHECK(patch == 1, w, "patch_size = ", patch.dump(),
-            " is not supported (accepted: 1; Qwen-Image 2.1 consumes its latents unpatched)");
-  const json in = get("in_channels", 64);
-  return {{"in_channels", in},
-          {"output_channels", get("out_channels", in)},
-          {"context_features", get("context_in_dim", 4096)},
-          {"num_layers", get("num_layers", 32)},
-          {"num_attention_heads", get("num_attention_heads", 32)},
-          {"attention_head_dim", get("attention_head_dim", 128)},
-          {"mlp_ratio", get("mlp_ratio", 3)},
-          {"axes_dims_rope", get("axes_dims_rope", json::array({16, 56, 56}))},
-          {"eps", get("eps", 1e-6)},
-          {"causal_condition", get("causal_condition", true)}};
-}
-
 // ---- the reference methods ----
 
 namespace qwen_image_detail {

@@ -16,20 +16,6 @@ using at::Tensor;
 
 namespace {
 
-// diffusers' AutoencoderKLQwenImage21 defaults: the release's latent statistics, per channel of z_dim 64.
-const std::vector<double> kLatentsMean = {
-    0.5126,  0.7721,  -0.0631, 1.3506,  -0.7855, -2.1025, -0.3458, 1.3722,  1.8873,  -1.7177, -0.651,  0.2732,  0.7562,
-    -0.6163, -1.0277, 3.8363,  2.021,   0.0472,  0.932,   2.0087,  2.4954,  -0.1391, -1.4249, 1.8464,  -0.5236, 1.2826,
-    3.7046,  -1.3035, 2.7286,  -1.4518, -1.9036, -1.9955, -0.0342, -1.0265, -0.7636, 3.0555,  0.0746,  -3.0751, -0.1076,
-    1.7376,  -1.0914, -1.9435, -0.2784, -1.368,  0.4809,  -0.4433, 0.3764,  0.5729,  -2.0595, 1.096,   -1.326,  -2.0211,
-    -5.0179, 0.5275,  4.0162,  1.8505,  0.3026,  1.9373,  1.4937,  0.2632,  0.5547,  -1.7121, -0.1562, 0.0304};
-const std::vector<double> kLatentsStd = {
-    3.2001, 3.2936, 3.4321, 3.0091, 3.1061, 4.0379, 4.0705, 3.791,  3.0785, 3.65,   3.9308, 3.0904, 2.8778,
-    3.7675, 3.732,  5.0756, 3.2864, 4.0397, 3.1317, 4.0443, 2.9249, 3.9454, 3.0988, 4.2489, 3.4896, 3.8513,
-    3.9323, 3.4719, 3.7498, 4.283,  3.5694, 4.2467, 3.9037, 3.2947, 5.077,  3.5075, 3.27,   3.4767, 2.8063,
-    5.1125, 3.5327, 4.7833, 3.1286, 4.1819, 3.8527, 3.8312, 3.5605, 4.3875, 3.9624, 4.0168, 3.5643, 4.055,
-    5.5614, 4.2963, 4.408,  3.4959, 3.8747, 3.7608, 3.5735, 3.149,  3.7662, 3.6746, 3.4563, 3.8161};
-
 torch::nn::Conv2d same_conv(int64_t in, int64_t out, int64_t kernel) {
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel).padding(kernel / 2));
 }
@@ -326,59 +312,6 @@ Tensor QwenImageVaeImpl::from_latent(const Tensor& latent) const {
 }
 
 // ---- diffusers config ----
-
-json qwen_image_vae_fields_from_diffusers(const json& c) {
-  const std::string w = "AutoencoderKLQwenImage21 config: ";
-  const std::set<std::string> known = {"base_dim",
-                                       "decoder_base_dim",
-                                       "z_dim",
-                                       "dim_mult",
-                                       "num_res_blocks",
-                                       "attn_scales",
-                                       "temperal_downsample",
-                                       "dropout",
-                                       "latents_mean",
-                                       "latents_std",
-                                       "is_residual",
-                                       "in_channels",
-                                       "out_channels",
-                                       "patch_size",
-                                       "scale_factor_temporal",
-                                       "scale_factor_spatial"};
-  for (const auto& [key, value] : c.items()) DEW_CHECK(known.count(key), w, "unknown setting \"", key, "\"");
-  auto get = [&](const char* key, const json& fallback) {
-    return c.contains(key) && !c[key].is_null() ? c[key] : fallback;
-  };
-  DEW_CHECK(get("is_residual", true) == true, w, "is_residual = ", get("is_residual", true).dump(),
-            " is not supported (accepted: true, the layout of Qwen-Image 2.1's VAE)");
-  const json patch = get("patch_size", 1);
-  DEW_CHECK(patch == 1, w, "patch_size = ", patch.dump(),
-            " is not supported (accepted: null or 1; Qwen-Image 2.1's VAE does not patchify)");
-  DEW_CHECK(get("attn_scales", json::array()).is_array(), w, "attn_scales must be a list, got ",
-            c["attn_scales"].dump());
-  const json z = get("z_dim", 64);
-  json fields = {{"in_channels", get("in_channels", 4)},
-                 {"out_channels", get("out_channels", 4)},
-                 {"base_dim", get("base_dim", 96)},
-                 {"decoder_base_dim", get("decoder_base_dim", get("base_dim", 96))},
-                 {"z_dim", z},
-                 {"dim_mult", get("dim_mult", json::array({1, 2, 4, 8, 8}))},
-                 {"num_res_blocks", get("num_res_blocks", 2)},
-                 {"temperal_downsample", get("temperal_downsample", json::array({false, true, true, true}))},
-                 {"dropout", get("dropout", 0.0)}};
-  // diffusers' defaults when the config has none: the release's statistics, 64 channels.
-  for (const auto& [key, fallback] : {std::pair<const char*, const std::vector<double>*>{"latents_mean", &kLatentsMean},
-                                      {"latents_std", &kLatentsStd}}) {
-    if (c.contains(key) && !c[key].is_null()) {
-      fields[key] = c[key];
-      continue;
-    }
-    DEW_CHECK(z == 64, w, key, " is absent and z_dim is ", z.dump(),
-              ": diffusers' default statistics have 64 values; give the config its own ", key);
-    fields[key] = *fallback;
-  }
-  return fields;
-}
 
 std::vector<models::ReferenceMethod> qwen_image_vae_methods() {
   using Tensors = std::map<std::string, Tensor>;

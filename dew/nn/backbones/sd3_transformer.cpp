@@ -347,67 +347,6 @@ Tensor SD3TransformerImpl::forward(const Tensor& x, const Tensor& time, const Co
 
 // ---- diffusers config.json and checkpoint ----
 
-json sd3_transformer_fields_from_diffusers(const json& c) {
-  const std::string w = "SD3Transformer2DModel config: ";
-  const std::set<std::string> known = {"sample_size",
-                                       "patch_size",
-                                       "in_channels",
-                                       "num_layers",
-                                       "attention_head_dim",
-                                       "num_attention_heads",
-                                       "joint_attention_dim",
-                                       "caption_projection_dim",
-                                       "pooled_projection_dim",
-                                       "out_channels",
-                                       "pos_embed_max_size",
-                                       "dual_attention_layers",
-                                       "qk_norm"};
-  for (const auto& [key, value] : c.items()) {
-    std::string list;
-    for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-    DEW_CHECK(known.count(key), w, "unknown setting \"", key, "\" = ", value.dump(), " (accepted keys: ", list, ")");
-  }
-  // c[key] as an integer (> 0 unless zero_ok), or `fallback` (diffusers' default) when absent.
-  auto integer = [&](const char* key, int64_t fallback, bool null_ok = false) -> int64_t {
-    if (!c.contains(key)) return fallback;
-    const json& v = c[key];
-    if (null_ok && v.is_null()) return 0;
-    DEW_CHECK(v.is_number_integer() && v.get<int64_t>() > 0, w, key, " = ", v.dump(),
-              " is not supported (accepted: a positive integer", null_ok ? " or null" : "", ")");
-    return v.get<int64_t>();
-  };
-  const int64_t heads = integer("num_attention_heads", 18), head_dim = integer("attention_head_dim", 64);
-  const int64_t in = integer("in_channels", 16);
-  json f = {{"sample_size", integer("sample_size", 128)},
-            {"patch_size", integer("patch_size", 2)},
-            {"in_channels", in},
-            {"num_layers", integer("num_layers", 18)},
-            {"attention_head_dim", head_dim},
-            {"num_attention_heads", heads},
-            {"context_features", integer("joint_attention_dim", 4096)},
-            {"pooled_projection_dim", integer("pooled_projection_dim", 2048)},
-            {"pos_embed_max_size", integer("pos_embed_max_size", 96, /*null_ok=*/true)}};
-  // out_channels null means in_channels, as diffusers reads it.
-  f["output_channels"] = c.contains("out_channels") && c["out_channels"].is_null() ? in : integer("out_channels", 16);
-  // The text stream has the image stream's width: diffusers' blocks need caption_projection_dim = heads x head_dim.
-  const int64_t caption = integer("caption_projection_dim", 1152);
-  DEW_CHECK(caption == heads * head_dim, w, "caption_projection_dim = ", caption,
-            " is not supported (accepted: num_attention_heads x attention_head_dim = ", heads * head_dim, ")");
-  if (c.contains("dual_attention_layers") && !c["dual_attention_layers"].is_null()) {
-    const json& d = c["dual_attention_layers"];
-    DEW_CHECK(d.is_array() && std::all_of(d.begin(), d.end(), [](const json& e) { return e.is_number_integer(); }), w,
-              "dual_attention_layers = ", d.dump(), " is not supported (accepted: a list of block indices)");
-    f["dual_attention_layers"] = d;
-  }
-  if (c.contains("qk_norm") && !c["qk_norm"].is_null()) {
-    const json& q = c["qk_norm"];
-    DEW_CHECK(q == "rms_norm" || q == "layer_norm", w, "qk_norm = ", q.dump(),
-              " is not supported (accepted: null, \"rms_norm\", \"layer_norm\")");
-    f["qk_norm"] = q;
-  }
-  return f;
-}
-
 io::KeyMap sd3_transformer_key_map(const SD3TransformerOptions& options) {
   io::KeyMap map;
   const std::string last = "transformer_blocks\\." + std::to_string(options.num_layers() - 1) + "\\.attn\\.";
