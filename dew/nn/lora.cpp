@@ -93,8 +93,24 @@ double lora_scale(const LoraOptions& o) {
                         : o.alpha() / static_cast<double>(o.rank());
 }
 
+namespace {
+
+// A target regex, matched in polynomial time: libstdc++'s default executor backtracks, so an adapter_config.json
+// with target_modules "(.|.)*X" took minutes per module name (Python's re, PEFT's, backtracks too). Its
+// __polynomial mode matches breadth-first (the same matches: only whether the whole name matches is asked) and
+// refuses back-references when compiling.
+std::regex compile_target_regex(const std::string& pattern) {
+#if defined(__GLIBCXX__)
+  return std::regex(pattern, std::regex::ECMAScript | std::regex_constants::__polynomial);
+#else
+  return std::regex(pattern);
+#endif
+}
+
+}  // namespace
+
 bool lora_target_matches(const LoraOptions& o, const std::string& name) {
-  if (!o.target_regex().empty()) return std::regex_match(name, std::regex(o.target_regex()));
+  if (!o.target_regex().empty()) return std::regex_match(name, compile_target_regex(o.target_regex()));
   for (const auto& t : o.target_modules()) {
     if (name == t) return true;
     if (name.size() > t.size() && name[name.size() - t.size() - 1] == '.' &&
@@ -123,23 +139,22 @@ std::shared_ptr<LoraStateImpl> register_adapter(Base& layer, Adapter& a, Adapter
 
 }  // namespace
 
-void attach_lora(torch::nn::Linear& layer, const LoraOptions& o, const std::string& name) {
-  const double scale = lora_scale(o);
-  check_fresh(*layer, name);
-  const int64_t in = layer->options.in_features(), out = layer->options.out_features();
+namespace {
+
+// What attach_lora refuses for a layer, checked without changing anything: bad options, a layer that already
+// holds an adapter, a rank above min(in, out) (fan-in for Conv2d), a grouped, dilated or non-zero-padded Conv2d.
+void check_attachable(const torch::nn::LinearImpl& layer, const LoraOptions& o, const std::string& name) {
+  check_options(o);
+  check_fresh(layer, name);
+  const int64_t in = layer.options.in_features(), out = layer.options.out_features();
   DEW_CHECK(o.rank() <= std::min(in, out), "lora.rank ", o.rank(), " is larger than ", name, " (Linear ", in, " -> ",
             out, "): the rank must be <= ", std::min(in, out));
-  torch::nn::Linear a(torch::nn::LinearOptions(in, o.rank()).bias(false));
-  torch::nn::Linear b(torch::nn::LinearOptions(o.rank(), out).bias(false));
-  auto state = register_adapter(*layer, a, b, o, scale);
-  state->linear_A = a;
-  state->linear_B = b;
 }
 
-void attach_lora(torch::nn::Conv2d& layer, const LoraOptions& o, const std::string& name) {
-  const double scale = lora_scale(o);
-  check_fresh(*layer, name);
-  const auto& co = layer->options;
+void check_attachable(const torch::nn::Conv2dImpl& layer, const LoraOptions& o, const std::string& name) {
+  check_options(o);
+  check_fresh(layer, name);
+  const auto& co = layer.options;
   DEW_CHECK(co.groups() == 1, "LoRA: ", name, " is a Conv2d with groups=", co.groups(),
             "; only groups=1 convolutions take adapters");
   DEW_CHECK((*co.dilation())[0] == 1 && (*co.dilation())[1] == 1, "LoRA: ", name,
@@ -150,9 +165,47 @@ void attach_lora(torch::nn::Conv2d& layer, const LoraOptions& o, const std::stri
   const int64_t fan_in = in * (*co.kernel_size())[0] * (*co.kernel_size())[1];
   DEW_CHECK(o.rank() <= std::min(fan_in, out), "lora.rank ", o.rank(), " is larger than ", name, " (Conv2d ", in,
             " -> ", out, ", fan-in ", fan_in, "): the rank must be <= ", std::min(fan_in, out));
-  torch::nn::Conv2d a(
-      torch::nn::Conv2dOptions(in, o.rank(), co.kernel_size()).stride(co.stride()).padding(co.padding()).bias(false));
-  torch::nn::Conv2d b(torch::nn::Conv2dOptions(o.rank(), out, 1).bias(false));
+}
+
+// The same for a module that must be a Linear or a Conv2d.
+void check_attachable(const torch::nn::Module& layer, const LoraOptions& o, const std::string& name) {
+  if (const auto* lin = dynamic_cast<const torch::nn::LinearImpl*>(&layer)) return check_attachable(*lin, o, name);
+  const auto* cv = dynamic_cast<const torch::nn::Conv2dImpl*>(&layer);
+  DEW_CHECK(cv != nullptr, "LoRA: ", name, " is a ", layer.name(), ", not a Linear or Conv2d");
+  check_attachable(*cv, o, name);
+}
+
+// The shapes of the adapter pair attach_lora gives the Linear or Conv2d `layer` at `rank`: A [r, in] and B [out, r],
+// or A [r, in, kh, kw] and B [out, r, 1, 1].
+std::pair<std::vector<int64_t>, std::vector<int64_t>> adapter_shapes(const torch::nn::Module& layer, int64_t rank) {
+  if (const auto* lin = dynamic_cast<const torch::nn::LinearImpl*>(&layer))
+    return {{rank, lin->options.in_features()}, {lin->options.out_features(), rank}};
+  const auto& co = dynamic_cast<const torch::nn::Conv2dImpl&>(layer).options;
+  return {{rank, co.in_channels(), (*co.kernel_size())[0], (*co.kernel_size())[1]}, {co.out_channels(), rank, 1, 1}};
+}
+
+}  // namespace
+
+void attach_lora(torch::nn::Linear& layer, const LoraOptions& o, const std::string& name) {
+  const double scale = lora_scale(o);
+  check_attachable(*layer, o, name);
+  const int64_t in = layer->options.in_features(), out = layer->options.out_features();
+  torch::nn::Linear a(torch::nn::LinearOptions(in, o.rank()).bias(false));
+  torch::nn::Linear b(torch::nn::LinearOptions(o.rank(), out).bias(false));
+  auto state = register_adapter(*layer, a, b, o, scale);
+  state->linear_A = a;
+  state->linear_B = b;
+}
+
+void attach_lora(torch::nn::Conv2d& layer, const LoraOptions& o, const std::string& name) {
+  const double scale = lora_scale(o);
+  check_attachable(*layer, o, name);
+  const auto& co = layer->options;
+  torch::nn::Conv2d a(torch::nn::Conv2dOptions(co.in_channels(), o.rank(), co.kernel_size())
+                          .stride(co.stride())
+                          .padding(co.padding())
+                          .bias(false));
+  torch::nn::Conv2d b(torch::nn::Conv2dOptions(o.rank(), co.out_channels(), 1).bias(false));
   auto state = register_adapter(*layer, a, b, o, scale);
   state->conv_A = a;
   state->conv_B = b;
@@ -284,17 +337,26 @@ void freeze_base(torch::nn::Module& model, LoraReport& report) {
 
 }  // namespace
 
-LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o) {
+namespace {
+
+// The Linear / Conv2d modules apply_lora adapts with `o`, in module order, after every check it makes (the
+// targets, their kinds and ranks, their being free of adapters): nothing of the model is changed.
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> lora_targets(torch::nn::Module& model,
+                                                                                     const LoraOptions& o) {
   check_options(o);
   DEW_CHECK(!o.target_modules().empty() || !o.target_regex().empty(),
             "LoRA: give lora.target_modules (module names) or lora.target_regex; both are empty");
+  std::regex regex;  // compiled once (lora_target_matches compiles it per name)
   if (!o.target_regex().empty()) {
     try {
-      std::regex check(o.target_regex());
+      regex = compile_target_regex(o.target_regex());
     } catch (const std::regex_error& e) {
       fail("lora.target_regex \"", o.target_regex(), "\" is not a valid regular expression: ", e.what());
     }
   }
+  const auto matches = [&](const std::string& name) {
+    return o.target_regex().empty() ? lora_target_matches(o, name) : std::regex_match(name, regex);
+  };
   // Collect first: attaching adds Linear children (lora_A / lora_B) that must not be visited.
   std::vector<std::string> candidates;  // Linear / Conv2d names, for messages
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> chosen;
@@ -305,7 +367,7 @@ LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o) {
     const bool adaptable = dynamic_cast<torch::nn::LinearImpl*>(item.value().get()) ||
                            dynamic_cast<torch::nn::Conv2dImpl*>(item.value().get());
     if (adaptable) candidates.push_back(name);
-    if (!lora_target_matches(o, name)) continue;
+    if (!matches(name)) continue;
     DEW_CHECK(adaptable, "LoRA: target ", name, " is a ", item.value()->name(),
               "; only Linear and Conv2d layers take adapters (name the layers inside it)");
     chosen.emplace_back(name, item.value());
@@ -323,7 +385,8 @@ LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o) {
       DEW_CHECK(matched_entries.count(t), "LoRA: target module \"", t,
                 "\" matches no Linear or Conv2d module name; nearest names: ", nearest(t, candidates));
   }
-  // Check every rank before attaching anything, so a refusal leaves the model untouched.
+  // Check every rank (and then what else attach_lora refuses) before attaching anything, so a refusal leaves the
+  // model untouched.
   for (const auto& [name, m] : chosen) {
     int64_t in = 0, out = 0;
     if (auto* lin = dynamic_cast<torch::nn::LinearImpl*>(m.get())) {
@@ -337,6 +400,14 @@ LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o) {
     DEW_CHECK(o.rank() <= std::min(in, out), "lora.rank ", o.rank(), " is larger than ", name, " (", in, " -> ", out,
               "): the rank must be <= ", std::min(in, out));
   }
+  for (const auto& [name, m] : chosen) check_attachable(*m, o, name);
+  return chosen;
+}
+
+}  // namespace
+
+LoraReport apply_lora(torch::nn::Module& model, const LoraOptions& o) {
+  auto chosen = lora_targets(model, o);
   LoraReport report;
   for (auto& [name, m] : chosen) {
     if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)) {
@@ -390,7 +461,8 @@ std::map<std::string, Tensor> adapter_tensors(const torch::nn::Module& model) {
 std::map<std::string, Tensor> prefixed(const std::map<std::string, Tensor>& adapters, const std::string& prefix) {
   DEW_CHECK(!adapters.empty(), "LoRA: no adapter tensors to save");
   std::map<std::string, Tensor> out;
-  for (const auto& [name, t] : adapters) {
+  for (const auto& [key, t] : adapters) {
+    const std::string& name = key;  // (a structured binding cannot be captured before C++20: clang refuses it)
     const auto ends = [&](const std::string& suffix) {
       return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), std::string::npos, suffix) == 0;
     };
@@ -412,14 +484,20 @@ std::vector<std::string> adapted_modules(const std::map<std::string, Tensor>& ad
   return out;
 }
 
+// A file tensor `key` for the adapter parameter `param_name` must have the parameter's shape `want`.
+void check_adapter_shape(at::IntArrayRef shape, at::IntArrayRef want, const std::string& key,
+                         const std::string& param_name, const std::string& file) {
+  DEW_CHECK(shape == want, "LoRA: ", file, " key ", key, " has shape ", shape_str(shape), " but the model's ",
+            param_name, " is ", shape_str(want), " (an adapter made for another base?)");
+}
+
 // Copies `t` into the adapter parameter `param_name` of `model` ("<module>.lora_A.weight"), checking shape.
 void load_adapter_tensor(torch::nn::Module& model, const std::string& param_name, const Tensor& t,
                          const std::string& key, const std::string& file) {
   auto params = model.named_parameters(/*recurse=*/true);
   Tensor* p = params.find(param_name);
   DEW_CHECK(p != nullptr, "LoRA: ", file, " holds ", key, " but the model has no adapter parameter ", param_name);
-  DEW_CHECK(p->sizes() == t.sizes(), "LoRA: ", file, " key ", key, " has shape ", shape_str(t.sizes()),
-            " but the model's ", param_name, " is ", shape_str(p->sizes()), " (an adapter made for another base?)");
+  check_adapter_shape(t.sizes(), p->sizes(), key, param_name, file);
   torch::NoGradGuard no_grad;
   p->copy_(t);
 }
@@ -458,7 +536,9 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
     DEW_CHECK(!is_set(k), "LoRA: ", path, " sets ", k, " = ", j[k].dump(), ", which dew's LoRA does not implement");
   PeftAdapterConfig c;
   try {
-    c.lora.rank(j.at("r").get<int64_t>());
+    int64_t r = 0;
+    options_detail::from_value(j.at("r"), r, "LoRA: " + path + " field r");  // an integer, never cast unchecked
+    c.lora.rank(r);
     c.lora.alpha(j.value("lora_alpha", static_cast<double>(c.lora.rank())));
     c.lora.dropout(j.value("lora_dropout", 0.0));
     c.lora.use_rslora(j.value("use_rslora", false));
@@ -499,16 +579,28 @@ PeftAdapterConfig load_peft_adapter(torch::nn::Module& model, const std::string&
   const std::string file = dir + "/adapter_model.safetensors";
   const auto tensors = io::load_safetensors(file);
   const std::string prefix = kPeftPrefix;
-  // Check every key before touching the model.
+  // Check every target, key and shape before touching the model, so a refused folder leaves it as it was: the
+  // adapter parameters apply_lora will make, by name, with their shapes.
+  std::map<std::string, std::vector<int64_t>> wanted;
+  for (const auto& [name, m] : lora_targets(model, c.lora)) {
+    auto [a, b] = adapter_shapes(*m, c.lora.rank());
+    wanted[name + ".lora_A.weight"] = std::move(a);
+    wanted[name + ".lora_B.weight"] = std::move(b);
+  }
   std::set<std::string> in_file;
   for (const auto& [key, t] : tensors) {
     DEW_CHECK(key.rfind(prefix, 0) == 0, "LoRA: ", file, " key ", key, " does not start with ", prefix);
-    in_file.insert(key.substr(prefix.size()));
+    const std::string name = key.substr(prefix.size());
+    const auto w = wanted.find(name);
+    DEW_CHECK(w != wanted.end(), "LoRA: ", file, " holds ", key, " but the model has no adapter parameter ", name,
+              " (the config's target_modules adapt ", wanted.size() / 2, " modules)");
+    check_adapter_shape(t.sizes(), w->second, key, name, file);
+    in_file.insert(name);
   }
-  apply_lora(model, c.lora);
-  for (const auto& [name, p] : lora_parameters(model))
-    DEW_CHECK(in_file.count(name), "LoRA: ", file, " has no ", prefix + name, " for the adapted module (",
+  for (const auto& kv : wanted)
+    DEW_CHECK(in_file.count(kv.first), "LoRA: ", file, " has no ", prefix + kv.first, " for the adapted module (",
               in_file.size(), " adapter tensors in the file)");
+  apply_lora(model, c.lora);
   for (const auto& [key, t] : tensors) load_adapter_tensor(model, key.substr(prefix.size()), t, key, file);
   return c;
 }
@@ -541,14 +633,14 @@ struct FileEntry {
 };
 
 // Attaches and loads the adapters `entries` (module name -> keys) of `file`: alpha from `meta_alpha` when
-// > 0, else the entry's alpha tensor, else the rank. Names and kinds are checked before anything is
-// attached; `key_prefix` is shown in messages.
+// > 0, else the entry's alpha tensor, else the rank. Everything is checked before anything is attached, so a
+// refused file leaves the model as it was: names and kinds, every tensor (read here; a BOOL tensor's bytes are
+// checked on reading), ranks, alphas, what attach_lora refuses and the shapes. `key_prefix` is shown in messages.
 LoraReport attach_from_file(torch::nn::Module& model, const io::SafetensorsFile& file,
                             const std::map<std::string, FileEntry>& entries, double meta_alpha, bool rslora,
                             const std::string& key_prefix) {
   const std::string& path = file.path();
   const std::string& pre = key_prefix;
-  // Check names and shapes before attaching anything.
   const auto modules = model.named_modules("", /*include_self=*/false);
   for (const auto& [name, e] : entries) {
     DEW_CHECK(!e.a.empty() && !e.b.empty(), "LoRA: ", path, " holds only one of A and B for ", pre + name);
@@ -557,9 +649,19 @@ LoraReport attach_from_file(torch::nn::Module& model, const io::SafetensorsFile&
     DEW_CHECK(dynamic_cast<torch::nn::LinearImpl*>(m->get()) || dynamic_cast<torch::nn::Conv2dImpl*>(m->get()),
               "LoRA: ", path, " names module ", name, ", a ", (*m)->name(), ", not a Linear or Conv2d");
   }
+  struct Adapter {
+    std::string name;
+    std::shared_ptr<torch::nn::Module> layer;
+    LoraOptions o;
+    Tensor a, b;  // views of the file's mapping where it allows (B: the entry's rows)
+    const FileEntry* keys;
+  };
+  std::vector<Adapter> adapters;
   for (const auto& [name, e] : entries) {
-    const Tensor a = file.tensor(e.a);
-    Tensor b = file.tensor(e.b);
+    const std::shared_ptr<torch::nn::Module> m = *modules.find(name);
+    const bool is_conv = dynamic_cast<torch::nn::Conv2dImpl*>(m.get()) != nullptr;
+    const Tensor a = file.tensor(e.a, /*copy=*/false);
+    Tensor b = file.tensor(e.b, /*copy=*/false);
     if (!e.b_rows.empty()) {
       std::vector<Tensor> pieces;
       for (const auto& [first, count] : e.b_rows) {
@@ -570,20 +672,46 @@ LoraReport attach_from_file(torch::nn::Module& model, const io::SafetensorsFile&
       }
       b = at::cat(pieces);
     }
+    DEW_CHECK(a.dim() == (is_conv ? 4 : 2) && a.size(0) > 0, "LoRA: ", path, " key ", e.a, " has shape ",
+              shape_str(a.sizes()), "; ", name, " is a ",
+              is_conv ? "Conv2d, whose A is [r, in, kh, kw]" : "Linear, whose A is [r, in]", " with r >= 1");
     LoraOptions o;
     o.rank(a.size(0));
     o.use_rslora(rslora);
-    o.alpha(meta_alpha > 0 ? meta_alpha : !e.alpha.empty() ? file.tensor(e.alpha).item<double>() : o.rank());
-    std::shared_ptr<torch::nn::Module> m = *modules.find(name);
-    if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(m)) {
-      torch::nn::Linear holder(lin);
-      attach_lora(holder, o, name);
-    } else {
-      torch::nn::Conv2d holder(std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(m));
-      attach_lora(holder, o, name);
+    double alpha = static_cast<double>(o.rank());
+    std::string from = "the rank";
+    if (meta_alpha > 0) {
+      alpha = meta_alpha;
+      from = std::string("the metadata ") + kDiffusersMetadataKey;
+    } else if (!e.alpha.empty()) {
+      const Tensor t = file.tensor(e.alpha);
+      DEW_CHECK(t.numel() == 1, "LoRA: ", path, " key ", e.alpha, " has shape ", shape_str(t.sizes()),
+                "; an alpha is one number");
+      alpha = t.item<double>();
+      from = "key " + e.alpha;
     }
-    load_adapter_tensor(model, name + ".lora_A.weight", a, e.a, path);
-    load_adapter_tensor(model, name + ".lora_B.weight", b, e.b, path);
+    DEW_CHECK(alpha > 0, "LoRA: ", path, " gives ", name, " alpha ", alpha, " (", from, "); alpha must be > 0");
+    o.alpha(alpha);
+    try {
+      check_attachable(*m, o, name);
+    } catch (const Error& err) {
+      fail("LoRA: ", path, " (", pre + name, "): ", err.what());
+    }
+    const auto shapes = adapter_shapes(*m, o.rank());
+    check_adapter_shape(a.sizes(), shapes.first, e.a, name + ".lora_A.weight", path);
+    check_adapter_shape(b.sizes(), shapes.second, e.b, name + ".lora_B.weight", path);
+    adapters.push_back({name, m, o, a, b, &e});
+  }
+  for (const Adapter& ad : adapters) {
+    if (auto lin = std::dynamic_pointer_cast<torch::nn::LinearImpl>(ad.layer)) {
+      torch::nn::Linear holder(lin);
+      attach_lora(holder, ad.o, ad.name);
+    } else {
+      torch::nn::Conv2d holder(std::dynamic_pointer_cast<torch::nn::Conv2dImpl>(ad.layer));
+      attach_lora(holder, ad.o, ad.name);
+    }
+    load_adapter_tensor(model, ad.name + ".lora_A.weight", ad.a, ad.keys->a, path);
+    load_adapter_tensor(model, ad.name + ".lora_B.weight", ad.b, ad.keys->b, path);
   }
   LoraReport report;
   for (const auto& [name, e] : entries) report.targets.push_back(name);

@@ -1,10 +1,17 @@
 // LoRA adapters (dew/nn/lora.h) against the installed peft (tests/golden/lora, tests/golden/lora_reference.py):
 // forward, adapter gradients and merged weights by the golden rule; merge / unmerge round trip; PEFT's
-// initialisation; target matching; the PEFT and diffusers files; routing through a real family.
+// initialisation; target matching; the PEFT and diffusers files; refused files leave the model as it was; routing
+// through a real family.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "dew/core/error.h"
 #include "dew/io/safetensors.h"
@@ -320,6 +327,129 @@ TEST(Lora, KohyaFileRoundTripsTheScale) {
     dew::nn::load_kohya_lora(*std::make_shared<OtherImpl>(), dir.file("k.safetensors"));
   });
   EXPECT_NE(e.find("names no Linear or Conv2d of the model; nearest: lora_unet_conv_dn"), std::string::npos) << e;
+}
+
+// ---- a refused file is never half applied (docs/reliability.md, findings 34-40: the lora_file fuzz target) ----
+
+// The model's module names, and its parameters with their values and requires_grad flags.
+struct ModelState {
+  std::vector<std::string> modules;
+  std::vector<std::tuple<std::string, Tensor, bool>> params;
+};
+
+ModelState state_of(const torch::nn::Module& m) {
+  ModelState s;
+  for (const auto& item : m.named_modules("", /*include_self=*/false)) s.modules.push_back(item.key());
+  for (const auto& p : m.named_parameters())
+    s.params.emplace_back(p.key(), p.value().detach().clone(), p.value().requires_grad());
+  return s;
+}
+
+// No adapter attached, no weight written, nothing frozen.
+void expect_same_state(const ModelState& now, const ModelState& before, const std::string& what) {
+  EXPECT_EQ(now.modules, before.modules) << what;
+  ASSERT_EQ(now.params.size(), before.params.size()) << what;
+  for (size_t i = 0; i < now.params.size(); ++i) {
+    EXPECT_EQ(std::get<0>(now.params[i]), std::get<0>(before.params[i])) << what;
+    EXPECT_TRUE(torch::equal(std::get<1>(now.params[i]), std::get<1>(before.params[i])))
+        << what << ": " << std::get<0>(now.params[i]);
+    EXPECT_EQ(std::get<2>(now.params[i]), std::get<2>(before.params[i])) << what << ": " << std::get<0>(now.params[i]);
+  }
+}
+
+TEST(Lora, RefusedFilesLeaveTheModelAsItWas) {
+  dew::test::TempDir dir("lora_refused");
+  // Each file's first adapter (conv_in, Conv2d 3 -> 8, 3x3) fits; the one of `out` (Linear 16 -> 4), read after
+  // it, does not. The loaders used to attach and load conv_in's before refusing out's.
+  const auto with_conv_in = [](const std::string& pre, const char* a, const char* b) {
+    return std::map<std::string, Tensor>{{pre + "conv_in" + a, torch::randn({2, 3, 3, 3})},
+                                         {pre + "conv_in" + b, torch::randn({8, 2, 1, 1})}};
+  };
+  struct Case {
+    std::string name;
+    std::map<std::string, Tensor> tensors;
+    std::string error;
+  };
+  std::vector<Case> cases;
+  auto d = with_conv_in("unet.", ".lora_A.weight", ".lora_B.weight");
+  d["unet.out.lora_A.weight"] = torch::randn({2, 16});
+  d["unet.out.lora_B.weight"] = torch::randn({2, 4});
+  cases.push_back({"shape", d, "unet.out.lora_B.weight has shape [2, 4] but the model's out.lora_B.weight is [4, 2]"});
+  d["unet.out.lora_A.weight"] = torch::randn({5, 16});
+  d["unet.out.lora_B.weight"] = torch::randn({4, 5});
+  cases.push_back({"rank", d, "(unet.out): lora.rank 5 is larger than out (Linear 16 -> 4)"});
+  d["unet.out.lora_A.weight"] = torch::tensor(1.0f);  // was LibTorch's IndexError (c10::Error), naming no file
+  cases.push_back({"scalar A", d, "key unet.out.lora_A.weight has shape []; out is a Linear, whose A is [r, in]"});
+  auto k = with_conv_in("lora_unet_", ".lora_down.weight", ".lora_up.weight");
+  k["lora_unet_out.lora_down.weight"] = torch::randn({2, 16});
+  k["lora_unet_out.lora_up.weight"] = torch::randn({4, 2});
+  k["lora_unet_out.alpha"] = torch::tensor(-1.0f);
+  cases.push_back({"alpha", k, "gives out alpha -1 (key lora_unet_out.alpha); alpha must be > 0"});
+  k["lora_unet_out.alpha"] = torch::tensor({1.0f, 2.0f});  // was "a Tensor with 2 elements cannot be converted"
+  cases.push_back({"alpha shape", k, "key lora_unet_out.alpha has shape [2]; an alpha is one number"});
+  for (const Case& c : cases) {
+    const std::string path = dir.file(c.name + ".safetensors");
+    dew::io::save_safetensors(path, c.tensors);
+    LoraTiny m = base_model(at::kFloat);
+    const ModelState before = state_of(*m);
+    const std::string e = error_of([&] { dew::nn::load_lora_file(*m, path); });
+    EXPECT_NE(e.find(c.error), std::string::npos) << c.name << ": " << e;
+    expect_same_state(state_of(*m), before, c.name);
+  }
+
+  // A PEFT folder: every target, key and shape is checked before apply_lora attaches anything.
+  const LoraOptions o = case_options("list");
+  dew::nn::save_peft_adapter(dir.file("peft"), *case_model("list", at::kFloat), o);
+  const std::string weights = dir.file("peft/adapter_model.safetensors"), config = dir.file("peft/adapter_config.json");
+  const auto tensors = dew::io::load_safetensors(weights);
+  const auto refused = [&](const std::string& name, const std::map<std::string, Tensor>& t, const std::string& error) {
+    dew::io::save_safetensors(weights, t);
+    LoraTiny m = base_model(at::kFloat);
+    const ModelState before = state_of(*m);
+    const std::string e = error_of([&] { dew::nn::load_peft_adapter(*m, dir.file("peft")); });
+    EXPECT_NE(e.find(error), std::string::npos) << name << ": " << e;
+    expect_same_state(state_of(*m), before, name);
+  };
+  auto lacking = tensors;
+  lacking.erase("base_model.model.out.lora_B.weight");  // left 5 adapters attached and the base frozen
+  refused("lacking", lacking, "has no base_model.model.out.lora_B.weight for the adapted module");
+  auto base = tensors;
+  base["base_model.model.out.bias"] = torch::zeros({4});  // was copied into the base's bias
+  refused("base", base, "holds base_model.model.out.bias but the model has no adapter parameter out.bias");
+  dew::io::save_safetensors(weights, tensors);
+  nlohmann::json j = dew::test::read_json(config);
+  j["r"] = 4.5;  // was cast to 4 (and 1e30 was undefined behaviour)
+  std::ofstream(config) << j.dump();
+  refused("r", tensors, "field r: expected an integer, got float 4.5");
+
+  // apply_lora checks every target before attaching to the first: here `out` already holds an adapter.
+  LoraTiny m = base_model(at::kFloat);
+  dew::nn::apply_lora(*m, LoraOptions().rank(2).target_modules({"out"}));
+  const ModelState before = state_of(*m);
+  const std::string e = error_of([&] {
+    dew::nn::apply_lora(*m, LoraOptions().rank(2).target_modules({"conv_in", "out"}));
+  });
+  EXPECT_NE(e.find("out already holds an adapter"), std::string::npos) << e;
+  expect_same_state(state_of(*m), before, "apply_lora");
+}
+
+TEST(Lora, TargetRegexIsMatchedInPolynomialTime) {
+  // libstdc++'s default executor backtracks: "(.|.)*X" on this 39-character name would take 2^39 steps (an
+  // adapter_config.json that hung dew). The breadth-first one answers at once, and refuses back-references.
+  struct LongImpl : torch::nn::Module {
+    LongImpl() { register_module("a_module_name_of_forty_characters_or_so", torch::nn::Linear(4, 4)); }
+  };
+  auto m = std::make_shared<LongImpl>();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] { dew::nn::apply_lora(*m, LoraOptions().rank(2).target_regex("(.|.)*X")); });
+  EXPECT_NE(e.find("matches no Linear or Conv2d module name"), std::string::npos) << e;
+  EXPECT_TRUE(
+      dew::nn::lora_target_matches(LoraOptions().target_regex("(.|.)*so"), "a_module_name_of_forty_characters_or_so"));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_NE(error_of([&] {
+              dew::nn::apply_lora(*m, LoraOptions().rank(2).target_regex("(a)\\1"));
+            }).find("is not a valid regular expression"),
+            std::string::npos);
 }
 
 // ---- a family: causal_transformer routes its projections through the adapters ----

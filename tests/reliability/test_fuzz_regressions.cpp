@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dew/cli/recipe_args.h"
@@ -19,7 +21,9 @@
 #include "dew/interop/model_index.h"
 #include "dew/io/files.h"
 #include "dew/io/image_decode.h"
+#include "dew/nn/lora.h"
 #include "dew/sampling/schedulers.h"
+#include "fuzz/lora_file_model.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -258,6 +262,41 @@ TEST(FuzzRegressions, ModelIndexFilesAreRefusedWithAMessage) {
       refused += e.find("model_index.json") != std::string::npos;
     }
     EXPECT_EQ(refused, 3u) << path;
+  }
+}
+
+TEST(FuzzRegressions, LoraFilesAreRefusedAndLeaveTheModelAsItWas) {
+  // Each input is an adapter_config.json, a NUL byte and an adapter file (fuzz/lora_file_fuzz.cpp), read onto the
+  // fuzz target's tiny model by every loader: each refuses it, and the model is as it was (no adapter attached,
+  // no weight written, nothing frozen).
+  dew::test::TempDir tmp("fuzz_regressions_lora_file");
+  const auto inputs = regressions("lora_file");
+  ASSERT_GE(inputs.size(), 1u);
+  const std::string dir = tmp.path.string(), file = tmp.file("adapter_model.safetensors");
+  const std::vector<std::pair<std::string, std::function<void(torch::nn::Module&)>>> loads = {
+      {"load_peft_adapter", [&](torch::nn::Module& m) { dew::nn::load_peft_adapter(m, dir); }},
+      {"load_lora_file", [&](torch::nn::Module& m) { dew::nn::load_lora_file(m, file); }},
+      {"load_diffusers_lora", [&](torch::nn::Module& m) { dew::nn::load_diffusers_lora(m, file); }},
+      {"load_kohya_lora", [&](torch::nn::Module& m) { dew::nn::load_kohya_lora(m, file); }}};
+  for (const auto& path : inputs) {
+    const std::string in = dew::io::read_file(path, "regression");
+    const auto parts = dew_fuzz::split_at_nul(reinterpret_cast<const uint8_t*>(in.data()), in.size());
+    dew_fuzz::write_file(tmp.path / "adapter_config.json", parts.first);
+    dew_fuzz::write_file(file, dew_fuzz::lora::safetensors_file(parts.second));
+    for (const auto& load : loads) {
+      const auto model = dew_fuzz::lora::tiny_model();
+      std::vector<std::pair<at::Tensor, bool>> before;
+      for (const auto& p : model->parameters()) before.emplace_back(p.detach().clone(), p.requires_grad());
+      const size_t modules = model->modules().size();
+      EXPECT_NE(error_of([&] { load.second(*model); }), "") << path << ": " << load.first;
+      EXPECT_EQ(model->modules().size(), modules) << path << ": " << load.first;
+      const auto now = model->parameters();
+      ASSERT_EQ(now.size(), before.size()) << path << ": " << load.first;
+      for (size_t i = 0; i < now.size(); ++i) {
+        EXPECT_TRUE(torch::equal(now[i], before[i].first)) << path << ": " << load.first;
+        EXPECT_EQ(now[i].requires_grad(), before[i].second) << path << ": " << load.first;
+      }
+    }
   }
 }
 
