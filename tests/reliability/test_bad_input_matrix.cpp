@@ -162,7 +162,7 @@ TEST(BadInputMatrix, EveryBadInputIsRefusedBeforeComputeInOneLineWithTheTreeUnch
   // A component's class that is not a string (fuzz finding 29).
   write_file(T / "pipe_class_number/model_index.json",
              "{\"_class_name\": \"StableDiffusionPipeline\", \"unet\": [\"diffusers\", 5]}");
-  // A config.json value of the wrong type (fuzz finding 34: nlohmann's type error named no field).
+  // A config.json value of the wrong type (fuzz finding 41: nlohmann's type error named no field).
   write_file(T / "unet_layers_string/config.json",
              "{\"_class_name\": \"UNet2DConditionModel\", \"down_block_types\": [\"DownBlock2D\"], "
              "\"block_out_channels\": [8], \"layers_per_block\": \"2\"}");

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,7 +22,12 @@
 #include "dew/interop/model_index.h"
 #include "dew/io/files.h"
 #include "dew/io/image_decode.h"
+#include "dew/nn/backbones/backbone.h"
+#include "dew/nn/backbones/causal_transformer.h"
+#include "dew/nn/clip_text.h"
+#include "dew/nn/clip_vision.h"
 #include "dew/nn/lora.h"
+#include "dew/nn/t5_encoder.h"
 #include "dew/sampling/schedulers.h"
 #include "fuzz/lora_file_model.h"
 #include "tests/test_util.h"
@@ -263,6 +269,50 @@ TEST(FuzzRegressions, ModelIndexFilesAreRefusedWithAMessage) {
     }
     EXPECT_EQ(refused, 3u) << path;
   }
+}
+
+// fuzz/model_config_fuzz.cpp's inputs, each a config.json, read through every translation of the family table
+// (models::fields_from_reference_config, as a diffusers folder loads) and the transformers loaders'. Each was a
+// nlohmann type error naming no field, undefined behaviour or a hang; none may throw anything but a dew::Error, and
+// the translation each one broke refuses it naming the key.
+TEST(FuzzRegressions, ModelConfigsAreRefusedNamingTheirKey) {
+  std::map<std::string, std::function<void(const json&)>> translations;
+  for (const char* family : {"unet_2d_condition", "autoencoder_kl", "autoencoder_kl_qwen_image", "sd3_transformer",
+                             "flux_transformer", "qwen_image_transformer", "qwen_image1_transformer"})
+    translations[family] = [family](const json& c) { dew::models::fields_from_reference_config(family, c); };
+  translations["causal_lm"] = [](const json& c) { dew::nn::options_from_hf_config(c); };
+  translations["clip_text"] = [](const json& c) { dew::nn::clip_text_options_from_hf(c); };
+  translations["clip_vision"] = [](const json& c) { dew::nn::clip_vision_options_from_hf(c); };
+  translations["t5_encoder"] = [](const json& c) { dew::nn::t5_encoder_options_from_hf(c); };
+  // input -> the translation it broke and the key its refusal names
+  const std::map<std::string, std::pair<std::string, std::string>> expected = {
+      {"clip_model_type_not_string", {"clip_text", "model_type"}},
+      {"clip_text_projection_dim_not_a_number", {"clip_text", "projection_dim"}},
+      {"clip_vision_projection_dim_string", {"clip_vision", "projection_dim"}},
+      {"gemma_layer_count_absurd", {"causal_lm", "num_hidden_layers"}},
+      {"llama_rope_type_number", {"causal_lm", "rope_type"}},
+      {"sd3_heads_times_head_dim_overflow", {"sd3_transformer", "num_attention_heads"}},
+      {"t5_is_decoder_string", {"t5_encoder", "is_decoder"}},
+      {"unet_block_type_not_string", {"unet_2d_condition", "down_block_types[0]"}},
+      {"unet_layers_per_block_string", {"unet_2d_condition", "layers_per_block"}},
+      {"unet_mid_block_type_number", {"unet_2d_condition", "mid_block_type"}},
+      {"unet_num_class_embeds_string", {"unet_2d_condition", "num_class_embeds"}},
+      {"unet_text_time_without_dims", {"unet_2d_condition", "addition_time_embed_dim"}},
+      {"vae_sample_size_beyond_int64", {"autoencoder_kl", "sample_size"}}};
+  const auto inputs = regressions("model_config");
+  ASSERT_GE(inputs.size(), expected.size());
+  size_t checked = 0;
+  for (const auto& path : inputs) {
+    const json config = dew::io::parse_json(dew::io::read_file(path, "regression"), path);
+    std::map<std::string, std::string> errors;
+    for (const auto& [name, translate] : translations) errors[name] = error_of([&] { translate(config); });
+    const auto it = expected.find(fs::path(path).stem().string());
+    if (it == expected.end()) continue;
+    const std::string& e = errors[it->second.first];
+    EXPECT_NE(e.find(it->second.second), std::string::npos) << path << ": " << it->second.first << ": " << e;
+    ++checked;
+  }
+  EXPECT_EQ(checked, expected.size());
 }
 
 TEST(FuzzRegressions, LoraFilesAreRefusedAndLeaveTheModelAsItWas) {
